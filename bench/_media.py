@@ -1,0 +1,124 @@
+"""Test-photo generation shared by the benchmarks in ``bench/``.
+
+Uses ``tests/media_factory.real_photos`` (real photos cropped/rescaled from the sample
+images shipped with scikit-image / matplotlib). If that module cannot be imported, falls
+back to a minimal local equivalent (seeded random crops of skimage sample photos).
+A folder is generated once and reused: a marker file records the arguments used.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fallback_real_photos(dest: Path, n: int, *, seed: int = 0, min_side: int = 200, max_side: int = 640):
+    import numpy as np
+    import skimage.data
+    from PIL import Image
+
+    srcs = []
+    for name in ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina", "camera"):
+        arr = np.asarray(getattr(skimage.data, name)())
+        if arr.ndim == 2:
+            arr = np.stack([arr] * 3, axis=-1)
+        srcs.append(Image.fromarray(np.ascontiguousarray(arr[..., :3]).astype(np.uint8)))
+    rng = np.random.default_rng(seed)
+    dest.mkdir(parents=True, exist_ok=True)
+    width = max(5, len(str(max(n - 1, 0))))
+    paths, seen = [], set()
+    for i in range(n):
+        src = srcs[i % len(srcs)]
+        while True:
+            w, h = (int(x) for x in rng.integers(min_side, max_side + 1, size=2))
+            frac = float(rng.uniform(0.3, 1.0))
+            cw = min(src.width, src.height * w / h) * frac
+            ch = cw * h / w
+            x0, y0 = float(rng.uniform(0, src.width - cw)), float(rng.uniform(0, src.height - ch))
+            img = src.resize((w, h), Image.Resampling.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=92)
+            data = buf.getvalue()
+            if data not in seen:
+                break
+        seen.add(data)
+        p = dest / f"photo_{i:0{width}d}.jpg"
+        p.write_bytes(data)
+        paths.append(p)
+    return paths
+
+
+def real_photos(dest: Path, n: int, *, seed: int = 0, min_side: int, max_side: int) -> list[Path]:
+    """Generate (or reuse) ``n`` real JPEG photos in ``dest``; returns their sorted paths."""
+    dest = Path(dest)
+    marker = dest / ".bench-media.json"
+    want = {"n": n, "seed": seed, "min_side": min_side, "max_side": max_side}
+    if marker.is_file() and json.loads(marker.read_text()) == want:
+        return sorted(dest.glob("photo_*.jpg"))
+    if dest.exists():
+        for p in dest.glob("photo_*.jpg"):
+            p.unlink()
+    t0 = time.perf_counter()
+    try:
+        sys.path.insert(0, str(REPO / "tests"))
+        import media_factory  # type: ignore
+
+        how = "tests/media_factory.real_photos"
+        media_factory.real_photos(dest, n, seed=seed, min_side=min_side, max_side=max_side)
+    except Exception as exc:  # noqa: BLE001 - module missing or being edited: use the local equivalent
+        how = f"bench fallback ({type(exc).__name__}: {exc})"
+        _fallback_real_photos(dest, n, seed=seed, min_side=min_side, max_side=max_side)
+    finally:
+        if str(REPO / "tests") in sys.path:
+            sys.path.remove(str(REPO / "tests"))
+    marker.write_text(json.dumps(want))
+    print(f"# generated {n} photos ({min_side}..{max_side} px) in {dest} with {how} "
+          f"in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return sorted(dest.glob("photo_*.jpg"))
+
+
+def link_subset(src: list[Path], dest: Path) -> list[Path]:
+    """Hard-link (copy if impossible) ``src`` files into ``dest`` (fresh)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    want = {p.name for p in src}
+    for p in dest.iterdir():
+        if p.name not in want:
+            p.unlink()
+    out = []
+    for p in src:
+        q = dest / p.name
+        if not q.exists():
+            try:
+                os.link(p, q)
+            except OSError:
+                q.write_bytes(p.read_bytes())
+        out.append(q)
+    return out
+
+
+def machine_info() -> dict:
+    import platform
+    import subprocess
+
+    def sh(cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001
+            return "?"
+
+    mem_kb = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {"nproc": sh("nproc"), "cpu": sh("lscpu | grep 'Model name' | sed 's/.*: *//'"),
+            "ram_gib": round(mem_kb / 2**20, 1), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

@@ -1,0 +1,180 @@
+"""Benchmark: peak RSS of a shardsmith build as the item count grows (goal: 50k/2k <= 1.1).
+
+Every build runs in a fresh interpreter (``python -c``) that builds a folder of small real
+JPEGs (32..64 px sides) into a fresh output folder and reports
+``getrusage(RUSAGE_SELF).ru_maxrss`` (the parent's peak) and ``getrusage(RUSAGE_CHILDREN)
+.ru_maxrss`` (the largest peak of any joined worker process; 0 with workers=1). A
+separate interpreter that only imports shardsmith gives the fixed start-up footprint.
+The two sizes run interleaved (small, large, small, large ...); the median of the repeats
+is reported.
+
+    /work/venv/bin/python bench/rss.py --sizes 2000,50000 --repeats 3 --workers 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from _media import machine_info  # noqa: E402  (stdlib only: keeps this driver's RSS small, see below)
+
+# Media are generated in a separate interpreter: on Linux a child's ru_maxrss starts from the
+# peak of the process image it was exec'd from (the forked driver), so a driver bloated by
+# image generation would inflate every measured child's ru_maxrss. The children also report
+# VmHWM from /proc/self/status, which belongs to the exec'd image only.
+GEN = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from _media import link_subset, real_photos
+work, big, lo, hi = Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+files = real_photos(work / f"small_{big}_{lo}-{hi}", big, seed=0, min_side=lo, max_side=hi)
+for n in map(int, sys.argv[6].split(",")):
+    assert len(link_subset(files[:n], work / f"set_{n}")) == n
+"""
+
+CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+from shardsmith.recipe import recipe_from_dict
+from shardsmith.build import build
+src, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+after_import = hwm()
+recipe = recipe_from_dict({"sources": [{"path": src}],
+                           "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 1000,
+                                        "image": {"format": "jpg", "quality": 95, "max_side": 256}}]},
+                          base_dir=".")
+t0 = time.perf_counter()
+build(recipe, out, quiet=True, workers=workers)
+dt = time.perf_counter() - t0
+written = sum(json.loads((Path(out) / "wds" / "shard_count.json").read_text()).values())
+print(json.dumps({"self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "self_hwm_kib": hwm(),
+                  "children_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+                  "after_import_kib": after_import, "seconds": dt, "written": written}))
+"""
+
+IMPORT_ONLY = r"""
+import json, resource
+import shardsmith.build, shardsmith.recipe
+hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(json.dumps({"self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "self_hwm_kib": hwm}))
+"""
+
+
+def run_child(code: str, *args: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"child failed ({p.returncode}):\n{p.stderr[-4000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def mib(kib: float) -> str:
+    return f"{kib / 1024:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="2000,50000", help="item counts, comma separated (first = reference)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--work", default=None, help="work folder (default: a temporary folder, removed at the end)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--min-side", type=int, default=32)
+    ap.add_argument("--max-side", type=int, default=64)
+    args = ap.parse_args(argv)
+    tmp = None
+    if args.work is None:
+        tmp = tempfile.mkdtemp(prefix="shardsmith-rss-")
+        work = Path(tmp)
+    else:
+        work = Path(args.work).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _bench(args, work)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(args, work: Path) -> int:
+    info = machine_info()
+    print(f"# machine: nproc={info['nproc']} cpu={info['cpu']!r} ram={info['ram_gib']} GiB "
+          f"python={info['python']} date={info['date']}")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
+    # one set of the largest size; the smaller sets are hard-linked prefixes of it
+    big = max(sizes)
+    subprocess.run([sys.executable, "-c", GEN, str(BENCH), str(work), str(big), str(args.min_side),
+                    str(args.max_side), ",".join(map(str, sizes))], check=True)
+    dirs = {n: work / f"set_{n}" for n in sizes}
+    base_imp = [run_child(IMPORT_ONLY)["self_kib"] for _ in range(args.repeats)]
+    imp = statistics.median(base_imp)
+    print(f"# import-only interpreter peak RSS: {mib(imp)} MiB (median of {len(base_imp)}); "
+          f"driver ru_maxrss so far {mib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)} MiB")
+
+    res: dict[tuple[int, int], list[dict]] = {(w, n): [] for w in workers for n in sizes}
+    for r in range(args.repeats):
+        for w in workers:
+            order = sizes if (r % 2 == 0) else list(reversed(sizes))
+            for n in order:
+                out = work / f"out_{w}_{n}"
+                shutil.rmtree(out, ignore_errors=True)
+                t0 = time.perf_counter()
+                d = run_child(CHILD, str(dirs[n]), str(out), str(w))
+                shutil.rmtree(out)
+                if d["written"] != n:
+                    raise SystemExit(f"workers={w} n={n}: wrote {d['written']} samples, expected {n}")
+                res[(w, n)].append(d)
+                print(f"# repeat {r + 1}/{args.repeats} workers={w} n={n:>6}: parent {mib(d['self_kib'])} MiB "
+                      f"(VmHWM {mib(d['self_hwm_kib'])}, after imports {mib(d['after_import_kib'])}), "
+                      f"max child {mib(d['children_kib'])} MiB, build {d['seconds']:.1f} s "
+                      f"(wall incl. start-up {time.perf_counter() - t0:.1f} s)", flush=True)
+
+    ref = sizes[0]
+    print()
+    print(f"peak RSS, median of {args.repeats} fresh-interpreter builds; images {args.min_side}..{args.max_side} px; "
+          f"ratio = value at n / value at n={ref}")
+    print()
+    print("| workers | n | parent peak MiB | ratio | parent peak above import-only MiB | ratio "
+          "| max child peak MiB | ratio | build s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    summary = []
+    for w in workers:
+        p_ref = statistics.median(d["self_kib"] for d in res[(w, ref)])
+        c_ref = statistics.median(d["children_kib"] for d in res[(w, ref)])
+        for n in sizes:
+            p = statistics.median(d["self_kib"] for d in res[(w, n)])
+            c = statistics.median(d["children_kib"] for d in res[(w, n)])
+            s = statistics.median(d["seconds"] for d in res[(w, n)])
+            row = {"workers": w, "n": n, "parent_kib": p, "parent_ratio": p / p_ref,
+                   "parent_above_import_kib": p - imp, "parent_above_import_ratio": (p - imp) / max(1, p_ref - imp),
+                   "child_kib": c, "child_ratio": (c / c_ref) if c_ref else None, "seconds": s,
+                   "raw": res[(w, n)]}
+            summary.append(row)
+            cr = f"{row['child_ratio']:.3f}" if row["child_ratio"] is not None else "-"
+            print(f"| {w} | {n} | {mib(p)} | {row['parent_ratio']:.3f} | {mib(p - imp)} "
+                  f"| {row['parent_above_import_ratio']:.3f} | {mib(c) if c else '-'} | {cr} | {s:.1f} |")
+    print()
+    print(f"import-only interpreter: {mib(imp)} MiB. Goal: ratio (largest/smallest) <= 1.1.")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "sizes": sizes, "repeats": args.repeats,
+                                               "import_only_kib": base_imp, "rows": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

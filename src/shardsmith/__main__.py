@@ -1,0 +1,3 @@
+from shardsmith.cli import app
+
+app()

@@ -1,0 +1,323 @@
+"""``build``: sources -> plan (ledger) -> split -> transform -> sinks -> manifest.
+
+Contract
+- ``build(recipe, out)`` writes every output of the recipe under ``out`` and returns the
+  manifest dict (also written to ``out/manifest.json``).
+- An ``out`` holding anything else, or a build of a different recipe, is refused with
+  :class:`OutputExistsError` unless ``overwrite``; then the new build goes to a hidden
+  sibling folder and is swapped in only when complete.
+- Re-running after a crash (even ``kill -9``) resumes from the last committed unit and
+  yields byte-identical files. Re-running a finished build is a no-op.
+- Every planned item ends with a terminal status in every output that takes its source;
+  the reconciliation invariant is checked before the manifest is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from shardsmith import __version__, formats, report
+from shardsmith.parallel import Workers
+from shardsmith.plan.ledger import Ledger
+from shardsmith.plan.planner import make_plan
+from shardsmith.progress import Progress
+from shardsmith.recipe import Recipe, WdsOutput, canonical, diff_recipes, fingerprint
+from shardsmith.records import WRITTEN, SourceInfo
+from shardsmith.sinks.atomic import atomic_write_json, remove_stale_tmp
+from shardsmith.sinks.wds import WdsSink, sample_tar_bytes
+from shardsmith.sinks.zip import ZipSink
+from shardsmith.sources import open_sources
+from shardsmith.split.assign import HOLDOUT, TRAIN
+from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
+
+
+class OutputExistsError(RuntimeError):
+    """The output folder holds something this build must not overwrite."""
+
+
+class InvariantError(RuntimeError):
+    """inputs != written + skipped + failed: a sample was lost. Always a bug; never ignored."""
+
+
+@dataclass
+class BuildContext:
+    recipe: Recipe
+    root: Path  # the folder being written (``out`` or its hidden sibling)
+    ledger: Ledger
+    sources: list[SourceInfo]
+    progress: Progress
+
+
+def _splits(recipe: Recipe) -> list[str]:
+    return [TRAIN, HOLDOUT] if recipe.split.holdout > 0 else [TRAIN]
+
+
+def output_dest(root: Path, output, split: str) -> Path:
+    rel = output.dir if isinstance(output, WdsOutput) else output.path
+    return root / rel if split == TRAIN else root / HOLDOUT / rel
+
+
+def _source_ids(recipe: Recipe, output) -> list[int]:
+    names = [s.name for s in recipe.sources]
+    return [names.index(n) for n in output.sources] if output.sources else list(range(len(names)))
+
+
+def _labelled(recipe: Recipe, output, sources: list[SourceInfo], ledger: Ledger) -> bool:
+    ids = _source_ids(recipe, output)
+    q = f"SELECT 1 FROM items WHERE label IS NOT NULL AND source IN ({','.join('?' * len(ids))}) LIMIT 1"
+    return ledger.db.execute(q, ids).fetchone() is not None
+
+
+def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
+    """Decide what to do with ``out``: 'fresh', 'resume', 'done' or 'sibling'."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return "fresh"
+    if not out.is_dir():
+        if overwrite:
+            return "sibling"
+        raise OutputExistsError(f"{out} exists and is a file; choose another --out or pass --overwrite")
+    ledger_path = out / formats.LEDGER_FILE
+    if not ledger_path.exists():
+        if overwrite:
+            return "sibling"
+        raise OutputExistsError(f"{out} is not empty and was not written by shardsmith; refusing to write into it. "
+                                "Choose an empty --out, or pass --overwrite to replace it once the new build is complete")
+    led = Ledger(ledger_path)
+    try:
+        old_fp, old_recipe, done = led.get_meta("fingerprint"), led.get_meta("recipe"), led.get_meta("complete")
+    finally:
+        led.close()
+    if old_fp == fp:
+        if done and overwrite:
+            return "sibling"
+        return "done" if done else "resume"
+    if overwrite:
+        return "sibling"
+    diffs = diff_recipes(old_recipe or {}, canonical(recipe))
+    raise OutputExistsError(
+        f"{out} holds a build of a different recipe; refusing to mix versions. Differences:\n  "
+        + "\n  ".join(diffs[:20]) + "\nUse another --out, re-run the original recipe to resume it, "
+        "or pass --overwrite to rebuild (the old output stays until the new one is complete).")
+
+
+def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
+          workers: int | None = None, console=None) -> dict[str, Any]:
+    out = Path(out).resolve()
+    fp = fingerprint(recipe)
+    mode = _check_existing(out, fp, recipe, overwrite)
+    progress = Progress(quiet=quiet, console=console)
+    if mode == "done":
+        progress.say(f"{out} already holds this build, complete; nothing to do (pass --overwrite to rebuild)")
+        return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
+    root = out if mode in ("fresh", "resume") else out.parent / f".{out.name}.shardsmith-next"
+    if mode == "sibling" and root.exists():
+        nxt = root / formats.LEDGER_FILE
+        led = Ledger(nxt) if nxt.exists() else None
+        same = led is not None and led.get_meta("fingerprint") == fp
+        if led:
+            led.close()
+        if not same:
+            shutil.rmtree(root)
+    n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
+    manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root])
+    if root != out:
+        old = out.parent / f".{out.name}.shardsmith-old"
+        if old.exists():
+            shutil.rmtree(old)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(root, out)
+        if old.exists():
+            shutil.rmtree(old)
+        progress.say(f"swapped the new build into {out}")
+    return manifest
+
+
+def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers: int,
+              exclude: list[Path]) -> dict[str, Any]:
+    root.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(root / formats.LEDGER_FILE)
+    try:
+        if ledger.get_meta("fingerprint") is None:
+            ledger.set_meta("fingerprint", fp)
+            ledger.set_meta("recipe", canonical(recipe))
+            ledger.set_meta("version", __version__)
+            ledger.set_meta("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        stale = remove_stale_tmp(root)
+        if stale:
+            progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")
+        opened = open_sources(recipe, exclude=exclude)
+        infos = [i for i, _ in opened]
+        if not ledger.get_meta("plan_complete"):
+            ledger.reset_plan()
+            with progress.task("plan", total=None) as tick:
+                make_plan(recipe, ledger, opened, on_item=tick)
+        ctx = BuildContext(recipe, root, ledger, infos, progress)
+        makers = {}
+        for o in recipe.outputs:
+            if isinstance(o, WdsOutput):
+                makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
+            else:
+                makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ledger))
+        pool = Workers(makers, n_workers)
+        try:
+            blocks = {o.name: _run_output(ctx, o, pool) for o in recipe.outputs}
+        finally:
+            pool.close()
+        manifest = _manifest(ctx, fp, blocks)
+        atomic_write_json(root / formats.MANIFEST_FILE, manifest)
+        ledger.set_meta("complete", True)
+        for line in _summary(manifest):
+            progress.say(line)
+        return manifest
+    finally:
+        ledger.close()
+
+
+def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
+    ledger, recipe = ctx.ledger, ctx.recipe
+    srcs = _source_ids(recipe, output)
+    # plan-level outcomes (unreadable, duplicate ...) are this output's outcomes too
+    pre = [(it.idx, it.plan_status, it.detail) for it in ledger.items(sources=srcs) if it.plan_status != "ok"]
+    ledger.record_results(output.name, pre)
+    result: dict[str, Any] = {"format": output.format, "files": {}}
+    for split in _splits(recipe):
+        dest = output_dest(ctx.root, output, split)
+        (dest if isinstance(output, WdsOutput) else dest.parent).mkdir(parents=True, exist_ok=True)
+        if isinstance(output, WdsOutput):
+            sink = WdsSink(output, dest)
+        else:
+            stage = ctx.root / formats.STATE_DIR / "stage" / output.name / split
+            sink = ZipSink(output, dest, stage, labelled=_labelled(recipe, output, ctx.sources, ledger))
+        _run_units(ctx, output, split, srcs, sink, pool)
+        units = ledger.units(output.name, split)
+        if isinstance(sink, ZipSink):
+            labels = [lab for _, _, lab in ledger.written(output.name, split)]
+            info = sink.finalize(units, labels)
+        else:
+            info = sink.finalize(units)
+        for k in ("path", "dir"):
+            if k in info:  # relative to the output root: the folder may be swapped into place
+                info[k] = Path(info[k]).relative_to(ctx.root).as_posix()
+        result["files"][split] = info
+    missing = ledger.missing_results(output.name, srcs)
+    if missing:
+        raise InvariantError(f"output {output.name}: {missing} planned item(s) have no terminal status; "
+                             "this is a shardsmith bug, please report it with the ledger file")
+    return result
+
+
+def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers) -> None:
+    ledger = ctx.ledger
+    last = ledger.last_unit(output.name, split)
+    seq, pos = (last[0] + 1, last[1]) if last else (0, 0)
+    if isinstance(sink, ZipSink):
+        sink.first_index = sum(u["count"] for u in ledger.units(output.name, split))
+    total = ledger.db.execute(
+        f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
+        [split, *srcs]).fetchone()[0]
+    items = ledger.items(split=split, sources=srcs, status="ok", start_pos=pos)
+    label = f"{output.name}/{split}"
+    samples: list[tuple[str, Any]] = []
+    others: list[tuple[int, str, str | None]] = []
+    nbytes, first = 0, pos
+
+    def commit(next_pos: int) -> None:
+        nonlocal seq, samples, others, nbytes, first
+        name, size, sha = sink.write_unit(seq, samples) if samples else ("", 0, "")
+        res = [(s.idx, WRITTEN, None) for _, s in samples] + others
+        ledger.commit_unit(output=output.name, split=split, seq=seq, name=name, first_pos=first, next_pos=next_pos,
+                           count=len(samples), nbytes=size, sha256=sha, results=res)
+        seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
+
+    with ctx.progress.task(label, total=total, completed=pos) as tick:
+        for item, res in pool.map(output.name, items):
+            if res.status == WRITTEN:
+                if samples and sink.unit_full(len(samples), nbytes, res, item.key):
+                    commit(pos)
+                samples.append((item.key, res))
+                nbytes += sample_tar_bytes(res.members, item.key)
+            else:
+                others.append((res.idx, res.status, res.detail))
+            pos += 1
+            tick()
+        if samples or others:
+            commit(pos)
+
+
+def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, Any]:
+    ledger, recipe = ctx.ledger, ctx.recipe
+    outputs: dict[str, Any] = {}
+    for o in recipe.outputs:
+        total, splits = report.tally(ledger.status_rows(o.name))
+        for name, block in [("all", total), *splits.items()]:
+            if not report.balanced(block):
+                raise InvariantError(f"output {o.name} split {name}: counts do not reconcile: {block}")
+        outputs[o.name] = {**blocks[o.name], "counts": total, "splits": splits}
+    # overall per-item status: the worst across the outputs that take the item
+    per_item: dict[int, list] = {}
+    rows = ledger.db.execute("SELECT i.idx, i.split, i.item_id, r.status, r.detail FROM items i "
+                             "LEFT JOIN results r ON r.idx=i.idx ORDER BY i.idx")
+    overall_rows = []
+    cur, cur_meta = None, None
+    for idx, split, item_id, status, detail in rows:
+        if idx != cur:
+            if cur is not None:
+                overall_rows.append((*cur_meta, *report.worst(per_item.pop(cur))))
+            cur, cur_meta = idx, (split, item_id)
+            per_item[idx] = []
+        per_item[idx].append((status or "skipped:not_in_any_output",
+                              detail if status else "no output of the recipe takes this item's source"))
+    if cur is not None:
+        overall_rows.append((*cur_meta, *report.worst(per_item.pop(cur))))
+    counts, splits = report.tally(overall_rows)
+    sources = []
+    for info in ctx.sources:
+        n, nbytes = ledger.db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes),0) FROM items WHERE source=?",
+                                      (info.index,)).fetchone()
+        h = hashlib.sha256()
+        for (sha,) in ledger.db.execute("SELECT COALESCE(sha256,'-') FROM items WHERE source=? ORDER BY idx",
+                                        (info.index,)):
+            h.update(sha.encode())
+        sources.append({"name": info.name, "kind": info.kind, "path": info.path, "origin": info.origin,
+                        "license": info.license, "items": n, "bytes": nbytes,
+                        "labels": list(info.label_names) if info.label_names else None,
+                        "sha256_of_item_hashes": h.hexdigest()})
+    warnings = []
+    for o in recipe.outputs:
+        if o.format == "zip":
+            for split, blk in outputs[o.name]["files"].items():
+                if blk.get("labelled"):
+                    present = {lab for _, _, lab in ledger.written(o.name, split)}
+                    if present and present != set(range(max(present) + 1)):
+                        warnings.append(f"{o.name}/{split}: class ids {sorted(set(range(max(present) + 1)) - present)} "
+                                        "have no image; EDM loaders size one-hot labels as max(label)+1")
+    return {
+        "shardsmith_version": __version__,
+        "recipe_fingerprint": fp,
+        "recipe": canonical(recipe),
+        "created": ledger.get_meta("started"),
+        "split": {"seed": recipe.split.seed, "holdout": recipe.split.holdout, "dedup": recipe.split.dedup},
+        "sources": sources,
+        "counts": counts,
+        "splits": splits,
+        "outputs": outputs,
+        "warnings": warnings,
+    }
+
+
+def _summary(manifest: dict[str, Any]) -> list[str]:
+    lines = report.format_block("all outputs (per item)", manifest["counts"])
+    for name, o in manifest["outputs"].items():
+        lines += report.format_block(f"output {name}", o["counts"])
+        for split, blk in o["splits"].items():
+            lines += ["  " + x for x in report.format_block(split, blk)[:1]]
+    lines += [f"warning: {w}" for w in manifest["warnings"]]
+    return lines

@@ -1,0 +1,73 @@
+"""Format knowledge shared by the sinks (writers) and the loaders/verifiers (readers).
+
+WebDataset (FastGen flavour): ``NNNNN.tar`` shards directly in one folder, dot-free sample
+keys, member names ``<key>.<suffix>``, ``shard_count.json`` = ``{"00000.tar": N}``,
+``ignore_index.json`` = ``{"00000.tar": [key, ...]}``.
+
+EDM class-conditional ZIP: uncompressed, members ``{idx[:5]}/img{idx:08d}.png`` and a
+``dataset.json`` = ``{"labels": [[path, int], ...]}`` or ``{"labels": null}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+SHARD_COUNT_FILE = "shard_count.json"
+IGNORE_INDEX_FILE = "ignore_index.json"
+MANIFEST_FILE = "manifest.json"
+LEDGER_FILE = ".shardsmith/ledger.sqlite"
+STATE_DIR = ".shardsmith"
+ZIP_LABELS_FILE = "dataset.json"
+
+#: member suffixes the webdataset default decoders understand for images
+IMAGE_SUFFIXES = ("jpg", "png", "webp")
+
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_-]+")
+MAX_KEY_LEN = 96
+
+
+def shard_name(index: int) -> str:
+    """``3 -> "00003.tar"``; refuses negative indices."""
+    if index < 0:
+        raise ValueError(f"shard index must be >= 0, got {index}")
+    return f"{index:05d}.tar"
+
+
+def shard_index(name: str) -> int:
+    """Inverse of :func:`shard_name`; raises ``ValueError`` for any other name."""
+    m = re.fullmatch(r"(\d{5,})\.tar", name)
+    if not m:
+        raise ValueError(f"not a shard name: {name!r} (expected NNNNN.tar)")
+    return int(m.group(1))
+
+
+def sanitize_key(text: str) -> str:
+    """Turn a relative path (without extension) into a dot-free WebDataset key.
+
+    Anything outside ``[A-Za-z0-9_-]`` becomes ``_``; the result is never empty and at most
+    ``MAX_KEY_LEN`` characters. Uniqueness is the caller's job (see :func:`unique_key`).
+    """
+    key = _KEY_BAD.sub("_", text).strip("_")
+    if not key:
+        key = "item"
+    return key[:MAX_KEY_LEN]
+
+
+def unique_key(base: str, item_id: str) -> str:
+    """A collision-proof variant of ``base``: appends 8 hex chars of sha1(item_id)."""
+    digest = hashlib.sha1(item_id.encode("utf-8")).hexdigest()[:8]
+    return f"{base[: MAX_KEY_LEN - 9]}_{digest}"
+
+
+def member_name(key: str, suffix: str) -> str:
+    """Tar member name for one sample member; refuses keys that webdataset would split."""
+    if "." in key or "/" in key:
+        raise ValueError(f"sample key {key!r} contains '.' or '/', which splits the sample")
+    return f"{key}.{suffix}"
+
+
+def zip_member_name(index: int) -> str:
+    """EDM dataset_tool layout: ``12 -> "00000/img00000012.png"``."""
+    s = f"{index:08d}"
+    return f"{s[:5]}/img{s}.png"

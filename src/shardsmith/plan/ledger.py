@@ -1,0 +1,228 @@
+"""The ledger: an SQLite database inside the output folder that accounts for every input.
+
+Tables
+- ``meta(key, value)``: recipe fingerprint and canonical recipe, version, plan completion.
+- ``items``: one row per planned input (see :class:`~shardsmith.records.PlannedItem`).
+- ``results(output, idx, status, detail, shard)``: terminal status of each item per output,
+  written in the same transaction that commits the shard holding it.
+- ``shards(output, split, seq, name, first_pos, next_pos, count, bytes, sha256)``: committed
+  units of work; ``next_pos`` is where the next unit starts in the eligible-item order.
+
+The ledger is the only source of truth for resume: a unit is done iff its row exists, and
+a row is written only after the unit's file was renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from shardsmith.records import PlannedItem
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS items (
+    idx INTEGER PRIMARY KEY,
+    item_id TEXT NOT NULL UNIQUE,
+    key TEXT NOT NULL UNIQUE,
+    source INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    relpath TEXT NOT NULL,
+    caption TEXT,
+    label INTEGER,
+    label_name TEXT,
+    meta TEXT NOT NULL,
+    sha256 TEXT,
+    size_bytes INTEGER,
+    kind TEXT NOT NULL,
+    width INTEGER,
+    height INTEGER,
+    image_format TEXT,
+    mode TEXT,
+    split TEXT NOT NULL,
+    plan_status TEXT NOT NULL,
+    detail TEXT,
+    dup_of TEXT
+);
+CREATE INDEX IF NOT EXISTS items_sha ON items(sha256);
+CREATE INDEX IF NOT EXISTS items_split ON items(split, idx);
+CREATE TABLE IF NOT EXISTS results (
+    output TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    detail TEXT,
+    shard TEXT,
+    PRIMARY KEY (output, idx)
+);
+CREATE TABLE IF NOT EXISTS shards (
+    output TEXT NOT NULL,
+    split TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    first_pos INTEGER NOT NULL,
+    next_pos INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    PRIMARY KEY (output, split, seq)
+);
+"""
+
+_ITEM_COLS = (
+    "idx item_id key source path relpath caption label label_name meta sha256 size_bytes kind "
+    "width height image_format mode split plan_status detail dup_of"
+).split()
+
+
+class Ledger:
+    """Thin typed wrapper over the SQLite file; one instance per process."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- meta -------------------------------------------------------------------------
+    def get_meta(self, key: str) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, sort_keys=True)))
+
+    # -- items ------------------------------------------------------------------------
+    def reset_plan(self) -> None:
+        with self.transaction():
+            self.db.execute("DELETE FROM items")
+            self.db.execute("DELETE FROM results")
+            self.db.execute("DELETE FROM shards")
+            self.db.execute("DELETE FROM meta WHERE key='plan_complete'")
+
+    def add_items(self, items: Iterable[PlannedItem]) -> None:
+        rows = []
+        for it in items:
+            d = it.__dict__.copy()
+            d["meta"] = json.dumps(d["meta"], sort_keys=True, ensure_ascii=False)
+            rows.append(tuple(d[c] for c in _ITEM_COLS))
+        self.db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(_ITEM_COLS))})", rows)
+
+    def key_exists(self, key: str) -> bool:
+        return self.db.execute("SELECT 1 FROM items WHERE key=?", (key,)).fetchone() is not None
+
+    def first_with_sha(self, sha: str) -> tuple[str, str] | None:
+        """(item_id, split) of the earliest usable item with these bytes, if any."""
+        row = self.db.execute(
+            "SELECT item_id, split FROM items WHERE sha256=? AND plan_status='ok' ORDER BY idx LIMIT 1", (sha,)
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def set_split(self, idx: int, split: str) -> None:
+        self.db.execute("UPDATE items SET split=? WHERE idx=?", (split, idx))
+
+    @staticmethod
+    def _item(row: tuple) -> PlannedItem:
+        d = dict(zip(_ITEM_COLS, row))
+        d["meta"] = json.loads(d["meta"])
+        return PlannedItem(**d)
+
+    def items(self, *, split: str | None = None, sources: list[int] | None = None,
+              status: str | None = None, start_pos: int = 0) -> Iterator[PlannedItem]:
+        """Stream items in plan order, optionally filtered; ``start_pos`` skips that many."""
+        sql, args = f"SELECT {','.join(_ITEM_COLS)} FROM items WHERE 1=1", []
+        if split is not None:
+            sql += " AND split=?"
+            args.append(split)
+        if status is not None:
+            sql += " AND plan_status=?"
+            args.append(status)
+        if sources is not None:
+            sql += f" AND source IN ({','.join('?' * len(sources))})"
+            args += sources
+        sql += " ORDER BY idx LIMIT -1 OFFSET ?"
+        args.append(start_pos)
+        cur = self.db.cursor()
+        cur.arraysize = 256
+        cur.execute(sql, args)
+        while rows := cur.fetchmany():
+            for r in rows:
+                yield self._item(r)
+
+    def count_items(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+
+    # -- shards and results -------------------------------------------------------------
+    def transaction(self):
+        return _Tx(self.db)
+
+    def commit_unit(self, *, output: str, split: str, seq: int, name: str, first_pos: int, next_pos: int,
+                    count: int, nbytes: int, sha256: str, results: list[tuple[int, str, str | None]]) -> None:
+        """Record one committed unit (after its file was renamed into place) and its items."""
+        with self.transaction():
+            self.db.execute("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?)",
+                            (output, split, seq, name, first_pos, next_pos, count, nbytes, sha256))
+            self.db.executemany("INSERT INTO results VALUES (?,?,?,?,?)",
+                                [(output, idx, st, det, name if st == "written" else None)
+                                 for idx, st, det in results])
+
+    def record_results(self, output: str, results: list[tuple[int, str, str | None]]) -> None:
+        """Terminal statuses decided without a unit (plan failures, items outside the output)."""
+        with self.transaction():
+            self.db.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,NULL)",
+                                [(output, idx, st, det) for idx, st, det in results])
+
+    def last_unit(self, output: str, split: str) -> tuple[int, int] | None:
+        """(seq, next_pos) of the last committed unit, or None."""
+        row = self.db.execute("SELECT seq, next_pos FROM shards WHERE output=? AND split=? ORDER BY seq DESC LIMIT 1",
+                              (output, split)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def units(self, output: str, split: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT seq, name, first_pos, next_pos, count, bytes, sha256 FROM shards "
+                               "WHERE output=? AND split=? ORDER BY seq", (output, split)).fetchall()
+        return [dict(zip(("seq", "name", "first_pos", "next_pos", "count", "bytes", "sha256"), r)) for r in rows]
+
+    def written(self, output: str, split: str, shard: str | None = None) -> Iterator[tuple[int, str, int | None]]:
+        """(idx, shard, label) of written items of one output/split in plan order."""
+        sql = ("SELECT r.idx, r.shard, i.label FROM results r JOIN items i ON i.idx=r.idx "
+               "WHERE r.output=? AND i.split=? AND r.status='written'")
+        args: list[Any] = [output, split]
+        if shard is not None:
+            sql += " AND r.shard=?"
+            args.append(shard)
+        yield from self.db.execute(sql + " ORDER BY r.idx", args)
+
+    def status_rows(self, output: str) -> Iterator[tuple[str, str, str, str | None]]:
+        """(split, item_id, status, detail) for every item that has a result in ``output``."""
+        yield from self.db.execute(
+            "SELECT i.split, i.item_id, r.status, r.detail FROM results r JOIN items i ON i.idx=r.idx "
+            "WHERE r.output=? ORDER BY r.idx", (output,))
+
+    def missing_results(self, output: str, sources: list[int] | None) -> int:
+        sql = "SELECT COUNT(*) FROM items i LEFT JOIN results r ON r.idx=i.idx AND r.output=? WHERE r.idx IS NULL"
+        args: list[Any] = [output]
+        if sources is not None:
+            sql += f" AND i.source IN ({','.join('?' * len(sources))})"
+            args += sources
+        return self.db.execute(sql, args).fetchone()[0]
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False

@@ -1,0 +1,90 @@
+"""Plan: enumerate every source, probe every item once, give it a key and a split, and
+record it in the ledger. Nothing is derived yet.
+
+Items stream through in batches (bounded memory); probing runs on a thread pool (hashing
+and file reads release the GIL) and keeps source order. Duplicates (same sha256) after the
+first copy become ``skipped:duplicate`` when ``split.dedup`` is on, and always share the
+first copy's split.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import PurePosixPath
+
+from shardsmith import formats
+from shardsmith.plan.ledger import Ledger
+from shardsmith.plan.probe import probe_item
+from shardsmith.records import Item, PlannedItem, SourceInfo
+from shardsmith.recipe import Recipe
+from shardsmith.split import assign
+
+BATCH = 256
+
+
+def _key_base(source: SourceInfo, relpath: str, item_id: str) -> str:
+    stem = str(PurePosixPath(relpath).with_suffix("")) if relpath else item_id.split("/", 1)[-1]
+    return formats.sanitize_key(f"{source.name}_{stem}")
+
+
+def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]],
+              on_item: Callable[[], None] = lambda: None) -> int:
+    """Fill the ledger's ``items`` table; returns the number of items planned."""
+    split = recipe.split
+    count_mode = split.holdout >= 1
+    idx = 0
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:
+        for info, items in sources:
+            it = iter(items())
+            while batch := list(itertools.islice(it, BATCH)):
+                probes = list(pool.map(lambda x: probe_item(x, recipe.images.max_pixels), batch))
+                rows: list[PlannedItem] = []
+                keys: set[str] = set()
+                shas: dict[str, tuple[str, str]] = {}
+                for item, pr in zip(batch, probes):
+                    key = _key_base(info, item.relpath, item.item_id)
+                    if key in keys or ledger.key_exists(key):
+                        key = formats.unique_key(key, item.item_id)
+                    keys.add(key)
+                    status, detail, dup_of = pr.status, pr.detail, None
+                    sp = assign.TRAIN if count_mode else assign.by_fraction(item.item_id, split.seed, split.holdout)
+                    if status == "ok" and pr.sha256:
+                        first = shas.get(pr.sha256) or ledger.first_with_sha(pr.sha256)
+                        if first is not None:
+                            dup_of, sp = first
+                            if split.dedup:
+                                status = "skipped:duplicate"
+                                detail = f"{item.item_id} has the same bytes as {first[0]}; only the first copy is used"
+                        else:
+                            shas[pr.sha256] = (item.item_id, sp)
+                    rows.append(PlannedItem(
+                        idx=idx, item_id=item.item_id, key=key, source=info.index, path=item.path,
+                        relpath=item.relpath, caption=item.caption, label=item.label, label_name=item.label_name,
+                        meta=item.meta, sha256=pr.sha256, size_bytes=pr.size_bytes, kind=pr.kind, width=pr.width,
+                        height=pr.height, image_format=pr.image_format, mode=pr.mode, split=sp, plan_status=status,
+                        detail=detail, dup_of=dup_of))
+                    idx += 1
+                    on_item()
+                with ledger.transaction():
+                    ledger.add_items(rows)
+    finally:
+        pool.shutdown()
+    if count_mode:
+        _assign_by_count(ledger, recipe)
+    ledger.set_meta("plan_complete", True)
+    return idx
+
+
+def _assign_by_count(ledger: Ledger, recipe: Recipe) -> None:
+    seed, n = recipe.split.seed, int(recipe.split.holdout)
+    firsts = (r[0] for r in ledger.db.execute("SELECT item_id FROM items WHERE plan_status='ok' AND dup_of IS NULL"))
+    thr = assign.count_threshold(firsts, seed, n)
+    with ledger.transaction():
+        rows = ledger.db.execute("SELECT idx, item_id FROM items WHERE dup_of IS NULL").fetchall()
+        ledger.db.executemany("UPDATE items SET split=? WHERE idx=?",
+                              [(assign.by_threshold(i, seed, thr), idx) for idx, i in rows])
+        ledger.db.execute("UPDATE items SET split=(SELECT s.split FROM items s WHERE s.item_id=items.dup_of) "
+                          "WHERE dup_of IS NOT NULL")

@@ -1,0 +1,266 @@
+"""The recipe: a validated description of a whole build (sources, split, images, outputs).
+
+``load_recipe(path)`` reads YAML; ``recipe_from_dict`` validates a dict; both raise
+:class:`RecipeError` whose message names each bad key path and the fix. Relative source
+paths resolve against the recipe file's folder (or the working directory for CLI builds).
+``fingerprint(recipe)`` hashes everything that changes the output (not ``workers``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be built; the message names the key path and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Columns(_Strict):
+    """Column roles of a metadata table; other columns are kept as per-sample metadata."""
+
+    media: str | None = Field(None, description="column holding the media path (auto: media/file/path/image/file_name)")
+    caption: str | None = Field(None, description="caption column (auto: caption/text/prompt)")
+    label: str | None = Field(None, description="class label column (int ids or names)")
+
+
+class SourceSpec(_Strict):
+    path: str
+    name: str | None = None
+    kind: Literal["auto", "folder", "table"] = "auto"
+    origin: str | None = None
+    license: str | None = None
+    columns: Columns = Field(default_factory=Columns)
+    labels: Literal["auto", "none"] = "auto"
+    captions: Literal["sidecar", "none"] = "sidecar"
+    caption_errors: Literal["fail", "replace"] = "fail"
+    allow_outside_paths: bool = False
+
+
+class SplitSpec(_Strict):
+    holdout: float = Field(0, ge=0, description="fraction in [0,1) or a whole count >= 1")
+    seed: int = 0
+    dedup: bool = True
+
+    @field_validator("holdout")
+    @classmethod
+    def _holdout(cls, v: float) -> float:
+        if v >= 1 and v != int(v):
+            raise ValueError("holdout >= 1 is a count and must be a whole number (or give a fraction < 1)")
+        return v
+
+
+class ImageRules(_Strict):
+    """How every image is decoded and screened, whatever the output."""
+
+    max_pixels: int = Field(89_478_485, gt=0, description="decompression-bomb limit (pixels)")
+    background: tuple[int, int, int] = (255, 255, 255)
+    min_size: int = Field(0, ge=0, description="images whose shorter side is below this are skipped:too_small")
+    upscale: bool = False
+
+    @field_validator("background")
+    @classmethod
+    def _bg(cls, v: tuple[int, int, int]) -> tuple[int, int, int]:
+        if any(not 0 <= c <= 255 for c in v):
+            raise ValueError("background must be three integers in 0..255, e.g. [255, 255, 255]")
+        return v
+
+
+class ImageEncoding(_Strict):
+    format: Literal["jpg", "png", "webp"] = "jpg"
+    quality: int = Field(95, ge=1, le=100)
+    max_side: int | None = Field(None, gt=0)
+    passthrough: bool = False
+
+
+class WdsOutput(_Strict):
+    format: Literal["wds"]
+    name: str | None = None
+    dir: str = "wds"
+    samples_per_shard: int = Field(1000, gt=0)
+    max_shard_bytes: int | None = Field(None, gt=0)
+    image: ImageEncoding = Field(default_factory=ImageEncoding)
+    sources: list[str] | None = None
+    metadata: bool = True
+
+
+class ZipOutput(_Strict):
+    format: Literal["zip"]
+    name: str | None = None
+    path: str = "dataset.zip"
+    resolution: int | tuple[int, int]
+    transform: Literal["center-crop", "center-crop-wide", "center-crop-dhariwal"] = "center-crop"
+    upscale: bool | None = Field(None, description="enlarge images smaller than the resolution (default: images.upscale)")
+    unit: int = Field(1000, gt=0, description="images per resumable unit of work (staged, then assembled)")
+    sources: list[str] | None = None
+
+    @property
+    def size(self) -> tuple[int, int]:
+        r = self.resolution
+        return (r, r) if isinstance(r, int) else (int(r[0]), int(r[1]))
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ZipOutput":
+        w, h = self.size
+        if w <= 0 or h <= 0:
+            raise ValueError("resolution must be positive, e.g. 64 or [64, 64]")
+        if self.transform == "center-crop-wide":
+            if h > w:
+                raise ValueError("center-crop-wide needs resolution [W, H] with H <= W (output is W x W)")
+        elif w != h:
+            raise ValueError(f"{self.transform} writes square images: give resolution: {w} (not [{w}, {h}])")
+        if not self.path.endswith(".zip"):
+            raise ValueError(f"path must end in .zip, got {self.path!r}")
+        return self
+
+
+Output = Annotated[Union[WdsOutput, ZipOutput], Field(discriminator="format")]
+
+
+class Recipe(_Strict):
+    sources: list[SourceSpec] = Field(min_length=1)
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    images: ImageRules = Field(default_factory=ImageRules)
+    outputs: list[Output] = Field(min_length=1)
+    workers: int | None = Field(None, ge=1, description="CPU worker processes (not part of the fingerprint)")
+
+    @model_validator(mode="after")
+    def _names(self) -> "Recipe":
+        seen: set[str] = set()
+        for i, s in enumerate(self.sources):
+            if s.name is None:
+                base = Path(s.path.rstrip("/")).stem or f"source{i}"
+                name, n = base, 1
+                while name in seen:
+                    n += 1
+                    name = f"{base}{n}"
+                s.name = name
+            if "/" in s.name or s.name in seen:
+                raise ValueError(f"source name {s.name!r} must be unique and contain no '/'")
+            seen.add(s.name)
+        out_names: set[str] = set()
+        targets: set[str] = set()
+        for o in self.outputs:
+            if o.name is None:
+                o.name = o.format if o.format not in out_names else f"{o.format}{len(out_names)}"
+            if o.name in out_names:
+                raise ValueError(f"output name {o.name!r} is used twice; give each output a unique name")
+            out_names.add(o.name)
+            target = o.dir if isinstance(o, WdsOutput) else o.path
+            if os.path.isabs(target) or ".." in Path(target).parts:
+                raise ValueError(f"output {o.name!r}: {target!r} must be a relative path inside --out")
+            if target in targets:
+                raise ValueError(f"two outputs write to {target!r}; give each its own dir/path")
+            targets.add(target)
+            for sname in o.sources or []:
+                if sname not in seen:
+                    raise ValueError(f"output {o.name!r} names unknown source {sname!r} (known: {sorted(seen)})")
+        return self
+
+
+_HINTS = {
+    "holdout": "use a fraction such as 0.05 or a whole count such as 100",
+    "resolution": "use one integer such as 64, or [W, H] for center-crop-wide",
+    "format": "outputs take format: wds or format: zip",
+    "transform": "one of center-crop, center-crop-wide, center-crop-dhariwal",
+    "sources": "list at least one source: sources: [{path: photos/}]",
+    "outputs": "list at least one output: outputs: [{format: wds, dir: wds}]",
+}
+
+
+def _format_errors(err: ValidationError, origin: str) -> str:
+    lines = [f"recipe {origin} is not valid:"]
+    for e in err.errors():
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see README 'Recipe keys')"
+        hint = next((h for k, h in _HINTS.items() if k in [str(p) for p in e["loc"]]), None)
+        lines.append(f"  - {loc or '<root>'}: {msg}" + (f"  (fix: {hint})" if hint else ""))
+    return "\n".join(lines)
+
+
+def recipe_from_dict(data: Any, *, base_dir: str | os.PathLike = ".", origin: str = "<dict>") -> Recipe:
+    """Validate ``data`` and resolve source paths against ``base_dir``."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {origin} must be a mapping with sources: and outputs:, got {type(data).__name__}")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(_format_errors(err, origin)) from None
+    for s in recipe.sources:
+        s.path = str((Path(base_dir) / os.path.expanduser(s.path)).resolve())
+    return recipe
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file {p} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {p} is not valid YAML: {exc}") from None
+    return recipe_from_dict(data, base_dir=p.parent, origin=str(p))
+
+
+def canonical(recipe: Recipe) -> dict[str, Any]:
+    """The part of the recipe that determines the output (everything but ``workers``)."""
+    return recipe.model_dump(mode="json", exclude={"workers"})
+
+
+def fingerprint(recipe: Recipe) -> str:
+    blob = json.dumps(canonical(recipe), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def diff_recipes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Key paths whose values differ between two canonical recipes, with both values."""
+    out: list[str] = []
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in sorted(set(old) | set(new)):
+            out += diff_recipes(old.get(k), new.get(k), f"{prefix}.{k}" if prefix else k)
+    elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            out += diff_recipes(a, b, f"{prefix}[{i}]")
+    elif old != new:
+        out.append(f"{prefix}: {json.dumps(old)} -> {json.dumps(new)}")
+    return out
+
+
+def set_key(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Apply ``--set outputs[0].image.quality=90`` style overrides to a raw recipe dict."""
+    import re
+
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", dotted)
+    if not parts:
+        raise RecipeError(f"--set {dotted!r}: empty key path")
+    cur: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        nxt = parts[i + 1] if not last else None
+        if part.startswith("["):
+            idx = int(part[1:-1])
+            if not isinstance(cur, list) or idx >= len(cur):
+                raise RecipeError(f"--set {dotted!r}: {part} is out of range")
+            if last:
+                cur[idx] = value
+            else:
+                cur = cur[idx]
+        else:
+            if not isinstance(cur, dict):
+                raise RecipeError(f"--set {dotted!r}: {part!r} is not inside a mapping")
+            if last:
+                cur[part] = value
+            else:
+                cur = cur.setdefault(part, [] if nxt and nxt.startswith("[") else {})

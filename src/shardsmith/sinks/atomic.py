@@ -1,0 +1,63 @@
+"""Atomic file writes: write to a temporary sibling, flush + fsync, rename into place.
+
+Temporary names are ``<name>.tmp-<pid>``; :func:`remove_stale_tmp` deletes leftovers of a
+killed run (they were never committed to the ledger, so nothing is lost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+TMP_MARK = ".tmp-"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """Yield a binary file that appears at ``path`` only if the block completes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
+    f = open(tmp, "wb")
+    try:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        f.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def remove_stale_tmp(root: Path) -> list[Path]:
+    """Delete ``*.tmp-<pid>`` files below ``root`` left by a killed run; return them."""
+    gone = []
+    if root.exists():
+        for p in root.rglob(f"*{TMP_MARK}*"):
+            if p.is_file():
+                p.unlink()
+                gone.append(p)
+    return gone

@@ -1,0 +1,71 @@
+"""WebDataset sink: ``NNNNN.tar`` shards in one folder plus ``shard_count.json``.
+
+A unit of work is one shard. A shard closes when it holds ``samples_per_shard`` samples or
+when the next sample would push it past ``max_shard_bytes`` (a single larger sample gets a
+shard of its own). Shards are written atomically; the caller commits them to the ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from shardsmith import formats
+from shardsmith.recipe import WdsOutput
+from shardsmith.records import SampleResult
+from shardsmith.sinks.atomic import atomic_open, atomic_write_json
+from shardsmith.sinks.tar import DeterministicTar
+
+TAR_BLOCK = 512
+
+
+TAR_END = 20 * TAR_BLOCK  # worst case of end-of-archive blocks plus record padding
+
+
+def sample_tar_bytes(members: dict[str, bytes], key: str) -> int:
+    """Upper bound of the bytes a sample adds to a tar: header(s) + padded data per member."""
+    total = 0
+    for suffix, v in members.items():
+        pax = 3 * TAR_BLOCK if len(formats.member_name(key, suffix)) > 99 else 0
+        total += pax + TAR_BLOCK + -(-len(v) // TAR_BLOCK) * TAR_BLOCK
+    return total
+
+
+class WdsSink:
+    kind = "wds"
+
+    def __init__(self, output: WdsOutput, dest: Path):
+        self.o, self.dest = output, dest
+
+    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str) -> bool:
+        """Should the current shard close before ``next_sample`` is added?"""
+        if count >= self.o.samples_per_shard:
+            return True
+        if self.o.max_shard_bytes is not None and count > 0:
+            return nbytes + sample_tar_bytes(next_sample.members or {}, key) + TAR_END > self.o.max_shard_bytes
+        return False
+
+    def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
+        """Write shard ``seq`` atomically; returns (name, bytes, sha256)."""
+        name = formats.shard_name(seq)
+        path = self.dest / name
+        h = hashlib.sha256()
+        with atomic_open(path) as f:
+            tar = DeterministicTar(f)
+            for key, s in samples:
+                for suffix, data in s.members.items():
+                    tar.add(formats.member_name(key, suffix), data)
+            tar.close()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return name, path.stat().st_size, h.hexdigest()
+
+    def finalize(self, units: list[dict]) -> dict:
+        """Write ``shard_count.json``; return the output's manifest block."""
+        counts = {u["name"]: u["count"] for u in units if u["count"] > 0}
+        self.dest.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.dest / formats.SHARD_COUNT_FILE, counts)
+        return {"dir": str(self.dest), "shards": [
+            {"name": u["name"], "count": u["count"], "bytes": u["bytes"], "sha256": u["sha256"]}
+            for u in units if u["count"] > 0]}

@@ -1,0 +1,81 @@
+"""Class-conditional ZIP sink in the EDM ``dataset_tool`` layout.
+
+Units of ``output.unit`` images are staged as deterministic tars under the build's state folder
+(members already carry their final names ``00000/img00000000.png``); ``finalize`` copies
+them, in order, into an uncompressed ZIP with fixed timestamps and writes ``dataset.json``,
+then renames the ZIP into place. Re-running finalize gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+from shardsmith import formats
+from shardsmith.recipe import ZipOutput
+from shardsmith.records import SampleResult
+from shardsmith.sinks.atomic import atomic_open
+from shardsmith.sinks.tar import DeterministicTar
+
+_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def _zinfo(name: str) -> zipfile.ZipInfo:
+    zi = zipfile.ZipInfo(name, date_time=_DATE)
+    zi.compress_type = zipfile.ZIP_STORED
+    zi.create_system = 3
+    zi.external_attr = 0o644 << 16
+    return zi
+
+
+class ZipSink:
+    kind = "zip"
+
+    def __init__(self, output: ZipOutput, dest: Path, stage: Path, labelled: bool):
+        self.o, self.dest, self.stage, self.labelled = output, dest, stage, labelled
+        self.first_index = 0  # running image index; set by the builder from committed units
+
+    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str) -> bool:
+        return count >= self.o.unit
+
+    def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
+        name = f"{seq:05d}.stage.tar"
+        path = self.stage / name
+        with atomic_open(path) as f:
+            tar = DeterministicTar(f)
+            for i, (_key, s) in enumerate(samples):
+                tar.add(formats.zip_member_name(self.first_index + i), s.members["png"])
+            tar.close()
+        self.first_index += len(samples)
+        return name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def finalize(self, units: list[dict], labels: list[int | None]) -> dict:
+        """Assemble the ZIP from staged units; ``labels`` are the written images' labels in order."""
+        index = 0
+        label_rows = []
+        with atomic_open(self.dest) as f:
+            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED) as zf:
+                for u in units:
+                    if u["count"] == 0:
+                        continue
+                    with tarfile.open(self.stage / u["name"]) as tar:
+                        for m in tar:
+                            if m.name != formats.zip_member_name(index):
+                                raise RuntimeError(f"staged unit {u['name']} is out of order at {m.name}; "
+                                                   "re-run with --overwrite")
+                            zf.writestr(_zinfo(m.name), tar.extractfile(m).read())
+                            label_rows.append([m.name, labels[index]])
+                            index += 1
+                meta = {"labels": label_rows if self.labelled else None}
+                zf.writestr(_zinfo(formats.ZIP_LABELS_FILE), json.dumps(meta))
+        h = hashlib.sha256()
+        with open(self.dest, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        w, hh = self.o.size
+        out_w, out_h = (w, w) if self.o.transform == "center-crop-wide" else (w, hh)
+        return {"path": str(self.dest), "images": index, "bytes": self.dest.stat().st_size, "sha256": h.hexdigest(),
+                "resolution": [out_w, out_h], "transform": self.o.transform, "labelled": self.labelled}

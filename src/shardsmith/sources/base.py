@@ -1,0 +1,75 @@
+"""Shared source helpers: media kinds by extension, sidecar captions, source resolution."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from shardsmith.records import Item, SourceInfo
+
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+VIDEO_EXTENSIONS = frozenset({"mp4", "mov", "webm", "mkv", "avi", "m4v", "mpg", "mpeg", "ogv", "wmv"})
+AUDIO_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "m4a", "aac", "opus"})
+MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS | AUDIO_EXTENSIONS
+TABLE_EXTENSIONS = frozenset({"csv", "json", "jsonl", "parquet"})
+
+
+class SourceError(ValueError):
+    """A whole source cannot be read (missing folder, unreadable table): stops before writing."""
+
+
+def media_kind(path: str) -> str:
+    """``image`` / ``video`` / ``audio`` / ``other`` from the file extension (case-insensitive)."""
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext in IMAGE_EXTENSIONS:
+        return "image"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
+    if ext in AUDIO_EXTENSIONS:
+        return "audio"
+    return "other"
+
+
+def read_caption(path: Path, errors: str) -> tuple[str | None, tuple[str, str] | None]:
+    """Read a sidecar caption. Returns (caption, error); ``error`` is (reason, detail).
+
+    UTF-8 (with or without BOM) is required; ``errors="replace"`` substitutes U+FFFD instead
+    of failing the item.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, ("caption_unreadable", f"caption file {path} cannot be read: {exc}")
+    try:
+        return raw.decode("utf-8-sig").strip(), None
+    except UnicodeDecodeError as exc:
+        if errors == "replace":
+            return raw.decode("utf-8-sig", errors="replace").strip(), None
+        return None, ("caption_not_utf8",
+                      f"caption file {path} is not UTF-8 (bad byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                      "re-save it as UTF-8, or set caption_errors: replace on this source")
+
+
+def open_sources(recipe, exclude: list[Path] | None = None) -> list[tuple[SourceInfo, Callable[[], Iterator[Item]]]]:
+    """Resolve each recipe source; raises :class:`SourceError` for a missing or unknown path."""
+    from shardsmith.sources.folder import FolderSource
+    from shardsmith.sources.table import TableSource
+
+    out = []
+    for i, spec in enumerate(recipe.sources):
+        p = Path(spec.path)
+        kind = spec.kind
+        if kind == "auto":
+            if p.is_dir():
+                kind = "folder"
+            elif p.is_file() and p.suffix.lower().lstrip(".") in TABLE_EXTENSIONS:
+                kind = "table"
+            elif not p.exists():
+                raise SourceError(f"source {spec.name!r}: {p} does not exist; fix sources[{i}].path")
+            else:
+                raise SourceError(f"source {spec.name!r}: {p} is neither a folder nor a table "
+                                  f"({', '.join(sorted(TABLE_EXTENSIONS))}); fix sources[{i}].path")
+        src = (FolderSource if kind == "folder" else TableSource)(i, spec, exclude or [])
+        out.append((src.info, src.items))
+    return out

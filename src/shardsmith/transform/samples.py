@@ -1,0 +1,115 @@
+"""Per-output sample makers: one :class:`PlannedItem` in, one :class:`SampleResult` out.
+
+Makers run in worker processes; they read the item's bytes, check them against the sha256
+recorded at plan time (a file changed since planning is ``failed:changed_since_plan``),
+decode, apply the output's geometry and encode. They never write files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
+from shardsmith.recipe import ImageRules, WdsOutput, ZipOutput
+from shardsmith.transform.image import decode_image, edm_transform, encode_image, passthrough_ok, resize_max_side
+
+
+def read_checked(item: PlannedItem) -> bytes:
+    try:
+        with open(item.path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ItemError("unreadable", f"{item.item_id}: cannot read {item.path}: {exc}") from None
+    if item.sha256 is not None and hashlib.sha256(data).hexdigest() != item.sha256:
+        raise ItemError("changed_since_plan", f"{item.item_id}: {item.path} changed after it was planned; "
+                        "re-run with --overwrite to plan again")
+    return data
+
+
+def _not_image(item: PlannedItem) -> ItemError:
+    return ItemError(f"unsupported_kind_{item.kind}",
+                     f"{item.item_id} is {item.kind} media, which this image output does not take; "
+                     "limit the output's sources: or use a video/audio output", skip=True)
+
+
+def _check_min_size(item: PlannedItem, size: tuple[int, int], rules: ImageRules) -> None:
+    if min(size) < rules.min_size:
+        raise ItemError("too_small", f"{item.item_id} is {size[0]}x{size[1]}, below images.min_size={rules.min_size}",
+                        skip=True)
+
+
+class WdsSampleMaker:
+    """Members ``jpg|png|webp`` (+ ``txt``, ``cls``, ``json``) for one WebDataset sample."""
+
+    def __init__(self, output: WdsOutput, rules: ImageRules, sources: list[SourceInfo]):
+        self.o, self.rules, self.sources = output, rules, sources
+
+    def __call__(self, item: PlannedItem) -> SampleResult:
+        try:
+            if item.kind != "image":
+                raise _not_image(item)
+            data = read_checked(item)
+            dec = decode_image(data, name=item.item_id, max_pixels=self.rules.max_pixels,
+                               background=self.rules.background)
+            img = dec.image
+            _check_min_size(item, img.size, self.rules)
+            enc = self.o.image
+            resized = resize_max_side(img, enc.max_side, self.rules.upscale)
+            why_not = passthrough_ok(dec, enc.format, resized is not img) if enc.passthrough else "not asked"
+            payload = data if why_not is None else encode_image(resized, enc.format, enc.quality)
+        except ItemError as e:
+            return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
+        members = {enc.format: payload}
+        if item.caption is not None:
+            members["txt"] = item.caption.encode("utf-8")
+        if item.label is not None:
+            members["cls"] = str(item.label).encode()
+        info = {"size": list(resized.size)}
+        if self.o.metadata:
+            src = self.sources[item.source]
+            meta = {
+                "id": item.item_id, "source": src.name, "path": item.relpath, "sha256": item.sha256,
+                "original_size": list(dec.source_size), "size": list(resized.size),
+                "label": item.label, "label_name": item.label_name, "license": src.license, "origin": src.origin,
+                "passthrough": why_not is None, "notes": dec.notes, "meta": item.meta,
+            }
+            members["json"] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return SampleResult(idx=item.idx, status=WRITTEN, members=members, info=info)
+
+
+class ZipSampleMaker:
+    """One uncompressed-PNG-ready picture at the ZIP's resolution (EDM transforms)."""
+
+    def __init__(self, output: ZipOutput, rules: ImageRules, sources: list[SourceInfo], labelled: bool):
+        self.o, self.rules, self.labelled = output, rules, labelled
+
+    def __call__(self, item: PlannedItem) -> SampleResult:
+        from io import BytesIO
+
+        w, h = self.o.size
+        try:
+            if item.kind != "image":
+                raise _not_image(item)
+            if self.labelled and item.label is None:
+                raise ItemError("no_label", f"{item.item_id} has no class label but this ZIP is class-conditional; "
+                                "put it in a class sub-folder or give it a label", skip=True)
+            dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
+                               background=self.rules.background)
+            img = dec.image
+            upscale = self.rules.upscale if self.o.upscale is None else self.o.upscale
+            _check_min_size(item, img.size, self.rules)
+            small = img.width < w if self.o.transform == "center-crop-wide" else min(img.size) < w
+            if small and not upscale:
+                raise ItemError("too_small", f"{item.item_id} is {img.width}x{img.height}, smaller than the "
+                                f"ZIP resolution {w}x{h}; set upscale: true on this output to enlarge it", skip=True)
+            out = edm_transform(img, self.o.transform, w, h)
+            if out is None:
+                raise ItemError("too_small", f"{item.item_id} is {img.width}x{img.height}: too small for "
+                                f"center-crop-wide at {w}x{h}", skip=True)
+        except ItemError as e:
+            return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
+        buf = BytesIO()
+        out.save(buf, format="png", compress_level=0, optimize=False)
+        return SampleResult(idx=item.idx, status=WRITTEN, members={"png": buf.getvalue()},
+                            info={"label": item.label})
