@@ -107,10 +107,24 @@ def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
         "or pass --overwrite to rebuild (the old output stays until the new one is complete).")
 
 
+def _finish_interrupted_swap(out: Path) -> None:
+    """A crash between the two renames of an --overwrite swap leaves out/ missing: complete it."""
+    nxt, old = out.parent / f".{out.name}.shardsmith-next", out.parent / f".{out.name}.shardsmith-old"
+    if not out.exists() and (nxt / formats.MANIFEST_FILE).exists():
+        led = Ledger(nxt / formats.LEDGER_FILE)
+        done = led.get_meta("complete")
+        led.close()
+        if done:
+            os.replace(nxt, out)
+            if old.exists():
+                shutil.rmtree(old)
+
+
 def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
           workers: int | None = None, console=None) -> dict[str, Any]:
     out = Path(out).resolve()
     fp = fingerprint(recipe)
+    _finish_interrupted_swap(out)
     mode = _check_existing(out, fp, recipe, overwrite)
     progress = Progress(quiet=quiet, console=console)
     if mode == "done":
@@ -261,23 +275,7 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
             if not report.balanced(block):
                 raise InvariantError(f"output {o.name} split {name}: counts do not reconcile: {block}")
         outputs[o.name] = {**blocks[o.name], "counts": total, "splits": splits}
-    # overall per-item status: the worst across the outputs that take the item
-    per_item: dict[int, list] = {}
-    rows = ledger.db.execute("SELECT i.idx, i.split, i.item_id, r.status, r.detail FROM items i "
-                             "LEFT JOIN results r ON r.idx=i.idx ORDER BY i.idx")
-    overall_rows = []
-    cur, cur_meta = None, None
-    for idx, split, item_id, status, detail in rows:
-        if idx != cur:
-            if cur is not None:
-                overall_rows.append((*cur_meta, *report.worst(per_item.pop(cur))))
-            cur, cur_meta = idx, (split, item_id)
-            per_item[idx] = []
-        per_item[idx].append((status or "skipped:not_in_any_output",
-                              detail if status else "no output of the recipe takes this item's source"))
-    if cur is not None:
-        overall_rows.append((*cur_meta, *report.worst(per_item.pop(cur))))
-    counts, splits = report.tally(overall_rows)
+    counts, splits = report.tally(_overall_rows(ledger))
     sources = []
     for info in ctx.sources:
         n, nbytes = ledger.db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes),0) FROM items WHERE source=?",
@@ -311,6 +309,22 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
         "outputs": outputs,
         "warnings": warnings,
     }
+
+
+def _overall_rows(ledger: Ledger):
+    """(split, item_id, status, detail) per item: the worst status across the outputs taking it."""
+    rows = ledger.db.execute("SELECT i.idx, i.split, i.item_id, r.status, r.detail FROM items i "
+                             "LEFT JOIN results r ON r.idx=i.idx ORDER BY i.idx")
+    cur, head, statuses = None, None, []
+    for idx, split, item_id, status, detail in rows:
+        if idx != cur:
+            if cur is not None:
+                yield (*head, *report.worst(statuses))
+            cur, head, statuses = idx, (split, item_id), []
+        statuses.append((status, detail) if status else
+                        ("skipped:not_in_any_output", "no output of the recipe takes this item's source"))
+    if cur is not None:
+        yield (*head, *report.worst(statuses))
 
 
 def _summary(manifest: dict[str, Any]) -> list[str]:

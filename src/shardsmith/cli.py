@@ -188,8 +188,8 @@ def scan(
     from shardsmith.sources.base import SourceError
 
     flags = dict(locals())
-    to = to or ["wds"]
-    data, base = _raw_recipe(recipe_path, source, flags, to if (to or not recipe_path) else [], set_ or [])
+    to = to or ([] if recipe_path else ["wds"])
+    data, base = _raw_recipe(recipe_path, source, flags, to, set_ or [])
     if any(o.get("format") == "zip" and "resolution" not in o for o in data.get("outputs", [])):
         for o in data["outputs"]:
             o.setdefault("resolution", 64) if o.get("format") == "zip" else None

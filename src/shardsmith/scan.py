@@ -202,7 +202,6 @@ class _OutputAcc:
     sources: set[int]
     size_sample: int
     labelled: bool = False
-    usable: Counter = field(default_factory=Counter)  # split -> n
     heap: list = field(default_factory=list)  # (-u64, seq, PlannedItem)
 
     def offer(self, h: int, seq: int, planned: PlannedItem) -> None:
@@ -670,7 +669,7 @@ def format_scan(report: dict) -> str:
     if en.get("samples_seen") is not None:
         rep = en.get("repetition")
         L.append(f"  batch {en['batch']} x updates {en['updates']} = {en['samples_seen']:,} samples seen; "
-                 f"repetition {'-' if rep is None else f'{rep:,.1f}'}x (max_repeat {en['max_repeat']:g})")
+                 f"repetition {'- (no unique samples)' if rep is None else f'{rep:,.1f}x'} (max_repeat {en['max_repeat']:g})")
 
     warns = report.get("warnings", [])
     L += ["", f"warnings ({len(warns)})"]
