@@ -45,6 +45,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from shardsmith import formats
+from shardsmith.plan.probe import read_and_hash
 from shardsmith.recipe import Recipe, WdsOutput, ZipOutput
 from shardsmith.records import WRITTEN, Item, ItemError, PlannedItem, SourceInfo
 from shardsmith.sinks.wds import TAR_BLOCK, sample_tar_bytes
@@ -101,17 +102,7 @@ def _probe(item: Item, max_pixels: int, background: tuple[int, int, int]) -> _Pr
         return pr
     data = None
     try:
-        if pr.kind == "image":
-            with open(item.path, "rb") as f:
-                data = f.read()
-            pr.sha256, pr.size = hashlib.sha256(data).hexdigest(), len(data)
-        else:
-            h, n = hashlib.sha256(), 0
-            with open(item.path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-                    n += len(chunk)
-            pr.sha256, pr.size = h.hexdigest(), n
+        data, pr.sha256, pr.size = read_and_hash(item.path, keep=pr.kind == "image")
     except OSError as exc:
         pr.status, pr.detail = "failed:unreadable", f"{item.item_id}: cannot read {item.path}: {exc}"
         return pr

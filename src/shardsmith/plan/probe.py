@@ -27,6 +27,20 @@ class Probe:
     detail: str | None = None
 
 
+def read_and_hash(path: str, keep: bool) -> tuple[bytes | None, str, int]:
+    """(bytes if ``keep`` else None, sha256 hex, size). Large non-kept files stream in 1 MiB chunks."""
+    if keep:
+        with open(path, "rb") as f:
+            data = f.read()
+        return data, hashlib.sha256(data).hexdigest(), len(data)
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            n += len(chunk)
+    return None, h.hexdigest(), n
+
+
 def probe_item(item: Item, max_pixels: int) -> Probe:
     pr = Probe(kind=media_kind(item.relpath or item.path))
     if item.error is not None and item.error[0] in ("missing_file", "no_media_path", "path_outside_table_dir",
@@ -34,17 +48,7 @@ def probe_item(item: Item, max_pixels: int) -> Probe:
         pr.status, pr.detail = f"failed:{item.error[0]}", item.error[1]
         return pr
     try:
-        if pr.kind == "image":
-            with open(item.path, "rb") as f:
-                data = f.read()
-            pr.sha256, pr.size_bytes = hashlib.sha256(data).hexdigest(), len(data)
-        else:
-            h, n = hashlib.sha256(), 0
-            with open(item.path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-                    n += len(chunk)
-            pr.sha256, pr.size_bytes = h.hexdigest(), n
+        data, pr.sha256, pr.size_bytes = read_and_hash(item.path, keep=pr.kind == "image")
     except OSError as exc:
         pr.status, pr.detail = "failed:unreadable", f"{item.item_id}: cannot read {item.path}: {exc}"
         return pr
