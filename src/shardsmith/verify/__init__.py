@@ -1,0 +1,1 @@
+"""Verification of produced datasets: inspect, repair and loader-contract checks."""

@@ -1,0 +1,189 @@
+"""The observed batch contract: what every key of the batches really held.
+
+``ContractRecorder.add(batch)`` folds one batch (a dict of tensors, arrays, lists of str,
+ints) into per-key statistics; ``merge`` combines recorders from several processes;
+``to_dict`` gives a JSON-able contract::
+
+    {key: {"type": "tensor", "shape": [3, 32, 32], "shapes": {...}, "dtype": "float32",
+           "min": -1.0, "max": 1.0, "mean": 0.01, "nan": 0, "inf": 0, "samples": 120,
+           "examples": [...]}}
+
+For strings it records empty counts and example values; for integer labels their range.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+MAX_EXAMPLES = 3
+
+
+def _as_numpy(v: Any) -> np.ndarray | None:
+    try:
+        import torch
+
+        if isinstance(v, torch.Tensor):
+            t = v.detach()
+            if t.dtype == torch.bfloat16:
+                t = t.float()
+            return t.cpu().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if isinstance(v, np.ndarray):
+        return v
+    return None
+
+
+def _dtype_name(v: Any) -> str:
+    return str(getattr(v, "dtype", type(v).__name__)).replace("torch.", "")
+
+
+class KeyStats:
+    def __init__(self) -> None:
+        self.type: str | None = None
+        self.dtype: str | None = None
+        self.shapes: dict[str, int] = {}
+        self.samples = 0
+        self.min = math.inf
+        self.max = -math.inf
+        self.sum = 0.0
+        self.count = 0
+        self.nan = 0
+        self.inf = 0
+        self.empty = 0
+        self.examples: list[Any] = []
+
+    def _example(self, v: Any) -> None:
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(v)
+
+    def add(self, value: Any, batch_size: int) -> None:
+        arr = _as_numpy(value)
+        if arr is not None:
+            self.type = "tensor"
+            self.dtype = _dtype_name(value)
+            shape = list(arr.shape[1:]) if arr.ndim >= 1 and arr.shape[0] == batch_size else list(arr.shape)
+            key = "x".join(map(str, shape)) or "scalar"
+            n = arr.shape[0] if arr.ndim >= 1 and arr.shape[0] == batch_size else 1
+            self.shapes[key] = self.shapes.get(key, 0) + n
+            self.samples += n
+            if arr.size and arr.dtype.kind in "fiub":
+                a = arr.astype(np.float64, copy=False)
+                finite = np.isfinite(a)
+                self.nan += int(np.isnan(a).sum())
+                self.inf += int(np.isinf(a).sum())
+                if finite.any():
+                    f = a[finite]
+                    self.min, self.max = min(self.min, float(f.min())), max(self.max, float(f.max()))
+                    self.sum += float(f.sum())
+                    self.count += int(f.size)
+                if arr.ndim <= 1:
+                    for x in arr.reshape(-1)[:MAX_EXAMPLES]:
+                        self._example(x.item())
+            return
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                self.add_one(v)
+            return
+        self.add_one(value)
+
+    def add_one(self, v: Any) -> None:
+        self.samples += 1
+        if isinstance(v, str):
+            self.type = "str"
+            self.dtype = "str"
+            if not v.strip():
+                self.empty += 1
+            self.min, self.max = min(self.min, len(v)), max(self.max, len(v))
+            self._example(v[:80])
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            self.type = self.type or type(v).__name__
+            self.dtype = type(v).__name__
+            self.min, self.max = min(self.min, v), max(self.max, v)
+            self.sum += v
+            self.count += 1
+            self._example(v)
+        else:
+            self.type = type(v).__name__
+            self.dtype = self.type
+            self._example(repr(v)[:80])
+
+    def merge(self, o: "KeyStats") -> None:
+        self.type = self.type or o.type
+        self.dtype = self.dtype or o.dtype
+        for k, n in o.shapes.items():
+            self.shapes[k] = self.shapes.get(k, 0) + n
+        self.samples += o.samples
+        self.min, self.max = min(self.min, o.min), max(self.max, o.max)
+        self.sum += o.sum
+        self.count += o.count
+        self.nan += o.nan
+        self.inf += o.inf
+        self.empty += o.empty
+        for e in o.examples:
+            self._example(e)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type, "dtype": self.dtype, "samples": self.samples}
+        if self.shapes:
+            d["shape"] = [int(x) for x in max(self.shapes, key=self.shapes.get).split("x")] \
+                if max(self.shapes, key=self.shapes.get) != "scalar" else []
+            d["shapes"] = dict(self.shapes)
+        lo, hi = (None if self.min == math.inf else self.min), (None if self.max == -math.inf else self.max)
+        if self.type == "str":
+            d.update(empty=self.empty, min_len=lo, max_len=hi)
+        elif self.count:
+            d.update(min=lo, max=hi, mean=self.sum / self.count)
+        if self.type == "tensor":
+            d.update(nan=self.nan, inf=self.inf)
+        d["examples"] = self.examples
+        return d
+
+
+class ContractRecorder:
+    """Fold batches into per-key stats; also counts batches and samples."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, KeyStats] = {}
+        self.batches = 0
+        self.samples = 0
+        self.batch_sizes: dict[int, int] = {}
+
+    @staticmethod
+    def batch_size(batch: dict[str, Any]) -> int:
+        for k in ("__key__", "fname"):
+            if k in batch:
+                return len(batch[k])
+        for v in batch.values():
+            arr = _as_numpy(v)
+            if arr is not None and arr.ndim:
+                return int(arr.shape[0])
+            if isinstance(v, (list, tuple)):
+                return len(v)
+        return 1
+
+    def add(self, batch: dict[str, Any]) -> None:
+        b = self.batch_size(batch)
+        self.batches += 1
+        self.samples += b
+        self.batch_sizes[b] = self.batch_sizes.get(b, 0) + 1
+        for k, v in batch.items():
+            if k.startswith("__"):
+                continue
+            self.keys.setdefault(k, KeyStats()).add(v, b)
+
+    def merge(self, other: "ContractRecorder") -> None:
+        self.batches += other.batches
+        self.samples += other.samples
+        for b, n in other.batch_sizes.items():
+            self.batch_sizes[b] = self.batch_sizes.get(b, 0) + n
+        for k, st in other.keys.items():
+            self.keys.setdefault(k, KeyStats()).merge(st)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "samples": self.samples,
+                "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+                "keys": {k: st.to_dict() for k, st in sorted(self.keys.items())}}

@@ -1,0 +1,641 @@
+"""Static inspection of a WebDataset folder, as FastGen's loaders would see it.
+
+:func:`inspect_wds` reads every ``*.tar`` directly in a folder in streaming mode (the way
+``webdataset`` does) and reports, per shard: member counts by suffix, samples (grouped
+exactly like ``webdataset.tariterators.group_by_keys``: consecutive members sharing the
+part of the basename before its first dot), samples missing a ``key_map`` suffix, keys
+that probably contained a dot, non-adjacent members, duplicate members, truncated or
+unreadable tars (how many members were intact and where it broke), corrupt members
+(decoded by suffix), and how the shard relates to ``shard_count.json`` and
+``ignore_index.json``. The report is plain JSON-able data; :func:`format_inspect` renders
+it for humans and :func:`diagnose_empty` walks FastGen's "empty / short batches"
+checklist against it.
+
+Nothing here writes to disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
+
+TAR_BLOCK = 512
+
+#: suffix tails decoded by FastGen / webdataset's default handlers, by kind
+IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm"})
+TEXT_EXTS = frozenset({"txt", "text", "transcript"})
+INT_EXTS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
+JSON_EXTS = frozenset({"json", "jsn"})
+TORCH_EXTS = frozenset({"pth", "pt"})
+NPY_EXTS = frozenset({"npy"})
+NPZ_EXTS = frozenset({"npz"})
+KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | INT_EXTS | JSON_EXTS | TORCH_EXTS | NPY_EXTS | NPZ_EXTS
+
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def split_member(name: str) -> tuple[str | None, str | None]:
+    """``webdataset.tariterators.base_plus_ext``: key = path up to the basename's first dot."""
+    m = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)
+    if not m:
+        return None, None
+    return m.group(1), m.group(2)
+
+
+def skip_reason(name: str, data: bytes | None) -> str | None:
+    """Why webdataset's tar iterator skips a member before grouping, or ``None``."""
+    if data is None:
+        return "not a regular file"
+    if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
+        return "metadata member"
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# shard listing (FastGen get_shards, local)
+
+
+def list_shards(folder: str | Path) -> tuple[list[Path], str | None]:
+    """Regular ``*.tar`` files (case-insensitive) directly in ``folder``, in FastGen order.
+
+    FastGen sorts by ``int(stem)`` when every stem is numeric; otherwise it logs an error and
+    sorts by name. Returns the list and that error note (``None`` when the order is numeric).
+    """
+    folder = Path(folder)
+    shards = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".tar"]
+    stems = [p.name[:-4] for p in shards]
+    if all(s.isdigit() for s in stems):
+        return sorted(shards, key=lambda p: (int(p.name[:-4]), p.name)), None
+    bad = sorted(s for s in stems if not s.isdigit())
+    note = (f"non-numeric shard names ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): "
+            "FastGen logs an error and sorts shards by name")
+    return sorted(shards, key=lambda p: p.name), note
+
+
+# ----------------------------------------------------------------------------------------
+# member decode checks
+
+
+def check_member(suffix: str, data: bytes) -> str | None:
+    """Decode ``data`` the way the loader would for ``suffix``; return the error or ``None``.
+
+    Suffixes whose last dot-part is not a known kind (video, audio, ...) are not decoded.
+    """
+    ext = suffix.rsplit(".", 1)[-1].lower()
+    try:
+        if ext in IMAGE_EXTS:
+            from PIL import Image
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with Image.open(io.BytesIO(data)) as im:
+                    im.load()
+        elif ext in TEXT_EXTS:
+            data.decode("utf-8")
+        elif ext in JSON_EXTS:
+            json.loads(data.decode("utf-8"))
+        elif ext in INT_EXTS:
+            int(data.decode("utf-8").strip())
+        elif ext in TORCH_EXTS:
+            import torch
+
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        elif ext in NPY_EXTS:
+            import numpy as np
+
+            np.load(io.BytesIO(data), allow_pickle=False)
+        elif ext in NPZ_EXTS:
+            import numpy as np
+
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                for k in z.files:
+                    z[k]
+        else:
+            return None
+    except Exception as e:  # noqa: BLE001 - every decode failure is reported, not raised
+        msg = str(e).splitlines()[0] if str(e) else ""
+        return f"{type(e).__name__}: {msg}"[:300]
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# streaming scan of one shard
+
+
+@dataclass
+class Run:
+    """One sample as webdataset groups it: consecutive members with the same key."""
+
+    key: str
+    members: list[tuple[str, str, int, str]] = field(default_factory=list)  # name, suffix, size, sha256
+    complete: bool = True
+
+    @property
+    def suffixes(self) -> list[str]:
+        return [m[1] for m in self.members]
+
+
+@dataclass
+class ShardScan:
+    path: Path
+    report: dict[str, Any]
+    runs: list[Run]
+    kept: list[int]  # indices into runs of the complete samples (what repair keeps)
+
+
+def iter_members(path: Path, state: dict[str, Any]) -> Iterator[tuple[tarfile.TarInfo, bytes | None]]:
+    """Stream ``(tarinfo, data)``; ``data`` is None for non-regular members.
+
+    On exit ``state`` holds ``intact_members``, ``intact_bytes`` (end of the last intact
+    member), ``file_size`` and ``error`` (None, or a dict describing where reading broke).
+    """
+    size = path.stat().st_size
+    state.update(intact_members=0, intact_bytes=0, file_size=size, error=None)
+    end = 0
+    with open(path, "rb") as f:
+        try:
+            tar = tarfile.open(fileobj=f, mode="r|")
+            for ti in tar:
+                data = None
+                if ti.isreg():
+                    try:
+                        data = tar.extractfile(ti).read()
+                        if len(data) != ti.size:
+                            raise tarfile.ReadError("unexpected end of data")
+                    except (tarfile.ReadError, EOFError, OSError) as e:
+                        state["error"] = {
+                            "kind": "truncated member",
+                            "detail": f"{type(e).__name__}: {e}",
+                            "member": ti.name,
+                            "member_header_offset": ti.offset,
+                            "member_size": ti.size,
+                            "member_bytes_available": max(0, size - ti.offset_data),
+                            "break_offset": size,
+                        }
+                        return
+                end = ti.offset_data + -(-ti.size // TAR_BLOCK) * TAR_BLOCK
+                state["intact_members"] += 1
+                state["intact_bytes"] = end
+                yield ti, data
+                tar.members = []
+        except (tarfile.ReadError, EOFError, OSError) as e:
+            state["error"] = {"kind": "unreadable header", "detail": f"{type(e).__name__}: {e}",
+                              "member": None, "break_offset": end}
+            return
+        # tarfile stops silently at a truncated or garbled header: look for the end marker
+        f.seek(end)
+        tail = f.read(TAR_BLOCK)
+        if len(tail) < TAR_BLOCK:
+            state["error"] = {"kind": "missing end-of-archive marker",
+                              "detail": f"file ends {size - end} bytes after the last intact member",
+                              "member": None, "break_offset": size}
+        elif tail.strip(b"\0"):
+            state["error"] = {"kind": "unreadable header",
+                              "detail": "bytes after the last intact member are not a tar header",
+                              "member": None, "break_offset": end}
+
+
+def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
+    """Read one shard once; build its report section and its sample runs."""
+    state: dict[str, Any] = {}
+    suffix_counts: Counter[str] = Counter()
+    runs: list[Run] = []
+    finished_keys: set[str] = set()
+    non_adjacent: list[dict[str, Any]] = []
+    duplicates: list[str] = []
+    unkeyed: list[str] = []
+    skipped: list[str] = []
+    corrupt: list[dict[str, str]] = []
+    empty: list[str] = []
+    members = 0
+    for ti, data in iter_members(path, state):
+        name = ti.name
+        why = skip_reason(name, data)
+        if why:
+            skipped.append(f"{name} ({why})")
+            continue
+        members += 1
+        key, suffix = split_member(name)
+        if key is None:
+            unkeyed.append(name)
+            continue
+        suffix = suffix.lower()
+        suffix_counts[suffix] += 1
+        if not runs or runs[-1].key != key:
+            if runs:
+                finished_keys.add(runs[-1].key)
+            if key in finished_keys:
+                non_adjacent.append({"key": key, "member": name, "sample_index": len(runs)})
+            runs.append(Run(key))
+        run = runs[-1]
+        if suffix in run.suffixes:
+            duplicates.append(name)
+        run.members.append((name, suffix, len(data), hashlib.sha256(data).hexdigest()))
+        if len(data) == 0:
+            empty.append(name)
+        err = check_member(suffix, data)
+        if err:
+            corrupt.append({"member": name, "key": key, "suffix": suffix, "error": err})
+
+    error = state["error"]
+    broken = (error or {}).get("member")
+    bkey = split_member(broken)[0] if broken else None
+    if error and runs:
+        last = runs[-1]
+        if bkey is not None and bkey == last.key:
+            last.complete = False  # the sample lost its partially written member
+        elif bkey is None:
+            # break at a header: the last sample may have lost members we never saw
+            others = [set(r.suffixes) for r in runs[:-1]]
+            if others:
+                usual = set.intersection(*others)
+                if not usual <= set(last.suffixes):
+                    last.complete = False
+    kept = [i for i, r in enumerate(runs) if r.complete]
+
+    missing: dict[str, list[str]] = {}
+    for want in (key_map or {}).values():
+        lacking = [r.key for r in runs if want not in r.suffixes]
+        if lacking:
+            missing[want] = lacking
+
+    rep: dict[str, Any] = {
+        "name": path.name,
+        "size": state["file_size"],
+        "members": members,
+        "suffix_counts": dict(sorted(suffix_counts.items())),
+        "samples": len(runs),
+        "missing": missing,
+        "non_adjacent": non_adjacent,
+        "duplicate_members": duplicates,
+        "unkeyed_members": unkeyed,
+        "skipped_members": skipped,
+        "empty_members": empty,
+        "corrupt": corrupt,
+        "truncated": None,
+        "dotted_members": [],
+        "minority_suffixes": {},
+    }
+    if error:
+        rep["truncated"] = {
+            **error,
+            "intact_members": state["intact_members"],
+            "intact_bytes": state["intact_bytes"],
+            "file_size": state["file_size"],
+            "intact_samples": len(kept),
+            "incomplete_keys": [r.key for r in runs if not r.complete],
+            "broken_key": bkey,
+        }
+    return ShardScan(path, rep, runs, kept)
+
+
+# ----------------------------------------------------------------------------------------
+# index files
+
+
+def _load_json(path: Path) -> tuple[Any, str | None]:
+    if not path.exists():
+        return None, None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, ValueError) as e:
+        return None, f"{path.name} is not valid JSON: {e}"
+
+
+def load_ignore_index(folder: Path) -> tuple[dict[str, list[str]] | None, str | None]:
+    data, err = _load_json(folder / IGNORE_INDEX_FILE)
+    if data is None:
+        return None, err
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v) for k, v in data.items()
+    ):
+        return None, f"{IGNORE_INDEX_FILE} is not {{shard: [key, ...]}}"
+    return data, None
+
+
+# ----------------------------------------------------------------------------------------
+# the report
+
+
+def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tuple[dict[str, Any], list[ShardScan]]:
+    """:func:`inspect_wds` plus the per-shard scans (sample runs) that repair needs."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"not a folder: {folder}")
+    shards, order_note = list_shards(folder)
+    scans = [scan_shard(p, key_map) for p in shards]
+    problems: list[str] = []
+    if order_note:
+        problems.append(order_note)
+    if not shards:
+        problems.append(f"no *.tar shards directly in {folder} (FastGen raises ValueError)")
+
+    # suffixes most samples have, dataset-wide: anything else with a dot is a suspect key
+    per_sample: Counter[str] = Counter()
+    n_samples = 0
+    for sc in scans:
+        for r in sc.runs:
+            n_samples += 1
+            per_sample.update(set(r.suffixes))
+    known = {s for s, n in per_sample.items() if n * 2 > n_samples} | set((key_map or {}).values())
+    multi_known = {s for s in known if "." in s}
+    for sc in scans:
+        rep = sc.report
+        minority: Counter[str] = Counter()
+        for r in sc.runs:
+            for name, suffix, _, _ in r.members:
+                if suffix in known:
+                    continue
+                if "." in suffix:
+                    parts = suffix.split(".")
+                    tail = next((".".join(parts[i:]) for i in range(1, len(parts))
+                                 if ".".join(parts[i:]) in known), parts[-1])
+                    head = suffix[: len(suffix) - len(tail) - 1]
+                    rep["dotted_members"].append({
+                        "member": name, "key": r.key, "suffix": suffix,
+                        "likely_key": f"{r.key}.{head}", "likely_suffix": tail,
+                        "why": ("suffix is not used by most samples"
+                                + (" nor in key_map" if key_map else "")
+                                + (f"; known multi-dot suffixes: {sorted(multi_known)}" if multi_known else "")),
+                    })
+                else:
+                    minority[suffix] += 1
+        rep["minority_suffixes"] = dict(sorted(minority.items()))
+
+    # duplicate keys across shards (FastGen keys ignore lists by shard, but still suspicious)
+    owner: dict[str, str] = {}
+    cross: dict[str, list[str]] = {}
+    for sc in scans:
+        for k in {r.key for r in sc.runs}:
+            if k in owner:
+                cross.setdefault(k, [owner[k]]).append(sc.path.name)
+            else:
+                owner[k] = sc.path.name
+
+    # shard_count.json
+    counts, cerr = _load_json(folder / SHARD_COUNT_FILE)
+    count_rep: dict[str, Any] = {"present": (folder / SHARD_COUNT_FILE).exists(), "error": cerr,
+                                 "missing_entries": [], "extra_entries": [], "mismatches": {}}
+    if counts is not None and not (isinstance(counts, dict) and all(isinstance(v, int) for v in counts.values())):
+        count_rep["error"] = f"{SHARD_COUNT_FILE} is not {{shard: int}}"
+        counts = None
+    names = [sc.path.name for sc in scans]
+    for sc in scans:
+        rep = sc.report
+        if counts is None:
+            rep["count_file"], rep["count_status"] = None, "no count file"
+            continue
+        rep["count_file"] = counts.get(sc.path.name)
+        if sc.path.name not in counts:
+            rep["count_status"] = "missing entry"
+            count_rep["missing_entries"].append(sc.path.name)
+        elif counts[sc.path.name] != rep["samples"]:
+            rep["count_status"] = "mismatch"
+            count_rep["mismatches"][sc.path.name] = {"expected": counts[sc.path.name], "actual": rep["samples"]}
+        else:
+            rep["count_status"] = "ok"
+    if counts is not None:
+        count_rep["extra_entries"] = sorted(set(counts) - set(names))
+    if count_rep["error"]:
+        problems.append(count_rep["error"])
+    elif not count_rep["present"]:
+        problems.append(f"no {SHARD_COUNT_FILE}: FastGen's deterministic loader cannot fast-forward on resume")
+    else:
+        for n in count_rep["missing_entries"]:
+            problems.append(f"{SHARD_COUNT_FILE} has no entry for {n} (FastGen: KeyError on fast-forward)")
+        for n in count_rep["extra_entries"]:
+            problems.append(f"{SHARD_COUNT_FILE} lists {n}, which is not a shard here")
+        for n, mm in count_rep["mismatches"].items():
+            problems.append(f"{SHARD_COUNT_FILE} says {n} has {mm['expected']} samples; it has {mm['actual']}")
+
+    # ignore_index.json
+    ignore, ierr = load_ignore_index(folder)
+    ign_rep: dict[str, Any] = {"present": (folder / IGNORE_INDEX_FILE).exists(), "error": ierr,
+                               "valid": {}, "unknown_shards": [], "unknown_keys": {}}
+    by_name = {sc.path.name: sc for sc in scans}
+    for sc in scans:
+        sc.report["ignored"] = []
+    if ierr:
+        problems.append(ierr)
+    for shard, keys in (ignore or {}).items():
+        if shard not in by_name:
+            ign_rep["unknown_shards"].append(shard)
+            problems.append(f"{IGNORE_INDEX_FILE} lists {shard}, which is not a shard here (FastGen drops it with a warning)")
+            continue
+        have = {r.key for r in by_name[shard].runs}
+        ok = [k for k in keys if k in have]
+        bad = [k for k in keys if k not in have]
+        if ok:
+            ign_rep["valid"][shard] = ok
+            by_name[shard].report["ignored"] = ok
+        if bad:
+            ign_rep["unknown_keys"][shard] = bad
+            problems.append(f"{IGNORE_INDEX_FILE}: {len(bad)} key(s) for {shard} are not in it: {bad[:3]}")
+
+    for sc in scans:
+        rep = sc.report
+        sp = rep["problems"] = []
+        n = rep["name"]
+        if rep["truncated"]:
+            t = rep["truncated"]
+            sp.append(f"{n}: {t['kind']} at byte {t['break_offset']} ({t['intact_members']} members, "
+                      f"{t['intact_samples']} complete samples intact)")
+        for c in rep["corrupt"]:
+            sp.append(f"{n}: corrupt member {c['member']}: {c['error']}")
+        for na in rep["non_adjacent"]:
+            sp.append(f"{n}: key {na['key']} appears again at {na['member']} after another key "
+                      "(webdataset yields it as a separate sample)")
+        for d in rep["duplicate_members"]:
+            sp.append(f"{n}: duplicate member {d} within one sample (webdataset raises ValueError)")
+        for d in rep["dotted_members"]:
+            sp.append(f"{n}: member {d['member']} parses as key {d['key']!r} + suffix {d['suffix']!r}; "
+                      f"the key probably was {d['likely_key']!r} (keys must not contain dots)")
+        for u in rep["unkeyed_members"]:
+            sp.append(f"{n}: member {u} has no suffix (webdataset skips it)")
+        for suffix, keys in rep["missing"].items():
+            sp.append(f"{n}: {len(keys)} sample(s) lack key_map member {suffix!r} (FastGen rejects them)")
+        if rep["empty_members"]:
+            sp.append(f"{n}: {len(rep['empty_members'])} zero-length member(s) (dropped by an empty_keys filter)")
+        if rep["samples"] == 0:
+            sp.append(f"{n}: no samples")
+        problems.extend(sp)
+    for k, where in sorted(cross.items()):
+        problems.append(f"key {k} occurs in several shards: {where}")
+
+    total_ignored = sum(len(v) for v in ign_rep["valid"].values())
+    report = {
+        "folder": str(folder),
+        "key_map": dict(key_map) if key_map else None,
+        "order_note": order_note,
+        "shards": [sc.report for sc in scans],
+        "count_file": count_rep,
+        "ignore_index": ign_rep,
+        "duplicate_keys_across_shards": cross,
+        "totals": {
+            "shards": len(scans),
+            "members": sum(sc.report["members"] for sc in scans),
+            "samples": n_samples,
+            "ignored": total_ignored,
+            "usable_samples": n_samples - total_ignored,
+            "truncated_shards": sum(1 for sc in scans if sc.report["truncated"]),
+            "corrupt_members": sum(len(sc.report["corrupt"]) for sc in scans),
+        },
+        "problems": problems,
+        "ok": not problems,
+    }
+    return report, scans
+
+
+def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> dict[str, Any]:
+    """Inspect every ``*.tar`` directly in ``folder``; return a JSON-able report.
+
+    Top-level keys: ``folder``, ``key_map``, ``order_note``, ``shards`` (list, FastGen
+    order), ``count_file``, ``ignore_index``, ``duplicate_keys_across_shards``, ``totals``,
+    ``problems`` (one line each) and ``ok``. Each shard: ``name``, ``size``, ``members``,
+    ``suffix_counts``, ``samples``, ``missing`` ({suffix: [keys]}), ``non_adjacent``,
+    ``duplicate_members``, ``unkeyed_members``, ``skipped_members``, ``empty_members``,
+    ``corrupt`` ([{member, key, suffix, error}]), ``truncated`` (None or {kind, detail,
+    member, break_offset, intact_members, intact_bytes, file_size, intact_samples,
+    incomplete_keys, ...}), ``dotted_members``, ``minority_suffixes``, ``count_file``,
+    ``count_status``, ``ignored`` and ``problems``.
+    """
+    return scan_folder(folder, key_map)[0]
+
+
+def format_inspect(report: dict[str, Any]) -> str:
+    """Human-readable rendering of :func:`inspect_wds`'s report."""
+    t = report["totals"]
+    lines = [f"{report['folder']}: {t['shards']} shard(s), {t['samples']} sample(s), {t['members']} member(s)"
+             + (f", {t['ignored']} ignored" if t["ignored"] else "")]
+    if report.get("key_map"):
+        lines.append(f"  key_map: {report['key_map']}")
+    for s in report["shards"]:
+        suffixes = " ".join(f"{k}:{v}" for k, v in s["suffix_counts"].items())
+        status = "TRUNCATED" if s["truncated"] else ("PROBLEMS" if s["problems"] else "ok")
+        cnt = "" if s.get("count_file") is None else f" (count file: {s['count_file']})"
+        lines.append(f"  {s['name']:<20} {s['samples']:>6} samples{cnt}  [{suffixes}]  {status}")
+        for p in s["problems"]:
+            lines.append(f"      - {p.split(': ', 1)[1] if p.startswith(s['name'] + ': ') else p}")
+    shard_lines = {p for s in report["shards"] for p in s["problems"]}
+    other = [p for p in report["problems"] if p not in shard_lines]
+    if other:
+        lines.append("  dataset:")
+        lines.extend(f"      - {p}" for p in other)
+    lines.append("OK" if report["ok"] else f"{len(report['problems'])} problem(s)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# FastGen's "empty or short batches" checklist
+
+
+def diagnose_empty(
+    report: dict[str, Any],
+    world_size: int = 1,
+    workers: int = 1,
+    files_map: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Walk FastGen's checklist for empty / short batches against an inspect report.
+
+    Returns ``{"verdict": <first failing item or None>, "explanation": <one line>,
+    "checks": [{"item", "status" (ok|problem|unknown), "detail"}, ...]}``. Items, in order:
+    ``tar_members``, ``key_map_coverage``, ``filters``, ``partitioning``, ``files_map``.
+    Relative ``files_map`` paths are resolved like FastGen: against the parent of the
+    shard folder.
+    """
+    checks: list[dict[str, str]] = []
+
+    def add(item: str, status: str, detail: str) -> None:
+        checks.append({"item": item, "status": status, "detail": detail})
+
+    shards = report["shards"]
+    t = report["totals"]
+    # 1. tar members
+    if not shards:
+        add("tar_members", "problem", "no *.tar shards in the folder: FastGen raises ValueError")
+    elif t["samples"] == 0:
+        add("tar_members", "problem", "the shards hold no samples (no member names of the form <key>.<suffix>)")
+    else:
+        bad = [s["name"] for s in shards if s["truncated"] or s["corrupt"] or s["non_adjacent"]
+               or s["duplicate_members"] or s["dotted_members"]]
+        if bad:
+            lost = sum(len(s["corrupt"]) for s in shards)
+            add("tar_members", "problem",
+                f"{len(bad)} shard(s) with truncated/corrupt/split members ({', '.join(bad[:4])}); "
+                f"{lost} corrupt member(s) are dropped silently by warn_and_continue")
+        elif t["usable_samples"] == 0:
+            add("tar_members", "problem", "every sample is listed in ignore_index.json")
+        else:
+            add("tar_members", "ok", f"{t['samples']} samples in {t['shards']} readable shard(s)")
+    # 2. key_map coverage
+    if not report.get("key_map"):
+        add("key_map_coverage", "unknown", "no key_map given: pass the loader's key_map to check member coverage")
+    else:
+        total = t["samples"]
+        lacking = {}
+        for s in shards:
+            for suffix, keys in s["missing"].items():
+                lacking[suffix] = lacking.get(suffix, 0) + len(keys)
+        if lacking:
+            worst = max(lacking, key=lacking.get)
+            add("key_map_coverage", "problem",
+                f"{lacking[worst]} of {total} samples lack member {worst!r} "
+                f"(present suffixes: {sorted({k for s in shards for k in s['suffix_counts']})}); FastGen rejects them"
+                + (" - all of them" if lacking[worst] == total else ""))
+        else:
+            add("key_map_coverage", "ok", f"every sample has {sorted(report['key_map'].values())}")
+    # 3. filters
+    empties = sum(len(s["empty_members"]) for s in shards)
+    add("filters", "unknown",
+        "presets_filter (score, empty_keys) runs at load time and cannot be judged statically"
+        + (f"; {empties} zero-length member(s) would fail empty_keys" if empties else ""))
+    # 4. shard / worker partitioning (validation mode: shard i -> rank i % world, then split_by_worker)
+    world, nw = max(1, int(world_size)), max(1, int(workers))
+    n = len(shards)
+    empty_slots = sum(max(0, nw - len(range(r, n, world))) for r in range(world))
+    slots = world * nw
+    if n and empty_slots:
+        add("partitioning", "problem",
+            f"{n} shard(s) for {slots} rank-workers: {empty_slots} would be empty in validation mode "
+            "(train=False; empty_check raises 'No samples found'); training (resampled) and deterministic mode "
+            "are unaffected")
+    elif n:
+        add("partitioning", "ok", f"{n} shard(s) for {slots} rank-workers: every rank-worker gets a shard")
+    else:
+        add("partitioning", "problem", "no shards to partition")
+    # 5. files_map
+    if not files_map:
+        add("files_map", "ok", "no files_map constants")
+    else:
+        base = Path(report["folder"]).parent
+        missing = []
+        for k, p in files_map.items():
+            path = Path(p)
+            if not path.is_absolute():
+                path = base / path
+            if not path.is_file():
+                missing.append(f"{k} -> {path}")
+        if missing:
+            add("files_map", "problem",
+                f"missing constant file(s): {missing}; FastGen logs 'using zero embedding' and returns None "
+                "(collation then fails)")
+        else:
+            add("files_map", "ok", f"all {len(files_map)} constant file(s) exist")
+
+    first = next((c for c in checks if c["status"] == "problem"), None)
+    return {
+        "verdict": first["item"] if first else None,
+        "explanation": first["detail"] if first else
+        "nothing found statically; filters and decode errors at load time remain possible",
+        "checks": checks,
+    }
