@@ -69,3 +69,11 @@ def test_shard_and_zip_names():
         formats.shard_index("shard-0001.tar")
     assert formats.zip_member_name(0) == "00000/img00000000.png"
     assert formats.zip_member_name(1234) == "00001/img00001234.png"
+
+
+def test_member_split_and_shard_order_follow_webdataset_and_fastgen():
+    assert formats.split_member("abc.latent.pth") == ("abc", "latent.pth")
+    assert formats.split_member("dir/a.b.jpg") == ("dir/a", "b.jpg")
+    assert formats.split_member("noext") is None
+    assert formats.sort_shard_names(["10.tar", "9.tar", "00002.tar"]) == (["00002.tar", "9.tar", "10.tar"], True)
+    assert formats.sort_shard_names(["b.tar", "a-1.tar", "3.tar"]) == (["3.tar", "a-1.tar", "b.tar"], False)

@@ -23,6 +23,7 @@ ZIP_LABELS_FILE = "dataset.json"
 #: member suffixes the webdataset default decoders understand for images
 IMAGE_SUFFIXES = ("jpg", "png", "webp")
 
+_MEMBER_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")  # webdataset's base_plus_ext split
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_-]+")
 MAX_KEY_LEN = 96
 
@@ -71,3 +72,28 @@ def zip_member_name(index: int) -> str:
     """EDM dataset_tool layout: ``12 -> "00000/img00000012.png"``."""
     s = f"{index:08d}"
     return f"{s[:5]}/img{s}.png"
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """webdataset's rule: ``"a/b.latent.pth" -> ("a/b", "latent.pth")``; None without a suffix.
+
+    The key ends at the first dot of the basename, which is why keys must be dot-free.
+    """
+    m = _MEMBER_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def numeric_stem(name: str) -> int | None:
+    stem = name[:-4] if name.lower().endswith(".tar") else name
+    return int(stem) if stem.isdigit() else None
+
+
+def sort_shard_names(names) -> tuple[list[str], bool]:
+    """FastGen's shard order: by ``int(stem)`` when every stem is numeric, else by name.
+
+    Returns (sorted names, whether the order was numeric).
+    """
+    names = list(names)
+    if all(numeric_stem(n) is not None for n in names):
+        return sorted(names, key=lambda n: (numeric_stem(n), n)), True
+    return sorted(names), False

@@ -17,7 +17,6 @@ Nothing here writes to disk.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 import tarfile
@@ -27,29 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from shardsmith import formats
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
-
-TAR_BLOCK = 512
-
-#: suffix tails decoded by FastGen / webdataset's default handlers, by kind
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm"})
-TEXT_EXTS = frozenset({"txt", "text", "transcript"})
-INT_EXTS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
-JSON_EXTS = frozenset({"json", "jsn"})
-TORCH_EXTS = frozenset({"pth", "pt"})
-NPY_EXTS = frozenset({"npy"})
-NPZ_EXTS = frozenset({"npz"})
-KNOWN_EXTS = IMAGE_EXTS | TEXT_EXTS | INT_EXTS | JSON_EXTS | TORCH_EXTS | NPY_EXTS | NPZ_EXTS
+from shardsmith.loaders import decoders
+from shardsmith.sinks.wds import TAR_BLOCK
 
 _META = re.compile(r"__[^/]*__($|/)")
 
 
 def split_member(name: str) -> tuple[str | None, str | None]:
-    """``webdataset.tariterators.base_plus_ext``: key = path up to the basename's first dot."""
-    m = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)
-    if not m:
-        return None, None
-    return m.group(1), m.group(2)
+    """(key, suffix) by webdataset's rule, ``(None, None)`` for a member without a suffix."""
+    return formats.split_member(name) or (None, None)
 
 
 def skip_reason(name: str, data: bytes | None) -> str | None:
@@ -72,14 +59,14 @@ def list_shards(folder: str | Path) -> tuple[list[Path], str | None]:
     sorts by name. Returns the list and that error note (``None`` when the order is numeric).
     """
     folder = Path(folder)
-    shards = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".tar"]
-    stems = [p.name[:-4] for p in shards]
-    if all(s.isdigit() for s in stems):
-        return sorted(shards, key=lambda p: (int(p.name[:-4]), p.name)), None
-    bad = sorted(s for s in stems if not s.isdigit())
-    note = (f"non-numeric shard names ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): "
-            "FastGen logs an error and sorts shards by name")
-    return sorted(shards, key=lambda p: p.name), note
+    names = [p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".tar"]
+    ordered, numeric = formats.sort_shard_names(names)
+    note = None
+    if not numeric:
+        bad = sorted(n[:-4] for n in names if formats.numeric_stem(n) is None)
+        note = (f"non-numeric shard names ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): "
+                "FastGen logs an error and sorts shards by name")
+    return [folder / n for n in ordered], note
 
 
 # ----------------------------------------------------------------------------------------
@@ -87,44 +74,22 @@ def list_shards(folder: str | Path) -> tuple[list[Path], str | None]:
 
 
 def check_member(suffix: str, data: bytes) -> str | None:
-    """Decode ``data`` the way the loader would for ``suffix``; return the error or ``None``.
+    """Decode ``data`` exactly as the loader would for ``suffix``; return the error or ``None``.
 
-    Suffixes whose last dot-part is not a known kind (video, audio, ...) are not decoded.
+    Suffixes the loader has no decoder for (video, unknown kinds) are not decoded.
     """
-    ext = suffix.rsplit(".", 1)[-1].lower()
     try:
-        if ext in IMAGE_EXTS:
-            from PIL import Image
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with Image.open(io.BytesIO(data)) as im:
-                    im.load()
-        elif ext in TEXT_EXTS:
-            data.decode("utf-8")
-        elif ext in JSON_EXTS:
-            json.loads(data.decode("utf-8"))
-        elif ext in INT_EXTS:
-            int(data.decode("utf-8").strip())
-        elif ext in TORCH_EXTS:
-            import torch
-
-            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        elif ext in NPY_EXTS:
-            import numpy as np
-
-            np.load(io.BytesIO(data), allow_pickle=False)
-        elif ext in NPZ_EXTS:
-            import numpy as np
-
-            with np.load(io.BytesIO(data), allow_pickle=False) as z:
-                for k in z.files:
-                    z[k]
-        else:
-            return None
+        decoders.check_supported(suffix)
+    except decoders.UnsupportedMemberError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decoders.decode_member(suffix, data)
     except Exception as e:  # noqa: BLE001 - every decode failure is reported, not raised
-        msg = str(e).splitlines()[0] if str(e) else ""
-        return f"{type(e).__name__}: {msg}"[:300]
+        cause = e.__cause__ or e
+        msg = str(cause).splitlines()[0] if str(cause) else ""
+        return f"{type(cause).__name__}: {msg}"[:300]
     return None
 
 

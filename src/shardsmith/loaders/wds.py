@@ -1,0 +1,673 @@
+"""WebDataset loader (FastGen flavour): ``NNNNN.tar`` shards in one folder, read with
+``tarfile`` inside a torch ``IterableDataset`` and batched per worker.
+
+Two modes
+---------
+**Deterministic** (``deterministic=True``): one finite pass in a fixed global order, each
+sample exactly once across ``world_size × num_workers`` rank-workers.
+
+* Global order: shards sorted by ``int(stem)`` (by name, with a warning, when a stem is not
+  numeric); inside a shard, samples in member order; keys listed in ``ignore_index.json``
+  are removed before numbering. ``g`` is the index of a sample in that order, ``total`` the
+  number of samples.
+* Slots: ``S = world_size * max(num_workers, 1)`` slots; rank-worker ``(r, w)`` is slot
+  ``s = r * max(num_workers, 1) + w`` (FastGen's ``offset = worker_id + num_workers·rank``).
+* Resume: a pass started at ``start_index`` (taken modulo ``total``) covers samples
+  ``g >= start_index`` and sample ``g`` goes to slot ``(g - start_index) % S``, so the
+  sample at ``start_index`` is the very first sample of slot 0 (FastGen's
+  ``slice(start + offset, ∞, S)``). Samples before ``start_index`` are not in this pass.
+* :func:`plan_slots` computes, from ``shard_count.json`` alone, for each slot the list of
+  ``(shard, skip_n)`` it must read: only shards that hold at least one of its samples, and
+  ``skip_n`` = the number of (non-ignored) samples of that shard to pass over before the
+  slot's first one; after it the slot takes every ``S``-th sample of the shard. Shards that
+  end before ``start_index`` are never opened, and a skipped sample's bytes are never read
+  (``tarfile`` seeks over them).
+* Every worker checks that the shard really holds the number of samples the plan assumed
+  (count file minus ignored keys) and raises if not, so a stale count file cannot silently
+  duplicate or lose samples.
+
+**Training** (``deterministic=False``): every rank-worker draws shards uniformly with
+replacement from its own RNG (seeded by ``seed``, rank and worker id), pushes samples into a
+shuffle buffer of ``shuffle_size`` and yields forever. ``start_index`` is not used.
+
+Accounting
+----------
+Dropped samples (filter, missing member, decode error) are never silent: workers send
+counters to the main process together with the batches and :attr:`WdsLoader.stats` holds,
+for the latest pass, ``samples`` and ``batches`` yielded, ``read`` (samples taken from the
+shards), ``dropped`` ``{reason: n}`` with ``examples``, ``constant_fallback`` and
+``shards_opened`` ``{"r<rank>w<worker>": [shard, ...]}``. For a finished deterministic
+pass, ``read == samples + sum(dropped.values())``.
+
+Batches
+-------
+``dict``: every ``key_map`` key collated (equal-shape tensors stacked; ``str`` -> ``list[str]``;
+``int`` -> int64 tensor; ``float`` -> float64 tensor; dicts of tensors collated per entry;
+anything else, including tensors of differing shapes, a ``list``), plus ``__key__`` and
+``__shard__`` (``list[str]``), plus every ``files_map`` / ``presets_map`` constant repeated
+per sample (tensor -> ``[B, ...]``, string -> ``list[str]``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shardsmith import formats
+from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
+from shardsmith.loaders import decoders as dec
+
+log = logging.getLogger(__name__)
+
+PRESETS: dict[str, str] = {
+    "empty_string": "",
+    # Wan 2.1's default negative prompt (sample_neg_prompt in the Wan configs)
+    "neg_prompt_wan": (
+        "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，"
+        "低质量，JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，"
+        "形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走"
+    ),
+    # Cosmos-Predict's default negative prompt
+    "neg_prompt_cosmos": (
+        "The video captures a series of frames showing ugly scenes, static with no motion, motion "
+        "blur, over-saturation, shaky footage, low resolution, grainy texture, pixelated images, "
+        "poorly lit areas, underexposed and overexposed scenes, poor color balance, washed out "
+        "colors, choppy sequences, jerky movements, low frame rate, artifacting, color banding, "
+        "unnatural transitions, outdated special effects, fake elements, unconvincing visuals, "
+        "poorly edited content, jump cuts, visual noise, and flickering. Overall, the video is of "
+        "poor quality."
+    ),
+}
+
+FILTERS = ("score", "empty_keys")
+MAX_EXAMPLES = 5
+
+Slot = tuple[int, int]
+
+
+# ============================================================================ config
+
+class WdsLoaderConfig(BaseModel):
+    """Everything the loader needs; ``config.model_copy(update={...})`` makes variants."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    shards: Path
+    key_map: dict[str, str] = Field(default_factory=lambda: {"real": "jpg", "condition": "txt"})
+    files_map: dict[str, str] = Field(default_factory=dict)
+    presets_map: dict[str, str] = Field(default_factory=dict)
+    filters: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    batch_size: int = Field(1, ge=1)
+    num_workers: int = Field(0, ge=0)
+    deterministic: bool = False
+    shuffle_size: int = Field(1000, ge=0)
+    seed: int = 0
+    start_index: int = Field(0, ge=0)
+    rank: Optional[int] = None  # None: torch.distributed rank if initialised, else 0
+    world_size: Optional[int] = None  # None: torch.distributed world size if initialised, else 1
+    partial: bool = False
+    image_size: Optional[Union[int, tuple[int, int]]] = None
+    strict: bool = False  # True: a decode error raises instead of being counted and dropped
+    allow_empty_rank: bool = False  # False: a rank with no sample at all raises at construction
+
+    @field_validator("key_map")
+    @classmethod
+    def _keys(cls, v):
+        if not v:
+            raise ValueError("key_map must map at least one batch key to a member suffix")
+        for k, s in v.items():
+            if k.startswith("__"):
+                raise ValueError(f"batch key {k!r}: names starting with '__' are reserved")
+            if not s or s.startswith(".") or "/" in s:
+                raise ValueError(f"key_map[{k!r}] = {s!r} is not a member suffix like 'jpg' or 'latent.pth'")
+            dec.check_supported(s)
+        return v
+
+    @field_validator("presets_map")
+    @classmethod
+    def _presets(cls, v):
+        for k, name in v.items():
+            if name not in PRESETS:
+                raise ValueError(f"presets_map[{k!r}] = {name!r}: unknown preset; known: {sorted(PRESETS)}")
+        return v
+
+    @field_validator("filters")
+    @classmethod
+    def _filters(cls, v):
+        for name, kw in v.items():
+            if name not in FILTERS:
+                raise ValueError(f"unknown filter {name!r}; known: {list(FILTERS)}")
+            allowed = {"score": {"threshold", "score_key"}, "empty_keys": {"keys"}}[name]
+            bad = set(kw or {}) - allowed
+            if bad:
+                raise ValueError(f"filter {name!r}: unknown options {sorted(bad)}; allowed {sorted(allowed)}")
+        return v
+
+    @model_validator(mode="after")
+    def _ranks(self):
+        if self.rank is None or self.world_size is None:
+            r, w = _dist_rank_world()
+            self.rank = r if self.rank is None else self.rank
+            self.world_size = w if self.world_size is None else self.world_size
+        if self.world_size < 1 or not (0 <= self.rank < self.world_size):
+            raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world_size}")
+        return self
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0, 1
+
+
+# ============================================================================ shard folder
+
+def sort_shard_names(names) -> list[str]:
+    """FastGen order (see :func:`shardsmith.formats.sort_shard_names`), warning when not numeric."""
+    ordered, numeric = formats.sort_shard_names(names)
+    if not numeric:
+        log.warning("shard names are not all numeric (NNNNN.tar); sorting them by name")
+    return ordered
+
+
+def list_shards(folder) -> list[str]:
+    """Regular ``*.tar`` files (any case) directly inside ``folder``, in loader order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"WebDataset folder not found: {folder}")
+    names = [p.name for p in folder.iterdir() if p.is_file() and p.name.lower().endswith(".tar")]
+    if not names:
+        raise ValueError(f"no .tar shards directly inside {folder}")
+    return sort_shard_names(names)
+
+
+def iter_tar_samples(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
+    """Group consecutive members with the same key into samples; data is NOT read."""
+    key, members = None, {}
+    for info in tf:
+        if not info.isfile():
+            continue
+        parts = formats.split_member(info.name)
+        if parts is None:
+            continue
+        k, suffix = parts
+        if k != key:
+            if key is not None:
+                yield key, members
+            key, members = k, {}
+        members[suffix] = info
+    if key is not None:
+        yield key, members
+
+
+def count_tar_samples(path) -> int:
+    """Number of samples in one shard, from the tar headers only."""
+    with tarfile.open(path, "r:") as tf:
+        return sum(1 for _ in iter_tar_samples(tf))
+
+
+def read_shard_counts(folder, shards: list[str]) -> dict[str, int]:
+    """Counts from ``shard_count.json``; shards it lacks (or the whole file, when absent)
+    are counted once from their tar headers, with a logged warning."""
+    folder = Path(folder)
+    path = folder / SHARD_COUNT_FILE
+    counts: dict[str, int] = {}
+    if path.is_file():
+        data = json.loads(path.read_text())
+        counts = {k: int(v) for k, v in data.items() if k in shards}
+        extra = sorted(set(data) - set(shards))
+        if extra:
+            log.warning("%s lists %d shard(s) not in %s (ignored): %s", path, len(extra), folder, extra[:5])
+        missing = [s for s in shards if s not in counts]
+        if missing:
+            log.warning("%s lacks %d shard(s); counting their samples from the tar headers: %s",
+                        path, len(missing), missing[:5])
+    else:
+        missing = list(shards)
+        log.warning("%s has no %s (not written by shardsmith?); counting samples of %d shard(s) "
+                    "from their tar headers once", folder, SHARD_COUNT_FILE, len(missing))
+    for s in missing:
+        counts[s] = count_tar_samples(folder / s)
+    return {s: counts[s] for s in shards}
+
+
+def read_ignore_index(folder) -> dict[str, list[str]]:
+    path = Path(folder) / IGNORE_INDEX_FILE
+    if not path.is_file():
+        return {}
+    return {k: list(v) for k, v in json.loads(path.read_text()).items()}
+
+
+# ============================================================================ the plan (pure)
+
+def _table(shard_counts: dict[str, int], ignore: dict[str, list[str]]) -> list[tuple[str, int, int]]:
+    """``[(shard, effective_count, global_offset)]`` in loader order."""
+    rows, off = [], 0
+    for s in sort_shard_names(shard_counts):
+        n = int(shard_counts[s]) - len(set(ignore.get(s, ())))
+        if n < 0:
+            raise ValueError(f"{IGNORE_INDEX_FILE} ignores more keys in {s} than {SHARD_COUNT_FILE} counts")
+        rows.append((s, n, off))
+        off += n
+    return rows
+
+
+def plan_slots(shard_counts: dict[str, int], ignore: dict[str, list[str]], world: int, workers: int,
+               start_index: int = 0) -> dict[Slot, list[tuple[str, int]]]:
+    """Pure: ``{(rank, worker): [(shard, skip_n), ...]}`` for every rank-worker.
+
+    ``workers=0`` (loading in the main process) counts as one worker, ``0``. Sample ``g``
+    (global, after ignores, see the module docstring) with ``g >= start_index % total``
+    goes to slot ``(g - start) % S`` with ``S = world * max(workers, 1)`` and slot
+    ``rank * max(workers, 1) + worker``. A slot's list holds only shards with at least one
+    of its samples; ``skip_n`` non-ignored samples of that shard are passed over, then
+    every ``S``-th is taken. Empty slots get an empty list (see :func:`empty_slots`).
+    """
+    if world < 1 or workers < 0 or start_index < 0:
+        raise ValueError(f"need world >= 1, workers >= 0, start_index >= 0 (got {world}, {workers}, {start_index})")
+    nw = max(workers, 1)
+    n_slots = world * nw
+    rows = _table(shard_counts, ignore)
+    total = sum(n for _, n, _ in rows)
+    plan: dict[Slot, list[tuple[str, int]]] = {(r, w): [] for r in range(world) for w in range(nw)}
+    if total == 0:
+        return plan
+    start = start_index % total
+    for shard, n, off in rows:
+        lo, hi = max(off, start), off + n
+        if lo >= hi:
+            continue
+        for s in range(n_slots):
+            g0 = lo + (s - (lo - start)) % n_slots
+            if g0 < hi:
+                plan[divmod(s, nw)].append((shard, g0 - off))
+    return plan
+
+
+def slot_sample_counts(shard_counts, ignore, world, workers, start_index=0) -> dict[Slot, int]:
+    """Pure: how many samples each slot gets in a pass (before any drop)."""
+    nw = max(workers, 1)
+    n_slots = world * nw
+    eff = {s: n for s, n, _ in _table(shard_counts, ignore)}
+    plan = plan_slots(shard_counts, ignore, world, workers, start_index)
+    return {slot: sum(-(-(eff[sh] - skip) // n_slots) for sh, skip in lst) for slot, lst in plan.items()}
+
+
+def empty_slots(shard_counts, ignore, world, workers, start_index=0) -> list[tuple[int, int, str]]:
+    """Pure: ``[(rank, worker, reason)]`` for every rank-worker that gets no sample, e.g.
+    ``(2, 1, "3 shards, 9 samples for 16 rank-workers")``."""
+    rows = _table(shard_counts, ignore)
+    total = sum(n for _, n, _ in rows)
+    n_slots = world * max(workers, 1)
+    remaining = total - (start_index % total) if total else 0
+    reason = f"{len(rows)} shards, {remaining} samples for {n_slots} rank-workers"
+    if total and start_index % total:
+        reason += f" (resuming at sample {start_index % total} of {total})"
+    counts = slot_sample_counts(shard_counts, ignore, world, workers, start_index)
+    return [(r, w, reason) for (r, w), n in sorted(counts.items()) if n == 0]
+
+
+# ============================================================================ collation
+
+def _collate_values(values: list) -> Any:
+    v0 = values[0]
+    if isinstance(v0, np.ndarray):
+        values = [torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for v in values]
+        v0 = values[0]
+    if isinstance(v0, torch.Tensor):
+        if all(isinstance(v, torch.Tensor) and v.shape == v0.shape and v.dtype == v0.dtype for v in values):
+            return torch.stack(values)
+        return list(values)
+    if isinstance(v0, bool):
+        return list(values)
+    if isinstance(v0, int) and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return torch.tensor(values, dtype=torch.int64)
+    if isinstance(v0, float) and all(isinstance(v, (int, float)) for v in values):
+        return torch.tensor(values, dtype=torch.float64)
+    if (isinstance(v0, dict) and v0 and all(isinstance(v, dict) and v.keys() == v0.keys() for v in values)
+            and all(isinstance(x, (torch.Tensor, np.ndarray, int, float)) for v in values for x in v.values())):
+        return {k: _collate_values([v[k] for v in values]) for k in v0}
+    return list(values)
+
+
+def _repeat_constant(value: Any, n: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.unsqueeze(0).expand(n, *value.shape).contiguous()
+    if isinstance(value, dict):
+        return {k: _repeat_constant(v, n) for k, v in value.items()}
+    return [value] * n
+
+
+def collate_samples(samples: list[dict], keys: list[str], constants: dict[str, Any]) -> dict:
+    """One batch from decoded samples (see the module docstring for the rules)."""
+    batch: dict[str, Any] = {k: _collate_values([s[k] for s in samples]) for k in keys}
+    for k, v in constants.items():
+        if k not in batch:
+            batch[k] = _repeat_constant(v, len(samples))
+    batch["__key__"] = [s["__key__"] for s in samples]
+    batch["__shard__"] = [s["__shard__"] for s in samples]
+    return batch
+
+
+# ============================================================================ dataset
+
+class _Drop(Exception):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def _new_delta() -> dict:
+    return {"read": 0, "dropped": {}, "examples": {}, "constant_fallback": 0, "shards_opened": {}}
+
+
+class WdsDataset(torch.utils.data.IterableDataset):
+    """Yields collated batches (and ``{"__stats__": delta}`` records that :class:`WdsLoader`
+    consumes). Use :class:`WdsLoader` unless you bring your own DataLoader (then pass
+    ``batch_size=None`` and handle the ``__stats__`` records)."""
+
+    def __init__(self, config: WdsLoaderConfig, shards: list[str], constants: dict[str, Any],
+                 shard_counts: Optional[dict[str, int]], ignore: dict[str, list[str]]):
+        super().__init__()
+        self.cfg = config
+        self.folder = Path(config.shards)
+        self.shards = shards
+        self.constants = constants
+        self.ignore = {k: frozenset(v) for k, v in ignore.items()}
+        self.shard_counts = shard_counts
+        self.plan: Optional[dict[Slot, list[tuple[str, int]]]] = None
+        self.effective: dict[str, int] = {}
+        if config.deterministic:
+            assert shard_counts is not None
+            self.plan = plan_slots(shard_counts, ignore, config.world_size, config.num_workers, config.start_index)
+            self.effective = {s: n for s, n, _ in _table(shard_counts, ignore)}
+        self._keys = list(config.key_map)
+
+    # ---------------------------------------------------------------- one sample
+    def _filter(self, members: dict[str, tarfile.TarInfo], tf: tarfile.TarFile) -> None:
+        f = self.cfg.filters
+        if "empty_keys" in f:
+            for k in (f["empty_keys"] or {}).get("keys", []):
+                suffix = self.cfg.key_map.get(k, k)
+                info = members.get(suffix)
+                if info is not None and info.size == 0:
+                    raise _Drop("filter:empty_keys", f"member '.{suffix}' is empty")
+        if "score" in f:
+            kw = f["score"] or {}
+            threshold, score_key = float(kw.get("threshold", 5.0)), kw.get("score_key", "score")
+            info = members.get("json")
+            if info is not None:
+                try:
+                    meta = json.loads(tf.extractfile(info).read().decode("utf-8"))
+                except Exception as e:  # noqa: BLE001
+                    raise _Drop("filter:score", f"unreadable json member: {e}") from e
+                if isinstance(meta, dict) and score_key in meta and float(meta[score_key]) < threshold:
+                    raise _Drop("filter:score", f"{score_key}={meta[score_key]} < {threshold}")
+
+    def _decode(self, shard: str, key: str, members, tf) -> dict:
+        self._filter(members, tf)
+        sample: dict[str, Any] = {"__key__": key, "__shard__": shard}
+        for bkey, suffix in self.cfg.key_map.items():
+            info = members.get(suffix)
+            if info is None:
+                if bkey in self.constants:
+                    sample[bkey] = self.constants[bkey]
+                    self._delta["constant_fallback"] += 1
+                    continue
+                raise _Drop(f"missing:{suffix}", f"no '.{suffix}' member")
+            data = tf.extractfile(info).read()
+            try:
+                sample[bkey] = dec.decode_member(suffix, data, image_size=self.cfg.image_size)
+            except dec.MemberDecodeError as e:
+                if self.cfg.strict:
+                    raise dec.MemberDecodeError(f"{shard}/{key}.{suffix}: {e}") from e
+                raise _Drop(f"decode:{bkey}", str(e)) from e
+        return sample
+
+    def _count_drop(self, shard: str, key: str, d: _Drop) -> None:
+        dl = self._delta
+        dl["dropped"][d.reason] = dl["dropped"].get(d.reason, 0) + 1
+        ex = dl["examples"].setdefault(d.reason, [])
+        if len(ex) < MAX_EXAMPLES:
+            ex.append(f"{shard}/{key}: {d.detail}")
+
+    def _take_delta(self) -> dict:
+        d, self._delta = self._delta, _new_delta()
+        return d
+
+    def _has_delta(self) -> bool:
+        d = self._delta
+        return bool(d["read"] or d["dropped"] or d["constant_fallback"] or d["shards_opened"])
+
+    def _open(self, shard: str, slot_name: str) -> tarfile.TarFile:
+        self._delta["shards_opened"].setdefault(slot_name, []).append(shard)
+        return tarfile.open(self.folder / shard, "r:")
+
+    # ---------------------------------------------------------------- iteration
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        n_workers = info.num_workers if info is not None else 0
+        if self.cfg.deterministic and max(n_workers, 1) != max(self.cfg.num_workers, 1):
+            raise RuntimeError(f"the deterministic plan is for num_workers={self.cfg.num_workers} but this "
+                               f"DataLoader runs {n_workers} workers; use the same number in both")
+        self._delta = _new_delta()
+        slot_name = f"r{self.cfg.rank}w{worker}"
+        gen = self._iter_deterministic(worker, slot_name) if self.cfg.deterministic else \
+            self._iter_training(worker, slot_name)
+        bs = self.cfg.batch_size
+        buf: list[dict] = []
+        for sample in gen:
+            buf.append(sample)
+            if len(buf) == bs:
+                if self._has_delta():
+                    yield {"__stats__": self._take_delta()}
+                yield collate_samples(buf, self._keys, self.constants)
+                buf = []
+        if buf and self.cfg.partial:
+            if self._has_delta():
+                yield {"__stats__": self._take_delta()}
+            yield collate_samples(buf, self._keys, self.constants)
+            buf = []
+        elif buf:
+            # the incomplete last batch is not yielded (partial=False): counted, not silent
+            self._delta["dropped"]["incomplete_batch"] = self._delta["dropped"].get("incomplete_batch", 0) + len(buf)
+        if self._has_delta():
+            yield {"__stats__": self._take_delta()}
+
+    def _iter_deterministic(self, worker: int, slot_name: str):
+        n_slots = self.cfg.world_size * max(self.cfg.num_workers, 1)
+        for shard, skip in self.plan[(self.cfg.rank, worker)]:
+            ignored = self.ignore.get(shard, frozenset())
+            i = 0  # index among non-ignored samples of this shard
+            with self._open(shard, slot_name) as tf:
+                for key, members in iter_tar_samples(tf):
+                    if key in ignored:
+                        continue
+                    mine = i >= skip and (i - skip) % n_slots == 0
+                    i += 1
+                    if not mine:
+                        continue
+                    self._delta["read"] += 1
+                    try:
+                        yield self._decode(shard, key, members, tf)
+                    except _Drop as d:
+                        self._count_drop(shard, key, d)
+            if i != self.effective[shard]:
+                raise RuntimeError(
+                    f"{shard}: {SHARD_COUNT_FILE} minus {IGNORE_INDEX_FILE} says {self.effective[shard]} "
+                    f"samples but the shard holds {i}; the index files are stale or list keys that are not "
+                    f"in the shard (rebuild them with `shardsmith repair`) - refusing to load a wrong split")
+
+    def _iter_training(self, worker: int, slot_name: str):
+        rng = np.random.default_rng([self.cfg.seed, self.cfg.rank, worker])
+        size = self.cfg.shuffle_size
+        buf: list[dict] = []
+        accepted, empty_streak = 0, 0
+        while True:
+            shard = self.shards[int(rng.integers(len(self.shards)))]
+            ignored = self.ignore.get(shard, frozenset())
+            got = 0
+            with self._open(shard, slot_name) as tf:
+                for key, members in iter_tar_samples(tf):
+                    if key in ignored:
+                        continue
+                    self._delta["read"] += 1
+                    try:
+                        sample = self._decode(shard, key, members, tf)
+                    except _Drop as d:
+                        self._count_drop(shard, key, d)
+                        continue
+                    got += 1
+                    if size <= 1:
+                        yield sample
+                        continue
+                    buf.append(sample)
+                    if len(buf) >= size:
+                        j = int(rng.integers(len(buf)))
+                        buf[j], buf[-1] = buf[-1], buf[j]
+                        yield buf.pop()
+            accepted += got
+            empty_streak = 0 if got else empty_streak + 1
+            if accepted == 0 and empty_streak > max(20, 3 * len(self.shards)):
+                raise RuntimeError(
+                    f"training loader r{self.cfg.rank}w{worker}: {empty_streak} shard draws and no sample "
+                    f"passed (dropped: {self._delta['dropped']}); check key_map and filters")
+
+
+# ============================================================================ loader
+
+def _identity(x):
+    return x
+
+
+def _merge(stats: dict, delta: dict) -> None:
+    stats["read"] += delta["read"]
+    stats["constant_fallback"] += delta["constant_fallback"]
+    for r, n in delta["dropped"].items():
+        stats["dropped"][r] = stats["dropped"].get(r, 0) + n
+    for r, ex in delta["examples"].items():
+        lst = stats["examples"].setdefault(r, [])
+        lst.extend(ex[: max(0, MAX_EXAMPLES - len(lst))])
+    for s, names in delta["shards_opened"].items():
+        stats["shards_opened"].setdefault(s, []).extend(names)
+
+
+def _resolve_files(cfg: WdsLoaderConfig) -> dict[str, Any]:
+    consts: dict[str, Any] = {}
+    folder = Path(cfg.shards)
+    for key, p in cfg.files_map.items():
+        path = Path(p).expanduser()
+        if not path.is_absolute():
+            path = folder / path
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"files_map[{key!r}]: constant file not found: {path} (relative paths resolve against "
+                f"the shard folder {folder})")
+        try:
+            consts[key] = dec.load_constant_file(path)
+        except dec.UnsupportedMemberError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"files_map[{key!r}]: cannot load {path}: {type(e).__name__}: {e}") from e
+    for key, name in cfg.presets_map.items():
+        if key in consts:
+            raise ValueError(f"{key!r} is in both files_map and presets_map")
+        consts[key] = PRESETS[name]
+    return consts
+
+
+class WdsLoader:
+    """Iterable over batches of a WebDataset folder (see the module docstring).
+
+    ``len(loader)`` (deterministic mode only) is the number of batches THIS rank yields in a
+    pass: the sum over its workers of ``n // batch_size`` (``ceil`` with ``partial=True``),
+    ``n`` being the worker's planned samples. It is exact when nothing is dropped and an
+    upper bound otherwise. Ranks may differ by one batch per worker.
+    """
+
+    def __init__(self, config: WdsLoaderConfig):
+        self.config = cfg = config.model_copy(deep=True)
+        self.folder = Path(cfg.shards)
+        self.shards = list_shards(self.folder)
+        self.ignore = {k: v for k, v in read_ignore_index(self.folder).items() if k in self.shards}
+        self.constants = _resolve_files(cfg)
+        self.shard_counts = read_shard_counts(self.folder, self.shards) if cfg.deterministic else None
+        self.dataset = WdsDataset(cfg, self.shards, self.constants, self.shard_counts, self.ignore)
+        self.stats: dict = {}
+        self._reset_stats()
+        if cfg.deterministic:
+            empty = [e for e in self.empty_slots() if e[0] == cfg.rank]
+            counts = self.slot_counts()
+            if empty:
+                log.warning("rank %d: %d of its %d worker(s) get no sample: %s", cfg.rank, len(empty),
+                            max(cfg.num_workers, 1), empty[0][2])
+            if sum(n for (r, _), n in counts.items() if r == cfg.rank) == 0 and not cfg.allow_empty_rank:
+                reason = empty[0][2] if empty else "no samples"
+                raise ValueError(f"rank {cfg.rank} gets no sample in this pass ({reason}); the other ranks "
+                                 f"would wait for it forever. Use fewer ranks/workers or allow_empty_rank=True")
+
+    # ---------------------------------------------------------------- accounting
+    def _reset_stats(self) -> None:
+        self.stats = {"samples": 0, "batches": 0, **_new_delta()}
+
+    def slot_counts(self) -> dict[Slot, int]:
+        """Planned samples per ``(rank, worker)`` for the whole world (deterministic mode)."""
+        counts = self._counts()
+        c = self.config
+        return slot_sample_counts(counts, self.ignore, c.world_size, c.num_workers, c.start_index)
+
+    def empty_slots(self) -> list[tuple[int, int, str]]:
+        """``[(rank, worker, reason)]`` of rank-workers (whole world) that get no sample."""
+        c = self.config
+        return empty_slots(self._counts(), self.ignore, c.world_size, c.num_workers, c.start_index)
+
+    def _counts(self) -> dict[str, int]:
+        if self.shard_counts is None:
+            self.shard_counts = read_shard_counts(self.folder, self.shards)
+        return self.shard_counts
+
+    def __len__(self) -> int:
+        c = self.config
+        if not c.deterministic:
+            raise TypeError("a training (deterministic=False) WdsLoader is infinite and has no len()")
+        n = 0
+        for (r, _), k in self.slot_counts().items():
+            if r == c.rank:
+                n += -(-k // c.batch_size) if c.partial else k // c.batch_size
+        return n
+
+    # ---------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[dict]:
+        c = self.config
+        self._reset_stats()
+        kw: dict[str, Any] = {}
+        if c.num_workers > 0:
+            kw["prefetch_factor"] = 2
+        dl = torch.utils.data.DataLoader(self.dataset, batch_size=None, num_workers=c.num_workers,
+                                         collate_fn=_identity, shuffle=False, **kw)
+        for item in dl:
+            if "__stats__" in item:
+                _merge(self.stats, item["__stats__"])
+                continue
+            self.stats["samples"] += len(item["__key__"])
+            self.stats["batches"] += 1
+            yield item
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"WdsLoader({str(self.folder)!r}, shards={len(self.shards)}, deterministic={c.deterministic}, "
+                f"rank={c.rank}/{c.world_size}, workers={c.num_workers}, batch_size={c.batch_size})")
