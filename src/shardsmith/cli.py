@@ -208,3 +208,120 @@ def scan(
 
 def main() -> None:  # pragma: no cover - console entry
     app()
+
+
+def _key_map(text: Optional[str]) -> Optional[dict[str, str]]:
+    if not text:
+        return None
+    try:
+        return dict(kv.split("=", 1) for kv in text.split(","))
+    except ValueError:
+        _fail(f"--key-map {text!r}: expected key=suffix,key=suffix (e.g. real=latent.pth,condition=txt_emb.pth)")
+
+
+@app.command()
+def verify(
+    dataset: Path = typer.Argument(..., help="A WebDataset folder (*.tar) or an EDM .zip."),
+    preset: Optional[str] = typer.Option(None, help="Loader preset: image, image_latent, kd_pair, class_zip, ..."),
+    key_map: Optional[str] = typer.Option(None, "--key-map", help="real=jpg,condition=txt (default: inferred)"),
+    world: int = typer.Option(2, help="Simulated ranks (real processes)."),
+    workers: int = typer.Option(2, help="DataLoader workers per rank."),
+    batch_size: int = typer.Option(8, "--batch-size"),
+    batches: Optional[int] = typer.Option(None, help="Stop each rank after this many batches (no coverage check)."),
+    image_size: Optional[int] = typer.Option(None, help="Decode images to float CHW at this size."),
+    as_json: bool = typer.Option(False, "--json"),
+    out_json: Optional[Path] = typer.Option(None, "--out-json", help="Also write the report here."),
+):
+    """Iterate the real loader over ranks x workers; check coverage, counts, splits and the batch contract."""
+    from shardsmith.verify.runner import format_verify, verify as run_verify
+
+    try:
+        rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
+                         batch_size=batch_size, batches=batches, image_size=image_size)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        _fail(str(exc).strip("'\""))
+    text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)
+    if out_json:
+        out_json.write_text(text + "\n", encoding="utf-8")
+    typer.echo(text if as_json else format_verify(rep))
+    raise typer.Exit(0 if rep["ok"] else 1)
+
+
+@app.command()
+def inspect(
+    dataset: Path = typer.Argument(..., help="A WebDataset folder."),
+    key_map: Optional[str] = typer.Option(None, "--key-map"),
+    world: int = typer.Option(1, help="For the empty-batch diagnosis."),
+    workers: int = typer.Option(1, help="For the empty-batch diagnosis."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts."""
+    from shardsmith.verify.inspect import diagnose_empty, format_inspect, inspect_wds
+
+    if not dataset.is_dir():
+        _fail(f"{dataset} is not a folder of .tar shards")
+    rep = inspect_wds(dataset, _key_map(key_map))
+    rep["diagnosis"] = diagnose_empty(rep, world, workers)
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False))
+    else:
+        typer.echo(format_inspect(rep))
+        d = rep["diagnosis"]
+        typer.echo(f"empty/short batches checklist: {d['verdict']}: {d['explanation']}")
+    raise typer.Exit(0 if rep["ok"] else 1)
+
+
+@app.command()
+def repair(
+    dataset: Path = typer.Argument(..., help="A WebDataset folder."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Report what would change; write nothing."),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts."""
+    from shardsmith.verify.repair import RepairError, format_repair, repair_wds
+
+    try:
+        rep = repair_wds(dataset, dry_run=dry_run)
+    except RepairError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json else format_repair(rep))
+    raise typer.Exit(1 if rep.get("errors") else 0)
+
+
+@app.command()
+def register(
+    dataset: Path = typer.Argument(..., help="A WebDataset folder or an EDM .zip."),
+    preset: str = typer.Option(..., help="Loader preset (see shardsmith.loaders.LOADER_PRESETS)."),
+    name: str = typer.Option(..., help="Name of the entry in the data config."),
+    config: Optional[Path] = typer.Option(None, help="Data-config YAML (default $SHARDSMITH_DATA_CONFIG or "
+                                                      "~/.config/shardsmith/data.yaml)."),
+    root_env: str = typer.Option("DATA_ROOT_DIR", help="Environment variable that holds the data root."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Loader override, e.g. --set batch_size=16"),
+    replace: bool = typer.Option(False, "--replace", help="Replace an existing, different entry of that name."),
+):
+    """Add DATASET to a data-config file under NAME and print the FastGen preset override to paste."""
+    from shardsmith.loaders.fastgen import fastgen_snippet
+    from shardsmith.loaders.presets import get_preset, preset_config
+    from shardsmith.loaders.registry import RegistryError, add_entry, config_path, portable_path
+
+    try:
+        p = get_preset(preset)
+        overrides = {}
+        for s in set_ or []:
+            k, _, v = s.partition("=")
+            overrides[k.strip()] = yaml.safe_load(v)
+        preset_config(preset, dataset, **overrides)  # validates the overrides now, not at training time
+        path, root = portable_path(dataset, root_env)
+        entry = {"preset": preset, "path": path, **({"overrides": overrides} if overrides else {})}
+        cfg_file = config_path(config)
+        add_entry(cfg_file, name, entry, replace=replace)
+    except (KeyError, RegistryError, ValueError) as exc:
+        _fail(str(exc).strip("'\""))
+    typer.echo(f"registered {name!r} in {cfg_file}: preset {preset}, path {path}")
+    import os
+
+    if root_env not in os.environ:
+        typer.echo(f"note: ${root_env} is not set; export {root_env}={root} before loading it")
+    typer.echo(f"\n# Python: from shardsmith.loaders import from_config; loader = from_config({name!r})")
+    typer.echo("# FastGen (configs/data.py) override to paste:")
+    typer.echo(fastgen_snippet(name, p, path, dataset, root_env, overrides))

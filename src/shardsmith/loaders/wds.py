@@ -306,6 +306,14 @@ def slot_sample_counts(shard_counts, ignore, world, workers, start_index=0) -> d
     return {slot: sum(-(-(eff[sh] - skip) // n_slots) for sh, skip in lst) for slot, lst in plan.items()}
 
 
+def fastgen_validation_empty(n_shards: int, world: int, workers: int) -> int:
+    """Rank-workers left without a shard by FastGen's validation split (``train=False``):
+    shard ``i`` goes to rank ``i % world``, then webdataset's ``split_by_worker`` deals that
+    rank's shards to its workers; each empty one raises "No samples found" there."""
+    world, workers = max(1, world), max(1, workers)
+    return sum(max(0, workers - len(range(r, n_shards, world))) for r in range(world))
+
+
 def empty_slots(shard_counts, ignore, world, workers, start_index=0) -> list[tuple[int, int, str]]:
     """Pure: ``[(rank, worker, reason)]`` for every rank-worker that gets no sample, e.g.
     ``(2, 1, "3 shards, 9 samples for 16 rank-workers")``."""

@@ -23,9 +23,12 @@ import os
 import zipfile
 from collections.abc import Iterator
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
 
 from shardsmith import formats
 
@@ -124,6 +127,26 @@ class InfiniteSampler(torch.utils.data.Sampler):
                 epoch, order = e, self.order(e)
             yield int(order[pos % self.n])
             pos += self.world
+
+
+class ZipLoaderConfig(BaseModel):
+    """Typed, copyable config of :func:`zip_loader` (``config.model_copy(update={...})``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    batch_size: int = Field(32, ge=1)
+    rank: int = Field(0, ge=0)
+    world_size: int = Field(1, ge=1)
+    num_workers: int = Field(2, ge=0)
+    seed: int = 0
+    start_idx: int = Field(0, ge=0)
+    shuffle: bool = True
+    use_labels: bool = True
+    xflip: bool = False
+
+    def build(self) -> torch.utils.data.DataLoader:
+        return zip_loader(**self.model_dump())
 
 
 def zip_loader(path: str | os.PathLike, *, batch_size: int, rank: int = 0, world_size: int = 1,

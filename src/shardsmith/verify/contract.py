@@ -61,34 +61,41 @@ class KeyStats:
             self.examples.append(v)
 
     def add(self, value: Any, batch_size: int) -> None:
-        arr = _as_numpy(value)
-        if arr is not None:
-            self.type = "tensor"
-            self.dtype = _dtype_name(value)
-            shape = list(arr.shape[1:]) if arr.ndim >= 1 and arr.shape[0] == batch_size else list(arr.shape)
-            key = "x".join(map(str, shape)) or "scalar"
-            n = arr.shape[0] if arr.ndim >= 1 and arr.shape[0] == batch_size else 1
-            self.shapes[key] = self.shapes.get(key, 0) + n
-            self.samples += n
-            if arr.size and arr.dtype.kind in "fiub":
-                a = arr.astype(np.float64, copy=False)
-                finite = np.isfinite(a)
-                self.nan += int(np.isnan(a).sum())
-                self.inf += int(np.isinf(a).sum())
-                if finite.any():
-                    f = a[finite]
-                    self.min, self.max = min(self.min, float(f.min())), max(self.max, float(f.max()))
-                    self.sum += float(f.sum())
-                    self.count += int(f.size)
-                if arr.ndim <= 1:
-                    for x in arr.reshape(-1)[:MAX_EXAMPLES]:
-                        self._example(x.item())
-            return
+        """Fold one batch value: a stacked tensor ``[B, ...]``, a list (one entry per sample) or a scalar."""
         if isinstance(value, (list, tuple)):
             for v in value:
-                self.add_one(v)
+                if _as_numpy(v) is not None:
+                    self._add_array(v, _as_numpy(v), batched=False)
+                else:
+                    self.add_one(v)
+            return
+        arr = _as_numpy(value)
+        if arr is not None:
+            self._add_array(value, arr, batched=arr.ndim >= 1 and arr.shape[0] == batch_size)
             return
         self.add_one(value)
+
+    def _add_array(self, value: Any, arr: np.ndarray, batched: bool) -> None:
+        self.type = "tensor"
+        self.dtype = _dtype_name(value)
+        shape = list(arr.shape[1:]) if batched else list(arr.shape)
+        key = "x".join(map(str, shape)) or "scalar"
+        n = arr.shape[0] if batched else 1
+        self.shapes[key] = self.shapes.get(key, 0) + n
+        self.samples += n
+        if arr.size and arr.dtype.kind in "fiub":
+            a = arr.astype(np.float64, copy=False)
+            finite = np.isfinite(a)
+            self.nan += int(np.isnan(a).sum())
+            self.inf += int(np.isinf(a).sum())
+            if finite.any():
+                f = a[finite]
+                self.min, self.max = min(self.min, float(f.min())), max(self.max, float(f.max()))
+                self.sum += float(f.sum())
+                self.count += int(f.size)
+            if arr.ndim <= 1:
+                for x in arr.reshape(-1)[:MAX_EXAMPLES]:
+                    self._example(x.item())
 
     def add_one(self, v: Any) -> None:
         self.samples += 1

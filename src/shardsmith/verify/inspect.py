@@ -29,6 +29,7 @@ from typing import Any, Iterator
 from shardsmith import formats
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
 from shardsmith.loaders import decoders
+from shardsmith.loaders.wds import fastgen_validation_empty
 from shardsmith.sinks.wds import TAR_BLOCK
 
 _META = re.compile(r"__[^/]*__($|/)")
@@ -567,7 +568,7 @@ def diagnose_empty(
     # 4. shard / worker partitioning (validation mode: shard i -> rank i % world, then split_by_worker)
     world, nw = max(1, int(world_size)), max(1, int(workers))
     n = len(shards)
-    empty_slots = sum(max(0, nw - len(range(r, n, world))) for r in range(world))
+    empty_slots = fastgen_validation_empty(n, world, nw)
     slots = world * nw
     if n and empty_slots:
         add("partitioning", "problem",

@@ -1,0 +1,43 @@
+"""FastGen config snippets: the preset override a user pastes into a FastGen experiment.
+
+Field names follow FastGen v0.1.0 (``configs/data.py``, ``BaseWDSLoader``): ``datatags``
+(``"WDS:<dir>"``), ``batch_size``, ``deterministic`` + ``shard_count_file`` +
+``sampler_start_idx=None`` for exact resume, ``ignore_index_paths``, ``files_map``. See
+shared/reference/fastgen.md §2 and §4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shardsmith import formats
+
+
+def _expr(portable: str, root_env: str, tail: str = "") -> str:
+    rel = portable.removeprefix(f"${{{root_env}}}").lstrip("/")
+    parts = ", ".join(repr(x) for x in ([rel] if rel else []) + ([tail] if tail else []))
+    return f'os.path.join(os.environ["{root_env}"]{", " + parts if parts else ""})'
+
+
+def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: str,
+                    overrides: dict[str, Any]) -> str:
+    var = f"{name.upper().replace('-', '_')}_Loader_Config"
+    lines = ["import os", f"from fastgen.configs.data import {preset.fastgen}", "",
+             f"{var} = {preset.fastgen}.copy()"]
+    if preset.kind == "zip":
+        lines.append(f"{var}.dataset.path = {_expr(portable, root_env)}")
+    else:
+        lines.append(f'{var}.datatags = ["WDS:" + {_expr(portable, root_env)}]')
+        if (dataset / formats.SHARD_COUNT_FILE).exists():
+            lines += [f"{var}.deterministic = True  # exact resume from the trainer's image count",
+                      f"{var}.sampler_start_idx = None",
+                      f"{var}.shard_count_file = {_expr(portable, root_env, formats.SHARD_COUNT_FILE)}"]
+        if (dataset / formats.IGNORE_INDEX_FILE).exists():
+            lines.append(f"{var}.ignore_index_paths = [{_expr(portable, root_env, formats.IGNORE_INDEX_FILE)}]")
+        for key, rel in preset.defaults.get("files_map", {}).items():
+            lines.append(f'{var}.files_map = {{"{key}": {_expr(portable, root_env, rel)}}}')
+    for k, v in overrides.items():
+        lines.append(f"{var}.{k} = {v!r}")
+    lines.append(f"# in the experiment: config.dataloader_train = {var}")
+    return "\n".join(lines)

@@ -1,0 +1,318 @@
+"""``verify``: iterate the real loader in N processes (simulated ranks) x K workers each.
+
+Contract
+- In: a WebDataset folder or an EDM ZIP, a loader config (preset or key_map), world, workers,
+  batch size, optional batch limit per rank.
+- Out: a JSON-able report ``{"dataset", "kind", "world", "workers", "checks": [...],
+  "coverage": {...}, "contract": {...}, "empty_slots": [...], "stats": {...}, "ok": bool}``.
+- Checks (each ``{"name", "ok", "detail"}``): every sample seen exactly once in a full
+  deterministic pass, none twice; the count equals ``shard_count.json`` (minus
+  ``ignore_index.json``) and the manifest of the build that wrote it; no rank or worker
+  left without samples; no sample dropped by the loader (missing member, filter, decode);
+  each tensor key has one shape; no NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import tarfile
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from shardsmith import formats
+from shardsmith.verify.contract import ContractRecorder
+
+
+_IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
+
+
+def dataset_kind(path: Path) -> str:
+    if path.is_file() and path.suffix.lower() == ".zip":
+        return "zip"
+    if path.is_dir() and any(p.suffix.lower() == ".tar" for p in path.iterdir()):
+        return "wds"
+    raise ValueError(f"{path} is neither an EDM .zip nor a folder with .tar shards")
+
+
+def infer_key_map(folder: Path) -> dict[str, str]:
+    """Batch keys = the member suffixes of the first shard's samples (``latent.pth`` -> ``latent``)."""
+    from shardsmith.loaders.wds import iter_tar_samples, list_shards
+
+    counts: Counter = Counter()
+    n = 0
+    with tarfile.open(folder / list_shards(folder)[0], "r:") as tf:
+        for _, members in iter_tar_samples(tf):
+            counts.update(members.keys())
+            n += 1
+            if n >= 64:
+                break
+    return {s.split(".")[0]: s for s, c in counts.items() if c == n}
+
+
+# ------------------------------------------------------------------------------------ workers
+
+def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
+    """One simulated rank: build the loader, iterate, send back keys, contract and stats."""
+    try:
+        if "fork" in mp.get_all_start_methods():
+            # a spawned child defaults to spawn; a torchrun rank (what we simulate) forks its workers
+            mp.set_start_method("fork", force=True)
+        rec = ContractRecorder()
+        seen: list[str] = []
+        limit = spec["batches"]
+        if spec["kind"] == "wds":
+            from shardsmith.loaders.wds import WdsLoader, WdsLoaderConfig
+
+            cfg = WdsLoaderConfig(**spec["config"], rank=rank, world_size=spec["world"])
+            loader = WdsLoader(cfg)
+            for i, batch in enumerate(loader):
+                if limit is not None and i >= limit:
+                    break
+                seen += [f"{s}/{k}" for s, k in zip(batch["__shard__"], batch["__key__"])]
+                rec.add(batch)
+            stats = json.loads(json.dumps(loader.stats, default=str))
+        else:
+            import itertools
+
+            from shardsmith.loaders.zip import ZipLoaderConfig
+
+            cfg = ZipLoaderConfig(**spec["config"], rank=rank, world_size=spec["world"])
+            n = spec["zip_len"]
+            mine = len(range(rank, n, spec["world"]))  # one epoch: positions rank, rank+world, ... < n
+            want = mine if limit is None else min(mine, limit * cfg.batch_size)
+            got = 0
+            for batch in itertools.islice(iter(cfg.build()), -(-want // cfg.batch_size)):
+                take = min(cfg.batch_size, want - got)
+                batch = {k: v[:take] for k, v in batch.items()}
+                seen += [str(int(i)) for i in batch["idx"]]
+                rec.add(batch)
+                got += take
+            stats = {"samples": got}
+        queue.put({"rank": rank, "seen": seen, "contract": rec, "stats": stats})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+        queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+
+
+def _run_ranks(spec: dict[str, Any], world: int, timeout: float) -> list[dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, spec, queue), daemon=False) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in procs:
+            results.append(queue.get(timeout=timeout))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return sorted(results, key=lambda r: r["rank"])
+
+
+# ------------------------------------------------------------------------------------ expected
+
+def _expected_wds(folder: Path) -> tuple[list[str], dict[str, int], dict[str, list[str]]]:
+    """All sample ids ``shard/key`` a full pass must yield, plus the count and ignore files."""
+    from shardsmith.loaders.wds import iter_tar_samples, list_shards, read_ignore_index
+
+    ignore = read_ignore_index(folder)
+    ids: list[str] = []
+    for shard in list_shards(folder):
+        skip = set(ignore.get(shard, ()))
+        with tarfile.open(folder / shard, "r:") as tf:
+            ids += [f"{shard}/{k}" for k, _ in iter_tar_samples(tf) if k not in skip]
+    counts_path = folder / formats.SHARD_COUNT_FILE
+    counts = json.loads(counts_path.read_text()) if counts_path.exists() else {}
+    return ids, counts, ignore
+
+
+def _manifest_count(dataset: Path) -> tuple[int | None, str | None]:
+    """Written count recorded by the shardsmith build that produced ``dataset``, if any."""
+    for root in [dataset.parent, *dataset.parents]:
+        mpath = root / formats.MANIFEST_FILE
+        if mpath.exists():
+            try:
+                m = json.loads(mpath.read_text())
+            except (OSError, json.JSONDecodeError):
+                return None, None
+            rel = dataset.resolve().relative_to(root.resolve()).as_posix()
+            for name, out in m.get("outputs", {}).items():
+                for split, info in out.get("files", {}).items():
+                    if rel in (info.get("dir"), info.get("path")):
+                        return out["splits"][split]["written"], f"{mpath} output {name} split {split}"
+            return None, None
+    return None, None
+
+
+# ------------------------------------------------------------------------------------ main
+
+def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
+           world: int = 2, workers: int = 2, batch_size: int = 8, batches: int | None = None,
+           image_size: int | None = None, timeout: float = 600) -> dict[str, Any]:
+    from shardsmith.loaders.presets import get_preset, preset_config
+
+    dataset = Path(dataset).resolve()
+    kind = dataset_kind(dataset)
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        checks.append({"name": name, "ok": bool(ok), "detail": detail})
+
+    report: dict[str, Any] = {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers,
+                              "batch_size": batch_size, "batches_per_rank": batches}
+    if preset is not None and get_preset(preset).kind != kind:
+        raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
+    if kind == "wds":
+        if preset is not None:
+            cfg = preset_config(preset, dataset, batch_size=batch_size, num_workers=workers)
+            if key_map:
+                cfg = cfg.model_copy(update={"key_map": key_map})
+        else:
+            cfg = preset_config("image", dataset, key_map=key_map or infer_key_map(dataset), presets_map={},
+                                image_size=image_size, batch_size=batch_size, num_workers=workers)
+        cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0})
+        if image_size is not None:
+            cfg = cfg.model_copy(update={"image_size": image_size})
+        spec_cfg = cfg.model_dump(mode="json", exclude={"rank", "world_size"})
+        report["key_map"] = cfg.key_map
+        from shardsmith.loaders.wds import empty_slots, read_shard_counts, list_shards
+
+        shards = list_shards(dataset)
+        expected, count_file, ignore = _expected_wds(dataset)
+        counts = read_shard_counts(dataset, shards)
+        empties = empty_slots(counts, {k: v for k, v in ignore.items() if k in shards}, world, workers)
+        report["empty_slots"] = [{"rank": r, "worker": w, "reason": why} for r, w, why in empties]
+        spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches}
+        if any(sum(1 for e in empties if e[0] == r) == max(workers, 1) for r in range(world)):
+            check("rank_splits", False, f"a rank gets no sample at all ({empties[0][2]}); use at most "
+                  f"{len(expected)} rank-workers (world x workers) or write smaller shards")
+            report.update(checks=checks, ok=False, coverage={}, contract={}, stats={})
+            return report
+    else:
+        from shardsmith.loaders.zip import ZipImageDataset
+
+        cfg = preset_config(preset or "class_zip", dataset, batch_size=batch_size, num_workers=workers,
+                            shuffle=False)
+        n = len(ZipImageDataset(dataset, use_labels=cfg.use_labels))
+        expected, count_file = [str(i) for i in range(n)], {}
+        report["empty_slots"] = [{"rank": r, "worker": None, "reason": f"{n} images for {world} ranks"}
+                                 for r in range(world) if r >= n]
+        spec = {"kind": "zip", "config": cfg.model_dump(mode="json", exclude={"rank", "world_size"}),
+                "world": world, "batches": batches, "zip_len": n}
+
+    results = _run_ranks(spec, world, timeout)
+    errors = [r for r in results if "error" in r]
+    if errors:
+        check("loader_runs", False, "; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
+        report.update(checks=checks, ok=False, coverage={}, contract={}, stats={},
+                      traces=[r["trace"] for r in errors])
+        return report
+    check("loader_runs", True, f"{world} process(es) x {workers} worker(s) iterated the loader")
+
+    contract = ContractRecorder()
+    seen: Counter = Counter()
+    per_rank = []
+    for r in results:
+        contract.merge(r["contract"])
+        seen.update(r["seen"])
+        per_rank.append({"rank": r["rank"], "samples": len(r["seen"]), "stats": r["stats"]})
+    full = batches is None
+    dup = [k for k, c in seen.items() if c > 1]
+    missing = [k for k in expected if k not in seen] if full else []
+    unknown = [k for k in seen if k not in set(expected)]
+    report["coverage"] = {"expected": len(expected), "seen": sum(seen.values()), "unique": len(seen),
+                          "duplicates": dup[:20], "missing": missing[:20], "unknown": unknown[:20],
+                          "full_pass": full, "per_rank": per_rank}
+    check("no_duplicates", not dup, f"{len(dup)} sample(s) seen more than once" + (f", e.g. {dup[:3]}" if dup else ""))
+    if full:
+        check("coverage", not missing and not unknown,
+              f"{len(seen)} of {len(expected)} samples seen exactly once"
+              + (f"; missing e.g. {missing[:3]}" if missing else "") + (f"; unknown {unknown[:3]}" if unknown else ""))
+    if kind == "wds":
+        if count_file:
+            n_ignored = sum(len(set(v)) for k, v in ignore.items() if k in count_file)
+            total = sum(count_file.values()) - n_ignored
+            check("shard_count", total == len(expected),
+                  f"shard_count.json says {sum(count_file.values())} - {n_ignored} ignored = {total}; "
+                  f"the tars hold {len(expected)}")
+        else:
+            check("shard_count", False, f"no {formats.SHARD_COUNT_FILE}: deterministic resume in FastGen needs it "
+                  "(shardsmith repair writes it)")
+        dropped: Counter = Counter()
+        for r in results:
+            dropped.update(r["stats"].get("dropped", {}))
+        check("no_drops", not dropped, "loader dropped nothing" if not dropped else
+              "loader dropped " + ", ".join(f"{n} ({why})" for why, n in dropped.items()))
+    mcount, mwhere = _manifest_count(dataset)
+    if mcount is not None:
+        check("manifest", mcount == len(expected), f"{mwhere} says written={mcount}; dataset holds {len(expected)}")
+    check("empty_splits", not report["empty_slots"],
+          "every rank-worker gets samples" if not report["empty_slots"] else
+          f"{len(report['empty_slots'])} rank-worker(s) get no sample ({report['empty_slots'][0]['reason']}); "
+          "use fewer ranks x workers")
+    if kind == "wds":
+        from shardsmith.loaders.wds import fastgen_validation_empty
+
+        n_shards, slots = len(shards), world * max(workers, 1)
+        empty_val = fastgen_validation_empty(n_shards, world, workers)
+        report["fastgen_validation_empty"] = empty_val
+        if empty_val:
+            report.setdefault("warnings", []).append(
+                f"{n_shards} shards for {slots} rank-workers: in FastGen's validation mode (train=False, split by "
+                f"shard) {empty_val} rank-worker(s) get no shard and raise 'No samples found'; write at least "
+                f"{slots} shards (smaller samples_per_shard) or use fewer workers there. This loader's "
+                "deterministic mode (split by sample) is unaffected")
+    c = contract.to_dict()
+    report["contract"] = c
+    image_keys = {k for k, v in report.get("key_map", {}).items() if v.rsplit(".", 1)[-1] in _IMAGE_SUFFIXES}
+    for key, st in c["keys"].items():
+        if st.get("type") == "tensor":
+            if len(st.get("shapes", {})) > 1 and key in image_keys and image_size is None:
+                report.setdefault("notes", []).append(
+                    f"{key}: images of {len(st['shapes'])} sizes; FastGen's image loader resizes them to input_res "
+                    "(check that contract with --image-size)")
+            elif len(st.get("shapes", {})) > 1:
+                check(f"shape:{key}", False, f"{key} has {len(st['shapes'])} shapes {list(st['shapes'])[:4]}; "
+                      "batches cannot be stacked (set image_size or re-encode)")
+            if st.get("nan") or st.get("inf"):
+                check(f"finite:{key}", False, f"{key} holds {st['nan']} NaN and {st['inf']} Inf values")
+    report["checks"] = checks
+    report["ok"] = all(ch["ok"] for ch in checks)
+    return report
+
+
+def format_verify(report: dict[str, Any]) -> str:
+    lines = [f"verify {report['dataset']} ({report['kind']}): world {report['world']} x workers "
+             f"{report['workers']}, batch {report['batch_size']}"]
+    if report.get("key_map"):
+        lines.append("  key_map: " + ", ".join(f"{k}={v}" for k, v in report["key_map"].items()))
+    for ch in report["checks"]:
+        lines.append(f"  [{'PASS' if ch['ok'] else 'FAIL'}] {ch['name']}: {ch['detail']}")
+    c = report.get("contract") or {}
+    if c.get("keys"):
+        lines.append(f"batch contract ({c['batches']} batches, {c['samples']} samples; sizes {c['batch_sizes']})")
+        lines.append(f"  {'key':<16} {'type':<7} {'dtype':<9} {'shape':<16} {'min':>10} {'max':>10} {'mean':>10}  notes")
+        for key, st in c["keys"].items():
+            shape = "x".join(map(str, st.get("shape", []))) if st.get("type") == "tensor" else ""
+            if st.get("type") == "str":
+                lo, hi, mean = st.get("min_len"), st.get("max_len"), None
+                note = f"empty {st['empty']}; e.g. {st['examples'][:1]}"
+            else:
+                lo, hi, mean = st.get("min"), st.get("max"), st.get("mean")
+                note = f"nan {st.get('nan', 0)} inf {st.get('inf', 0)}" if st.get("type") == "tensor" else ""
+                if len(st.get("shapes", {})) > 1:
+                    note += f"; {len(st['shapes'])} shapes"
+
+            def f(x):
+                return "" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
+            lines.append(f"  {key:<16} {str(st.get('type')):<7} {str(st.get('dtype')):<9} {shape:<16} "
+                         f"{f(lo):>10} {f(hi):>10} {f(mean):>10}  {note}")
+    lines += [f"note: {n}" for n in report.get("notes", [])]
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
+    lines.append("OK" if report["ok"] else "FAILED")
+    return "\n".join(lines)
