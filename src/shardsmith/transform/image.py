@@ -94,13 +94,12 @@ def decode_image(data: bytes, *, name: str, max_pixels: int,
 
     icc = img.info.get("icc_profile")
     try:
-        upright = ImageOps.exif_transpose(img)
+        orientation = img.getexif().get(0x0112, 1)
+        if orientation in (2, 3, 4, 5, 6, 7, 8):  # exif_transpose copies even when upright: only call it here
+            img = ImageOps.exif_transpose(img)
+            notes["exif_transposed"] = orientation
     except Exception:  # noqa: BLE001 - a broken EXIF block must not lose the picture
-        upright, notes["exif_error"] = img, True
-    if upright is not img:
-        if upright.size != img.size or img.getexif().get(0x0112, 1) != 1:
-            notes["exif_transposed"] = img.getexif().get(0x0112, 1)
-        img = upright
+        notes["exif_error"] = True
 
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         img = _to_8bit(img)
