@@ -124,7 +124,61 @@ class ZipOutput(_Strict):
         return self
 
 
-Output = Annotated[Union[WdsOutput, ZipOutput], Field(discriminator="format")]
+class LatentWdsOutput(_Strict):
+    """WebDataset shards of cached latents (``latent.pth``) and text embeddings (``txt_emb.pth``)."""
+
+    format: Literal["latent_wds"]
+    name: str | None = None
+    dir: str = "latents"
+    samples_per_shard: int = Field(1000, gt=0)
+    include_media: bool = Field(False, description="also store the source media bytes (jpg/png/mp4 ...)")
+    negative_prompt: str = Field("", description="encoded once into neg_prompt_emb.npy beside the shards")
+    sources: list[str] | None = None
+
+
+class PrecomputedOutput(_Strict):
+    """The LTX-trainer ``.precomputed/`` tree: ``latents/`` and ``conditions/`` ``.pt`` dicts."""
+
+    format: Literal["precomputed"]
+    name: str | None = None
+    dir: str = ".precomputed"
+    unit: int = Field(64, gt=0, description="items per resumable unit of work")
+    sources: list[str] | None = None
+
+
+Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput], Field(discriminator="format")]
+LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)
+
+
+class VaeModel(_Strict):
+    family: Literal["sd", "sdxl", "flux", "wan", "ltx", "ltx2"]
+    pretrained: str | None = Field(None, description="local path or hub repo id; unset = random weights")
+    subfolder: str | None = None
+    revision: str | None = None
+    config: str | dict[str, Any] = Field("tiny", description="architecture when pretrained is unset")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    store: Literal["mean", "mean_std", "sample"] = "mean"
+
+
+class TextModel(_Strict):
+    family: Literal["minilm", "t5", "umt5", "clip", "gemma"] = "minilm"
+    pretrained: str | None = None
+    config: str | dict[str, Any] = "tiny"
+    max_length: int | None = Field(None, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class Models(_Strict):
+    vae: VaeModel | None = None
+    text: TextModel | None = None
+    batch_size: int | None = Field(None, gt=0, description="encode batch (default: automatic)")
+
+
+class Geometry(_Strict):
+    """Buckets ``WxHxF`` (F=1 for images) and optional frame-rate resampling for video."""
+
+    buckets: list[str] = Field(default_factory=list)
+    fps: float | None = Field(None, gt=0, description="resample video to this frame rate (default: native)")
 
 
 class Recipe(_Strict):
@@ -132,6 +186,8 @@ class Recipe(_Strict):
     split: SplitSpec = Field(default_factory=SplitSpec)
     images: ImageRules = Field(default_factory=ImageRules)
     outputs: list[Output] = Field(min_length=1)
+    models: Models = Field(default_factory=Models)
+    geometry: Geometry = Field(default_factory=Geometry)
     workers: int | None = Field(None, ge=1, description="CPU worker processes (not part of the fingerprint)")
 
     @model_validator(mode="after")
@@ -156,7 +212,7 @@ class Recipe(_Strict):
             if o.name in out_names:
                 raise ValueError(f"output name {o.name!r} is used twice; give each output a unique name")
             out_names.add(o.name)
-            target = o.dir if isinstance(o, WdsOutput) else o.path
+            target = o.path if isinstance(o, ZipOutput) else o.dir
             if os.path.isabs(target) or ".." in Path(target).parts:
                 raise ValueError(f"output {o.name!r}: {target!r} must be a relative path inside --out")
             if target in targets:
@@ -165,6 +221,13 @@ class Recipe(_Strict):
             for sname in o.sources or []:
                 if sname not in seen:
                     raise ValueError(f"output {o.name!r} names unknown source {sname!r} (known: {sorted(seen)})")
+        if any(isinstance(o, LATENT_OUTPUTS) for o in self.outputs):
+            if self.models.vae is None:
+                raise ValueError("latent outputs need models.vae, e.g. models: {vae: {family: sd}}")
+            if not self.geometry.buckets:
+                raise ValueError("latent outputs need geometry.buckets, e.g. geometry: {buckets: [256x256x1]}")
+            if any(isinstance(o, PrecomputedOutput) for o in self.outputs) and self.models.text is None:
+                raise ValueError("a precomputed output needs models.text (LTX trainers require conditions/)")
         return self
 
 
@@ -220,7 +283,9 @@ def canonical(recipe: Recipe) -> dict[str, Any]:
 
 
 def fingerprint(recipe: Recipe) -> str:
-    blob = json.dumps(canonical(recipe), sort_keys=True, separators=(",", ":"))
+    """sha256 of the non-default settings: adding a new key with a default keeps old fingerprints."""
+    data = recipe.model_dump(mode="json", exclude={"workers"}, exclude_defaults=True)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
