@@ -1,0 +1,334 @@
+"""Deterministic generators of *real* test videos for shardsmith's video tests.
+
+Every video pans across a real photograph from scikit-image's offline sample data
+(``astronaut``, ``chelsea``, ``coffee`` ...), the way the LTX trainer's own test clip
+pans across the astronaut. Files are small (<= 256x256, <= 3 s) and written with PyAV's
+bundled FFmpeg (libx264 / mpeg4 video, AAC audio). Frame content is a pure function of
+the arguments; the encoded bytes are deterministic for a given PyAV build (x264 runs
+single-threaded here for that reason).
+
+Nasty files:
+
+- :func:`vfr_video` - irregular frame timestamps (pts set by hand on a 1/1000 time base).
+- :func:`truncated_video` - the first half of a good file's bytes.
+- :func:`lying_metadata_video` - a file whose container still claims N frames but whose
+  media data only holds the first part (the ``mdat`` tail is cut, the ``moov`` index
+  written first with ``+faststart`` is kept intact).
+- :func:`text_as_mp4` - a text file with a ``.mp4`` name.
+
+Audio: ``audio="tone"`` synthesises a deterministic two-partial tone; ``audio="speech"``
+uses ``espeak-ng -w`` when that binary exists and otherwise falls back to a
+*speech-like* synthetic signal (a 140 Hz glottal buzz through moving vowel formants,
+gated into syllables). :data:`SPEECH_IS_REAL` says which one you got.
+
+This is a plain module (no pytest fixtures).
+"""
+
+from __future__ import annotations
+
+import fractions
+import os
+import shutil
+import subprocess
+import tempfile
+import wave
+from pathlib import Path
+
+import av
+import numpy as np
+
+__all__ = [
+    "PHOTOS",
+    "SPEECH_IS_REAL",
+    "pan_frames",
+    "pan_video",
+    "vfr_video",
+    "truncated_video",
+    "lying_metadata_video",
+    "text_as_mp4",
+    "raw_h264_video",
+    "audio_only_file",
+    "speech_wave",
+]
+
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera")
+
+#: True when ``audio="speech"`` is real synthesised speech (espeak-ng present).
+SPEECH_IS_REAL: bool = shutil.which("espeak-ng") is not None
+
+_PHOTO_CACHE: dict[str, np.ndarray] = {}
+
+
+def _photo(name: str) -> np.ndarray:
+    """The skimage sample photo ``name`` as uint8 RGB [H, W, 3]."""
+    if name not in _PHOTO_CACHE:
+        from skimage import data
+
+        if name not in PHOTOS:
+            raise KeyError(f"unknown photo {name!r}; choose from {PHOTOS}")
+        im = np.asarray(getattr(data, name)())
+        if im.ndim == 2:
+            im = np.repeat(im[:, :, None], 3, axis=2)
+        _PHOTO_CACHE[name] = np.ascontiguousarray(im[:, :, :3].astype(np.uint8))
+    return _PHOTO_CACHE[name]
+
+
+def pan_frames(frames: int, size: tuple[int, int] = (256, 256), photo: str = "astronaut") -> np.ndarray:
+    """The raw RGB frames a pan video encodes: uint8 [F, H, W, 3], ``size`` is (W, H).
+
+    A window with the output's aspect ratio, 3/4 of the photo's limiting side, slides
+    diagonally from the top-left to the bottom-right corner of the photo (one step per
+    frame); each window is resized to ``size`` with PIL bicubic (big photos are first
+    box-reduced by an integer factor).
+    """
+    from PIL import Image
+
+    w, h = size
+    img = Image.fromarray(_photo(photo))
+    # box-reduce big photos first (keeps >= 1.5x oversampling): much faster, same look
+    factor = int(0.75 * min(img.width / w, img.height / h) / 1.5)
+    if factor >= 2:
+        img = img.reduce(factor)
+    sw, sh = img.size
+    scale = 0.75 * min(sw / w, sh / h)
+    cw, ch = int(w * scale), int(h * scale)
+    out = np.empty((frames, h, w, 3), np.uint8)
+    for i in range(frames):
+        t = i / max(1, frames - 1)
+        x0 = round(t * (sw - cw))
+        y0 = round(t * (sh - ch))
+        out[i] = np.asarray(img.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch)))
+    return out
+
+
+def _tone(duration: float, rate: int) -> np.ndarray:
+    t = np.arange(int(round(duration * rate))) / rate
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.1 * np.sin(2 * np.pi * 660 * t)
+    return x.astype(np.float32)
+
+
+def _speech_like(duration: float, rate: int) -> np.ndarray:
+    """A deterministic vowel-ish signal: buzz source, two moving formants, syllable gate."""
+    n = int(round(duration * rate))
+    t = np.arange(n) / rate
+    f0 = 140 + 20 * np.sin(2 * np.pi * 1.3 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    src = sum(np.sin(k * phase) / k for k in range(1, 30))
+    out = np.zeros(n)
+    for f_lo, f_hi, bw in ((500, 800, 80), (1200, 2200, 120)):
+        fc = f_lo + (f_hi - f_lo) * (0.5 + 0.5 * np.sin(2 * np.pi * 2.1 * t))
+        # crude time-varying resonator (2-pole), deterministic
+        y1 = y2 = 0.0
+        r = np.exp(-np.pi * bw / rate)
+        c2 = -r * r
+        y = np.empty(n)
+        c1s = 2 * r * np.cos(2 * np.pi * fc / rate)
+        for i in range(n):
+            v = src[i] + c1s[i] * y1 + c2 * y2
+            y[i] = v
+            y2, y1 = y1, v
+        out += y
+    gate = 0.5 - 0.5 * np.cos(2 * np.pi * 4.0 * t)  # ~4 syllables / s
+    out *= gate
+    out /= np.max(np.abs(out)) + 1e-9
+    return (0.5 * out).astype(np.float32)
+
+
+def speech_wave(duration: float, rate: int = 16000, text: str = "shardsmith makes every failure loud") -> np.ndarray:
+    """Mono float32 speech of ``duration`` seconds at ``rate`` Hz (padded / cut to length).
+
+    Real speech via ``espeak-ng -w`` if the binary exists, else :func:`_speech_like`.
+    """
+    n = int(round(duration * rate))
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        return _speech_like(duration, rate)
+    with tempfile.TemporaryDirectory() as td:
+        wav = os.path.join(td, "s.wav")
+        subprocess.run([exe, "-w", wav, text], check=True, capture_output=True)
+        with wave.open(wav) as wf:
+            sr, raw = wf.getframerate(), wf.readframes(wf.getnframes())
+    x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    if sr != rate:
+        x = np.interp(np.arange(int(len(x) * rate / sr)) * sr / rate, np.arange(len(x)), x).astype(np.float32)
+    out = np.zeros(n, np.float32)
+    out[: min(n, len(x))] = x[:n]
+    return out
+
+
+def _encode_audio(container, stream, samples: np.ndarray, rate: int) -> None:
+    """Encode mono float32 ``samples`` as stereo fltp into ``stream`` (AAC)."""
+    stereo = np.stack([samples, samples * 0.8]).astype(np.float32)
+    chunk = 1024
+    for i in range(0, stereo.shape[1], chunk):
+        part = np.ascontiguousarray(stereo[:, i : i + chunk])
+        frame = av.AudioFrame.from_ndarray(part, format="fltp", layout="stereo")
+        frame.sample_rate = rate
+        frame.pts = i
+        frame.time_base = fractions.Fraction(1, rate)
+        for p in stream.encode(frame):
+            container.mux(p)
+    for p in stream.encode(None):
+        container.mux(p)
+
+
+def _open_video_stream(container, codec: str, fps, size, *, time_base=None):
+    w, h = size
+    stream = container.add_stream(codec, rate=fps)
+    stream.width, stream.height = w, h
+    stream.pix_fmt = "yuv420p"
+    if codec == "libx264":
+        # single thread + fixed params: deterministic bytes, small files
+        stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
+    if time_base is not None:
+        stream.time_base = time_base
+    return stream
+
+
+def pan_video(
+    path: str | os.PathLike,
+    frames: int = 49,
+    fps: int = 24,
+    size: tuple[int, int] = (256, 256),
+    photo: str = "astronaut",
+    audio: str | None = None,
+    codec: str = "libx264",
+    audio_rate: int = 16000,
+    faststart: bool = False,
+    rotation: int | None = None,
+) -> Path:
+    """Write a video panning across ``photo``: ``frames`` frames at ``fps`` (constant rate).
+
+    The container follows the suffix: ``.mkv`` -> Matroska (which stores no frame
+    count), ``.mov`` -> QuickTime, anything else -> MP4.
+
+    ``audio``: None, ``"tone"`` or ``"speech"`` (see module doc) as a stereo AAC track of
+    exactly the clip's duration. ``faststart`` writes the ``moov`` index before the media
+    data. ``rotation`` stores a display matrix (counter-clockwise degrees, PyAV's
+    convention). Returns the path.
+    """
+    path = Path(path)
+    if max(size) > 256 or frames / fps > 3.0 + 1e-9:
+        raise ValueError("test videos stay small: <= 256x256 and <= 3 s")
+    pix = pan_frames(frames, size, photo)
+    opts = {"movflags": "+faststart"} if faststart else {}
+    fmt = {".mkv": "matroska", ".mov": "mov"}.get(path.suffix.lower(), "mp4")
+    with av.open(str(path), "w", format=fmt, options=opts) as c:
+        vs = _open_video_stream(c, codec, fps, size)
+        if rotation is not None:
+            vs.set_display_rotation(rotation)
+        as_ = None
+        if audio is not None:
+            if audio not in ("tone", "speech"):
+                raise ValueError(f"audio must be None, 'tone' or 'speech', not {audio!r}")
+            as_ = c.add_stream("aac", rate=audio_rate, layout="stereo")
+        for i in range(frames):
+            f = av.VideoFrame.from_ndarray(pix[i], format="rgb24")
+            f.pts = i
+            for p in vs.encode(f):
+                c.mux(p)
+        for p in vs.encode(None):
+            c.mux(p)
+        if as_ is not None:
+            dur = frames / fps
+            wav = _tone(dur, audio_rate) if audio == "tone" else speech_wave(dur, audio_rate)
+            _encode_audio(c, as_, wav, audio_rate)
+    return path
+
+
+def vfr_video(
+    path: str | os.PathLike,
+    frames: int = 40,
+    size: tuple[int, int] = (128, 128),
+    photo: str = "chelsea",
+    codec: str = "libx264",
+) -> tuple[Path, list[int]]:
+    """Write a variable-frame-rate mp4; returns (path, pts in milliseconds).
+
+    Frame intervals cycle through 33, 50, 17 and 100 ms (so ~20 fps on average, with
+    gaps a constant-rate reader would get wrong). Time base 1/1000.
+    """
+    path = Path(path)
+    pix = pan_frames(frames, size, photo)
+    steps = [33, 50, 17, 100]
+    pts, t = [], 0
+    for i in range(frames):
+        pts.append(t)
+        t += steps[i % len(steps)]
+    if t / 1000 > 3.0:
+        raise ValueError("test videos stay <= 3 s")
+    with av.open(str(path), "w", format="mp4") as c:
+        vs = _open_video_stream(c, codec, 30, size, time_base=fractions.Fraction(1, 1000))
+        vs.codec_context.time_base = fractions.Fraction(1, 1000)
+        for i in range(frames):
+            f = av.VideoFrame.from_ndarray(pix[i], format="rgb24")
+            f.pts = pts[i]
+            f.time_base = fractions.Fraction(1, 1000)
+            for p in vs.encode(f):
+                c.mux(p)
+        for p in vs.encode(None):
+            c.mux(p)
+    return path, pts
+
+
+def truncated_video(src: str | os.PathLike, dst: str | os.PathLike, fraction: float = 0.5) -> Path:
+    """Copy the first ``fraction`` of ``src``'s bytes to ``dst`` (a download cut short)."""
+    data = Path(src).read_bytes()
+    Path(dst).write_bytes(data[: int(len(data) * fraction)])
+    return Path(dst)
+
+
+def lying_metadata_video(
+    path: str | os.PathLike,
+    frames: int = 49,
+    keep: float = 0.5,
+    **kw,
+) -> Path:
+    """An mp4 whose container says ``frames`` frames but whose data holds fewer.
+
+    Written with ``+faststart`` (index first), then the tail of the file is cut so only
+    ``keep`` of the media bytes remain: ``stream.frames`` and the duration still claim
+    the full clip, decoding yields fewer frames (what diffusion-pipe#542 crashed on).
+    """
+    path = Path(path)
+    pan_video(path, frames=frames, faststart=True, **kw)
+    data = path.read_bytes()
+    mdat = data.find(b"mdat")
+    if mdat < 4:
+        raise RuntimeError("faststart mp4 without an mdat box")
+    start = mdat + 4
+    cut = start + int((len(data) - start) * keep)
+    path.write_bytes(data[:cut])
+    return path
+
+
+def text_as_mp4(path: str | os.PathLike) -> Path:
+    """A plain text file named ``*.mp4``."""
+    path = Path(path)
+    path.write_text("this is not a video, it is a caption file with the wrong name\n" * 4)
+    return path
+
+
+def audio_only_file(path: str | os.PathLike, duration: float = 1.0, rate: int = 16000) -> Path:
+    """An .m4a (mp4 container) with one AAC audio stream and no video stream."""
+    path = Path(path)
+    with av.open(str(path), "w", format="mp4") as c:
+        s = c.add_stream("aac", rate=rate, layout="stereo")
+        _encode_audio(c, s, _tone(duration, rate), rate)
+    return path
+
+
+def raw_h264_video(path: str | os.PathLike, frames: int = 20, fps: int = 24, size=(64, 64), photo="coffee") -> Path:
+    """A raw H.264 elementary stream (``.h264``): no container, no frame count, no duration."""
+    path = Path(path)
+    pix = pan_frames(frames, size, photo)
+    with av.open(str(path), "w", format="h264") as c:
+        vs = _open_video_stream(c, "libx264", fps, size)
+        for i in range(frames):
+            f = av.VideoFrame.from_ndarray(pix[i], format="rgb24")
+            f.pts = i
+            for p in vs.encode(f):
+                c.mux(p)
+        for p in vs.encode(None):
+            c.mux(p)
+    return path
