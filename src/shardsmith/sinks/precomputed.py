@@ -1,0 +1,101 @@
+"""The LTX-trainer ``.precomputed/`` tree (shared/reference/ltx-trainer.md §2.5).
+
+Layout, names mirroring each media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``)::
+
+    latents/clips/a.pt     {"latents": [C, F', H', W'], "num_frames": F', "height": H', "width": W', "fps": float}
+    conditions/clips/a.pt  {"video_prompt_embeds": [L, D], "prompt_attention_mask": [L] int64
+                            (+ "audio_prompt_embeds": [L, D_a] when the text encoder gives one)}
+
+A unit of work is a group of items; each ``.pt`` is written atomically, and the unit is
+committed to the ledger after all its files are in place (re-running a unit rewrites the
+same bytes). ``shardsmith.json`` at the root records the encoders' provenance, buckets and
+fps so that a later build with a different encoder, revision or bucket is refused instead
+of mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+
+from shardsmith.records import SampleResult
+from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
+
+LATENTS, CONDITIONS = "latents", "conditions"
+STAMP = "shardsmith.json"
+
+
+def mirrored(relpath: str, source_name: str | None) -> str:
+    """``clips/a.mp4`` -> ``clips/a.pt`` (prefixed by the source name when several sources feed it)."""
+    p = PurePosixPath(relpath).with_suffix(".pt")
+    if ".." in p.parts or p.is_absolute():
+        raise ValueError(f"media path {relpath!r} cannot be mirrored inside .precomputed/")
+    return str(PurePosixPath(source_name) / p) if source_name else str(p)
+
+
+def pt_bytes(obj: dict[str, Any]) -> bytes:
+    """``torch.save`` to bytes (loadable with ``weights_only=True``)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def latent_record(latents: torch.Tensor, fps: float) -> dict[str, Any]:
+    """The ``latents/`` dict: ``[C, F', H', W']`` plus its grid and fps (images: F' = 1)."""
+    if latents.ndim == 3:
+        latents = latents.unsqueeze(1)
+    if latents.ndim != 4:
+        raise ValueError(f"latents must be [C, F', H', W'], got {tuple(latents.shape)}")
+    return {"latents": latents.contiguous(), "num_frames": int(latents.shape[1]), "height": int(latents.shape[2]),
+            "width": int(latents.shape[3]), "fps": float(fps)}
+
+
+def condition_record(emb: torch.Tensor, mask: torch.Tensor, audio_emb: torch.Tensor | None = None) -> dict[str, Any]:
+    rec = {"video_prompt_embeds": emb.contiguous(), "prompt_attention_mask": mask.to(torch.int64).contiguous()}
+    if audio_emb is not None:
+        rec["audio_prompt_embeds"] = audio_emb.contiguous()
+    return rec
+
+
+class PrecomputedSink:
+    kind = "precomputed"
+
+    def __init__(self, output, dest: Path):
+        self.o, self.dest = output, dest
+
+    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str) -> bool:
+        return count >= self.o.unit
+
+    def check_stamp(self, stamp: dict[str, Any]) -> None:
+        """Refuse a tree built with other encoders/buckets; write the stamp for a new tree."""
+        path = self.dest / STAMP
+        if path.exists():
+            old = json.loads(path.read_text(encoding="utf-8"))
+            if old != stamp:
+                diffs = [f"{k}: {json.dumps(old.get(k))} -> {json.dumps(stamp.get(k))}"
+                         for k in sorted(set(old) | set(stamp)) if old.get(k) != stamp.get(k)]
+                raise ValueError(f"{self.dest} was built with different encoders or geometry; refusing to mix "
+                                 "caches:\n  " + "\n  ".join(diffs) + "\nwrite to a new folder (e.g. "
+                                 ".precomputed-v2) or remove the old tree first")
+            return
+        self.dest.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, stamp)
+
+    def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
+        h, total = hashlib.sha256(), 0
+        for _key, s in samples:
+            for rel, data in sorted(s.members.items()):
+                atomic_write_bytes(self.dest / rel, data)
+                h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+                total += len(data)
+        return f"unit{seq:05d}", total, h.hexdigest()
+
+    def finalize(self, units: list[dict]) -> dict[str, Any]:
+        counts = {sub: sum(1 for p in (self.dest / sub).rglob("*.pt")) if (self.dest / sub).exists() else 0
+                  for sub in (LATENTS, CONDITIONS)}
+        return {"dir": str(self.dest), "files": counts, "bytes": sum(u["bytes"] for u in units)}

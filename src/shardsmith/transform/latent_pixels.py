@@ -1,0 +1,86 @@
+"""CPU side of latent outputs: one item -> uint8 frames ``[F, H, W, 3]`` cut to its bucket.
+
+Runs in worker processes, like the image sample makers. Images use buckets with F = 1;
+videos take the bucket with the closest aspect ratio, then the most frames the clip has
+(at the native or the target fps), then the largest area. Outcomes:
+- no bucket has few enough frames -> ``skipped:too_short`` (with the clip's frame count);
+- metadata over-stated the frames -> ``skipped:too_short`` at decode, never a crash;
+- an image with no ``WxHx1`` bucket -> ``skipped:no_image_bucket``; a source smaller than
+  its bucket -> ``skipped:too_small`` unless ``images.upscale``.
+The result carries the pixels plus ``info`` (bucket, fps, crop, source frames) for the
+encoder stage and the manifests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
+from shardsmith.recipe import ImageRules
+from shardsmith.transform.buckets import (Bucket, available_frames, choose_bucket, effective_fps, frame_indices,
+                                          resize_crop)
+from shardsmith.transform.image import decode_image
+from shardsmith.transform.samples import read_checked
+from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames
+
+IMAGE_FPS = 1.0  # what LTX's trainer stores for images
+
+
+class LatentPixelMaker:
+    def __init__(self, buckets: list[Bucket], rules: ImageRules, target_fps: float | None = None):
+        self.buckets, self.rules, self.target_fps = buckets, rules, target_fps
+        self.image_buckets = [b for b in buckets if b.frames == 1]
+
+    def _fit(self, item: PlannedItem, w: int, h: int, bucket: Bucket) -> None:
+        if not self.rules.upscale and (w < bucket.width or h < bucket.height):
+            rc = resize_crop(w, h, bucket.width, bucket.height)
+            if rc.resize_w > w or rc.resize_h > h:
+                raise ItemError("too_small", f"{item.item_id} is {w}x{h}, smaller than its bucket {bucket}; "
+                                "set images.upscale: true to enlarge it", skip=True)
+
+    def __call__(self, item: PlannedItem) -> SampleResult:
+        try:
+            if item.kind == "image":
+                return self._image(item)
+            if item.kind == "video":
+                return self._video(item)
+            raise ItemError(f"unsupported_kind_{item.kind}", f"{item.item_id} is {item.kind} media; latent "
+                            "outputs take images and videos", skip=True)
+        except ItemError as e:
+            return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
+
+    def _image(self, item: PlannedItem) -> SampleResult:
+        if not self.image_buckets:
+            raise ItemError("no_image_bucket", f"{item.item_id} is an image but no bucket has 1 frame; add one "
+                            "such as 512x512x1 to geometry.buckets", skip=True)
+        dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
+                           background=self.rules.background)
+        w, h = dec.image.size
+        bucket = choose_bucket(w, h, 1, self.image_buckets)
+        self._fit(item, w, h, bucket)
+        rc = resize_crop(w, h, bucket.width, bucket.height)
+        frames = resize_crop_frames(np.asarray(dec.image)[None], rc)
+        return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info={
+            "bucket": str(bucket), "fps": IMAGE_FPS, "crop": rc.as_dict(), "source_size": [w, h], "source_frames": 1})
+
+    def _video(self, item: PlannedItem) -> SampleResult:
+        read_checked(item)  # same bytes as planned (and readable)
+        pr = probe_video(item.path, item.item_id)
+        n_avail = available_frames(pr.frames, pr.fps, self.target_fps)
+        video_buckets = [b for b in self.buckets if b.frames > 1] or self.buckets
+        bucket = choose_bucket(pr.width, pr.height, n_avail, video_buckets)
+        if bucket is None:
+            shortest = min(b.frames for b in video_buckets)
+            raise ItemError("too_short", f"{item.item_id} has {pr.frames} frames at {pr.fps:g} fps "
+                            f"({n_avail} usable{' at %g fps' % self.target_fps if self.target_fps else ''}), fewer "
+                            f"than the smallest bucket's {shortest}; add a shorter bucket to keep it", skip=True)
+        self._fit(item, pr.width, pr.height, bucket)
+        idx = frame_indices(pr.frames, pr.fps, bucket.frames, self.target_fps)
+        if idx is None:
+            raise ItemError("too_short", f"{item.item_id}: {pr.frames} frames cannot fill {bucket}", skip=True)
+        frames = decode_frames(item.path, idx, item.item_id)
+        rc = resize_crop(frames.shape[2], frames.shape[1], bucket.width, bucket.height)
+        out = resize_crop_frames(frames, rc)
+        return SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info={
+            "bucket": str(bucket), "fps": effective_fps(pr.fps, self.target_fps), "crop": rc.as_dict(),
+            "source_size": [pr.width, pr.height], "source_frames": pr.frames, "source_fps": pr.fps})
