@@ -28,13 +28,18 @@ from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
 from shardsmith.progress import Progress
-from shardsmith.recipe import Recipe, WdsOutput, canonical, diff_recipes, fingerprint
+from shardsmith.recipe import (LATENT_OUTPUTS, LatentWdsOutput, PrecomputedOutput, Recipe, WdsOutput, ZipOutput,
+                               canonical, diff_recipes, fingerprint)
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_json, remove_stale_tmp
 from shardsmith.sinks.wds import WdsSink, sample_tar_bytes
+from shardsmith.sinks.latent_members import NEG_PROMPT_FILE, LatentFinisher, write_negative_prompt
+from shardsmith.sinks.precomputed import PrecomputedSink
 from shardsmith.sinks.zip import ZipSink
 from shardsmith.sources import open_sources
 from shardsmith.split.assign import HOLDOUT, TRAIN
+from shardsmith.transform.buckets import parse_buckets
+from shardsmith.transform.latent_pixels import LatentPixelMaker
 from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
 
 
@@ -53,14 +58,15 @@ class BuildContext:
     ledger: Ledger
     sources: list[SourceInfo]
     progress: Progress
+    stage: Any = None  # EncodeStage when the recipe has latent outputs
 
 
 def _splits(recipe: Recipe) -> list[str]:
-    return [TRAIN, HOLDOUT] if recipe.split.holdout > 0 else [TRAIN]
+    return [TRAIN, HOLDOUT] if recipe.split.holdout > 0 and not recipe.one_sample else [TRAIN]
 
 
 def output_dest(root: Path, output, split: str) -> Path:
-    rel = output.dir if isinstance(output, WdsOutput) else output.path
+    rel = output.path if isinstance(output, ZipOutput) else output.dir
     return root / rel if split == TRAIN else root / HOLDOUT / rel
 
 
@@ -178,10 +184,21 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         for o in recipe.outputs:
             if isinstance(o, WdsOutput):
                 makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
-            else:
+            elif isinstance(o, ZipOutput):
                 makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ledger))
-        pool = Workers(makers, n_workers)
+            else:
+                makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
+                                                  recipe.geometry.fps)
+        pool = Workers(makers, n_workers)  # workers fork now, before any model touches a GPU
         try:
+            if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+                from shardsmith.encode.stage import EncodeStage
+
+                with progress.task("load models", total=None):
+                    ctx.stage = EncodeStage.from_recipe(recipe)
+                if ctx.stage.describe()["random_weights"]:
+                    progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
+                                 "the latents are plumbing checks, not model-space data (labelled in the manifest)")
             blocks = {o.name: _run_output(ctx, o, pool) for o in recipe.outputs}
         finally:
             pool.close()
@@ -204,19 +221,28 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
     result: dict[str, Any] = {"format": output.format, "files": {}}
     for split in _splits(recipe):
         dest = output_dest(ctx.root, output, split)
-        (dest if isinstance(output, WdsOutput) else dest.parent).mkdir(parents=True, exist_ok=True)
-        if isinstance(output, WdsOutput):
+        (dest.parent if isinstance(output, ZipOutput) else dest).mkdir(parents=True, exist_ok=True)
+        finisher = None
+        if isinstance(output, (WdsOutput, LatentWdsOutput)):
             sink = WdsSink(output, dest)
-        else:
+        elif isinstance(output, ZipOutput):
             stage = ctx.root / formats.STATE_DIR / "stage" / output.name / split
             sink = ZipSink(output, dest, stage, labelled=_labelled(recipe, output, ctx.sources, ledger))
-        _run_units(ctx, output, split, srcs, sink, pool)
+        else:
+            sink = PrecomputedSink(output, dest)
+            sink.check_stamp(ctx.stage.stamp(recipe))
+        if isinstance(output, LATENT_OUTPUTS):
+            finisher = LatentFinisher(output, ctx.stage, ctx.sources, multi_source=len(srcs) > 1)
+        _run_units(ctx, output, split, srcs, sink, pool, finisher)
         units = ledger.units(output.name, split)
         if isinstance(sink, ZipSink):
             labels = [lab for _, _, lab in ledger.written(output.name, split)]
             info = sink.finalize(units, labels)
         else:
             info = sink.finalize(units)
+        if isinstance(output, LatentWdsOutput) and ctx.stage.text_encoder is not None:
+            write_negative_prompt(dest / NEG_PROMPT_FILE, ctx.stage, output.negative_prompt)
+            info["neg_prompt_emb"] = NEG_PROMPT_FILE
         for k in ("path", "dir"):
             if k in info:  # relative to the output root: the folder may be swapped into place
                 info[k] = Path(info[k]).relative_to(ctx.root).as_posix()
@@ -228,7 +254,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
     return result
 
 
-def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers) -> None:
+def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers,
+               finisher: LatentFinisher | None = None) -> None:
     ledger = ctx.ledger
     last = ledger.last_unit(output.name, split)
     seq, pos = (last[0] + 1, last[1]) if last else (0, 0)
@@ -245,6 +272,8 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
 
     def commit(next_pos: int) -> None:
         nonlocal seq, samples, others, nbytes, first
+        if finisher is not None:
+            finisher.flush()
         name, size, sha = sink.write_unit(seq, samples) if samples else ("", 0, "")
         res = [(s.idx, WRITTEN, None) for _, s in samples] + others
         ledger.commit_unit(output=output.name, split=split, seq=seq, name=name, first_pos=first, next_pos=next_pos,
@@ -257,7 +286,10 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
                 if samples and sink.unit_full(len(samples), nbytes, res, item.key):
                     commit(pos)
                 samples.append((item.key, res))
-                nbytes += sample_tar_bytes(res.members, item.key)
+                if finisher is not None:
+                    finisher.add(item, res)
+                else:
+                    nbytes += sample_tar_bytes(res.members, item.key)
             else:
                 others.append((res.idx, res.status, res.detail))
             pos += 1
@@ -289,6 +321,9 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
                         "labels": list(info.label_names) if info.label_names else None,
                         "sha256_of_item_hashes": h.hexdigest()})
     warnings = []
+    if ctx.stage is not None and ctx.stage.describe()["random_weights"]:
+        warnings.append(f"models with random weights ({', '.join(ctx.stage.describe()['random_weights'])}): "
+                        "latents and embeddings are for checking plumbing, not model-space data")
     for o in recipe.outputs:
         if o.format == "zip":
             for split, blk in outputs[o.name]["files"].items():
@@ -307,6 +342,7 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
         "counts": counts,
         "splits": splits,
         "outputs": outputs,
+        "models": ctx.stage.describe() if ctx.stage is not None else None,
         "warnings": warnings,
     }
 

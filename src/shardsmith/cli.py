@@ -87,6 +87,8 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
                 o["transform"] = flags["transform"]
     if flags.get("workers") is not None:
         data["workers"] = flags["workers"]
+    if flags.get("one_sample"):
+        data["one_sample"] = True
     for s in sets:
         if "=" not in s:
             _fail(f"--set {s!r}: expected key.path=value")
@@ -139,6 +141,8 @@ def build(
     transform: Optional[str] = typer.Option(None, help="zip: center-crop | center-crop-wide | center-crop-dhariwal"),
     workers: Optional[int] = typer.Option(None, help="workers: CPU processes (default: all cores, max 8)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Any recipe key: --set outputs[0].image.quality=90"),
+    one_sample: bool = typer.Option(False, "--one-sample", help="one_sample=true: only the first usable item, "
+                                    "at full resolution (use its own --out, e.g. overfit/)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild beside the old output; swap in when complete."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
 ):

@@ -22,6 +22,10 @@ def _install(makers: dict[str, Any]) -> None:
     _MAKERS.update(makers)
 
 
+def _noop() -> None:
+    return None
+
+
 def _run(name: str, item: Any) -> Any:
     return _MAKERS[name](item)
 
@@ -35,6 +39,9 @@ class Workers:
         if workers > 1:
             self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
                                             initializer=_install, initargs=(makers,))
+            # start every worker now (the executor forks lazily), before the caller loads models
+            for f in [self.pool.submit(_noop) for _ in range(workers * 2)]:
+                f.result()
 
     def map(self, name: str, items: Iterable[Any], window: int | None = None) -> Iterator[tuple[Any, Any]]:
         if self.pool is None:

@@ -133,6 +133,8 @@ class LatentWdsOutput(_Strict):
     samples_per_shard: int = Field(1000, gt=0)
     include_media: bool = Field(False, description="also store the source media bytes (jpg/png/mp4 ...)")
     negative_prompt: str = Field("", description="encoded once into neg_prompt_emb.npy beside the shards")
+    latent_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    text_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     sources: list[str] | None = None
 
 
@@ -143,6 +145,8 @@ class PrecomputedOutput(_Strict):
     name: str | None = None
     dir: str = ".precomputed"
     unit: int = Field(64, gt=0, description="items per resumable unit of work")
+    latent_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    text_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     sources: list[str] | None = None
 
 
@@ -188,6 +192,7 @@ class Recipe(_Strict):
     outputs: list[Output] = Field(min_length=1)
     models: Models = Field(default_factory=Models)
     geometry: Geometry = Field(default_factory=Geometry)
+    one_sample: bool = Field(False, description="plan only the first usable item (sanity check before a full run)")
     workers: int | None = Field(None, ge=1, description="CPU worker processes (not part of the fingerprint)")
 
     @model_validator(mode="after")

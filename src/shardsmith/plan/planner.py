@@ -68,8 +68,16 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                         detail=detail, dup_of=dup_of))
                     idx += 1
                     on_item()
+                if recipe.one_sample:  # the first usable item only, always in train
+                    rows = [r for r in rows if r.plan_status == "ok"][:1]
+                    for r in rows:
+                        r.split = assign.TRAIN
                 with ledger.transaction():
                     ledger.add_items(rows)
+                if recipe.one_sample and rows:
+                    break
+            if recipe.one_sample and idx and ledger.count_items():
+                break
     finally:
         pool.shutdown()
     if count_mode:

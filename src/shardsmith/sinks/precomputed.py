@@ -77,8 +77,9 @@ class PrecomputedSink:
         if path.exists():
             old = json.loads(path.read_text(encoding="utf-8"))
             if old != stamp:
-                diffs = [f"{k}: {json.dumps(old.get(k))} -> {json.dumps(stamp.get(k))}"
-                         for k in sorted(set(old) | set(stamp)) if old.get(k) != stamp.get(k)]
+                from shardsmith.recipe import diff_recipes
+
+                diffs = diff_recipes(old, stamp)
                 raise ValueError(f"{self.dest} was built with different encoders or geometry; refusing to mix "
                                  "caches:\n  " + "\n  ".join(diffs) + "\nwrite to a new folder (e.g. "
                                  ".precomputed-v2) or remove the old tree first")

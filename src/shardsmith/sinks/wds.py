@@ -41,8 +41,9 @@ class WdsSink:
         """Should the current shard close before ``next_sample`` is added?"""
         if count >= self.o.samples_per_shard:
             return True
-        if self.o.max_shard_bytes is not None and count > 0:
-            return nbytes + sample_tar_bytes(next_sample.members or {}, key) + TAR_END > self.o.max_shard_bytes
+        limit = getattr(self.o, "max_shard_bytes", None)
+        if limit is not None and count > 0:
+            return nbytes + sample_tar_bytes(next_sample.members or {}, key) + TAR_END > limit
         return False
 
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:

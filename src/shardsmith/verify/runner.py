@@ -278,7 +278,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                     "(check that contract with --image-size)")
             elif len(st.get("shapes", {})) > 1:
                 check(f"shape:{key}", False, f"{key} has {len(st['shapes'])} shapes {list(st['shapes'])[:4]}; "
-                      "batches cannot be stacked (set image_size or re-encode)")
+                      "batches of more than one sample cannot be stacked (several buckets: train with batch "
+                      "size 1, or write one dataset per bucket)")
             if st.get("nan") or st.get("inf"):
                 check(f"finite:{key}", False, f"{key} holds {st['nan']} NaN and {st['inf']} Inf values")
     report["checks"] = checks

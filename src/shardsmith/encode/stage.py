@@ -1,0 +1,160 @@
+"""The encode stage of a build: batches of bucketed pixels through the VAE, captions through
+the text encoder, in the main process (one model copy per device).
+
+Contract
+- ``EncodeStage.from_recipe(recipe)`` loads the recipe's models once (``cuda`` when present,
+  else CPU) and validates the buckets against the VAE's compression (errors name the nearest
+  valid values).
+- ``latents(pixels)`` takes a list of uint8 ``[F, H, W, 3]`` arrays of ONE bucket and returns
+  one latent per item: ``[C, F', H', W']`` for video VAEs, ``[C, H', W']`` for image VAEs.
+  An out-of-memory error halves the batch (down to 1, then tiled decoding where the model
+  supports it) instead of failing the run.
+- ``text(captions)`` returns ``(emb [L, D], mask [L])`` per caption (``""`` for none), cached
+  by caption within the stage.
+- ``describe()`` gives the manifest block: each model's spec and provenance, with
+  ``"random-weights"`` plain to see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardsmith.encode.text import load_text_encoder
+from shardsmith.encode.vae import load_vae
+from shardsmith.transform.buckets import parse_buckets, validate_buckets
+
+log = logging.getLogger(__name__)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class EncodeStage:
+    def __init__(self, vae, text, *, batch_size: int | None, device: str):
+        self.vae, self.text_encoder, self.device = vae, text, device
+        video = vae.spec.kind == "video_vae"
+        self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
+        self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.oom_retries = 0
+
+    @classmethod
+    def from_recipe(cls, recipe) -> "EncodeStage":
+        m = recipe.models
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:  # our own progress bars say what is happening; the libraries' per-load bars are noise
+            from diffusers.utils import logging as dlog
+            from transformers.utils import logging as tlog
+
+            tlog.disable_progress_bar()
+            dlog.disable_progress_bar()
+        except ImportError:  # pragma: no cover - both are dependencies of the encoders
+            pass
+        v = m.vae
+        vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
+                       config=v.config, dtype=v.dtype, device=device, store=v.store)
+        buckets = parse_buckets(recipe.geometry.buckets)
+        validate_buckets(buckets, vae.spec.spatial, vae.spec.temporal)
+        text = None
+        if m.text is not None:
+            t = m.text
+            text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
+                                     dtype=t.dtype, device=device)
+        return cls(vae, text, batch_size=m.batch_size, device=device)
+
+    # ---------------------------------------------------------------- pixels -> latents
+    def _pixels_to_input(self, frames: list[np.ndarray]) -> torch.Tensor:
+        x = torch.from_numpy(np.stack(frames))  # [B, F, H, W, 3] uint8
+        x = x.permute(0, 4, 1, 2, 3).to(torch.float32).div_(127.5).sub_(1.0)  # [B, 3, F, H, W]
+        if self.vae.spec.kind == "image_vae":
+            if x.shape[2] != 1:
+                raise ValueError(f"an image VAE takes 1-frame buckets, got {x.shape[2]} frames")
+            x = x[:, :, 0]
+        return x
+
+    def _encode(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
+        try:
+            z = self.vae.encode(self._pixels_to_input(frames))
+            return [t.detach().to("cpu").clone() for t in z]
+        except Exception as exc:  # noqa: BLE001 - only OOM is retried
+            if not _is_oom(exc):
+                raise
+            self.oom_retries += 1
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+            if len(frames) > 1:
+                half = len(frames) // 2
+                log.warning("out of memory encoding %d items; retrying as %d + %d", len(frames), half,
+                            len(frames) - half)
+                return self._encode(frames[:half]) + self._encode(frames[half:])
+            model = self.vae.model
+            if hasattr(model, "enable_tiling") and not getattr(model, "use_tiling", False):
+                log.warning("out of memory on a single item; retrying with tiled encoding")
+                model.enable_tiling()
+                return self._encode(frames)
+            raise
+
+    def latents(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for i in range(0, len(frames), self.batch_size):
+            out += self._encode(frames[i:i + self.batch_size])
+        return out
+
+    # ---------------------------------------------------------------- captions -> embeddings
+    def text(self, captions: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.text_encoder is None:
+            raise RuntimeError("no text encoder configured (models.text)")
+        todo = sorted({c for c in captions if c not in self._text_cache})
+        bs = max(1, self.batch_size * 4)
+        for i in range(0, len(todo), bs):
+            chunk = todo[i:i + bs]
+            te = self.text_encoder.encode(chunk)
+            for j, c in enumerate(chunk):
+                self._text_cache[c] = (te.emb[j].detach().to("cpu").clone(), te.mask[j].detach().to("cpu").clone())
+        if len(self._text_cache) > 4096:  # bounded memory on long runs with unique captions
+            keep = set(captions)
+            self._text_cache = {c: v for c, v in self._text_cache.items() if c in keep}
+        return [self._text_cache[c] for c in captions]
+
+    # ---------------------------------------------------------------- manifest
+    def describe(self) -> dict[str, Any]:
+        def prov(p) -> dict[str, Any]:
+            out = p.to_dict()
+            out["config"] = _clean_config(out.get("config") or {})
+            return out
+
+        d: dict[str, Any] = {"device": self.device, "batch_size": self.batch_size,
+                             "vae": {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}}
+        if self.text_encoder is not None:
+            d["text"] = {"spec": self.text_encoder.spec.to_dict(), "provenance": prov(self.text_encoder.provenance)}
+        d["random_weights"] = sorted(k for k in ("vae", "text") if k in d and
+                                     d[k]["provenance"].get("weights") == "random-weights")
+        return d
+
+    def stamp(self, recipe) -> dict[str, Any]:
+        """What a cache depends on: model identities (not devices or batch sizes) and geometry."""
+        d = self.describe()
+        return {"vae": _identity(d["vae"]), "text": _identity(d["text"]) if "text" in d else None,
+                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
+
+
+def _clean_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A model config without diffusers' bookkeeping keys (``_use_default_values`` is an unordered set)."""
+    return {k: v for k, v in cfg.items() if not k.startswith("_")}
+
+
+def _identity(model: dict[str, Any]) -> dict[str, Any]:
+    """A short, stable identity of one model: enough to tell two caches apart, small enough to print."""
+    spec, prov = model["spec"], model["provenance"]
+    cfg = json.dumps(_clean_config(prov.get("config") or {}), sort_keys=True, default=str)
+    return {"class": prov.get("cls"), "family": spec.get("family"), "weights": prov.get("weights"),
+            "path_or_repo": prov.get("path_or_repo"), "subfolder": prov.get("subfolder"),
+            "revision": prov.get("revision"), "weights_sha256": prov.get("weights_sha256"),
+            "config": prov.get("config_name"), "config_sha256": hashlib.sha256(cfg.encode()).hexdigest()[:16],
+            "store": spec.get("store"), "dtype": spec.get("dtype"), "max_length": spec.get("max_length")}

@@ -1,0 +1,93 @@
+"""Turn encoded latents and text embeddings into the members each latent output writes.
+
+``LatentFinisher`` sits between the workers (bucketed pixels) and a sink: ``add`` queues a
+result in its bucket and encodes a batch as soon as one is full (so host memory holds at most
+one batch of pixels per bucket); ``flush`` encodes what is left before a unit is written.
+Batches are formed in plan order, so a resumed run encodes exactly the same batches.
+
+Members
+- ``latent_wds``: ``latent.pth`` (``[C, (F'), H', W']``), ``txt_emb.pth`` (``[L, D]``), ``json``
+  (source, bucket, fps, crop, models) and, with ``include_media``, the source bytes under
+  their own extension.
+- ``precomputed``: ``latents/<mirrored path>.pt`` and ``conditions/<mirrored path>.pt`` as
+  reference/ltx-trainer.md §2.5 describes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+import torch
+
+from shardsmith.recipe import LatentWdsOutput
+from shardsmith.records import PlannedItem, SampleResult, SourceInfo
+from shardsmith.sinks.atomic import atomic_write_bytes
+from shardsmith.sinks.precomputed import CONDITIONS, LATENTS, condition_record, latent_record, mirrored, pt_bytes
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LatentFinisher:
+    def __init__(self, output, stage, sources: list[SourceInfo], multi_source: bool):
+        self.o, self.stage, self.sources, self.multi = output, stage, sources, multi_source
+        self.pending: dict[str, list[tuple[PlannedItem, SampleResult]]] = {}
+        self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
+                           "path_or_repo": v["provenance"].get("path_or_repo")}
+                       for k, v in stage.describe().items() if k in ("vae", "text")}
+
+    def add(self, item: PlannedItem, res: SampleResult) -> None:
+        q = self.pending.setdefault(res.info["bucket"], [])
+        q.append((item, res))
+        if len(q) >= self.stage.batch_size:
+            self._encode(q)
+            q.clear()
+
+    def flush(self) -> None:
+        for q in self.pending.values():
+            if q:
+                self._encode(q)
+                q.clear()
+
+    def _encode(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
+        latents = self.stage.latents([r.pixels for _, r in batch])
+        texts = self.stage.text([it.caption or "" for it, _ in batch]) if self.stage.text_encoder else None
+        for i, (item, res) in enumerate(batch):
+            emb = texts[i] if texts else None
+            res.members = self._members(item, res, latents[i], emb)
+            res.pixels = None
+
+    def _members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
+        ldt, tdt = _DTYPES[self.o.latent_dtype], _DTYPES[self.o.text_dtype]
+        if isinstance(self.o, LatentWdsOutput):
+            src = self.sources[item.source]
+            out = {"latent.pth": pt_bytes(z.to(ldt).contiguous())}
+            if text is not None:
+                out["txt_emb.pth"] = pt_bytes(text[0].to(tdt).contiguous())
+            meta = {"id": item.item_id, "source": src.name, "path": item.relpath, "sha256": item.sha256,
+                    "caption": item.caption, "label": item.label, "license": src.license, "origin": src.origin,
+                    "latent_shape": list(z.shape), "models": self.models, **res.info}
+            out["json"] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+            if self.o.include_media:
+                ext = os.path.splitext(item.path)[1].lower().lstrip(".") or "bin"
+                with open(item.path, "rb") as f:
+                    out["jpg" if ext == "jpeg" else ext] = f.read()
+            return out
+        rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
+        out = {f"{LATENTS}/{rel}": pt_bytes(latent_record(z.to(ldt), res.info["fps"]))}
+        if text is not None:
+            out[f"{CONDITIONS}/{rel}"] = pt_bytes(condition_record(text[0].to(tdt), text[1]))
+        return out
+
+
+NEG_PROMPT_FILE = "neg_prompt_emb.npy"
+
+
+def write_negative_prompt(path, stage, prompt: str) -> None:
+    """The constant for FastGen's ``files_map``: float32 ``[L, D]`` ``.npy`` (no pickle), atomically."""
+    emb, _ = stage.text([prompt])[0]
+    buf = io.BytesIO()
+    np.save(buf, emb.to(torch.float32).numpy(), allow_pickle=False)
+    atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,215 @@
+"""Latent outputs on CPU: tiny random-weight VAEs and the real MiniLM text encoder."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from media_factory import real_photos, write_table
+from shardsmith.build import OutputExistsError, build
+from shardsmith.loaders import WdsLoader, preset_config
+from shardsmith.loaders.precomputed import PrecomputedDataset
+from shardsmith.recipe import RecipeError, recipe_from_dict
+from test_build import tree_bytes
+from video_factory import pan_video
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """A table of real clips + photos, a too-short clip in the middle, every row captioned."""
+    root = tmp_path_factory.mktemp("clips")
+    (root / "media").mkdir()
+    pan_video(root / "media" / "pan_long.mp4", frames=20, fps=24, size=(96, 64))
+    pan_video(root / "media" / "pan_short.mp4", frames=5, fps=24, size=(64, 64), photo="chelsea")
+    pan_video(root / "media" / "pan_mid.mp4", frames=12, fps=24, size=(64, 64), photo="coffee")
+    photos = real_photos(root / "media", 2, seed=5, min_side=70, max_side=100)
+    rows = [{"media": "media/pan_long.mp4", "caption": "a slow pan across an astronaut"},
+            {"media": "media/pan_short.mp4", "caption": "a cat, far too short"},
+            {"media": "media/pan_mid.mp4", "caption": "a cup of coffee seen from above"},
+            *({"media": f"media/{p.name}", "caption": f"still photo {p.stem}"} for p in photos)]
+    return write_table(root, rows, "jsonl"), rows
+
+
+def _recipe(table, **extra):
+    base = {"sources": [{"path": str(table)}],
+            "geometry": {"buckets": ["64x64x1", "64x64x9", "96x64x17"]},
+            "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}},
+            "outputs": [{"format": "precomputed"},
+                        {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2, "negative_prompt": "blurry"}]}
+    base.update(extra)
+    return recipe_from_dict(base)
+
+
+@pytest.fixture(scope="module")
+def ltx_build(clips, tmp_path_factory):
+    table, rows = clips
+    out = tmp_path_factory.mktemp("ltx") / "out"
+    m = build(_recipe(table), out, quiet=True, workers=2)
+    return out, m, rows
+
+
+def test_precomputed_tree_loads_like_the_ltx_trainer(ltx_build):
+    out, m, rows = ltx_build
+    ds = PrecomputedDataset(out / ".precomputed", ["latents", "conditions"])
+    assert not ds.unmatched and sorted(ds.items) == sorted(
+        Path(r["media"]).with_suffix(".pt").as_posix() for r in rows if "short" not in r["media"])
+    for i in range(len(ds)):
+        it = ds[i]
+        lat, cond = it["latents"], it["conditions"]
+        assert set(lat) == {"latents", "num_frames", "height", "width", "fps"}
+        z = lat["latents"]
+        assert z.dtype == torch.bfloat16 and z.ndim == 4 and z.shape[0] == 128
+        assert (lat["num_frames"], lat["height"], lat["width"]) == tuple(z.shape[1:])
+        if it["path"].endswith("pan_long.pt"):  # 20 frames -> 96x64x17 bucket -> F' = 1 + 16/8 = 3
+            assert tuple(z.shape[1:]) == (3, 2, 3) and lat["fps"] == 24.0
+        elif it["path"].endswith("pan_mid.pt"):  # 12 frames -> 64x64x9 -> F' = 2
+            assert tuple(z.shape[1:]) == (2, 2, 2)
+        else:  # photos: 1-frame bucket, fps 1 as LTX stores for images
+            assert tuple(z.shape[1:]) == (1, 2, 2) and lat["fps"] == 1.0
+        assert set(cond) == {"video_prompt_embeds", "prompt_attention_mask"}
+        assert cond["video_prompt_embeds"].shape == (77, 384) and cond["video_prompt_embeds"].dtype == torch.bfloat16
+        assert cond["prompt_attention_mask"].dtype == torch.int64 and cond["prompt_attention_mask"].shape == (77,)
+    assert m["counts"]["skipped"] == {"too_short": 1}
+    assert "5 frames" in m["counts"]["examples"]["skipped:too_short"]["detail"]
+    assert m["models"]["vae"]["provenance"]["weights"] == "random-weights"
+    assert m["models"]["text"]["provenance"]["weights"] == "pretrained"
+    assert any("random weights" in w for w in m["warnings"])
+
+
+def test_captions_stay_with_their_own_clip(ltx_build):
+    from shardsmith.encode.text import load_text_encoder
+
+    out, m, rows = ltx_build
+    enc = load_text_encoder("minilm")
+    by_path = {}
+    loader = WdsLoader(preset_config("image_latent", out / "lat").model_copy(
+        update={"key_map": {"real": "latent.pth", "condition": "txt_emb.pth", "meta": "json"}, "batch_size": 1,
+                "deterministic": True}))
+    for b in loader:
+        by_path[b["meta"][0]["path"]] = b
+    assert set(by_path) == {r["media"] for r in rows if "short" not in r["media"]}
+    for r in rows:
+        if "short" in r["media"]:
+            continue
+        b = by_path[r["media"]]
+        assert b["meta"][0]["caption"] == r["caption"]
+        want = enc.encode([r["caption"]]).emb[0]
+        assert torch.allclose(b["condition"][0], want, atol=1e-5)  # the embedding is of this clip's caption
+    neg = np.load(out / "lat" / "neg_prompt_emb.npy")
+    assert neg.shape == (77, 384) and neg.dtype == np.float32
+    assert np.allclose(neg, enc.encode(["blurry"]).emb[0].numpy(), atol=1e-5)
+    assert by_path["media/pan_long.mp4"]["real"].shape == (1, 128, 3, 2, 3)
+
+
+def test_same_recipe_same_bytes_and_changed_encoder_is_refused(clips, ltx_build, tmp_path):
+    table, _ = clips
+    out, _, _ = ltx_build
+    again = tmp_path / "again"
+    build(_recipe(table), again, quiet=True, workers=1)
+    assert tree_bytes(again) == tree_bytes(out)
+    with pytest.raises(OutputExistsError) as e:
+        build(_recipe(table, models={"vae": {"family": "ltx", "store": "sample"}, "text": {"family": "minilm"}}),
+              out, quiet=True)
+    assert "models.vae.store" in str(e.value)
+
+
+def test_buckets_are_checked_against_the_vae_before_anything_is_written(clips, tmp_path):
+    table, _ = clips
+    with pytest.raises(Exception) as e:
+        build(_recipe(table, geometry={"buckets": ["500x512x48"]}), tmp_path / "o", quiet=True)
+    msg = str(e.value)
+    assert "nearest 512 or 480" in msg and "1 + 8k" in msg and "49" in msg
+    assert not list((tmp_path / "o").glob("lat/*.tar"))
+    with pytest.raises(RecipeError, match="geometry.buckets"):
+        recipe_from_dict({"sources": [{"path": str(table)}], "models": {"vae": {"family": "sd"}},
+                          "outputs": [{"format": "latent_wds"}]})
+
+
+def test_image_vae_latent_shards_read_by_the_fastgen_preset(tmp_path):
+    real_photos(tmp_path / "p", 5, seed=8, min_side=40, max_side=90)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "split": {"holdout": 1, "seed": 3},
+                            "geometry": {"buckets": ["32x32x1"]}, "images": {"upscale": True},
+                            "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}},
+                            "outputs": [{"format": "latent_wds", "dir": "lat"}]})
+    m = build(rec, tmp_path / "o", quiet=True)
+    assert m["splits"]["train"]["written"] == 4 and m["splits"]["holdout"]["written"] == 1
+    batches = list(WdsLoader(preset_config("image_latent", tmp_path / "o/lat").model_copy(
+        update={"deterministic": True, "batch_size": 4})))
+    b = batches[0]
+    assert b["real"].shape == (4, 4, 4, 4) and b["real"].dtype == torch.float32  # sd tiny: 8x, 4 channels
+    assert b["condition"].shape == (4, 77, 384) and b["neg_condition"].shape == (4, 77, 384)
+    assert (tmp_path / "o/holdout/lat/neg_prompt_emb.npy").exists()
+
+
+def test_one_sample_mode_writes_exactly_one_item(clips, tmp_path):
+    table, rows = clips
+    r = subprocess.run([PY, "-m", "shardsmith", "build", "--source", str(table), "--to", "precomputed",
+                        "--set", "geometry.buckets=[64x64x1, 64x64x9, 96x64x17]", "--set", "models.vae.family=ltx",
+                        "--set", "models.text.family=minilm", "--one-sample", "--quiet", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "o/manifest.json").read_text())
+    assert m["counts"]["inputs"] == 1 and m["counts"]["written"] == 1
+    lat = list((tmp_path / "o/.precomputed/latents").rglob("*.pt"))
+    assert [p.name for p in lat] == ["pan_long.pt"]
+    assert torch.load(lat[0], weights_only=True)["latents"].shape == (128, 3, 2, 3)  # full target resolution
+
+
+def test_kill_and_resume_gives_identical_caches(clips, ltx_build, tmp_path):
+    table, _ = clips
+    out_ref, _, _ = ltx_build
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "sources": [{"path": str(table)}], "geometry": {"buckets": ["64x64x1", "64x64x9", "96x64x17"]},
+        "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}},
+        "outputs": [{"format": "precomputed"},
+                    {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2, "negative_prompt": "blurry"}]}))
+    out = tmp_path / "o"
+    cmd = [PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--quiet", "--workers", "1"]
+    p = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.PIPE)
+    ledger = out / ".shardsmith" / "ledger.sqlite"
+    import sqlite3
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            if ledger.exists() and sqlite3.connect(ledger).execute("SELECT COUNT(*) FROM shards").fetchone()[0] >= 1:
+                break
+        except sqlite3.Error:
+            pass
+        time.sleep(0.05)
+    killed = p.poll() is None
+    if killed:
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert killed, "build finished before the kill"
+    assert subprocess.run(cmd).returncode == 0
+    assert tree_bytes(out) == tree_bytes(out_ref)
+
+
+def test_a_cache_from_other_encoders_is_refused_with_what_differs(clips, tmp_path):
+    from shardsmith.sinks.precomputed import PrecomputedSink
+
+    table, _ = clips
+    from shardsmith.encode.stage import EncodeStage
+
+    a = EncodeStage.from_recipe(_recipe(table)).stamp(_recipe(table))
+    other = _recipe(table, models={"vae": {"family": "ltx", "store": "sample"}, "text": {"family": "minilm"}})
+    b = EncodeStage.from_recipe(other).stamp(other)
+    assert a == EncodeStage.from_recipe(_recipe(table)).stamp(_recipe(table))  # stable across loads
+    sink = PrecomputedSink(other.outputs[0], tmp_path / ".precomputed")
+    sink.check_stamp(a)
+    with pytest.raises(ValueError) as e:
+        sink.check_stamp(b)
+    assert "vae.store: \"mean\" -> \"sample\"" in str(e.value) and ".precomputed-v2" in str(e.value)
