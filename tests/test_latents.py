@@ -213,3 +213,23 @@ def test_a_cache_from_other_encoders_is_refused_with_what_differs(clips, tmp_pat
     with pytest.raises(ValueError) as e:
         sink.check_stamp(b)
     assert "vae.store: \"mean\" -> \"sample\"" in str(e.value) and ".precomputed-v2" in str(e.value)
+
+
+def test_decode_writes_pictures_and_round_trip_psnr(ltx_build, tmp_path):
+    from PIL import Image
+
+    import av
+
+    out, m, rows = ltx_build
+    r = subprocess.run([PY, "-m", "shardsmith", "decode", str(out), "--out", str(tmp_path / "dec"),
+                        "--output", "precomputed"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "RANDOM WEIGHTS" in r.stdout and "meaningless" in r.stdout
+    rep = json.loads((tmp_path / "dec/decode_report.json").read_text())
+    assert rep["samples"] == 4 and rep["random_weights"] is True
+    files = {row["path"]: row for row in rep["rows"]}
+    assert Image.open(tmp_path / "dec" / files[[k for k in files if "photo" in k][0]]["file"]).size == (64, 64)
+    with av.open(str(tmp_path / "dec" / files["media/pan_long.pt"]["file"])) as c:
+        assert c.streams.video[0].frames == 17 and (c.streams.video[0].width, c.streams.video[0].height) == (96, 64)
+    assert all(0 < row["psnr_db"] < 60 for row in rep["rows"])  # compared against the bucketed source pixels
+    assert not (out / "decode_report.json").exists()  # the build folder is never written

@@ -329,3 +329,24 @@ def register(
     typer.echo(f"\n# Python: from shardsmith.loaders import from_config; loader = from_config({name!r})")
     typer.echo("# FastGen (configs/data.py) override to paste:")
     typer.echo(fastgen_snippet(name, p, path, dataset, root_env, overrides))
+
+
+@app.command("decode")
+def decode_cmd(
+    build_dir: Path = typer.Argument(..., help="A shardsmith build folder (the --out of a build with latents)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the decoded PNG/MP4 files and the report."),
+    output: Optional[str] = typer.Option(None, help="Which latent output (default: the first)."),
+    split: str = typer.Option("train"),
+    limit: Optional[int] = typer.Option(None, help="Decode at most this many samples."),
+):
+    """Decode cached latents back to PNG/MP4 with the recorded VAE; report round-trip PSNR."""
+    from shardsmith.verify.decode import decode
+
+    try:
+        rep = decode(build_dir, out, output=output, split=split, limit=limit)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"decoded {rep['samples']} sample(s) of {rep['output']}/{rep['split']} into {out}; "
+               f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
+    if rep["note"]:
+        typer.echo(f"note: {rep['note']}")
