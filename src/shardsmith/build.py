@@ -233,7 +233,11 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
             sink.check_stamp(ctx.stage.stamp(recipe))
         if isinstance(output, LATENT_OUTPUTS):
             finisher = LatentFinisher(output, ctx.stage, ctx.sources, multi_source=len(srcs) > 1)
-        _run_units(ctx, output, split, srcs, sink, pool, finisher)
+        try:
+            _run_units(ctx, output, split, srcs, sink, pool, finisher)
+        finally:
+            if finisher is not None:
+                finisher.close()
         units = ledger.units(output.name, split)
         if isinstance(sink, ZipSink):
             labels = [lab for _, _, lab in ledger.written(output.name, split)]

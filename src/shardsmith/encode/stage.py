@@ -84,8 +84,8 @@ class EncodeStage:
 
     def _encode(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
         try:
-            z = self.vae.encode(self._pixels_to_input(frames))
-            return [t.detach().to("cpu").clone() for t in z]
+            z = self.vae.encode(self._pixels_to_input(frames)).detach().to("cpu")  # one device->host copy
+            return [t.clone() for t in z.unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
             if not _is_oom(exc):
                 raise

@@ -31,25 +31,48 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class LatentFinisher:
+    """Queues results per bucket; full batches are encoded on one background thread (the GPU works
+    while the main thread keeps taking results from the decode workers); ``flush`` waits for all.
+
+    At most ``MAX_IN_FLIGHT`` batches wait for the encoder, which bounds host memory.
+    """
+
+    MAX_IN_FLIGHT = 2
+
     def __init__(self, output, stage, sources: list[SourceInfo], multi_source: bool):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.o, self.stage, self.sources, self.multi = output, stage, sources, multi_source
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult]]] = {}
+        self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode")
+        self.in_flight: list = []
         self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
                            "path_or_repo": v["provenance"].get("path_or_repo")}
                        for k, v in stage.describe().items() if k in ("vae", "text")}
+
+    def _submit(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
+        self.in_flight.append(self.encoder.submit(self._encode, batch))
+        while len(self.in_flight) > self.MAX_IN_FLIGHT:
+            self.in_flight.pop(0).result()  # re-raises an encoder error here
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
         q = self.pending.setdefault(res.info["bucket"], [])
         q.append((item, res))
         if len(q) >= self.stage.batch_size:
-            self._encode(q)
+            self._submit(list(q))
             q.clear()
 
     def flush(self) -> None:
+        """Encode every queued item (partial batches too) and wait until all members exist."""
         for q in self.pending.values():
             if q:
-                self._encode(q)
+                self._submit(list(q))
                 q.clear()
+        while self.in_flight:
+            self.in_flight.pop(0).result()
+
+    def close(self) -> None:
+        self.encoder.shutdown(wait=True)
 
     def _encode(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
         latents = self.stage.latents([r.pixels for _, r in batch])
