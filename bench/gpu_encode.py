@@ -98,7 +98,8 @@ def end_to_end(src: Path, out: Path, recipe: dict, workers: int) -> dict:
     m = build(rec, out, quiet=True, workers=workers)
     dt = time.perf_counter() - t
     return {"items": m["counts"]["written"], "seconds": dt, "items_per_s": m["counts"]["written"] / dt,
-            "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"]}
+            "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
+            "encode_stage_seconds": m["models"]["seconds"]}
 
 
 def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
@@ -108,6 +109,7 @@ def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
     from skimage import data
 
     photo = [data.astronaut, data.chelsea, data.coffee, data.rocket][i % 4]()
+    photo = np.roll(photo, 17 * i, axis=1)  # every clip distinct (the build drops exact duplicates)
     big = np.asarray(Image.fromarray(photo).resize((w * 2, h * 2), Image.Resampling.BICUBIC))
     with av.open(str(path), mode="w") as c:
         s = c.add_stream("libx264", rate=24)

@@ -32,7 +32,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class LatentFinisher:
     """Queues results per bucket; full batches are encoded on one background thread (the GPU works
-    while the main thread keeps taking results from the decode workers); ``flush`` waits for all.
+    while the main thread keeps taking results from the decode workers and serialising finished
+    batches); ``flush`` waits for all.
 
     At most ``MAX_IN_FLIGHT`` batches wait for the encoder, which bounds host memory.
     """
@@ -51,9 +52,22 @@ class LatentFinisher:
                        for k, v in stage.describe().items() if k in ("vae", "text")}
 
     def _submit(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
-        self.in_flight.append(self.encoder.submit(self._encode, batch))
+        self.in_flight.append((batch, self.encoder.submit(self._gpu, batch)))
         while len(self.in_flight) > self.MAX_IN_FLIGHT:
-            self.in_flight.pop(0).result()  # re-raises an encoder error here
+            self._finish(*self.in_flight.pop(0))
+
+    def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]]):
+        """Encoder thread: only the model work (pixels -> latents, captions -> embeddings)."""
+        latents = self.stage.latents([r.pixels for _, r in batch])
+        texts = self.stage.text([it.caption or "" for it, _ in batch]) if self.stage.text_encoder else None
+        return latents, texts
+
+    def _finish(self, batch, fut) -> None:
+        """Calling thread: serialise members (re-raises an encoder error here)."""
+        latents, texts = fut.result()
+        for i, (item, res) in enumerate(batch):
+            res.members = self._members(item, res, latents[i], texts[i] if texts else None)
+            res.pixels = None
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
         q = self.pending.setdefault(res.info["bucket"], [])
@@ -69,18 +83,10 @@ class LatentFinisher:
                 self._submit(list(q))
                 q.clear()
         while self.in_flight:
-            self.in_flight.pop(0).result()
+            self._finish(*self.in_flight.pop(0))
 
     def close(self) -> None:
         self.encoder.shutdown(wait=True)
-
-    def _encode(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
-        latents = self.stage.latents([r.pixels for _, r in batch])
-        texts = self.stage.text([it.caption or "" for it, _ in batch]) if self.stage.text_encoder else None
-        for i, (item, res) in enumerate(batch):
-            emb = texts[i] if texts else None
-            res.members = self._members(item, res, latents[i], emb)
-            res.pixels = None
 
     def _members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
         ldt, tdt = _DTYPES[self.o.latent_dtype], _DTYPES[self.o.text_dtype]
