@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from typing import Any
 
@@ -52,6 +53,9 @@ class EncodeStage:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed bucket shapes: let cuDNN pick its fastest kernels
+            # the encoder thread launches thousands of small kernels and needs the GIL back quickly
+            # while the main thread handles worker results: shorten the interpreter's switch interval
+            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         try:  # our own progress bars say what is happening; the libraries' per-load bars are noise
             from diffusers.utils import logging as dlog
             from transformers.utils import logging as tlog
