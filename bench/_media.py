@@ -8,6 +8,8 @@ A folder is generated once and reused: a marker file records the arguments used.
 
 from __future__ import annotations
 
+import resource
+
 import io
 import json
 import os
@@ -102,6 +104,25 @@ def link_subset(src: list[Path], dest: Path) -> list[Path]:
     return out
 
 
+def package_fingerprint() -> dict:
+    """Where ``shardsmith`` is imported from and a digest of its .py files (the code under test).
+
+    Uses ``find_spec`` so nothing is imported (keeps the caller's RSS untouched).
+    """
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("shardsmith")
+    if spec is None or not spec.submodule_search_locations:
+        return {"path": None, "sha256": None, "files": 0}
+    root = Path(list(spec.submodule_search_locations)[0])
+    h, n = hashlib.sha256(), 0
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        n += 1
+    return {"path": str(root), "sha256": h.hexdigest()[:16], "files": n}
+
+
 def machine_info() -> dict:
     import platform
     import subprocess
@@ -121,4 +142,36 @@ def machine_info() -> dict:
         pass
     return {"nproc": sh("nproc"), "cpu": sh("lscpu | grep 'Model name' | sed 's/.*: *//'"),
             "ram_gib": round(mem_kb / 2**20, 1), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "shardsmith": package_fingerprint()}
+
+
+# --------------------------------------------------------------------------- measurement
+def cpu_now() -> float:
+    """User+sys CPU seconds of this process and its joined (waited-for) children."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def system_busy() -> float:
+    """Busy CPU-seconds of the whole machine so far (all processes, all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / _TCK
+
+
+def wait_quiet(max_wait: float, busy_cores: float = 0.3, step: float = 0.5) -> float:
+    """Wait (up to ``max_wait`` s) until other processes use < ``busy_cores`` cores; returns the wait."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_wait:
+        b0, c0 = system_busy(), cpu_now()
+        time.sleep(step)
+        if (system_busy() - b0 - (cpu_now() - c0)) / step < busy_cores:
+            break
+    return time.perf_counter() - t0

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _media import machine_info, real_photos  # noqa: E402
+from _media import cpu_now, machine_info, real_photos, system_busy, wait_quiet  # noqa: E402
 
 MAX_SIDE = 256
 QUALITY = 95
@@ -93,34 +93,6 @@ def count_shardsmith(out: Path) -> int:
 
 
 # --------------------------------------------------------------------------- harness
-def cpu_now() -> float:
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
-_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def system_busy() -> float:
-    """Busy CPU-seconds of the whole machine so far (all processes, all cores), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (v + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / _TCK
-
-
-def wait_quiet(max_wait: float, busy_cores: float = 0.3, step: float = 0.5) -> float:
-    """Wait (up to ``max_wait`` s) until other processes use < ``busy_cores`` cores; returns the wait."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < max_wait:
-        b0, c0 = system_busy(), cpu_now()
-        time.sleep(step)
-        if (system_busy() - b0 - (cpu_now() - c0)) / step < busy_cores:
-            break
-    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +126,8 @@ def _bench(args, work: Path) -> int:
     info = machine_info()
     print(f"# machine: nproc={info['nproc']} cpu={info['cpu']!r} ram={info['ram_gib']} GiB "
           f"python={info['python']} date={info['date']}")
+    print(f"# shardsmith under test: {info['shardsmith']['path']} ({info['shardsmith']['files']} .py files, "
+          f"sha256 {info['shardsmith']['sha256']})")
     photos_dir = work / f"photos_{args.n}_{args.min_side}-{args.max_side}"
     files = real_photos(photos_dir, args.n, seed=0, min_side=args.min_side, max_side=args.max_side)
     assert len(files) == args.n, (len(files), args.n)

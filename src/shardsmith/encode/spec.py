@@ -286,3 +286,16 @@ def hash_pretrained(
         notes.append(f"no weight files found in {folder}; weights_sha256 is None")
         return None, [], resolved, notes
     return sha256_files(files), [f.name for f in files], resolved, notes
+
+
+def pretrained_kwargs(dtype_key: str, dtype: Any, subfolder: str | None, revision: str | None,
+                      cache_dir: str | Path | None) -> dict[str, Any]:
+    """Keyword arguments for ``from_pretrained`` (diffusers wants ``torch_dtype``, transformers ``dtype``)."""
+    kw: dict[str, Any] = {dtype_key: dtype}
+    if subfolder:
+        kw["subfolder"] = subfolder
+    if revision:
+        kw["revision"] = revision
+    if cache_dir:
+        kw["cache_dir"] = str(cache_dir)
+    return kw

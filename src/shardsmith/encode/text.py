@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .spec import EncoderSpec, Provenance, hash_pretrained, sha256_files
+from .spec import EncoderSpec, Provenance, hash_pretrained, pretrained_kwargs, sha256_files
 from .vae import SEED, _dtype_name, _torch_dtype
 
 STANDIN_TOKENIZER = "minilm-wordpiece (stand-in)"
@@ -293,13 +293,7 @@ def load_text_encoder(
             tokenizer=str(path),
         )
     elif pretrained is not None:
-        kw: dict[str, Any] = {"dtype": tdt}
-        if subfolder:
-            kw["subfolder"] = subfolder
-        if revision:
-            kw["revision"] = revision
-        if cache_dir:
-            kw["cache_dir"] = str(cache_dir)
+        kw = pretrained_kwargs("dtype", tdt, subfolder, revision, cache_dir)
         model = _model_class(family, True).from_pretrained(str(pretrained), **kw)
         tok_src = str(tokenizer or pretrained)
         tkw: dict[str, Any] = {}

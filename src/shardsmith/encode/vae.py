@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .spec import EncoderSpec, Provenance, check_pixel_shape, hash_pretrained
+from .spec import EncoderSpec, Provenance, check_pixel_shape, hash_pretrained, pretrained_kwargs
 
 SEED = 0
 
@@ -391,13 +391,7 @@ def load_vae(
     notes: list[str] = []
 
     if pretrained is not None:
-        kw: dict[str, Any] = {"torch_dtype": tdt}
-        if subfolder:
-            kw["subfolder"] = subfolder
-        if revision:
-            kw["revision"] = revision
-        if cache_dir:
-            kw["cache_dir"] = str(cache_dir)
+        kw = pretrained_kwargs("torch_dtype", tdt, subfolder, revision, cache_dir)
         model = cls.from_pretrained(str(pretrained), **kw)
         sha, files, resolved, hnotes = hash_pretrained(str(pretrained), subfolder, revision, cache_dir)
         notes += hnotes
