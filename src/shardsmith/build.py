@@ -33,13 +33,9 @@ from shardsmith.recipe import (LATENT_OUTPUTS, LatentWdsOutput, PrecomputedOutpu
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_json, remove_stale_tmp
 from shardsmith.sinks.wds import WdsSink, sample_tar_bytes
-from shardsmith.sinks.latent_members import NEG_PROMPT_FILE, LatentFinisher, write_negative_prompt
-from shardsmith.sinks.precomputed import PrecomputedSink
 from shardsmith.sinks.zip import ZipSink
 from shardsmith.sources import open_sources
 from shardsmith.split.assign import HOLDOUT, TRAIN
-from shardsmith.transform.buckets import parse_buckets
-from shardsmith.transform.latent_pixels import LatentPixelMaker
 from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
 
 
@@ -186,7 +182,10 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
                 makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
             elif isinstance(o, ZipOutput):
                 makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ledger))
-            else:
+            else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
+                from shardsmith.transform.buckets import parse_buckets
+                from shardsmith.transform.latent_pixels import LatentPixelMaker
+
                 makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
                                                   recipe.geometry.fps)
         pool = Workers(makers, n_workers)  # workers fork now, before any model touches a GPU
@@ -223,6 +222,9 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
         dest = output_dest(ctx.root, output, split)
         (dest.parent if isinstance(output, ZipOutput) else dest).mkdir(parents=True, exist_ok=True)
         finisher = None
+        if isinstance(output, LATENT_OUTPUTS):
+            from shardsmith.sinks.latent_members import NEG_PROMPT_FILE, LatentFinisher, write_negative_prompt
+            from shardsmith.sinks.precomputed import PrecomputedSink
         if isinstance(output, (WdsOutput, LatentWdsOutput)):
             sink = WdsSink(output, dest)
         elif isinstance(output, ZipOutput):
@@ -259,7 +261,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
 
 
 def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers,
-               finisher: LatentFinisher | None = None) -> None:
+               finisher=None) -> None:
     ledger = ctx.ledger
     last = ledger.last_unit(output.name, split)
     seq, pos = (last[0] + 1, last[1]) if last else (0, 0)
