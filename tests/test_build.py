@@ -60,6 +60,9 @@ def test_quickstart_cli_builds_readable_accounted_outputs(example_recipe, tmp_pa
         assert {k: len(v) for k, v in samples.items()} == counts
         files = m["outputs"]["wds"]["files"][split]
         assert [(s["name"], s["count"]) for s in files["shards"]] == list(counts.items())
+        for s in files["shards"]:  # recorded hashes and sizes are those of the files on disk
+            data = (folder / s["name"]).read_bytes()
+            assert s["sha256"] == hashlib.sha256(data).hexdigest() and s["bytes"] == len(data)
         assert sum(counts.values()) == m["outputs"]["wds"]["splits"][split]["written"]
         for shard in samples.values():
             for s in shard:

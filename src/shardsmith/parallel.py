@@ -1,8 +1,9 @@
 """Bounded, ordered parallel map over worker processes.
 
-``ordered_map(tasks, workers, makers)`` yields ``(task, result)`` in input order while
-keeping at most ``window`` tasks in flight, so host memory stays bounded whatever the
-dataset size. ``workers <= 1`` runs inline. Makers (picklable callables) are installed once
+``Workers.map(name, items)`` yields ``(item, result)`` in input order while keeping at most
+``window`` chunks of ``chunk`` items in flight (one task per chunk: the per-task overhead of a
+process pool is paid once per chunk), so host memory stays bounded whatever the dataset
+size. ``workers <= 1`` runs inline. Makers (picklable callables) are installed once
 per worker process, keyed by name; a task is ``(maker_name, item)``.
 """
 
@@ -30,11 +31,16 @@ def _run(name: str, item: Any) -> Any:
     return _MAKERS[name](item)
 
 
+def _run_many(name: str, items: list[Any]) -> list[Any]:
+    fn = _MAKERS[name]
+    return [fn(it) for it in items]
+
+
 class Workers:
     """A process pool (or inline runner) that knows every output's sample maker."""
 
-    def __init__(self, makers: dict[str, Any], workers: int):
-        self.makers, self.n = makers, workers
+    def __init__(self, makers: dict[str, Any], workers: int, chunk: int = 8):
+        self.makers, self.n, self.chunk = makers, workers, chunk
         self.pool = None
         if workers > 1:
             self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
@@ -49,16 +55,25 @@ class Workers:
             for it in items:
                 yield it, fn(it)
             return
-        window = window or self.n * 8
+        window = window or self.n * 4  # chunks in flight
         q: deque = deque()
+
+        def drain_one():
+            chunk, fut = q.popleft()
+            yield from zip(chunk, fut.result())
+
+        chunk: list[Any] = []
         for it in items:
-            q.append((it, self.pool.submit(_run, name, it)))
-            if len(q) >= window:
-                it0, fut = q.popleft()
-                yield it0, fut.result()
+            chunk.append(it)
+            if len(chunk) >= self.chunk:
+                q.append((chunk, self.pool.submit(_run_many, name, chunk)))
+                chunk = []
+                if len(q) >= window:
+                    yield from drain_one()
+        if chunk:
+            q.append((chunk, self.pool.submit(_run_many, name, chunk)))
         while q:
-            it0, fut = q.popleft()
-            yield it0, fut.result()
+            yield from drain_one()
 
     def close(self) -> None:
         if self.pool is not None:

@@ -7,11 +7,27 @@ names allowed), which ``tarfile`` and ``webdataset`` read.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from typing import BinaryIO
 
 FIXED_MTIME = 946684800  # 2000-01-01T00:00:00Z
+
+
+class HashingWriter:
+    """A write-only file wrapper that sha256-hashes and counts what passes through."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def tell(self) -> int:
+        return self.size
 
 
 class DeterministicTar:

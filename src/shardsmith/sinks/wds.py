@@ -7,14 +7,13 @@ shard of its own). Shards are written atomically; the caller commits them to the
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from shardsmith import formats
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json
-from shardsmith.sinks.tar import DeterministicTar
+from shardsmith.sinks.tar import DeterministicTar, HashingWriter
 
 TAR_BLOCK = 512
 
@@ -49,18 +48,14 @@ class WdsSink:
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
         """Write shard ``seq`` atomically; returns (name, bytes, sha256)."""
         name = formats.shard_name(seq)
-        path = self.dest / name
-        h = hashlib.sha256()
-        with atomic_open(path) as f:
-            tar = DeterministicTar(f)
+        with atomic_open(self.dest / name) as f:
+            out = HashingWriter(f)  # hashed as written: the shard is never read back
+            tar = DeterministicTar(out)
             for key, s in samples:
                 for suffix, data in s.members.items():
                     tar.add(formats.member_name(key, suffix), data)
             tar.close()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return name, path.stat().st_size, h.hexdigest()
+        return name, out.size, out.sha256.hexdigest()
 
     def finalize(self, units: list[dict]) -> dict:
         """Write ``shard_count.json``; return the output's manifest block."""
