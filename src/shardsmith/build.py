@@ -55,6 +55,7 @@ class BuildContext:
     sources: list[SourceInfo]
     progress: Progress
     stage: Any = None  # EncodeStage when the recipe has latent outputs
+    makers: dict[str, Any] | None = None  # output name -> picklable sample maker
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -171,44 +172,49 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")
         opened = open_sources(recipe, exclude=exclude)
         infos = [i for i, _ in opened]
-        if not ledger.get_meta("plan_complete"):
-            ledger.reset_plan()
-            with progress.task("plan", total=None) as tick:
-                make_plan(recipe, ledger, opened, on_item=tick)
-        ctx = BuildContext(recipe, root, ledger, infos, progress)
-        makers = {}
-        for o in recipe.outputs:
-            if isinstance(o, WdsOutput):
-                makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
-            elif isinstance(o, ZipOutput):
-                makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ledger))
-            else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
-                from shardsmith.transform.buckets import parse_buckets
-                from shardsmith.transform.latent_pixels import LatentPixelMaker
-
-                makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
-                                                  recipe.geometry.fps)
-        pool = Workers(makers, n_workers)  # workers fork now, before any model touches a GPU
+        pool = Workers(n_workers)  # fork the workers now, while this process is small and before any model
         try:
-            if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
-                from shardsmith.encode.stage import EncodeStage
-
-                with progress.task("load models", total=None):
-                    ctx.stage = EncodeStage.from_recipe(recipe)
-                if ctx.stage.describe()["random_weights"]:
-                    progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
-                                 "the latents are plumbing checks, not model-space data (labelled in the manifest)")
-            blocks = {o.name: _run_output(ctx, o, pool) for o in recipe.outputs}
+            return _plan_and_write(recipe, root, fp, progress, ledger, opened, infos, pool)
         finally:
             pool.close()
-        manifest = _manifest(ctx, fp, blocks)
-        atomic_write_json(root / formats.MANIFEST_FILE, manifest)
-        ledger.set_meta("complete", True)
-        for line in _summary(manifest):
-            progress.say(line)
-        return manifest
     finally:
         ledger.close()
+
+
+def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
+                    infos: list[SourceInfo], pool: Workers) -> dict[str, Any]:
+    """Plan (unless the ledger holds a complete plan), write every output, then the manifest."""
+    if not ledger.get_meta("plan_complete"):
+        ledger.reset_plan()
+        with progress.task("plan", total=None) as tick:
+            make_plan(recipe, ledger, opened, on_item=tick)
+    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={})
+    for o in recipe.outputs:
+        if isinstance(o, WdsOutput):
+            ctx.makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
+        elif isinstance(o, ZipOutput):
+            ctx.makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ledger))
+        else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
+            from shardsmith.transform.buckets import parse_buckets
+            from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+            ctx.makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
+                                                  recipe.geometry.fps)
+    if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+        from shardsmith.encode.stage import EncodeStage
+
+        with progress.task("load models", total=None):
+            ctx.stage = EncodeStage.from_recipe(recipe)
+        if ctx.stage.describe()["random_weights"]:
+            progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
+                         "the latents are plumbing checks, not model-space data (labelled in the manifest)")
+    blocks = {o.name: _run_output(ctx, o, pool) for o in recipe.outputs}
+    manifest = _manifest(ctx, fp, blocks)
+    atomic_write_json(root / formats.MANIFEST_FILE, manifest)
+    ledger.set_meta("complete", True)
+    for line in _summary(manifest):
+        progress.say(line)
+    return manifest
 
 
 def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
@@ -287,7 +293,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
         seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
 
     with ctx.progress.task(label, total=total, completed=pos) as tick:
-        for item, res in pool.map(output.name, items):
+        for item, res in pool.map(ctx.makers[output.name], items):
             if res.status == WRITTEN:
                 if samples and sink.unit_full(len(samples), nbytes, res, item.key):
                     commit(pos)

@@ -15,45 +15,31 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-_MAKERS: dict[str, Any] = {}
-
-
-def _install(makers: dict[str, Any]) -> None:
-    _MAKERS.clear()
-    _MAKERS.update(makers)
-
-
 def _noop() -> None:
     return None
 
 
-def _run(name: str, item: Any) -> Any:
-    return _MAKERS[name](item)
-
-
-def _run_many(name: str, items: list[Any]) -> list[Any]:
-    fn = _MAKERS[name]
-    return [fn(it) for it in items]
+def _run_many(maker: Any, items: list[Any]) -> list[Any]:
+    return [maker(it) for it in items]
 
 
 class Workers:
-    """A process pool (or inline runner) that knows every output's sample maker."""
+    """A process pool (or inline runner) applying sample makers to items in order."""
 
-    def __init__(self, makers: dict[str, Any], workers: int, chunk: int = 8):
-        self.makers, self.n, self.chunk = makers, workers, chunk
+    def __init__(self, workers: int, chunk: int = 8):
+        self.n, self.chunk = workers, chunk
         self.pool = None
         if workers > 1:
-            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
-                                            initializer=_install, initargs=(makers,))
+            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
             # start every worker now (the executor forks lazily), before the caller loads models
             for f in [self.pool.submit(_noop) for _ in range(workers * 2)]:
                 f.result()
 
-    def map(self, name: str, items: Iterable[Any], window: int | None = None) -> Iterator[tuple[Any, Any]]:
+    def map(self, maker: Any, items: Iterable[Any], window: int | None = None) -> Iterator[tuple[Any, Any]]:
+        """Apply the picklable callable ``maker`` to every item (it travels with each chunk)."""
         if self.pool is None:
-            fn = self.makers[name]
             for it in items:
-                yield it, fn(it)
+                yield it, maker(it)
             return
         window = window or self.n * 4  # chunks in flight
         q: deque = deque()
@@ -66,12 +52,12 @@ class Workers:
         for it in items:
             chunk.append(it)
             if len(chunk) >= self.chunk:
-                q.append((chunk, self.pool.submit(_run_many, name, chunk)))
+                q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
                 chunk = []
                 if len(q) >= window:
                     yield from drain_one()
         if chunk:
-            q.append((chunk, self.pool.submit(_run_many, name, chunk)))
+            q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
         while q:
             yield from drain_one()
 
