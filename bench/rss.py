@@ -114,6 +114,8 @@ def _bench(args, work: Path) -> int:
     info = machine_info()
     print(f"# machine: nproc={info['nproc']} cpu={info['cpu']!r} ram={info['ram_gib']} GiB "
           f"python={info['python']} date={info['date']}")
+    print(f"# shardsmith under test: {info['shardsmith']['path']} ({info['shardsmith']['files']} .py files, "
+          f"sha256 {info['shardsmith']['sha256']})")
     sizes = [int(s) for s in args.sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     # one set of the largest size; the smaller sets are hard-linked prefixes of it
