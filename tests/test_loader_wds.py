@@ -387,3 +387,190 @@ def test_safetensors_member_when_installed(tmp_path):
                                           batch_size=3, files_map={"neg": "neg.safetensors"})))
     assert b["real"]["lat"].shape == (3, 2, 3) and b["real"]["mask"].dtype == torch.int64
     assert torch.equal(b["neg"], torch.full((3, 5), 2.0))
+
+
+# ----------------------------------------------------------------------------- fast tar header reader
+
+def _tarfile_listing(path):
+    with tarfile.open(path, "r:") as tf:
+        return [(i.name, i.offset_data, i.size) for i in tf if i.isfile()]
+
+
+def _tarfile_samples(path):
+    from shardsmith.loaders.wds import iter_tar_samples
+
+    with tarfile.open(path, "r:") as tf:
+        return [(k, {s: (i.offset_data, i.size) for s, i in m.items()}) for k, m in iter_tar_samples(tf)]
+
+
+def _odd_members(seed=0):
+    """Names and sizes that exercise the header reader: long and non-ASCII names (pax path /
+    GNU longname / ustar prefix), sizes at block boundaries, empty members."""
+    import random
+
+    rnd = random.Random(seed)
+    out = []
+    for i in range(40):
+        if i % 5 == 4:
+            key = "sub/" + "x" * rnd.choice([5, 95, 140, 300]) + f"_é{i}"
+        else:
+            key = f"k{i:04d}"
+        for suffix in ("jpg", "txt", "latent.pth"):
+            out.append((f"{key}.{suffix}", bytes(rnd.getrandbits(8) for _ in range(rnd.choice([0, 1, 511, 512, 513, 2000])))))
+    return out
+
+
+def _write_format(path, members, fmt):
+    with tarfile.open(path, "w", format=fmt) as tf:
+        d = tarfile.TarInfo("somedir")
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+        ln = tarfile.TarInfo("a_link")
+        ln.type = tarfile.SYMTYPE
+        ln.linkname = "t" * (200 if fmt != tarfile.USTAR_FORMAT else 10)
+        tf.addfile(ln)
+        for name, data in members:
+            if fmt == tarfile.USTAR_FORMAT and len(name.encode()) > 100:
+                name = "p" * 60 + "/" + name.rsplit("/", 1)[-1][-90:]  # fits as ustar prefix + name
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mtime = 1234567890.25 if fmt == tarfile.PAX_FORMAT else 1234567890
+            tf.addfile(ti, io.BytesIO(data))
+
+
+def test_fast_tar_reader_matches_tarfile(tmp_path):
+    import webdataset as wds_mod
+
+    from shardsmith.loaders import wds as W
+    from shardsmith.sinks.tar import DeterministicTar
+
+    members = _odd_members()
+    paths = []
+    with open(tmp_path / "shardsmith.tar", "wb") as f:  # what shardsmith's sink writes (PAX)
+        t = DeterministicTar(f)
+        for name, data in members:
+            t.add(name, data)
+        t.close()
+    paths.append(tmp_path / "shardsmith.tar")
+    for fmt, name in ((tarfile.GNU_FORMAT, "gnu.tar"), (tarfile.PAX_FORMAT, "pax.tar"),
+                      (tarfile.USTAR_FORMAT, "ustar.tar")):
+        _write_format(tmp_path / name, members, fmt)
+        paths.append(tmp_path / name)
+    with wds_mod.TarWriter(str(tmp_path / "webdataset.tar")) as w:  # pax mtime records on every member
+        for i in range(30):
+            w.write({"__key__": f"s{i:04d}", "latent.pth": bytes(range(256)) * (i % 7), "txt": b"hi" * i})
+    paths.append(tmp_path / "webdataset.tar")
+    for p in paths:
+        ref = _tarfile_listing(p)
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            assert W._scan_fast(fd, os.fstat(fd).st_size) == ref, p.name  # no tarfile fallback needed
+        finally:
+            os.close(fd)
+        assert W.tar_members(p) == ref
+        assert W.shard_samples(p) == _tarfile_samples(p), p.name
+        assert W.count_tar_samples(p) == len(_tarfile_samples(p))
+    # the member bytes read at the listed offsets are the members
+    fd = os.open(paths[0], os.O_RDONLY)
+    try:
+        got = [(n, W.read_member(fd, (o, s))) for n, o, s in W.tar_members(paths[0])]
+    finally:
+        os.close(fd)
+    assert got == members
+
+
+def test_fast_tar_reader_broken_shards_behave_like_tarfile(tmp_path):
+    from shardsmith.loaders import wds as W
+    from shardsmith.sinks.tar import DeterministicTar
+
+    with open(tmp_path / "good.tar", "wb") as f:
+        t = DeterministicTar(f)
+        for name, data in _odd_members(1):
+            t.add(name, data)
+        t.close()
+    data = (tmp_path / "good.tar").read_bytes()
+
+    def outcome(fn, p):
+        try:
+            return "ok", fn(p)
+        except Exception as e:  # noqa: BLE001
+            return "error", type(e).__name__
+
+    variants = {f"cut{c}": data[:c] for c in (0, 100, 512, 700, 1536, len(data) // 3, len(data) // 2,
+                                               len(data) - 1024, len(data) - 10)}
+    for pos in (148, 600, 1024 + 130, len(data) // 2):  # garbled checksum, header or data bytes
+        g = bytearray(data)
+        g[pos] ^= 0x5A
+        variants[f"garbled{pos}"] = bytes(g)
+    v7 = bytearray(data[:512 * 4])  # no ustar magic: left to tarfile
+    v7[257:265] = bytes(8)
+    variants["v7"] = bytes(v7)
+    for name, blob in variants.items():
+        p = tmp_path / f"{name}.tar"
+        p.write_bytes(blob)
+        assert outcome(W.tar_members, p) == outcome(_tarfile_listing, p), name
+
+
+def test_training_decodes_only_what_it_delivers(photos_wds, global_order, monkeypatch):
+    """Training buffers raw bytes: nothing is decoded before a sample leaves the shuffle buffer,
+    so the first batch costs ~batch_size decodes, not a whole buffer's worth."""
+    calls = []
+    real = dec.decode_member
+
+    def counting(suffix, data, **kw):
+        calls.append(suffix)
+        return real(suffix, data, **kw)
+
+    monkeypatch.setattr(dec, "decode_member", counting)
+    c = cfg(photos_wds, deterministic=False, batch_size=4, shuffle_size=1000, seed=3,
+            key_map={"label": "cls", "caption": "txt"})
+    loader = WdsLoader(c)
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    assert len(calls) == 3 * 4 * 2  # 12 samples x 2 members, none decoded in advance
+    assert all(len(b["__key__"]) == 4 for b in first)
+    assert set(k for b in first for k in b["__key__"]) <= set(global_order)
+    # reproducible, and the order differs from the file order
+    again = iter(WdsLoader(c))
+    assert [next(again)["__key__"] for _ in range(3)] == [b["__key__"] for b in first]
+    assert [k for b in first for k in b["__key__"]] != global_order[:12]
+
+
+def test_training_counts_drops_when_samples_leave_the_buffer(tmp_path):
+    samples = [(f"s{i:02d}", {"json": json.dumps({"score": i % 4}).encode(), "txt": b"t" if i % 5 else b""})
+               for i in range(20)]
+    folder = write_tar_folder(tmp_path / "tf", [samples[:10], samples[10:]])
+    loader = WdsLoader(WdsLoaderConfig(
+        shards=folder, key_map={"caption": "txt"}, deterministic=False, batch_size=2, shuffle_size=30,
+        filters={"score": {"threshold": 2}, "empty_keys": {"keys": ["caption"]}}))
+    n = 0
+    for b in loader:
+        for k in b["__key__"]:
+            i = int(k[1:])
+            assert i % 4 >= 2 and i % 5
+        n += 1
+        if n == 40:
+            break
+    st = loader.stats
+    assert set(st["dropped"]) <= {"filter:score", "filter:empty_keys"} and st["dropped"]
+    # read counts samples taken from the shards: delivered + dropped + still in the buffers
+    assert st["read"] >= st["samples"] + sum(st["dropped"].values())
+    # a key_map no sample satisfies raises instead of spinning forever
+    bad = WdsLoader(loader.config.model_copy(update={"key_map": {"x": "npy"}, "filters": {}}))
+    with pytest.raises(RuntimeError, match="none passed"):
+        next(iter(bad))
+
+
+def test_stats_records_are_not_sent_before_every_batch(photos_wds):
+    from shardsmith.loaders import wds as W
+
+    loader = WdsLoader(cfg(photos_wds, batch_size=1, key_map={"label": "cls"}))
+    items = list(loader.dataset)  # num_workers=0: the dataset's own stream
+    stats = [it["__stats__"] for it in items if "__stats__" in it]
+    batches = [it for it in items if "__stats__" not in it]
+    assert len(batches) == 23
+    assert 1 <= len(stats) <= 1 + 23 // W.STATS_EVERY_BATCHES + 1  # (a slow machine may add a timed one)
+    assert sum(s["read"] for s in stats) == 23
+    assert "__stats__" in items[-1]  # the pass ends with the remaining counters
+    list(loader)
+    assert loader.stats["read"] == loader.stats["samples"] == 23 and loader.stats["batches"] == 23

@@ -1,5 +1,7 @@
-"""WebDataset loader (FastGen flavour): ``NNNNN.tar`` shards in one folder, read with
-``tarfile`` inside a torch ``IterableDataset`` and batched per worker.
+"""WebDataset loader (FastGen flavour): ``NNNNN.tar`` shards in one folder, read inside a
+torch ``IterableDataset`` and batched per worker. Shards are listed from their tar headers
+by a small ustar/pax header reader (:func:`tar_members`; ``tarfile`` for anything unusual)
+and only the members a worker uses are read, with ``os.pread``.
 
 Two modes
 ---------
@@ -21,19 +23,23 @@ sample exactly once across ``world_size × num_workers`` rank-workers.
   ``skip_n`` = the number of (non-ignored) samples of that shard to pass over before the
   slot's first one; after it the slot takes every ``S``-th sample of the shard. Shards that
   end before ``start_index`` are never opened, and a skipped sample's bytes are never read
-  (``tarfile`` seeks over them).
+  (only the headers are).
 * Every worker checks that the shard really holds the number of samples the plan assumed
   (count file minus ignored keys) and raises if not, so a stale count file cannot silently
   duplicate or lose samples.
 
 **Training** (``deterministic=False``): every rank-worker draws shards uniformly with
 replacement from its own RNG (seeded by ``seed``, rank and worker id), pushes samples into a
-shuffle buffer of ``shuffle_size`` and yields forever. ``start_index`` is not used.
+shuffle buffer of ``shuffle_size`` and yields forever. ``start_index`` is not used. The buffer
+holds the samples' raw member bytes; a sample is decoded (and filtered) when it leaves the
+buffer, and samples start leaving once ``SHUFFLE_INITIAL`` (100) are buffered, as in
+webdataset's ``shuffle(size, initial=100)``.
 
 Accounting
 ----------
 Dropped samples (filter, missing member, decode error) are never silent: workers send
-counters to the main process together with the batches and :attr:`WdsLoader.stats` holds,
+counters to the main process between the batches (every ``STATS_EVERY_BATCHES`` batches and
+at the end of their pass) and :attr:`WdsLoader.stats` holds,
 for the latest pass, ``samples`` and ``batches`` yielded, ``read`` (samples taken from the
 shards), ``dropped`` ``{reason: n}`` with ``examples``, ``constant_fallback`` and
 ``shards_opened`` ``{"r<rank>w<worker>": [shard, ...]}``. For a finished deterministic
@@ -52,8 +58,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tarfile
+import time
+import zlib
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -89,6 +98,9 @@ PRESETS: dict[str, str] = {
 
 FILTERS = ("score", "empty_keys")
 MAX_EXAMPLES = 5
+SHUFFLE_INITIAL = 100  # training: samples buffered before the first one leaves (webdataset's default)
+STATS_EVERY_BATCHES = 16  # a worker sends its counters every this many batches ...
+STATS_EVERY_S = 2.0  # ... or after this many seconds, and at the end of its pass
 
 Slot = tuple[int, int]
 
@@ -195,7 +207,10 @@ def list_shards(folder) -> list[str]:
 
 
 def iter_tar_samples(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
-    """Group consecutive members with the same key into samples; data is NOT read."""
+    """Group consecutive members with the same key into samples; data is NOT read.
+
+    The ``tarfile`` reference implementation; the loader uses the faster
+    :func:`shard_samples`, which gives the same grouping."""
     key, members = None, {}
     for info in tf:
         if not info.isfile():
@@ -213,10 +228,235 @@ def iter_tar_samples(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfi
         yield key, members
 
 
+# ---------------------------------------------------------------------------- fast tar headers
+#
+# ``tarfile`` costs ~50 us of pure Python per member (TarInfo objects, pax dicts, checks for
+# every field). Grouping members into samples needs only each member's name, data offset and
+# size, so the reader below parses just those from the 512-byte headers (ustar, GNU longname
+# ``L``, pax ``x`` path/size records), verifies each header's checksum, and skips data
+# without reading it (``os.pread`` of the header blocks only). Anything it does not know
+# (v7 headers without the ustar magic, base-256 sizes, pax global headers, sparse files,
+# chained extension headers, a truncated or garbled archive, ...) makes it give up, and the
+# shard is listed with ``tarfile`` instead, so the result (and the error raised for a broken
+# shard) is always what ``tarfile`` gives.
+
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
+_CHK_SPACES = b" " * 8
+_FILE_TYPES = (b"0", b"\0", b"7")
+_NODATA_TYPES = (b"1", b"2", b"5")  # hard link, symlink, directory: no data blocks follow
+_WINDOW = 8192
+
+
+class _Unusual(Exception):
+    """The fast header reader met something it does not handle: use ``tarfile``."""
+
+
+def _nts(b: bytes) -> str:
+    i = b.find(0)
+    if i >= 0:
+        b = b[:i]
+    return b.decode("utf-8", "surrogateescape")
+
+
+def _octal(b: bytes) -> int:
+    if b[0] & 0x80:
+        raise _Unusual("base-256 number")
+    i = b.find(0)
+    if i >= 0:
+        b = b[:i]
+    b = b.strip()
+    try:
+        return int(b, 8) if b else 0
+    except ValueError:
+        raise _Unusual("bad octal field") from None
+
+
+def _pax_records(buf: bytes) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    pos, n = 0, len(buf)
+    while pos < n and buf[pos] != 0:
+        sp = buf.find(b" ", pos, pos + 24)
+        if sp < 0:
+            raise _Unusual("bad pax record")
+        try:
+            length = int(buf[pos:sp])
+        except ValueError:
+            raise _Unusual("bad pax record") from None
+        end = pos + length
+        if length <= 0 or end > n or buf[end - 1] != 0x0A:
+            raise _Unusual("bad pax record")
+        k, eq, v = buf[sp + 1:end - 1].partition(b"=")
+        if not eq:
+            raise _Unusual("bad pax record")
+        out[k.decode("ascii", "replace")] = v
+        pos = end
+    return out
+
+
+def _scan_fast(fd: int, file_size: int) -> list[tuple[str, int, int]]:
+    """``[(name, data_offset, size)]`` of the regular-file members, from the headers only."""
+    pread = os.pread
+    out: list[tuple[str, int, int]] = []
+    win, w0 = b"", 0  # a window of the file, to read small consecutive headers in one call
+    off = 0
+    long_name: Optional[str] = None
+    pax: Optional[dict[str, bytes]] = None
+    long_link = False  # a GNU longlink 'K' header (a link target name) is pending
+    while True:
+        if off >= file_size:
+            if off == 0 or long_name is not None or pax is not None or long_link:
+                raise _Unusual("empty or truncated archive")
+            return out  # tarfile, too, ends quietly at EOF on a block boundary
+        if not (w0 <= off and off + _BLOCK <= w0 + len(win)):
+            w0, win = off, pread(fd, _WINDOW, off)
+            if len(win) < _BLOCK:
+                raise _Unusual("truncated header")
+        i = off - w0
+        hdr = win[i:i + _BLOCK]
+        if hdr == _ZERO_BLOCK:
+            if long_name is not None or pax is not None or long_link:
+                raise _Unusual("extension header without a member")
+            return out
+        # checksum: unsigned sum of the header with the checksum field as spaces. adler32's
+        # low half is 1 + that sum mod 65521, so compare modulo 65521
+        try:  # the usual "0012345\0 " form, without the helper's overhead
+            c = hdr[148:156]
+            chk = int(c[:c.find(0)] if 0 in c else c, 8)
+        except ValueError:
+            chk = _octal(hdr[148:156])
+        if (zlib.adler32(hdr[:148] + _CHK_SPACES + hdr[156:]) & 0xFFFF) != (1 + chk) % 65521:
+            raise _Unusual("checksum mismatch")
+        magic = hdr[257:263]
+        if magic != b"ustar\0" and magic != b"ustar ":
+            raise _Unusual("not a ustar header")
+        typ = hdr[156:157]
+        try:
+            c = hdr[124:136]
+            size = int(c[:c.find(0)] if 0 in c else c, 8)
+        except ValueError:
+            size = _octal(hdr[124:136])
+        data = off + _BLOCK
+        nxt = data + ((size + _BLOCK - 1) // _BLOCK) * _BLOCK
+        if typ in _FILE_TYPES:
+            if pax is not None:
+                if "size" in pax:
+                    try:
+                        size = int(pax["size"])
+                    except ValueError:
+                        raise _Unusual("bad pax size") from None
+                    nxt = data + ((size + _BLOCK - 1) // _BLOCK) * _BLOCK
+                if "path" in pax:
+                    try:
+                        name = pax["path"].decode("utf-8").rstrip("/")
+                    except UnicodeDecodeError:
+                        raise _Unusual("pax path not utf-8") from None
+                    if long_name is not None:
+                        raise _Unusual("both a GNU longname and a pax path")
+                    long_name = name
+            if long_name is not None:
+                name = long_name
+            else:
+                name = _nts(hdr[0:100])
+                prefix = hdr[345:500]
+                if prefix[0]:
+                    name = _nts(prefix) + "/" + name
+            if typ == b"\0" and _nts(hdr[0:100]).endswith("/"):
+                nxt = data  # tarfile reads this as a directory: no data blocks
+            else:
+                if nxt > file_size:
+                    raise _Unusual("truncated member data")
+                out.append((name, data, size))
+            long_name, pax, long_link = None, None, False
+        elif typ in _NODATA_TYPES:
+            if pax is not None and "size" in pax:
+                raise _Unusual("pax size on a member without data")
+            long_name, pax, long_link = None, None, False
+            nxt = data
+        elif typ == b"K":
+            if long_link or nxt > file_size:
+                raise _Unusual("chained or truncated longlink header")
+            long_link = True
+        elif typ == b"L" or typ == b"x":
+            if long_name is not None or pax is not None:
+                raise _Unusual("chained extension headers")
+            if nxt > file_size:
+                raise _Unusual("truncated extension header")
+            buf = win[i + _BLOCK:i + _BLOCK + size] if data + size <= w0 + len(win) else pread(fd, size, data)
+            if len(buf) != size:
+                raise _Unusual("truncated extension header")
+            if typ == b"L":
+                long_name = _nts(buf)
+            else:
+                pax = _pax_records(buf)
+                if any(k.startswith("GNU.sparse") or k == "hdrcharset" for k in pax):
+                    raise _Unusual("sparse member or pax hdrcharset")
+        else:
+            raise _Unusual(f"member type {typ!r}")
+        off = nxt
+
+
+def _scan_tarfile(path) -> list[tuple[str, int, int]]:
+    with tarfile.open(path, "r:") as tf:
+        return [(info.name, info.offset_data, info.size) for info in tf if info.isfile()]
+
+
+def tar_members(path, fd: Optional[int] = None) -> list[tuple[str, int, int]]:
+    """``[(name, data_offset, size)]`` of the regular-file members of a tar, in order, read
+    from the headers only (data is skipped). Same result as listing the ``isfile()`` members
+    with ``tarfile``; a shard the fast reader does not understand is listed with ``tarfile``
+    (which also raises the usual ``tarfile.ReadError`` for a broken one)."""
+    own = fd is None
+    if own:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            return _scan_fast(fd, os.fstat(fd).st_size)
+        except _Unusual as e:
+            log.debug("%s: %s; listing it with tarfile", path, e)
+    finally:
+        if own:
+            os.close(fd)
+    return _scan_tarfile(path)
+
+
+MemberRef = tuple[int, int]  # (data offset, size)
+
+
+def group_samples(members: list[tuple[str, int, int]]) -> list[tuple[str, dict[str, MemberRef]]]:
+    """Consecutive members with the same key -> ``[(key, {suffix: (offset, size)})]``, with the
+    rules of :func:`iter_tar_samples` (members without a suffix are skipped)."""
+    split = formats.split_member
+    out: list[tuple[str, dict[str, MemberRef]]] = []
+    key, cur = None, None
+    for name, off, size in members:
+        parts = split(name)
+        if parts is None:
+            continue
+        k, suffix = parts
+        if k != key:
+            key, cur = k, {}
+            out.append((k, cur))
+        cur[suffix] = (off, size)
+    return out
+
+
+def shard_samples(path, fd: Optional[int] = None) -> list[tuple[str, dict[str, MemberRef]]]:
+    """The samples of one shard, ``[(key, {suffix: (data offset, size)})]``, headers only."""
+    return group_samples(tar_members(path, fd))
+
+
+def read_member(fd: int, ref: MemberRef, where: str = "") -> bytes:
+    off, size = ref
+    data = os.pread(fd, size, off) if size else b""
+    if len(data) != size:
+        raise tarfile.ReadError(f"unexpected end of data{' in ' + where if where else ''}")
+    return data
+
+
 def count_tar_samples(path) -> int:
     """Number of samples in one shard, from the tar headers only."""
-    with tarfile.open(path, "r:") as tf:
-        return sum(1 for _ in iter_tar_samples(tf))
+    return len(shard_samples(path))
 
 
 def read_shard_counts(folder, shards: list[str]) -> dict[str, int]:
@@ -384,7 +624,8 @@ def _new_delta() -> dict:
 
 class WdsDataset(torch.utils.data.IterableDataset):
     """Yields collated batches (and ``{"__stats__": delta}`` records that :class:`WdsLoader`
-    consumes). Use :class:`WdsLoader` unless you bring your own DataLoader (then pass
+    consumes: one every ``STATS_EVERY_BATCHES`` batches or ``STATS_EVERY_S`` seconds, and one at
+    the end of a pass). Use :class:`WdsLoader` unless you bring your own DataLoader (then pass
     ``batch_size=None`` and handle the ``__stats__`` records)."""
 
     def __init__(self, config: WdsLoaderConfig, shards: list[str], constants: dict[str, Any],
@@ -403,42 +644,48 @@ class WdsDataset(torch.utils.data.IterableDataset):
             self.plan = plan_slots(shard_counts, ignore, config.world_size, config.num_workers, config.start_index)
             self.effective = {s: n for s, n, _ in _table(shard_counts, ignore)}
         self._keys = list(config.key_map)
+        need = list(config.key_map.values()) + (["json"] if "score" in config.filters else [])
+        self._need = tuple(dict.fromkeys(need))
 
     # ---------------------------------------------------------------- one sample
-    def _filter(self, members: dict[str, tarfile.TarInfo], tf: tarfile.TarFile) -> None:
+    def _read_members(self, fd: int, shard: str, key: str, members: dict[str, MemberRef]) -> dict[str, bytes]:
+        """The bytes of the members this loader uses (key_map suffixes, ``json`` for the score
+        filter); other members are never read."""
+        return {s: read_member(fd, members[s], f"{shard}/{key}.{s}") for s in self._need if s in members}
+
+    def _filter(self, members: dict[str, MemberRef], data: dict[str, bytes]) -> None:
         f = self.cfg.filters
         if "empty_keys" in f:
             for k in (f["empty_keys"] or {}).get("keys", []):
                 suffix = self.cfg.key_map.get(k, k)
-                info = members.get(suffix)
-                if info is not None and info.size == 0:
+                ref = members.get(suffix)
+                if ref is not None and ref[1] == 0:
                     raise _Drop("filter:empty_keys", f"member '.{suffix}' is empty")
         if "score" in f:
             kw = f["score"] or {}
             threshold, score_key = float(kw.get("threshold", 5.0)), kw.get("score_key", "score")
-            info = members.get("json")
-            if info is not None:
+            raw = data.get("json")
+            if raw is not None:
                 try:
-                    meta = json.loads(tf.extractfile(info).read().decode("utf-8"))
+                    meta = json.loads(raw.decode("utf-8"))
                 except Exception as e:  # noqa: BLE001
                     raise _Drop("filter:score", f"unreadable json member: {e}") from e
                 if isinstance(meta, dict) and score_key in meta and float(meta[score_key]) < threshold:
                     raise _Drop("filter:score", f"{score_key}={meta[score_key]} < {threshold}")
 
-    def _decode(self, shard: str, key: str, members, tf) -> dict:
-        self._filter(members, tf)
+    def _decode(self, shard: str, key: str, members: dict[str, MemberRef], data: dict[str, bytes]) -> dict:
+        self._filter(members, data)
         sample: dict[str, Any] = {"__key__": key, "__shard__": shard}
         for bkey, suffix in self.cfg.key_map.items():
-            info = members.get(suffix)
-            if info is None:
+            raw = data.get(suffix)
+            if raw is None:
                 if bkey in self.constants:
                     sample[bkey] = self.constants[bkey]
                     self._delta["constant_fallback"] += 1
                     continue
                 raise _Drop(f"missing:{suffix}", f"no '.{suffix}' member")
-            data = tf.extractfile(info).read()
             try:
-                sample[bkey] = dec.decode_member(suffix, data, image_size=self.cfg.image_size)
+                sample[bkey] = dec.decode_member(suffix, raw, image_size=self.cfg.image_size)
             except dec.MemberDecodeError as e:
                 if self.cfg.strict:
                     raise dec.MemberDecodeError(f"{shard}/{key}.{suffix}: {e}") from e
@@ -460,9 +707,16 @@ class WdsDataset(torch.utils.data.IterableDataset):
         d = self._delta
         return bool(d["read"] or d["dropped"] or d["constant_fallback"] or d["shards_opened"])
 
-    def _open(self, shard: str, slot_name: str) -> tarfile.TarFile:
+    def _open(self, shard: str, slot_name: str) -> tuple[int, list[tuple[str, dict[str, MemberRef]]]]:
+        """Open a shard: ``(fd, samples)``, samples from its headers only. Close ``fd``."""
         self._delta["shards_opened"].setdefault(slot_name, []).append(shard)
-        return tarfile.open(self.folder / shard, "r:")
+        path = self.folder / shard
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return fd, shard_samples(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     # ---------------------------------------------------------------- iteration
     def __iter__(self):
@@ -478,16 +732,20 @@ class WdsDataset(torch.utils.data.IterableDataset):
             self._iter_training(worker, slot_name)
         bs = self.cfg.batch_size
         buf: list[dict] = []
+        # counters go out as separate records, but only every STATS_EVERY_BATCHES batches (or
+        # STATS_EVERY_S seconds) and at the end, not before every batch
+        since, last = 0, time.monotonic()
         for sample in gen:
             buf.append(sample)
             if len(buf) == bs:
-                if self._has_delta():
-                    yield {"__stats__": self._take_delta()}
+                since += 1
+                if since >= STATS_EVERY_BATCHES or time.monotonic() - last >= STATS_EVERY_S:
+                    if self._has_delta():
+                        yield {"__stats__": self._take_delta()}
+                    since, last = 0, time.monotonic()
                 yield collate_samples(buf, self._keys, self.constants)
                 buf = []
         if buf and self.cfg.partial:
-            if self._has_delta():
-                yield {"__stats__": self._take_delta()}
             yield collate_samples(buf, self._keys, self.constants)
             buf = []
         elif buf:
@@ -500,60 +758,93 @@ class WdsDataset(torch.utils.data.IterableDataset):
         n_slots = self.cfg.world_size * max(self.cfg.num_workers, 1)
         for shard, skip in self.plan[(self.cfg.rank, worker)]:
             ignored = self.ignore.get(shard, frozenset())
-            i = 0  # index among non-ignored samples of this shard
-            with self._open(shard, slot_name) as tf:
-                for key, members in iter_tar_samples(tf):
-                    if key in ignored:
-                        continue
-                    mine = i >= skip and (i - skip) % n_slots == 0
-                    i += 1
-                    if not mine:
-                        continue
+            fd, samples = self._open(shard, slot_name)
+            try:
+                if ignored:
+                    samples = [s for s in samples if s[0] not in ignored]
+                if len(samples) != self.effective[shard]:
+                    raise RuntimeError(
+                        f"{shard}: {SHARD_COUNT_FILE} minus {IGNORE_INDEX_FILE} says {self.effective[shard]} "
+                        f"samples but the shard holds {len(samples)}; the index files are stale or list keys "
+                        f"that are not in the shard (rebuild them with `shardsmith repair`) - refusing to load "
+                        f"a wrong split")
+                for key, members in samples[skip::n_slots]:
                     self._delta["read"] += 1
                     try:
-                        yield self._decode(shard, key, members, tf)
+                        yield self._decode(shard, key, members, self._read_members(fd, shard, key, members))
                     except _Drop as d:
                         self._count_drop(shard, key, d)
-            if i != self.effective[shard]:
-                raise RuntimeError(
-                    f"{shard}: {SHARD_COUNT_FILE} minus {IGNORE_INDEX_FILE} says {self.effective[shard]} "
-                    f"samples but the shard holds {i}; the index files are stale or list keys that are not "
-                    f"in the shard (rebuild them with `shardsmith repair`) - refusing to load a wrong split")
+            finally:
+                os.close(fd)
 
-    def _iter_training(self, worker: int, slot_name: str):
-        rng = np.random.default_rng([self.cfg.seed, self.cfg.rank, worker])
-        size = self.cfg.shuffle_size
-        buf: list[dict] = []
-        accepted, empty_streak = 0, 0
+    def _iter_raw(self, rng: np.random.Generator, worker: int, slot_name: str, state: dict):
+        """Training: ``(shard, key, members, data)`` of undecoded samples from shards drawn with
+        replacement, forever. ``data`` holds only the members the loader uses."""
+        empty_streak = 0
         while True:
             shard = self.shards[int(rng.integers(len(self.shards)))]
             ignored = self.ignore.get(shard, frozenset())
             got = 0
-            with self._open(shard, slot_name) as tf:
-                for key, members in iter_tar_samples(tf):
+            fd, samples = self._open(shard, slot_name)
+            try:
+                for key, members in samples:
                     if key in ignored:
                         continue
                     self._delta["read"] += 1
-                    try:
-                        sample = self._decode(shard, key, members, tf)
-                    except _Drop as d:
-                        self._count_drop(shard, key, d)
-                        continue
                     got += 1
-                    if size <= 1:
-                        yield sample
-                        continue
-                    buf.append(sample)
-                    if len(buf) >= size:
-                        j = int(rng.integers(len(buf)))
-                        buf[j], buf[-1] = buf[-1], buf[j]
-                        yield buf.pop()
-            accepted += got
+                    yield shard, key, members, self._read_members(fd, shard, key, members)
+            finally:
+                os.close(fd)
             empty_streak = 0 if got else empty_streak + 1
-            if accepted == 0 and empty_streak > max(20, 3 * len(self.shards)):
+            if state["accepted"] == 0 and empty_streak > max(20, 3 * len(self.shards)):
                 raise RuntimeError(
-                    f"training loader r{self.cfg.rank}w{worker}: {empty_streak} shard draws and no sample "
-                    f"passed (dropped: {self._delta['dropped']}); check key_map and filters")
+                    f"training loader r{self.cfg.rank}w{worker}: {empty_streak} shard draws gave no sample "
+                    f"(dropped: {self._delta['dropped']}); check the shards and {IGNORE_INDEX_FILE}")
+
+    def _iter_training(self, worker: int, slot_name: str):
+        """Shuffle buffer of RAW samples (webdataset's ``shuffle(size, initial=...)``): samples
+        are decoded (and filtered, and drops counted) when they leave the buffer, and the first
+        ones leave once ``SHUFFLE_INITIAL`` are buffered; until the buffer is full, two samples
+        are read for each one that leaves."""
+        rng = np.random.default_rng([self.cfg.seed, self.cfg.rank, worker])
+        size = self.cfg.shuffle_size
+        state = {"accepted": 0, "failed": 0}
+        give_up = max(1000, 20, 3 * len(self.shards))
+
+        def decode(item) -> Optional[dict]:
+            shard, key, members, data = item
+            try:
+                sample = self._decode(shard, key, members, data)
+            except _Drop as d:
+                self._count_drop(shard, key, d)
+                state["failed"] += 1
+                if state["accepted"] == 0 and state["failed"] >= give_up:
+                    raise RuntimeError(
+                        f"training loader r{self.cfg.rank}w{worker}: {state['failed']} samples read and none "
+                        f"passed (dropped: {self._delta['dropped']}); check key_map and filters") from None
+                return None
+            state["accepted"] += 1
+            return sample
+
+        raw = self._iter_raw(rng, worker, slot_name, state)
+        if size <= 1:
+            for item in raw:
+                sample = decode(item)
+                if sample is not None:
+                    yield sample
+            return
+        initial = min(SHUFFLE_INITIAL, size)
+        buf: list = []
+        for item in raw:
+            buf.append(item)
+            if len(buf) < size:
+                buf.append(next(raw))
+            if len(buf) >= initial:
+                j = int(rng.integers(len(buf)))
+                buf[j], buf[-1] = buf[-1], buf[j]
+                sample = decode(buf.pop())
+                if sample is not None:
+                    yield sample
 
 
 # ============================================================================ loader

@@ -21,20 +21,47 @@ import numpy as np
 MAX_EXAMPLES = 3
 
 
-def _as_numpy(v: Any) -> np.ndarray | None:
-    try:
-        import torch
+try:
+    import torch
+except ImportError:  # pragma: no cover - torch is a dependency
+    torch = None
 
-        if isinstance(v, torch.Tensor):
-            t = v.detach()
-            if t.dtype == torch.bfloat16:
-                t = t.float()
-            return t.cpu().numpy()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, np.ndarray) or (torch is not None and isinstance(v, torch.Tensor))
+
+
+def _as_numpy(v: Any) -> np.ndarray | None:
+    """A numpy view of ``v`` (bf16 as float32), or None when it is not an array (kept for callers;
+    the recorder itself works on tensors directly)."""
+    if torch is not None and isinstance(v, torch.Tensor):
+        t = v.detach()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.cpu().numpy()
     if isinstance(v, np.ndarray):
         return v
     return None
+
+
+def _tensor_stats(t) -> tuple[int, int, float | None, float | None, float, int]:
+    """``(nan, inf, min, max, sum, n_finite)`` of a real tensor, computed by torch on the
+    tensor itself (no float32/float64/numpy copy of the whole batch)."""
+    t = t.detach()
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    if t.is_floating_point():
+        nan = int(torch.isnan(t).sum())
+        inf = int(torch.isinf(t).sum())
+        if nan or inf:
+            t = t[torch.isfinite(t)]
+    else:
+        nan = inf = 0
+    n = t.numel()
+    if not n:
+        return nan, inf, None, None, 0.0, 0
+    lo, hi = torch.aminmax(t)
+    return nan, inf, float(lo), float(hi), float(t.sum(dtype=torch.float64)), n
 
 
 def _dtype_name(v: Any) -> str:
@@ -64,25 +91,45 @@ class KeyStats:
         """Fold one batch value: a stacked tensor ``[B, ...]``, a list (one entry per sample) or a scalar."""
         if isinstance(value, (list, tuple)):
             for v in value:
-                if _as_numpy(v) is not None:
-                    self._add_array(v, _as_numpy(v), batched=False)
+                if _is_array(v):
+                    self._add_array(v, batched=False)
                 else:
                     self.add_one(v)
             return
-        arr = _as_numpy(value)
-        if arr is not None:
-            self._add_array(value, arr, batched=arr.ndim >= 1 and arr.shape[0] == batch_size)
+        if _is_array(value):
+            self._add_array(value, batched=value.ndim >= 1 and value.shape[0] == batch_size)
             return
         self.add_one(value)
 
-    def _add_array(self, value: Any, arr: np.ndarray, batched: bool) -> None:
+    def _add_array(self, value: Any, batched: bool) -> None:
         self.type = "tensor"
         self.dtype = _dtype_name(value)
-        shape = list(arr.shape[1:]) if batched else list(arr.shape)
+        shape = list(value.shape[1:]) if batched else list(value.shape)
         key = "x".join(map(str, shape)) or "scalar"
-        n = arr.shape[0] if batched else 1
+        n = value.shape[0] if batched else 1
         self.shapes[key] = self.shapes.get(key, 0) + n
         self.samples += n
+        if isinstance(value, np.ndarray):
+            self._add_numpy(value)
+        elif value.numel() and not value.is_complex():
+            try:
+                nan, inf, lo, hi, total, count = _tensor_stats(value)
+            except (RuntimeError, TypeError, NotImplementedError):  # a dtype/layout torch cannot reduce
+                arr = _as_numpy(value)
+                if arr is not None:
+                    self._add_numpy(arr)
+                return
+            self.nan += nan
+            self.inf += inf
+            if count:
+                self.min, self.max = min(self.min, lo), max(self.max, hi)
+                self.sum += total
+                self.count += count
+            if value.ndim <= 1:
+                for x in value.detach().reshape(-1)[:MAX_EXAMPLES].tolist():
+                    self._example(x)
+
+    def _add_numpy(self, arr: np.ndarray) -> None:
         if arr.size and arr.dtype.kind in "fiub":
             a = arr.astype(np.float64, copy=False)
             finite = np.isfinite(a)
@@ -165,9 +212,8 @@ class ContractRecorder:
             if k in batch:
                 return len(batch[k])
         for v in batch.values():
-            arr = _as_numpy(v)
-            if arr is not None and arr.ndim:
-                return int(arr.shape[0])
+            if _is_array(v) and v.ndim:
+                return int(v.shape[0])
             if isinstance(v, (list, tuple)):
                 return len(v)
         return 1

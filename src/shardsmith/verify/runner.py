@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import tarfile
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -39,16 +38,13 @@ def dataset_kind(path: Path) -> str:
 
 def infer_key_map(folder: Path) -> dict[str, str]:
     """Batch keys = the member suffixes of the first shard's samples (``latent.pth`` -> ``latent``)."""
-    from shardsmith.loaders.wds import iter_tar_samples, list_shards
+    from shardsmith.loaders.wds import list_shards, shard_samples
 
     counts: Counter = Counter()
     n = 0
-    with tarfile.open(folder / list_shards(folder)[0], "r:") as tf:
-        for _, members in iter_tar_samples(tf):
-            counts.update(members.keys())
-            n += 1
-            if n >= 64:
-                break
+    for _, members in shard_samples(folder / list_shards(folder)[0])[:64]:
+        counts.update(members.keys())
+        n += 1
     return {s.split(".")[0]: s for s, c in counts.items() if c == n}
 
 
@@ -96,36 +92,57 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
 
 
-def _run_ranks(spec: dict[str, Any], world: int, timeout: float) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, spec, queue), daemon=False) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = []
-    try:
-        for _ in procs:
-            results.append(queue.get(timeout=timeout))
-    finally:
-        for p in procs:
-            p.join(timeout=10)
+class _Ranks:
+    """``world`` spawned rank processes: started by the constructor (they import torch and
+    build their loaders while the parent computes the expected sample list), collected by
+    :meth:`collect`, killed by :meth:`stop` if never collected."""
+
+    def __init__(self, spec: dict[str, Any], world: int):
+        ctx = mp.get_context("spawn")
+        self.queue = ctx.Queue()
+        self.procs = [ctx.Process(target=_rank_main, args=(r, spec, self.queue), daemon=False)
+                      for r in range(world)]
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException:
+            self.stop(grace=0)
+            raise
+
+    def collect(self, timeout: float) -> list[dict[str, Any]]:
+        results = []
+        try:
+            for _ in self.procs:
+                results.append(self.queue.get(timeout=timeout))
+        finally:
+            self.stop()
+        return sorted(results, key=lambda r: r["rank"])
+
+    def stop(self, grace: float = 10) -> None:
+        for p in self.procs:
+            if p.pid is None:
+                continue
+            p.join(timeout=grace)
             if p.is_alive():
                 p.kill()
-    return sorted(results, key=lambda r: r["rank"])
+                p.join(timeout=10)
+
+
+def _run_ranks(spec: dict[str, Any], world: int, timeout: float) -> list[dict[str, Any]]:
+    return _Ranks(spec, world).collect(timeout)
 
 
 # ------------------------------------------------------------------------------------ expected
 
 def _expected_wds(folder: Path) -> tuple[list[str], dict[str, int], dict[str, list[str]]]:
     """All sample ids ``shard/key`` a full pass must yield, plus the count and ignore files."""
-    from shardsmith.loaders.wds import iter_tar_samples, list_shards, read_ignore_index
+    from shardsmith.loaders.wds import list_shards, read_ignore_index, shard_samples
 
     ignore = read_ignore_index(folder)
     ids: list[str] = []
     for shard in list_shards(folder):
         skip = set(ignore.get(shard, ()))
-        with tarfile.open(folder / shard, "r:") as tf:
-            ids += [f"{shard}/{k}" for k, _ in iter_tar_samples(tf) if k not in skip]
+        ids += [f"{shard}/{k}" for k, _ in shard_samples(folder / shard) if k not in skip]
     counts_path = folder / formats.SHARD_COUNT_FILE
     counts = json.loads(counts_path.read_text()) if counts_path.exists() else {}
     return ids, counts, ignore
@@ -180,19 +197,28 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
             cfg = cfg.model_copy(update={"image_size": image_size})
         spec_cfg = cfg.model_dump(mode="json", exclude={"rank", "world_size"})
         report["key_map"] = cfg.key_map
-        from shardsmith.loaders.wds import empty_slots, read_shard_counts, list_shards
+        from shardsmith.loaders.wds import empty_slots, list_shards, read_ignore_index, read_shard_counts
 
         shards = list_shards(dataset)
-        expected, count_file, ignore = _expected_wds(dataset)
+        ignore = read_ignore_index(dataset)
         counts = read_shard_counts(dataset, shards)
         empties = empty_slots(counts, {k: v for k, v in ignore.items() if k in shards}, world, workers)
         report["empty_slots"] = [{"rank": r, "worker": w, "reason": why} for r, w, why in empties]
         spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches}
         if any(sum(1 for e in empties if e[0] == r) == max(workers, 1) for r in range(world)):
+            expected, _, _ = _expected_wds(dataset)
             check("rank_splits", False, f"a rank gets no sample at all ({empties[0][2]}); use at most "
                   f"{len(expected)} rank-workers (world x workers) or write smaller shards")
             report.update(checks=checks, ok=False, coverage={}, contract={}, stats={})
             return report
+        # start the ranks first: they spend seconds importing torch and forking workers, while
+        # the expected sample list (every shard's headers) is computed here meanwhile
+        ranks = _Ranks(spec, world)
+        try:
+            expected, count_file, ignore = _expected_wds(dataset)
+        except BaseException:
+            ranks.stop(grace=0)
+            raise
     else:
         from shardsmith.loaders.zip import ZipImageDataset
 
@@ -204,8 +230,9 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                                  for r in range(world) if r >= n]
         spec = {"kind": "zip", "config": cfg.model_dump(mode="json", exclude={"rank", "world_size"}),
                 "world": world, "batches": batches, "zip_len": n}
+        ranks = _Ranks(spec, world)
 
-    results = _run_ranks(spec, world, timeout)
+    results = ranks.collect(timeout)
     errors = [r for r in results if "error" in r]
     if errors:
         check("loader_runs", False, "; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
