@@ -89,7 +89,8 @@ class EncodeStage:
             if x.shape[2] != 1:
                 raise ValueError(f"an image VAE takes 1-frame buckets, got {x.shape[2]} frames")
             x = x[:, :, 0]
-        return x
+        # the permute leaves channels-last strides, which send cuDNN to slower kernels for these VAEs
+        return x.contiguous()
 
     def _encode(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
         try:
