@@ -185,6 +185,17 @@ def _open_video_stream(container, codec: str, fps, size, *, time_base=None):
     return stream
 
 
+def _write_frames(container, stream, pix) -> None:
+    """Encode uint8 RGB frames with pts 0, 1, 2 ... and flush the encoder."""
+    for i, frame in enumerate(pix):
+        f = av.VideoFrame.from_ndarray(frame, format="rgb24")
+        f.pts = i
+        for p in stream.encode(f):
+            container.mux(p)
+    for p in stream.encode(None):
+        container.mux(p)
+
+
 def pan_video(
     path: str | os.PathLike,
     frames: int = 49,
@@ -222,13 +233,7 @@ def pan_video(
             if audio not in ("tone", "speech"):
                 raise ValueError(f"audio must be None, 'tone' or 'speech', not {audio!r}")
             as_ = c.add_stream("aac", rate=audio_rate, layout="stereo")
-        for i in range(frames):
-            f = av.VideoFrame.from_ndarray(pix[i], format="rgb24")
-            f.pts = i
-            for p in vs.encode(f):
-                c.mux(p)
-        for p in vs.encode(None):
-            c.mux(p)
+        _write_frames(c, vs, pix[:frames])
         if as_ is not None:
             dur = frames / fps
             wav = _tone(dur, audio_rate) if audio == "tone" else speech_wave(dur, audio_rate)
@@ -324,11 +329,5 @@ def raw_h264_video(path: str | os.PathLike, frames: int = 20, fps: int = 24, siz
     pix = pan_frames(frames, size, photo)
     with av.open(str(path), "w", format="h264") as c:
         vs = _open_video_stream(c, "libx264", fps, size)
-        for i in range(frames):
-            f = av.VideoFrame.from_ndarray(pix[i], format="rgb24")
-            f.pts = i
-            for p in vs.encode(f):
-                c.mux(p)
-        for p in vs.encode(None):
-            c.mux(p)
+        _write_frames(c, vs, pix[:frames])
     return path
