@@ -234,8 +234,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
         if isinstance(output, (WdsOutput, LatentWdsOutput)):
             sink = WdsSink(output, dest)
         elif isinstance(output, ZipOutput):
-            stage = ctx.root / formats.STATE_DIR / "stage" / output.name / split
-            sink = ZipSink(output, dest, stage, labelled=_labelled(recipe, output, ctx.sources, ledger))
+            staging = ctx.root / formats.STATE_DIR / "stage" / output.name / split
+            sink = ZipSink(output, dest, staging, labelled=_labelled(recipe, output, ctx.sources, ledger))
         else:
             sink = PrecomputedSink(output, dest)
             sink.check_stamp(ctx.stage.stamp(recipe))
