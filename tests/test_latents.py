@@ -233,3 +233,13 @@ def test_decode_writes_pictures_and_round_trip_psnr(ltx_build, tmp_path):
         assert c.streams.video[0].frames == 17 and (c.streams.video[0].width, c.streams.video[0].height) == (96, 64)
     assert all(0 < row["psnr_db"] < 60 for row in rep["rows"])  # compared against the bucketed source pixels
     assert not (out / "decode_report.json").exists()  # the build folder is never written
+
+
+def test_scan_with_latent_outputs_says_what_it_cannot_estimate(clips):
+    from shardsmith.scan import format_scan, scan
+
+    table, rows = clips
+    rep = scan(_recipe(table))
+    assert rep["kinds"]["video"] == 3 and rep["kinds"]["image"] == 2
+    assert "one-sample" in rep["estimate"]["precomputed"]["not_estimated"]
+    assert "not estimated" in format_scan(rep)

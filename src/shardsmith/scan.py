@@ -221,7 +221,7 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
     infos = [info for info, _ in opened]
     names = [s.name for s in recipe.sources]
     outs = [_OutputAcc(o, {names.index(n) for n in o.sources} if o.sources else set(range(len(names))),
-                       size_sample) for o in recipe.outputs]
+                       size_sample) for o in recipe.outputs if isinstance(o, (WdsOutput, ZipOutput))]
 
     sources: dict[str, dict[str, Any]] = {}
     licenses: Counter = Counter()
@@ -406,6 +406,10 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
 
     # ---- output size estimates
     estimate: dict[str, Any] = {}
+    for o in recipe.outputs:
+        if not isinstance(o, (WdsOutput, ZipOutput)):  # latent sizes depend on the model and each item's bucket
+            estimate[o.name] = {"format": o.format, "not_estimated": "latent sizes depend on the model: run "
+                                "`shardsmith build ... --one-sample` and look at that item's files"}
     for acc in outs:
         estimate[acc.output.name] = blk = _estimate(acc, infos, recipe, usable_by_source)
         exact_no_label = False
@@ -648,10 +652,14 @@ def format_scan(report: dict) -> str:
     est = report.get("estimate", {})
     L += ["", "estimated output size"]
     rows = [["output", "format", "samples", "per sample", "total", "sampled"]]
+    notes = []
     for name, e in est.items():
+        if "not_estimated" in e:
+            notes.append(f"  {name} ({e['format']}): not estimated: {e['not_estimated']}")
+            continue
         rows.append([name, e["format"], str(e["samples"]), human_bytes(e["per_sample_bytes"]), e["human"],
                      f"{e['written_in_sample']}/{e['sampled']} written"])
-    L += _table(rows, right={2, 3, 4})
+    L += _table(rows, right={2, 3, 4}) + notes
 
     en = report.get("enough_data", {})
     L += ["", "enough data?",
