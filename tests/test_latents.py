@@ -243,3 +243,20 @@ def test_scan_with_latent_outputs_says_what_it_cannot_estimate(clips):
     assert rep["kinds"]["video"] == 3 and rep["kinds"]["image"] == 2
     assert "one-sample" in rep["estimate"]["precomputed"]["not_estimated"]
     assert "not estimated" in format_scan(rep)
+
+
+def test_verify_reads_a_precomputed_tree_like_the_trainer(ltx_build, tmp_path):
+    import shutil
+
+    out, m, rows = ltx_build
+    r = subprocess.run([PY, "-m", "shardsmith", "verify", str(out / ".precomputed"), "--json"], capture_output=True,
+                       text=True)
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["ok"], rep["checks"]
+    assert rep["kind"] == "precomputed" and rep["coverage"]["seen"] == 4
+    assert rep["contract"]["keys"]["latents.latents"]["dtype"] == "bfloat16"
+    broken = tmp_path / "pre"
+    shutil.copytree(out / ".precomputed", broken)
+    (broken / "conditions" / "media" / "pan_mid.pt").unlink()
+    r = subprocess.run([PY, "-m", "shardsmith", "verify", str(broken)], capture_output=True, text=True)
+    assert r.returncode == 1 and "[FAIL] pairing" in r.stdout and "pan_mid.pt" in r.stdout

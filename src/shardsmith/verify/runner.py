@@ -31,9 +31,11 @@ _IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 def dataset_kind(path: Path) -> str:
     if path.is_file() and path.suffix.lower() == ".zip":
         return "zip"
+    if path.is_dir() and any((path / d).is_dir() for d in ("latents", "conditions", "audio_latents")):
+        return "precomputed"
     if path.is_dir() and any(p.suffix.lower() == ".tar" for p in path.iterdir()):
         return "wds"
-    raise ValueError(f"{path} is neither an EDM .zip nor a folder with .tar shards")
+    raise ValueError(f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
 
 
 def infer_key_map(folder: Path) -> dict[str, str]:
@@ -182,6 +184,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
 
     report: dict[str, Any] = {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers,
                               "batch_size": batch_size, "batches_per_rank": batches}
+    if kind == "precomputed":
+        return _verify_precomputed(dataset, report, check, checks)
     if preset is not None and get_preset(preset).kind != kind:
         raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
     if kind == "wds":
@@ -309,6 +313,54 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                       "size 1, or write one dataset per bucket)")
             if st.get("nan") or st.get("inf"):
                 check(f"finite:{key}", False, f"{key} holds {st['nan']} NaN and {st['inf']} Inf values")
+    report["checks"] = checks
+    report["ok"] = all(ch["ok"] for ch in checks)
+    return report
+
+
+def _verify_precomputed(root: Path, report: dict[str, Any], check, checks: list) -> dict[str, Any]:
+    """The LTX trainer's view of a ``.precomputed/`` tree: every sub-folder pairs by relative path,
+    each latent dict's grid matches its tensor, conditions carry embeddings and an int64 mask."""
+    import torch
+
+    from shardsmith.loaders.precomputed import PrecomputedDataset
+
+    dirs = [d for d in ("latents", "conditions", "audio_latents", "reference_latents", "video_masks", "audio_masks")
+            if (root / d).is_dir()]
+    ds = PrecomputedDataset(root, dirs)
+    report.update(world=1, workers=0, dirs=dirs)
+    check("pairing", not ds.unmatched, f"{len(ds)} sample(s) present in every folder {dirs}" if not ds.unmatched else
+          f"{len(ds.unmatched)} file(s) lack a partner, e.g. {ds.unmatched[0][0]} missing in {ds.unmatched[0][1]}; "
+          "LTX trainers silently skip those")
+    rec, bad_grid, bad_mask = ContractRecorder(), [], []
+    for i in range(len(ds)):
+        it = ds[i]
+        flat = {}
+        for d in dirs:
+            for k, v in it[d].items():
+                flat[f"{d}.{k}"] = v.unsqueeze(0) if torch.is_tensor(v) else [v]
+        lat = it.get("latents")
+        if lat is not None and tuple(lat["latents"].shape[1:]) != (lat["num_frames"], lat["height"], lat["width"]):
+            bad_grid.append(it["path"])
+        cond = it.get("conditions")
+        if cond is not None and cond["prompt_attention_mask"].dtype != torch.int64:
+            bad_mask.append(it["path"])
+        flat["__key__"] = [it["path"]]
+        rec.add(flat)
+    check("latent_grid", not bad_grid, "num_frames/height/width match every latent tensor" if not bad_grid else
+          f"{len(bad_grid)} latent dict(s) whose grid disagrees with the tensor, e.g. {bad_grid[:2]}")
+    check("attention_mask", not bad_mask, "prompt_attention_mask is int64 everywhere" if not bad_mask else
+          f"{len(bad_mask)} condition(s) with a non-int64 mask, e.g. {bad_mask[:2]}")
+    c = rec.to_dict()
+    report["contract"] = c
+    report["coverage"] = {"expected": len(ds) + len(ds.unmatched), "seen": len(ds), "unique": len(ds),
+                          "unmatched": [r for r, _ in ds.unmatched[:20]]}
+    for key, st in c["keys"].items():
+        if st.get("type") == "tensor" and (st.get("nan") or st.get("inf")):
+            check(f"finite:{key}", False, f"{key} holds {st['nan']} NaN and {st['inf']} Inf values")
+    mcount, mwhere = _manifest_count(root)
+    if mcount is not None:
+        check("manifest", mcount == len(ds), f"{mwhere} says written={mcount}; the tree pairs {len(ds)}")
     report["checks"] = checks
     report["ok"] = all(ch["ok"] for ch in checks)
     return report
