@@ -99,7 +99,7 @@ def end_to_end(src: Path, out: Path, recipe: dict, workers: int) -> dict:
     dt = time.perf_counter() - t
     return {"items": m["counts"]["written"], "seconds": dt, "items_per_s": m["counts"]["written"] / dt,
             "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
-            "encode_stage_seconds": m["models"]["seconds"]}
+            "encode_stage_seconds": m["models"]["seconds"], "steady_state": m["models"]["steady_state"]}
 
 
 def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
@@ -163,6 +163,9 @@ def main() -> int:
                            "latent_dtype": "bfloat16"}]}
     res["sd_end_to_end"] = end_to_end(work / "photos", work / "out_img", recipe, args.workers)
     print("e2e", res["sd_end_to_end"], flush=True)
+    res["sd_encoder_alone_after"] = encoder_alone(load_vae("sd", config="published", dtype="bfloat16",
+                                                           device="cuda"), (3, 256, 256), args.batch, 20)
+    print("sd alone (after)", res["sd_encoder_alone_after"], flush=True)
     a, e = res["sd_encoder_alone"], res["sd_end_to_end"]
     res["sd_ratio_e2e_vs_alone"] = e["items_per_s"] / a["items_per_s"]
     res["sd_ratio_e2e_vs_naive"] = e["items_per_s"] / res["sd_naive_fp32_b1"]["items_per_s"]

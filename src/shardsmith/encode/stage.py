@@ -46,6 +46,7 @@ class EncodeStage:
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
+        self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
 
     @classmethod
     def from_recipe(cls, recipe) -> "EncodeStage":
@@ -98,8 +99,10 @@ class EncodeStage:
             x = self._pixels_to_input(frames)
             t1 = time.perf_counter()
             z = self.vae.encode(x).detach().to("cpu")  # one device->host copy (waits for the GPU)
+            t2 = time.perf_counter()
             self.seconds["prepare"] += t1 - t0
-            self.seconds["encode"] += time.perf_counter() - t1
+            self.seconds["encode"] += t2 - t1
+            self.batches.append((t2, len(frames), t2 - t1))
             return [t.clone() for t in z.unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
             if not _is_oom(exc):
@@ -120,9 +123,16 @@ class EncodeStage:
             raise
 
     def latents(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
+        """Encode in batches of ``batch_size``. On a GPU a short batch (a unit's last one) is padded
+        to the full size: with cudnn.benchmark every new batch shape costs a fresh autotuning pass,
+        far more than the padded work; per-item results do not depend on their batch-mates."""
         out: list[torch.Tensor] = []
         for i in range(0, len(frames), self.batch_size):
-            out += self._encode(frames[i:i + self.batch_size])
+            chunk = frames[i:i + self.batch_size]
+            n = len(chunk)
+            if self.device == "cuda" and n < self.batch_size:
+                chunk = chunk + [chunk[-1]] * (self.batch_size - n)
+            out += self._encode(chunk)[:n]
         return out
 
     # ---------------------------------------------------------------- captions -> embeddings
@@ -143,6 +153,18 @@ class EncodeStage:
         self.seconds["text"] += time.perf_counter() - t0
         return [self._text_cache[c] for c in captions]
 
+    def steady_state(self) -> dict[str, Any] | None:
+        """Throughput between the first and the last encoded batch (model load, planning and the
+        first batch's autotuning left out), and the median encode time of a full batch."""
+        full = [b for b in self.batches if b[1] == self.batch_size]
+        if len(self.batches) < 3 or not full:
+            return None
+        t_first, t_last = self.batches[0][0], self.batches[-1][0]
+        items = sum(n for _, n, _ in self.batches[1:])
+        times = sorted(dt for _, _, dt in full)
+        return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
+                "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches)}
+
     # ---------------------------------------------------------------- manifest
     def describe(self) -> dict[str, Any]:
         def prov(p) -> dict[str, Any]:
@@ -152,6 +174,7 @@ class EncodeStage:
 
         d: dict[str, Any] = {"device": self.device, "batch_size": self.batch_size,
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                             "steady_state": self.steady_state(),
                              "vae": {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}}
         if self.text_encoder is not None:
             d["text"] = {"spec": self.text_encoder.spec.to_dict(), "provenance": prov(self.text_encoder.provenance)}
