@@ -78,12 +78,24 @@ class EncodeStage:
         return cls(vae, text, batch_size=m.batch_size, device=device)
 
     # ---------------------------------------------------------------- pixels -> latents
-    def _pixels_to_input(self, frames: list[np.ndarray]) -> torch.Tensor:
-        """uint8 frames -> [B, 3, F, H, W] (or [B, 3, H, W]) in [-1, 1], converted on the model's device
-        (uint8 crosses PCIe: 4x fewer bytes than float32, and the GPU does the arithmetic)."""
-        host = torch.from_numpy(np.stack(frames))  # [B, F, H, W, 3] uint8
+    def stage(self, frames: list[np.ndarray]) -> torch.Tensor:
+        """Host side of one batch: uint8 frames -> one ``[B, F, H, W, 3]`` tensor (page-locked on a GPU
+        machine, so the upload runs at full speed and asynchronously). On a GPU a short batch is
+        padded to ``batch_size``: with cudnn.benchmark every new batch shape costs a fresh
+        autotuning pass, far more than the padded work (per-item results do not depend on their
+        batch-mates). Callers may stage batch k+1 while batch k is on the GPU."""
+        t0 = time.perf_counter()
+        if self.device == "cuda" and len(frames) < self.batch_size:
+            frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
+        host = torch.from_numpy(np.stack(frames))
         if self.device == "cuda":
-            host = host.pin_memory()  # page-locked: the copy below runs at full PCIe speed
+            host = host.pin_memory()
+        self.seconds["prepare"] += time.perf_counter() - t0
+        return host
+
+    def _to_input(self, host: torch.Tensor) -> torch.Tensor:
+        """Staged uint8 -> [B, 3, F, H, W] (or [B, 3, H, W]) in [-1, 1] on the model's device
+        (uint8 crosses PCIe: 4x fewer bytes than float32, and the GPU does the arithmetic)."""
         x = host.to(self.vae.device, non_blocking=True)
         x = x.permute(0, 4, 1, 2, 3).to(self.vae.torch_dtype).div_(127.5).sub_(1.0)  # [B, 3, F, H, W]
         if self.vae.spec.kind == "image_vae":
@@ -93,46 +105,39 @@ class EncodeStage:
         # the permute leaves channels-last strides, which send cuDNN to slower kernels for these VAEs
         return x.contiguous()
 
-    def _encode(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
+    def encode_staged(self, host: torch.Tensor, n: int | None = None) -> list[torch.Tensor]:
+        """Latents of a staged batch (its first ``n`` items: the rest is padding)."""
+        n = host.shape[0] if n is None else n
         try:
-            t0 = time.perf_counter()
-            x = self._pixels_to_input(frames)
             t1 = time.perf_counter()
-            z = self.vae.encode(x).detach().to("cpu")  # one device->host copy (waits for the GPU)
+            z = self.vae.encode(self._to_input(host)).detach().to("cpu")  # one device->host copy (waits)
             t2 = time.perf_counter()
-            self.seconds["prepare"] += t1 - t0
             self.seconds["encode"] += t2 - t1
-            self.batches.append((t2, len(frames), t2 - t1))
-            return [t.clone() for t in z.unbind(0)]
+            self.batches.append((t2, n, t2 - t1))
+            return [t.clone() for t in z[:n].unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
             if not _is_oom(exc):
                 raise
             self.oom_retries += 1
             if self.device == "cuda":
                 torch.cuda.empty_cache()
-            if len(frames) > 1:
-                half = len(frames) // 2
-                log.warning("out of memory encoding %d items; retrying as %d + %d", len(frames), half,
-                            len(frames) - half)
-                return self._encode(frames[:half]) + self._encode(frames[half:])
+            if n > 1:
+                half = n // 2
+                log.warning("out of memory encoding %d items; retrying as %d + %d", n, half, n - half)
+                return self.encode_staged(host[:half]) + self.encode_staged(host[half:n])
             model = self.vae.model
             if hasattr(model, "enable_tiling") and not getattr(model, "use_tiling", False):
                 log.warning("out of memory on a single item; retrying with tiled encoding")
                 model.enable_tiling()
-                return self._encode(frames)
+                return self.encode_staged(host[:1])
             raise
 
     def latents(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
-        """Encode in batches of ``batch_size``. On a GPU a short batch (a unit's last one) is padded
-        to the full size: with cudnn.benchmark every new batch shape costs a fresh autotuning pass,
-        far more than the padded work; per-item results do not depend on their batch-mates."""
+        """Encode any number of frames in batches of ``batch_size`` (stage + encode, one after the other)."""
         out: list[torch.Tensor] = []
         for i in range(0, len(frames), self.batch_size):
             chunk = frames[i:i + self.batch_size]
-            n = len(chunk)
-            if self.device == "cuda" and n < self.batch_size:
-                chunk = chunk + [chunk[-1]] * (self.batch_size - n)
-            out += self._encode(chunk)[:n]
+            out += self.encode_staged(self.stage(chunk), len(chunk))
         return out
 
     # ---------------------------------------------------------------- captions -> embeddings

@@ -52,13 +52,17 @@ class LatentFinisher:
                        for k, v in stage.describe().items() if k in ("vae", "text")}
 
     def _submit(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
-        self.in_flight.append((batch, self.encoder.submit(self._gpu, batch)))
+        # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
+        host = self.stage.stage([r.pixels for _, r in batch])
+        for _, r in batch:
+            r.pixels = None
+        self.in_flight.append((batch, self.encoder.submit(self._gpu, batch, host)))
         while len(self.in_flight) > self.MAX_IN_FLIGHT:
             self._finish(*self.in_flight.pop(0))
 
-    def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]]):
-        """Encoder thread: only the model work (pixels -> latents, captions -> embeddings)."""
-        latents = self.stage.latents([r.pixels for _, r in batch])
+    def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]], host):
+        """Encoder thread: only the model work (staged pixels -> latents, captions -> embeddings)."""
+        latents = self.stage.encode_staged(host, len(batch))
         texts = self.stage.text([it.caption or "" for it, _ in batch]) if self.stage.text_encoder else None
         return latents, texts
 
