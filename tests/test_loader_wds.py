@@ -397,10 +397,20 @@ def _tarfile_listing(path):
 
 
 def _tarfile_samples(path):
-    from shardsmith.loaders.wds import iter_tar_samples
+    """Reference grouping, independent of the loader's: tarfile listing + webdataset's key rule."""
+    from shardsmith import formats
 
+    out, key = [], None
     with tarfile.open(path, "r:") as tf:
-        return [(k, {s: (i.offset_data, i.size) for s, i in m.items()}) for k, m in iter_tar_samples(tf)]
+        for i in tf:
+            parts = formats.split_member(i.name) if i.isfile() else None
+            if parts is None:
+                continue
+            if parts[0] != key:
+                key = parts[0]
+                out.append((key, {}))
+            out[-1][1][parts[1]] = (i.offset_data, i.size)
+    return out
 
 
 def _odd_members(seed=0):

@@ -206,28 +206,6 @@ def list_shards(folder) -> list[str]:
     return sort_shard_names(names)
 
 
-def iter_tar_samples(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
-    """Group consecutive members with the same key into samples; data is NOT read.
-
-    The ``tarfile`` reference implementation; the loader uses the faster
-    :func:`shard_samples`, which gives the same grouping."""
-    key, members = None, {}
-    for info in tf:
-        if not info.isfile():
-            continue
-        parts = formats.split_member(info.name)
-        if parts is None:
-            continue
-        k, suffix = parts
-        if k != key:
-            if key is not None:
-                yield key, members
-            key, members = k, {}
-        members[suffix] = info
-    if key is not None:
-        yield key, members
-
-
 # ---------------------------------------------------------------------------- fast tar headers
 #
 # ``tarfile`` costs ~50 us of pure Python per member (TarInfo objects, pax dicts, checks for
@@ -424,8 +402,8 @@ MemberRef = tuple[int, int]  # (data offset, size)
 
 
 def group_samples(members: list[tuple[str, int, int]]) -> list[tuple[str, dict[str, MemberRef]]]:
-    """Consecutive members with the same key -> ``[(key, {suffix: (offset, size)})]``, with the
-    rules of :func:`iter_tar_samples` (members without a suffix are skipped)."""
+    """Consecutive members with the same key -> ``[(key, {suffix: (offset, size)})]``, grouped as
+    webdataset groups them (members without a suffix are skipped)."""
     split = formats.split_member
     out: list[tuple[str, dict[str, MemberRef]]] = []
     key, cur = None, None

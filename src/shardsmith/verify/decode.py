@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import json
 import math
-import tarfile
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
@@ -26,6 +26,7 @@ import torch
 
 from shardsmith import formats
 from shardsmith.encode.vae import load_vae
+from shardsmith.loaders.wds import read_member, shard_samples
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
@@ -93,17 +94,17 @@ def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[s
             d = torch.load(p, map_location="cpu", weights_only=True)
             yield p.relative_to(folder / LATENTS).as_posix(), d["latents"], float(d["fps"])
         return
-    for shard in files["shards"]:
-        with tarfile.open(folder / shard["name"]) as tf:
-            members: dict[str, dict[str, bytes]] = {}
-            for m in tf:
-                key, suffix = formats.split_member(m.name) or (None, None)
-                if key is not None:
-                    members.setdefault(key, {})[suffix] = tf.extractfile(m).read()
-            for key, mem in members.items():
-                meta = json.loads(mem["json"])
-                z = torch.load(io.BytesIO(mem["latent.pth"]), map_location="cpu", weights_only=True)
+    for shard in files["shards"]:  # only the json and latent.pth members are read, one sample at a time
+        path = folder / shard["name"]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for _key, refs in shard_samples(path, fd):
+                meta = json.loads(read_member(fd, refs["json"], str(path)))
+                z = torch.load(io.BytesIO(read_member(fd, refs["latent.pth"], str(path))), map_location="cpu",
+                               weights_only=True)
                 yield PurePosixPath(meta["path"]).with_suffix(".pt").as_posix(), z, float(meta["fps"])
+        finally:
+            os.close(fd)
 
 
 def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None, split: str = "train",
