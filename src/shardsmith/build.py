@@ -92,11 +92,7 @@ def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
             return "sibling"
         raise OutputExistsError(f"{out} is not empty and was not written by shardsmith; refusing to write into it. "
                                 "Choose an empty --out, or pass --overwrite to replace it once the new build is complete")
-    led = Ledger(ledger_path)
-    try:
-        old_fp, old_recipe, done = led.get_meta("fingerprint"), led.get_meta("recipe"), led.get_meta("complete")
-    finally:
-        led.close()
+    old_fp, old_recipe, done = Ledger.peek(ledger_path, "fingerprint", "recipe", "complete")
     if old_fp == fp:
         if done and overwrite:
             return "sibling"
@@ -114,10 +110,7 @@ def _finish_interrupted_swap(out: Path) -> None:
     """A crash between the two renames of an --overwrite swap leaves out/ missing: complete it."""
     nxt, old = out.parent / f".{out.name}.shardsmith-next", out.parent / f".{out.name}.shardsmith-old"
     if not out.exists() and (nxt / formats.MANIFEST_FILE).exists():
-        led = Ledger(nxt / formats.LEDGER_FILE)
-        done = led.get_meta("complete")
-        led.close()
-        if done:
+        if Ledger.peek(nxt / formats.LEDGER_FILE, "complete")[0]:
             os.replace(nxt, out)
             if old.exists():
                 shutil.rmtree(old)
@@ -135,12 +128,7 @@ def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, qu
         return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
     root = out if mode in ("fresh", "resume") else out.parent / f".{out.name}.shardsmith-next"
     if mode == "sibling" and root.exists():
-        nxt = root / formats.LEDGER_FILE
-        led = Ledger(nxt) if nxt.exists() else None
-        same = led is not None and led.get_meta("fingerprint") == fp
-        if led:
-            led.close()
-        if not same:
+        if Ledger.peek(root / formats.LEDGER_FILE, "fingerprint")[0] != fp:  # a half-built other recipe
             shutil.rmtree(root)
     n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
     manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root])

@@ -91,6 +91,17 @@ class Ledger:
     def close(self) -> None:
         self.db.close()
 
+    @classmethod
+    def peek(cls, path: str | Path, *keys: str) -> tuple[Any, ...]:
+        """Read meta ``keys`` of the ledger at ``path`` (all None when there is none; never creates one)."""
+        if not Path(path).exists():
+            return (None,) * len(keys)
+        led = cls(path)
+        try:
+            return tuple(led.get_meta(k) for k in keys)
+        finally:
+            led.close()
+
     # -- meta -------------------------------------------------------------------------
     def get_meta(self, key: str) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
