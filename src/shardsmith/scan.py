@@ -336,7 +336,7 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
                             deferred.append((info.index, split_u))
                         sp = None
                     else:
-                        sp = assign.HOLDOUT if split.holdout > 0 and split_u < split.holdout else assign.TRAIN
+                        sp = assign.split_of_u(split_u, split.holdout)
                         usable_by_source[info.index][sp] += 1
                         if first is not None and sp == assign.TRAIN:
                             usable_copies_train += 1

@@ -21,7 +21,12 @@ def split_u(item_id: str, seed: int) -> float:
 
 
 def by_fraction(item_id: str, seed: int, fraction: float) -> str:
-    return HOLDOUT if fraction > 0 and split_u(item_id, seed) < fraction else TRAIN
+    return split_of_u(split_u(item_id, seed), fraction)
+
+
+def split_of_u(u: float, fraction: float) -> str:
+    """The split of an item whose hash value is ``u`` (for duplicates: the first copy's ``u``)."""
+    return HOLDOUT if fraction > 0 and u < fraction else TRAIN
 
 
 def count_threshold(item_ids: Iterable[str], seed: int, n: int) -> float:
