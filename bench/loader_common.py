@@ -3,9 +3,11 @@
 * dataset preparation (cached in a work folder, re-made only when the arguments change):
   - images: ``tests/media_factory.real_photos`` JPEGs + a ``.txt`` caption sidecar each,
     built into WebDataset shards by ``shardsmith.build`` (jpg max_side 256);
-  - latents: ``latent.pth`` (float32 [4,32,32]) + ``txt_emb.pth`` (bfloat16 [77,64]) samples
-    written with ``webdataset.TarWriter``, plus ``shard_count.json`` and a
-    ``neg_prompt_emb.npy`` (for the ``image_latent`` preset);
+  - latents: ``latent.pth`` + ``txt_emb.pth`` samples written with ``webdataset.TarWriter``,
+    plus ``shard_count.json`` and a ``neg_prompt_emb.npy`` (for the ``image_latent`` preset);
+    two sizes (``LATENT_SHAPES``): ``small`` float32 [4,32,32] + bfloat16 [77,64] (33 kB a
+    sample) and ``sdxl`` float32 [4,128,128] + bfloat16 [77,2048] (578 kB a sample: the SDXL
+    shapes of reference/fastgen.md, 1024² images with CLIP-L+G embeddings);
 * measurement helpers copied from ``bench/reshard.py`` (own CPU incl. joined children,
   machine-wide busy CPU from /proc/stat, waiting for a quiet machine), plus a page-cache
   helper (read everything / evict our own files with ``posix_fadvise(DONTNEED)``).
@@ -57,15 +59,22 @@ def prepare_images(work: Path, n: int, *, min_side: int = 200, max_side: int = 4
     return out / "wds"
 
 
-def prepare_latents(work: Path, n: int, *, per_shard: int = 1000, seed: int = 0, name: str | None = None) -> Path:
+LATENT_SHAPES = {"small": ((4, 32, 32), (77, 64)), "sdxl": ((4, 128, 128), (77, 2048))}
+
+
+def prepare_latents(work: Path, n: int, *, per_shard: int = 1000, seed: int = 0, name: str | None = None,
+                    shape: str = "small") -> Path:
     """Latent WDS written by plain webdataset (not shardsmith); returns the shard folder."""
     import numpy as np
     import torch
     import webdataset as wds
 
-    root = work / (name or f"latents_{n}_{per_shard}")
+    lat_shape, emb_shape = LATENT_SHAPES[shape]
+    root = work / (name or (f"latents_{n}_{per_shard}" + ("" if shape == "small" else f"_{shape}")))
     marker = root / ".bench-latents.json"
     want = {"n": n, "per_shard": per_shard, "seed": seed, "v": 1}
+    if shape != "small":
+        want["shape"] = shape
     if marker.is_file() and json.loads(marker.read_text()) == want:
         return root
     t0 = time.perf_counter()
@@ -82,14 +91,14 @@ def prepare_latents(work: Path, n: int, *, per_shard: int = 1000, seed: int = 0,
         with wds.TarWriter(str(root / name_)) as w:
             for _ in range(k):
                 lat, emb = io.BytesIO(), io.BytesIO()
-                torch.save(torch.randn(4, 32, 32, generator=g), lat)
-                torch.save(torch.randn(77, 64, generator=g).to(torch.bfloat16), emb)
+                torch.save(torch.randn(*lat_shape, generator=g), lat)
+                torch.save(torch.randn(*emb_shape, generator=g).to(torch.bfloat16), emb)
                 w.write({"__key__": f"sample{i:08d}", "latent.pth": lat.getvalue(), "txt_emb.pth": emb.getvalue()})
                 i += 1
         counts[name_] = k
         shard += 1
     (root / "shard_count.json").write_text(json.dumps(counts))
-    np.save(root / "neg_prompt_emb.npy", np.zeros((77, 64), dtype=np.float32))
+    np.save(root / "neg_prompt_emb.npy", np.zeros(emb_shape, dtype=np.float32))
     marker.write_text(json.dumps(want))
     print(f"# wrote {n} latent samples ({shard} shards) into {root} in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)

@@ -334,6 +334,40 @@ def test_text_save_pretrained_round_trip(tmp_path):
     assert torch.equal(enc.encode(p).emb, again.encode(p).emb)
 
 
+def test_random_weights_are_built_on_the_target_device():
+    """Random-weight models are allocated and initialised on the target device (here "meta":
+    no storage anywhere), never as an fp32 host copy first; the CPU build is unchanged."""
+    from shardsmith.encode.vae import SEED, _diffusers_class, resolve_config, seeded_init
+
+    enc = load_text_encoder("t5", config="xxl", dtype="bfloat16", device="meta")  # T5 v1.1 XXL encoder
+    c = enc.model.config
+    assert (c.d_model, c.d_ff, c.num_layers, c.num_heads, c.d_kv) == (4096, 10240, 24, 64, 64)
+    assert {p.device.type for p in enc.model.parameters()} == {"meta"}
+    assert {p.dtype for p in enc.model.parameters()} == {torch.bfloat16}
+    assert 4.6e9 < sum(p.numel() for p in enc.model.parameters()) < 4.9e9
+    prov = enc.provenance
+    assert prov.weights == "random-weights" and prov.config_name == "xxl"
+    assert any("drawn on meta" in n for n in prov.notes)
+    with pytest.raises(ValueError, match="'xxl'"):
+        load_text_encoder("t5", config="huge")
+
+    cfg, _ = resolve_config("ltx2", "published")
+    with seeded_init("meta"):
+        vae = _diffusers_class("ltx2")(**cfg)
+    assert {p.device.type for p in vae.parameters()} == {"meta"}
+
+    # CPU: same weights as the plain seeded CPU construction, global RNG untouched
+    state = torch.random.get_rng_state()
+    enc = load_vae("sd")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert not any("drawn on" in n for n in enc.provenance.notes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        ref = _diffusers_class("sd")(**resolve_config("sd", "tiny")[0])
+    for (k, a), (_, b) in zip(enc.model.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
 # ----------------------------------------------------------------------------- registry / spec
 
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -254,6 +255,9 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
     return result
 
 
+MAX_SEALED_UNITS = 2  # latent outputs: units encoded but not yet written, at most (bounds host memory)
+
+
 def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers,
                finisher=None) -> None:
     ledger = ctx.ledger
@@ -270,16 +274,33 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
     others: list[tuple[int, str, str | None]] = []
     nbytes, first = 0, pos
 
+    def write(seq_: int, samples_: list, others_: list, first_: int, next_pos: int) -> None:
+        name, size, sha = sink.write_unit(seq_, samples_) if samples_ else ("", 0, "")
+        res = [(s.idx, WRITTEN, None) for _, s in samples_] + others_
+        ledger.commit_unit(output=output.name, split=split, seq=seq_, name=name, first_pos=first_, next_pos=next_pos,
+                           count=len(samples_), nbytes=size, sha256=sha, results=res)
+
+    # latent outputs: a sealed unit waits here for its last batches while the encoder goes on
+    # with the next unit's (no pipeline drain at every shard); units are written in order
+    sealed: deque = deque()
+
+    def write_ready(block_over: int) -> None:
+        while sealed and (len(sealed) > block_over or finisher.ready(sealed[0][0])):
+            tag, *unit = sealed.popleft()
+            finisher.finish_through(tag)
+            write(*unit)
+
     def commit(next_pos: int) -> None:
         nonlocal seq, samples, others, nbytes, first
-        if finisher is not None:
-            finisher.flush()
-        name, size, sha = sink.write_unit(seq, samples) if samples else ("", 0, "")
-        res = [(s.idx, WRITTEN, None) for _, s in samples] + others
-        ledger.commit_unit(output=output.name, split=split, seq=seq, name=name, first_pos=first, next_pos=next_pos,
-                           count=len(samples), nbytes=size, sha256=sha, results=res)
+        if finisher is None:
+            write(seq, samples, others, first, next_pos)
+        else:
+            sealed.append((finisher.seal(), seq, samples, others, first, next_pos))
+            write_ready(MAX_SEALED_UNITS)
         seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
 
+    if finisher is not None:
+        finisher.stage.expect(total - pos)  # models.compile=auto weighs the items still to encode
     with ctx.progress.task(label, total=total, completed=pos) as tick:
         for item, res in pool.map(ctx.makers[output.name], items):
             if res.status == WRITTEN:
@@ -288,6 +309,8 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
                 samples.append((item.key, res))
                 if finisher is not None:
                     finisher.add(item, res)
+                    if sealed:
+                        write_ready(MAX_SEALED_UNITS)
                 else:
                     nbytes += sample_tar_bytes(res.members, item.key)
             else:
@@ -296,6 +319,8 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
             tick()
         if samples or others:
             commit(pos)
+        if finisher is not None:
+            write_ready(0)
 
 
 def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, Any]:

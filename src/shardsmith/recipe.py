@@ -176,6 +176,9 @@ class Models(_Strict):
     vae: VaeModel | None = None
     text: TextModel | None = None
     batch_size: int | None = Field(None, gt=0, description="encode batch (default: automatic)")
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' compiles on a GPU "
+        "once the first batches show the rest of the run repays the compile time (not part of the fingerprint)")
 
 
 class Geometry(_Strict):
@@ -282,14 +285,20 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     return recipe_from_dict(data, base_dir=p.parent, origin=str(p))
 
 
+_NOT_FINGERPRINTED = {"workers": True, "models": {"compile"}}  # how to run, not what comes out
+
+
 def canonical(recipe: Recipe) -> dict[str, Any]:
-    """The part of the recipe that determines the output (everything but ``workers``)."""
-    return recipe.model_dump(mode="json", exclude={"workers"})
+    """The part of the recipe that determines the output (everything but ``workers`` and
+    ``models.compile``)."""
+    return recipe.model_dump(mode="json", exclude=_NOT_FINGERPRINTED)
 
 
 def fingerprint(recipe: Recipe) -> str:
     """sha256 of the non-default settings: adding a new key with a default keeps old fingerprints."""
-    data = recipe.model_dump(mode="json", exclude={"workers"}, exclude_defaults=True)
+    data = recipe.model_dump(mode="json", exclude=_NOT_FINGERPRINTED, exclude_defaults=True)
+    if data.get("models") == {}:  # only unfingerprinted model keys were set
+        del data["models"]
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 

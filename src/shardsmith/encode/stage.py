@@ -39,8 +39,15 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class EncodeStage:
-    def __init__(self, vae, text, *, batch_size: int | None, device: str):
+    def __init__(self, vae, text, *, batch_size: int | None, device: str, compile: str = "off"):
+        if compile not in ("auto", "on", "off"):
+            raise ValueError(f"compile must be 'auto', 'on' or 'off', got {compile!r}")
         self.vae, self.text_encoder, self.device = vae, text, device
+        self.compile_setting = compile
+        self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
+        self.compile_info: dict[str, Any] = {"setting": compile, "compiled": False, "reason": None}
+        self._compile_pending: dict[str, Any] | None = None  # set between compile() and its first batch
+        self.remaining: int | None = None  # items still to encode, when the build said (expect())
         video = vae.spec.kind == "video_vae"
         self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -75,7 +82,7 @@ class EncodeStage:
             t = m.text
             text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
                                      dtype=t.dtype, device=device)
-        return cls(vae, text, batch_size=m.batch_size, device=device)
+        return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile)
 
     # ---------------------------------------------------------------- pixels -> latents
     def stage(self, frames: list[np.ndarray]) -> torch.Tensor:
@@ -105,15 +112,84 @@ class EncodeStage:
         # the permute leaves channels-last strides, which send cuDNN to slower kernels for these VAEs
         return x.contiguous()
 
+    # ---------------------------------------------------------------- torch.compile
+    def expect(self, items: int) -> None:
+        """The build says how many items are still to encode (``compile="auto"`` weighs it)."""
+        self.remaining = items
+
+    def _maybe_compile(self, host: torch.Tensor) -> None:
+        """``on``: compile before the first batch. ``auto``: on a GPU, after
+        ``DECIDE_AFTER_BATCHES`` full eager batches, compile if the rest of the run repays it."""
+        from shardsmith.encode import compile as cc
+
+        info = self.compile_info
+        if info["compiled"] or info.get("decided"):
+            return
+        if self.compile_setting == "off":
+            info.update(decided=True, reason="off in the recipe (models.compile)")
+            return
+        if self.compile_setting == "auto":
+            if self.device != "cuda":
+                info.update(decided=True, reason="auto: stays eager off the GPU")
+                return
+            full = [dt for _, k, dt in self.batches[1:] if k == self.batch_size]  # the first batch autotunes
+            if len(full) < cc.DECIDE_AFTER_BATCHES or self.remaining is None:
+                return
+            rate = self.batch_size / sorted(full)[len(full) // 2]
+            key = self._compile_key(host, cc)
+            yes, why = cc.compile_pays(self.remaining, rate, cc.is_warm(key))
+            info.update(decided=True, reason="auto: " + why, eager_items_per_s=round(rate, 1))
+            if not yes:
+                return
+        else:
+            info.update(decided=True, reason="on in the recipe (models.compile)")
+            key = self._compile_key(host, cc)
+        self._compile(host, key, cc)
+
+    def _compile_key(self, host: torch.Tensor, cc) -> str:
+        dev = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
+        return cc.cache_key(_identity(self.describe()["vae"]), tuple(host.shape[1:]), self.vae.spec.dtype,
+                            torch.__version__, dev, f"{self.compile_backend}:{cc.COMPILE_MODE}")
+
+    def _compile(self, host: torch.Tensor, key: str, cc) -> None:
+        d = cc.use_cache_dir()
+        try:  # one compiled graph per bucket shape; the default limit (8) would fall back to eager
+            import torch._dynamo
+
+            torch._dynamo.config.recompile_limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 64)
+        except (ImportError, AttributeError):  # pragma: no cover - older torch
+            pass
+        warm = cc.is_warm(key, d)
+        self.vae.compile(mode=cc.COMPILE_MODE, backend=self.compile_backend)
+        backend = self.compile_backend if isinstance(self.compile_backend, str) else \
+            getattr(self.compile_backend, "__name__", repr(self.compile_backend))
+        self.compile_info.update(compiled=True, mode=cc.COMPILE_MODE, backend=backend, cache=str(d),
+                                 warm_cache=warm, compiled_at_batch=len(self.batches))
+        self._compile_pending = {"key": key, "dir": d}
+        log.info("compiling the VAE encoder (%s, %s cache %s)", cc.COMPILE_MODE, "warm" if warm else "cold", d)
+
+    def _compiled_first_batch(self, dt: float) -> None:
+        from shardsmith.encode import compile as cc
+
+        pend, self._compile_pending = self._compile_pending, None
+        eager = sorted(x for _, k, x in self.batches[1:] if k == self.batch_size) or [0.0]
+        self.compile_info["compile_s"] = round(max(0.0, dt - eager[len(eager) // 2]), 2)
+        cc.mark_warm(pend["key"], {"compile_s": self.compile_info["compile_s"], "at": time.time()}, pend["dir"])
+
     def encode_staged(self, host: torch.Tensor, n: int | None = None) -> list[torch.Tensor]:
         """Latents of a staged batch (its first ``n`` items: the rest is padding)."""
         n = host.shape[0] if n is None else n
+        self._maybe_compile(host)
         try:
             t1 = time.perf_counter()
             z = self.vae.encode(self._to_input(host)).detach().to("cpu")  # one device->host copy (waits)
             t2 = time.perf_counter()
             self.seconds["encode"] += t2 - t1
+            if self._compile_pending is not None:
+                self._compiled_first_batch(t2 - t1)
             self.batches.append((t2, n, t2 - t1))
+            if self.remaining is not None:
+                self.remaining -= n
             return [t.clone() for t in z[:n].unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
             if not _is_oom(exc):
@@ -149,9 +225,9 @@ class EncodeStage:
         bs = max(1, self.batch_size * 4)
         for i in range(0, len(todo), bs):
             chunk = todo[i:i + bs]
-            te = self.text_encoder.encode(chunk)
+            te = self.text_encoder.encode(chunk, device="cpu")  # one device->host copy per chunk
             for j, c in enumerate(chunk):
-                self._text_cache[c] = (te.emb[j].detach().to("cpu").clone(), te.mask[j].detach().to("cpu").clone())
+                self._text_cache[c] = (te.emb[j].clone(), te.mask[j].clone())
         if len(self._text_cache) > 4096:  # bounded memory on long runs with unique captions
             keep = set(captions)
             self._text_cache = {c: v for c, v in self._text_cache.items() if c in keep}
@@ -178,6 +254,7 @@ class EncodeStage:
             return out
 
         d: dict[str, Any] = {"device": self.device, "batch_size": self.batch_size,
+                             "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(),
                              "vae": {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}}

@@ -32,6 +32,11 @@ Choices worth knowing:
   LTX's "stack all layers" feature extractor, without its learned projection, which
   belongs to the trainer). Left padding with position ids counted from the first real
   token, so a prompt's embedding does not depend on how much padding it got.
+* Random-weight configs: ``"tiny"`` (test size), ``"published"`` (the transformers config
+  class defaults: t5-small / umt5-small, CLIP ViT-L/14 text, Gemma 3 defaults) and, for
+  t5 / umt5, ``"xxl"``: T5 v1.1 XXL / umT5-XXL (d_model 4096, d_ff 10240, 24 layers,
+  64 heads; the ~4.7B-parameter encoders of Wan and many video models). Random weights are
+  built directly on the target device (see :func:`shardsmith.encode.vae.seeded_init`).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 import torch
 
 from .spec import EncoderSpec, Provenance, hash_pretrained, pretrained_kwargs, sha256_files
-from .vae import SEED, _dtype_name, _torch_dtype
+from .vae import SEED, _dtype_name, _torch_dtype, device_init_note, seeded_init
 
 STANDIN_TOKENIZER = "minilm-wordpiece (stand-in)"
 
@@ -70,6 +75,15 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "gemma": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=2048,
                   sliding_window=4096),
+}
+
+# Named full-size configs beyond the config-class defaults ("published").
+_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
+            relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
+            dropout_rate=0.1, tie_word_embeddings=False)
+NAMED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
+    "t5": {"xxl": dict(_XXL, vocab_size=32128)},  # google/t5-v1_1-xxl
+    "umt5": {"xxl": dict(_XXL, vocab_size=256384)},  # google/umt5-xxl (Wan 2.x text encoder)
 }
 
 
@@ -132,22 +146,33 @@ class TextEncoder:
         if not prompts:
             raise ValueError("encode() needs at least one prompt")
         L = self.spec.max_length
-        full = self.tokenizer(prompts, add_special_tokens=True, truncation=False)["input_ids"]
-        truncated = [len(ids) > L for ids in full]
         tok = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=L,
                              return_tensors="pt")
+        encodings = getattr(tok, "encodings", None) if getattr(self.tokenizer, "is_fast", False) else None
+        if encodings is not None and len(encodings) == len(prompts):
+            # one pass: a fast tokenizer keeps what truncation cut off in ``overflowing``
+            truncated = [len(e.overflowing) > 0 for e in encodings]
+        else:  # slow tokenizer: a second, untruncated pass counts the full length
+            full = self.tokenizer(prompts, add_special_tokens=True, truncation=False)["input_ids"]
+            truncated = [len(ids) > L for ids in full]
         ids = tok["input_ids"]
         mask = tok.get("attention_mask")
         if mask is None:  # pragma: no cover - all our tokenizers return it
             mask = (ids != self.tokenizer.pad_token_id).long()
         return ids, mask.to(torch.int64), truncated
 
-    def encode(self, prompts: list[str]) -> TextEmbeddings:
+    def encode(self, prompts: list[str], *, device: str | torch.device | None = None) -> TextEmbeddings:
+        """Embeddings of ``prompts`` (one forward pass for the whole list).
+
+        ``device``: where the returned tensors live; default the model's device. ``"cpu"``
+        brings the whole batch back in one device-to-host copy (instead of one per item).
+        """
         ids, mask, truncated = self.tokenize(prompts)
         dev = self.device
         ids_d, mask_d = ids.to(dev), mask.to(dev)
         fam = self.spec.family
         pooled = None
+        dt = _torch_dtype(self.spec.dtype)
         with torch.inference_mode():
             if fam == "clip":
                 out = self.model(input_ids=ids_d)  # no attention mask, as SD/SDXL pipelines
@@ -164,14 +189,20 @@ class TextEncoder:
             else:
                 out = self.model(input_ids=ids_d, attention_mask=mask_d)
                 emb = out.last_hidden_state
-        emb = emb.float()
-        if self.spec.zero_padding:
-            emb = emb * mask_d.unsqueeze(-1).to(emb.dtype)
-        dt = _torch_dtype(self.spec.dtype)
-        return TextEmbeddings(
-            emb=emb.to(dt), mask=mask_d, pooled=None if pooled is None else pooled.float().to(dt),
-            truncated=truncated,
-        )
+            # Cast first, then zero the padding: multiplying by an exact 0/1 mask gives the same
+            # bits in any dtype, without a float32 copy of the whole [B, L, D] batch.
+            emb = emb.to(dt)
+            if self.spec.zero_padding:
+                emb = emb * mask_d.unsqueeze(-1).to(dt)
+            if pooled is not None:
+                pooled = pooled.float().to(dt)
+        if device is not None:
+            out_dev = torch.device(device)
+            emb, mask_out = emb.to(out_dev), mask.to(out_dev)  # host mask: no copy back
+            pooled = None if pooled is None else pooled.to(out_dev)
+        else:
+            mask_out = mask_d
+        return TextEmbeddings(emb=emb, mask=mask_out, pooled=pooled, truncated=truncated)
 
     __call__ = encode
 
@@ -192,7 +223,7 @@ def _model_class(family: str, pretrained: bool):
     raise ValueError(f"unknown text family {family!r}; known: {sorted(FAMILIES)}")
 
 
-def _random_model(family: str, config: str | dict, tokenizer):
+def _random_model(family: str, config: str | dict, tokenizer, device: str | torch.device = "cpu"):
     import transformers as tf
 
     if isinstance(config, dict):
@@ -201,8 +232,12 @@ def _random_model(family: str, config: str | dict, tokenizer):
         cfg, name = dict(TINY_CONFIGS[family]), "tiny"
     elif config == "published":
         cfg, name = {}, "published"  # the config class defaults (e.g. t5-small, CLIP ViT-L/14 text)
+    elif config in NAMED_CONFIGS.get(family, {}):
+        cfg, name = dict(NAMED_CONFIGS[family][config]), config
     else:
-        raise ValueError(f"unknown text config {config!r}; use 'tiny', 'published' or a dict")
+        named = sorted(NAMED_CONFIGS.get(family, {}))
+        raise ValueError(f"unknown text config {config!r} for {family}; use 'tiny', 'published'"
+                         + "".join(f", {n!r}" for n in named) + " or a dict")
     vocab = len(tokenizer)
     ids = dict(pad_token_id=tokenizer.pad_token_id)
     if family in ("t5", "umt5"):
@@ -219,10 +254,26 @@ def _random_model(family: str, config: str | dict, tokenizer):
         raise ValueError(f"family {family!r} has no random-weight config")
     if conf.vocab_size < vocab:
         raise ValueError(f"config vocab_size {conf.vocab_size} < stand-in tokenizer vocab {vocab}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
+    # fp32 (as the class initialises it) directly on the target device; the caller casts
+    with seeded_init(device):
         model = _model_class(family, pretrained=False)(conf)
     return model, name
+
+
+def _fuse_gelu_tanh(model) -> int:
+    """Swap transformers' ``gelu_new`` (NewGELUActivation: tanh-GELU written as ~8 separate
+    element-wise kernels, each a full pass over the [tokens, d_ff] activation) for PyTorch's
+    fused ``gelu(approximate="tanh")``: the same formula in one kernel, computed in float32
+    inside the kernel. Returns how many modules were swapped."""
+    from transformers.activations import NewGELUActivation
+
+    n = 0
+    for mod in model.modules():
+        for name, child in list(mod.named_children()):
+            if type(child) is NewGELUActivation:
+                setattr(mod, name, torch.nn.GELU(approximate="tanh"))
+                n += 1
+    return n
 
 
 def _hidden_dim(model) -> int:
@@ -314,10 +365,12 @@ def load_text_encoder(
         )
     else:
         tok = _standin_tokenizer()
-        model, cfg_name = _random_model(family, config, tok)
+        model, cfg_name = _random_model(family, config, tok, device)
         if next(model.parameters()).dtype != tdt:
             model = model.to(tdt)
         notes.append("random weights (torch.manual_seed(0)): embeddings are NOT model-space data")
+        if (note := device_init_note(device)) is not None:
+            notes.append(note)
         prov = Provenance(
             cls=type(model).__name__, weights="random-weights", config=model.config.to_dict(),
             config_name=cfg_name, seed=SEED, tokenizer=STANDIN_TOKENIZER, notes=notes,
@@ -327,6 +380,8 @@ def load_text_encoder(
         tok.pad_token = tok.eos_token
         prov.notes.append("tokenizer had no pad token; using eos as pad")
     model = model.to(device).eval().requires_grad_(False)
+    if torch.device(device).type == "cuda" and family in ("t5", "umt5") and _fuse_gelu_tanh(model):
+        prov.notes.append("gelu_new evaluated by torch's fused gelu(approximate='tanh') (same formula, one kernel)")
     L = int(max_length or fam["max_length"])
     maxpos = _max_positions(model)
     if maxpos is not None and L > maxpos:

@@ -22,13 +22,20 @@ txt text caption                   stripped UTF-8 ``str`` (invalid UTF-8 raises)
 cls cls2 class count index inx id  ``int``
 wav flac ogg                       ``{"audio": float32 [C, T], "sample_rate": int}`` via
                                    ``soundfile`` (``pip install soundfile``)
-mp4 ogv mjpeg avi mov h264 mpg     refused with :class:`UnsupportedMemberError`: video
-webm wmv mkv                       decoding arrives with the video loader issue.
+mp4 ogv mjpeg avi mov h264 mpg     PyAV (rgb24), the FIRST ``num_frames`` frames (all frames
+webm wmv mkv                       when ``num_frames`` is None). With ``video_size``: float32
+                                   tensor ``[3, T, H, W]`` in [-1, 1] (the image geometry
+                                   above on every frame; FastGen ``VideoWDSLoader``, which
+                                   returns ``(C, T, H, W)``). Without ``video_size``: uint8
+                                   ``[T, H, W, 3]``. Fewer frames than ``num_frames`` raises
+                                   :class:`TooFewFramesError`. See
+                                   :mod:`shardsmith.loaders.video_decode`.
 =================================  ==========================================================
 
 Every decoder takes raw bytes and either returns a value or raises
 :class:`MemberDecodeError` (wrapping the original exception) so that the loader can count
-the failure with a reason.
+the failure with a reason: ``MemberDecodeError.reason`` is ``"decode"``, or ``"too_short"``
+for :class:`TooFewFramesError` (the loader counts ``<reason>:<batch key>``).
 """
 
 from __future__ import annotations
@@ -40,17 +47,28 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from shardsmith.loaders.pth_fast import load_pth_bytes
+
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 VIDEO_EXTS = ("mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv", "mkv")
 AUDIO_EXTS = ("wav", "flac", "ogg")
 TEXT_EXTS = ("txt", "text", "caption")
 INT_EXTS = ("cls", "cls2", "class", "count", "index", "inx", "id")
 TENSOR_EXTS = ("npy", "npz", "pth", "pt", "safetensors")
-KNOWN_EXTS = IMAGE_EXTS + AUDIO_EXTS + TEXT_EXTS + INT_EXTS + TENSOR_EXTS + ("json",)
+KNOWN_EXTS = IMAGE_EXTS + VIDEO_EXTS + AUDIO_EXTS + TEXT_EXTS + INT_EXTS + TENSOR_EXTS + ("json",)
 
 
 class MemberDecodeError(ValueError):
     """A member's bytes could not be decoded (corrupt, wrong type, unsafe pickle...)."""
+
+    reason = "decode"
+
+
+class TooFewFramesError(MemberDecodeError):
+    """A video member decodes to fewer frames than ``num_frames`` asks for (FastGen drops
+    such a clip too: ``transform_video`` raises when T < ``sequence_length``)."""
+
+    reason = "too_short"
 
 
 class UnsupportedMemberError(ValueError):
@@ -66,11 +84,6 @@ def check_supported(suffix: str) -> None:
     """Raise :class:`UnsupportedMemberError` now (at loader construction) for suffixes we
     cannot decode, instead of dropping every sample later."""
     ext = last_ext(suffix)
-    if ext in VIDEO_EXTS:
-        raise UnsupportedMemberError(
-            f"member suffix {suffix!r}: video decoding is not part of the image/latent WebDataset "
-            "loader; it arrives with the video loader issue. Use pre-encoded latent members "
-            "(e.g. 'latent.pth') meanwhile.")
     if ext not in KNOWN_EXTS:
         raise UnsupportedMemberError(
             f"member suffix {suffix!r}: no decoder for '.{ext}'. Known: {', '.join(KNOWN_EXTS)}")
@@ -101,22 +114,26 @@ def _require_soundfile():
 
 # ---------------------------------------------------------------------------- images
 
+def size_hw(size: int | tuple[int, int]) -> tuple[int, int]:
+    """``image_size`` / ``video_size`` -> ``(H, W)``: an int is a square, a pair is (H, W)."""
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
 def image_to_tensor(img, image_size: int | tuple[int, int] | None):
     """PIL image -> uint8 HWC tensor (``image_size=None``) or float CHW in [-1, 1] of
     ``image_size`` (int = square, or ``(H, W)``): resize to cover, bicubic, center crop."""
     from PIL import Image  # noqa: PLC0415
 
+    from shardsmith.transform.buckets import resize_crop  # noqa: PLC0415
+
     img = img.convert("RGB")
     if image_size is None:
         return torch.from_numpy(np.array(img, dtype=np.uint8, copy=True))
-    th, tw = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    w, h = img.size
-    scale = max(th / h, tw / w)
-    nw, nh = max(tw, round(w * scale)), max(th, round(h * scale))
-    if (nw, nh) != (w, h):
-        img = img.resize((nw, nh), Image.BICUBIC)
-    left, top = (nw - tw) // 2, (nh - th) // 2
-    img = img.crop((left, top, left + tw, top + th))
+    th, tw = size_hw(image_size)
+    rc = resize_crop(img.width, img.height, tw, th)  # the one cover-resize + centre-crop rule
+    if (rc.resize_w, rc.resize_h) != img.size:
+        img = img.resize((rc.resize_w, rc.resize_h), Image.BICUBIC)
+    img = img.crop(rc.box)
     arr = np.asarray(img, dtype=np.float32)
     t = torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
     return t / 127.5 - 1.0
@@ -128,6 +145,21 @@ def decode_image(data: bytes, image_size=None):
     with Image.open(io.BytesIO(data)) as im:
         im.load()
         return image_to_tensor(im, image_size)
+
+
+# ---------------------------------------------------------------------------- video
+
+def decode_video(data: bytes, num_frames: int | None = None, video_size=None):
+    """A video member -> :class:`~shardsmith.loaders.video_decode.DecodedClip` (frames, fps,
+    ``cropping_params``); raises :class:`MemberDecodeError` / :class:`TooFewFramesError`."""
+    from shardsmith.loaders.video_decode import decode_clip  # noqa: PLC0415 - imports PyAV
+
+    try:
+        return decode_clip(data, num_frames, None if video_size is None else size_hw(video_size))
+    except MemberDecodeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every decode failure becomes a counted reason
+        raise MemberDecodeError(f"cannot decode the video: {type(e).__name__}: {e}") from e
 
 
 # ---------------------------------------------------------------------------- tensors
@@ -143,10 +175,12 @@ def load_npz(data) -> dict[str, torch.Tensor]:
 
 
 def load_pth(data) -> Any:
-    """``torch.load`` with ``weights_only=True`` always: tensors, dicts/lists of tensors and
-    plain Python values load; any other pickle raises (it is never executed)."""
-    src = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
-    return torch.load(src, map_location="cpu", weights_only=True)
+    """``torch.load`` with ``weights_only=True`` semantics always: tensors, dicts/lists of tensors
+    and plain Python values load; any other pickle raises (it is never executed). Plain
+    ``torch.save`` bytes take the fast reader of :mod:`shardsmith.loaders.pth_fast`."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return load_pth_bytes(data)
+    return torch.load(data, map_location="cpu", weights_only=True)
 
 
 def load_safetensors(data: bytes) -> dict[str, torch.Tensor]:
@@ -180,12 +214,15 @@ _SIMPLE: dict[str, Callable[[bytes], Any]] = {
 }
 
 
-def decode_member(suffix: str, data: bytes, *, image_size=None) -> Any:
+def decode_member(suffix: str, data: bytes, *, image_size=None, num_frames=None, video_size=None) -> Any:
     """Decode one member's bytes by its suffix; raises :class:`MemberDecodeError` on failure
-    and :class:`UnsupportedMemberError` for suffixes without a decoder."""
+    and :class:`UnsupportedMemberError` for suffixes without a decoder. ``image_size`` applies
+    to image members, ``num_frames`` and ``video_size`` to video members (see the table)."""
     ext = last_ext(suffix)
     if ext in IMAGE_EXTS:
         fn = lambda b: decode_image(b, image_size)  # noqa: E731
+    elif ext in VIDEO_EXTS:
+        fn = lambda b: decode_video(b, num_frames, video_size).frames  # noqa: E731
     elif ext in _SIMPLE:
         fn = _SIMPLE[ext]
     else:
@@ -193,7 +230,7 @@ def decode_member(suffix: str, data: bytes, *, image_size=None) -> Any:
         raise UnsupportedMemberError(f"no decoder for {suffix!r}")
     try:
         return fn(data)
-    except UnsupportedMemberError:
+    except (UnsupportedMemberError, MemberDecodeError):
         raise
     except Exception as e:  # noqa: BLE001 - every decode failure becomes a counted reason
         raise MemberDecodeError(f"cannot decode '.{suffix}' member: {type(e).__name__}: {e}") from e

@@ -20,6 +20,24 @@ def _expr(portable: str, root_env: str, tail: str = "") -> str:
     return f'os.path.join(os.environ["{root_env}"]{", " + parts if parts else ""})'
 
 
+def fastgen_fields(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Our loader fields under FastGen's names (reference/fastgen.md §2): ``num_frames`` ->
+    ``sequence_length``; ``video_size`` (H, W) -> ``img_size`` (W, H); ``image_size`` ->
+    ``input_res`` (an int; a (H, W) pair stays (h, w), torchvision's order). Other keys pass."""
+    out: dict[str, Any] = {}
+    for k, v in overrides.items():
+        if k == "num_frames":
+            out["sequence_length"] = v
+        elif k == "video_size":
+            h, w = (v, v) if isinstance(v, int) else tuple(v)
+            out["img_size"] = (w, h)
+        elif k == "image_size":
+            out["input_res"] = v if isinstance(v, int) else tuple(v)
+        else:
+            out[k] = v
+    return out
+
+
 def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: str,
                     overrides: dict[str, Any]) -> str:
     var = f"{name.upper().replace('-', '_')}_Loader_Config"
@@ -37,7 +55,7 @@ def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: s
             lines.append(f"{var}.ignore_index_paths = [{_expr(portable, root_env, formats.IGNORE_INDEX_FILE)}]")
         for key, rel in preset.defaults.get("files_map", {}).items():
             lines.append(f'{var}.files_map = {{"{key}": {_expr(portable, root_env, rel)}}}')
-    for k, v in overrides.items():
+    for k, v in fastgen_fields(overrides).items():
         lines.append(f"{var}.{k} = {v!r}")
     lines.append(f"# in the experiment: config.dataloader_train = {var}")
     return "\n".join(lines)

@@ -5,7 +5,8 @@ LTX's ``PrecomputedDataset``: the primary folder is ``latents`` if listed, else 
 a primary ``.pt`` is kept only when the same relative path exists in every other folder.
 Unlike the trainer (a DEBUG line per miss), unmatched files are listed in ``.unmatched``
 with the folders they lack, and a folder that does not exist is an error at once.
-Every ``.pt`` is read with ``torch.load(weights_only=True)``.
+Every ``.pt`` is read with ``torch.load(weights_only=True)`` semantics (the fast reader of
+:mod:`shardsmith.loaders.pth_fast` for plain files).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from shardsmith.loaders.pth_fast import load_pth_bytes
 
 DEFAULT_DIRS = ("latents", "conditions")
 
@@ -50,5 +53,5 @@ class PrecomputedDataset(torch.utils.data.Dataset):
         rel = self.items[i]
         out: dict[str, Any] = {"path": rel}
         for d in self.dirs:
-            out[d] = torch.load(self.root / d / rel, map_location="cpu", weights_only=True)
+            out[d] = load_pth_bytes((self.root / d / rel).read_bytes())
         return out

@@ -37,8 +37,9 @@ PRESETS: dict[str, Preset] = {
                            "neg_condition comes from neg_prompt_emb.npy beside the shards"),
     "video": Preset("wds", "VideoLoaderConfig",
                     {"key_map": {"real": "mp4", "condition": "txt"}, "presets_map": {"neg_condition": "neg_prompt_wan"},
-                     "batch_size": 2, "num_workers": 2},
-                    "video decoding arrives with the video loader; building this preset says so"),
+                     "num_frames": 81, "video_size": (480, 832), "batch_size": 2, "num_workers": 2},
+                    "real is float32 [B, 3, 81, 480, 832] in [-1, 1] (FastGen sequence_length=81, "
+                    "img_size=(832, 480) as (W, H); our video_size is (H, W)); clips under 81 frames are dropped"),
     "video_latent": Preset("wds", "VideoLatentLoaderConfig", {**_LATENT, "batch_size": 2, "num_workers": 2}),
     "kd_pair": Preset("wds", "PairLoaderConfig",
                       {"key_map": {"real": "latent.pth", "noise": "noise.pth", "condition": "txt_emb.pth"},

@@ -37,7 +37,9 @@ webdataset's ``shuffle(size, initial=100)``.
 
 Accounting
 ----------
-Dropped samples (filter, missing member, decode error) are never silent: workers send
+Dropped samples (filter, missing member, decode error, a video clip with fewer than
+``num_frames`` frames) are never silent: reasons are ``filter:<name>``,
+``missing:<suffix>``, ``decode:<key>``, ``too_short:<key>`` and ``incomplete_batch``. Workers send
 counters to the main process between the batches (every ``STATS_EVERY_BATCHES`` batches and
 at the end of their pass) and :attr:`WdsLoader.stats` holds,
 for the latest pass, ``samples`` and ``batches`` yielded, ``read`` (samples taken from the
@@ -52,6 +54,12 @@ Batches
 anything else, including tensors of differing shapes, a ``list``), plus ``__key__`` and
 ``__shard__`` (``list[str]``), plus every ``files_map`` / ``presets_map`` constant repeated
 per sample (tensor -> ``[B, ...]``, string -> ``list[str]``).
+
+Video keys (members ``mp4``, ``webm``, ...; :mod:`shardsmith.loaders.video_decode`): with
+``video_size``, ``[B, 3, num_frames, H, W]`` float32 in [-1, 1] plus FastGen's
+``cropping_params`` (``<key>_cropping_params`` when several keys are videos): a dict of
+int64 ``[B]`` tensors ``resize_w, resize_h, crop_x0, crop_y0, crop_w, crop_h``. Without
+``video_size``: uint8 ``[T, H, W, 3]`` per sample (stacked when all clips share a size).
 """
 
 from __future__ import annotations
@@ -127,6 +135,12 @@ class WdsLoaderConfig(BaseModel):
     world_size: Optional[int] = None  # None: torch.distributed world size if initialised, else 1
     partial: bool = False
     image_size: Optional[Union[int, tuple[int, int]]] = None
+    # video members (mp4, webm, ...): the first ``num_frames`` frames (FastGen's
+    # ``sequence_length``), each resized to cover ``video_size`` and centre-cropped, as float32
+    # [3, T, H, W] in [-1, 1]; without ``video_size``, uint8 [T, H, W, 3]. ``video_size`` is
+    # an int (square) or (H, W) like ``image_size``; FastGen's ``img_size`` is (W, H)
+    num_frames: Optional[int] = Field(None, ge=1)
+    video_size: Optional[Union[int, tuple[int, int]]] = None
     strict: bool = False  # True: a decode error raises instead of being counted and dropped
     allow_empty_rank: bool = False  # False: a rank with no sample at all raises at construction
 
@@ -141,6 +155,17 @@ class WdsLoaderConfig(BaseModel):
             if not s or s.startswith(".") or "/" in s:
                 raise ValueError(f"key_map[{k!r}] = {s!r} is not a member suffix like 'jpg' or 'latent.pth'")
             dec.check_supported(s)
+        return v
+
+    @field_validator("video_size")
+    @classmethod
+    def _video_size(cls, v):
+        if v is None:
+            return v
+        sides = (v,) if isinstance(v, int) else tuple(v)
+        if any(isinstance(x, bool) or int(x) < 1 for x in sides):
+            raise ValueError(f"video_size must be a positive int (square) or (height, width) of positive "
+                             f"ints, got {v!r}")
         return v
 
     @field_validator("presets_map")
@@ -164,6 +189,21 @@ class WdsLoaderConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _video(self):
+        videos = video_keys(self.key_map)
+        if videos and self.num_frames is None:
+            k = videos[0]
+            raise ValueError(f"key_map[{k!r}] = {self.key_map[k]!r} is a video member: set num_frames (frames "
+                             "taken from the start of each clip, FastGen's sequence_length; the 'video' preset "
+                             "uses 81) and usually video_size (H, W)")
+        taken = set(self.key_map) | set(self.files_map) | set(self.presets_map)
+        for k, ck in cropping_keys(self).items():
+            if ck in taken:
+                raise ValueError(f"batch key {ck!r} holds the cropping_params of video key {k!r}; rename the "
+                                 f"other {ck!r} key")
+        return self
+
+    @model_validator(mode="after")
     def _ranks(self):
         if self.rank is None or self.world_size is None:
             r, w = _dist_rank_world()
@@ -172,6 +212,20 @@ class WdsLoaderConfig(BaseModel):
         if self.world_size < 1 or not (0 <= self.rank < self.world_size):
             raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world_size}")
         return self
+
+
+def video_keys(key_map: dict[str, str]) -> list[str]:
+    """Batch keys whose member is a video (decoded with ``num_frames`` / ``video_size``)."""
+    return [k for k, s in key_map.items() if dec.last_ext(s) in dec.VIDEO_EXTS]
+
+
+def cropping_keys(cfg: "WdsLoaderConfig") -> dict[str, str]:
+    """``{video batch key: batch key of its cropping_params}`` when ``video_size`` is set: FastGen
+    names it ``cropping_params``, or ``<key>_cropping_params`` when there are several video keys."""
+    if cfg.video_size is None:
+        return {}
+    keys = video_keys(cfg.key_map)
+    return {k: ("cropping_params" if len(keys) == 1 else f"{k}_cropping_params") for k in keys}
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -424,8 +478,15 @@ def shard_samples(path, fd: Optional[int] = None) -> list[tuple[str, dict[str, M
     return group_samples(tar_members(path, fd))
 
 
-def read_member(fd: int, ref: MemberRef, where: str = "") -> bytes:
+def read_member(fd: int, ref: MemberRef, where: str = "", writable: bool = False) -> bytes | bytearray:
+    """The member's bytes; ``writable=True`` reads them into a ``bytearray`` that a tensor can
+    then use as its memory without another copy (``.pth`` members)."""
     off, size = ref
+    if writable and size:
+        data = bytearray(size)
+        if os.preadv(fd, [data], off) != size:
+            raise tarfile.ReadError(f"unexpected end of data{' in ' + where if where else ''}")
+        return data
     data = os.pread(fd, size, off) if size else b""
     if len(data) != size:
         raise tarfile.ReadError(f"unexpected end of data{' in ' + where if where else ''}")
@@ -548,6 +609,19 @@ def empty_slots(shard_counts, ignore, world, workers, start_index=0) -> list[tup
 
 # ============================================================================ collation
 
+def _batch_out(like: torch.Tensor, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
+    """In a DataLoader worker: an empty tensor in shared memory to stack a batch into, so the
+    batch crosses to the main process without another copy (what ``default_collate`` does).
+    Elsewhere ``None`` (ordinary memory)."""
+    if torch.utils.data.get_worker_info() is None or like.device.type != "cpu":
+        return None
+    numel = 1
+    for d in shape:
+        numel *= d
+    storage = like._typed_storage()._new_shared(numel, device=like.device)
+    return like.new(storage).resize_(*shape)
+
+
 def _collate_values(values: list) -> Any:
     v0 = values[0]
     if isinstance(v0, np.ndarray):
@@ -555,7 +629,7 @@ def _collate_values(values: list) -> Any:
         v0 = values[0]
     if isinstance(v0, torch.Tensor):
         if all(isinstance(v, torch.Tensor) and v.shape == v0.shape and v.dtype == v0.dtype for v in values):
-            return torch.stack(values)
+            return torch.stack(values, out=_batch_out(v0, (len(values), *v0.shape)))
         return list(values)
     if isinstance(v0, bool):
         return list(values)
@@ -571,7 +645,9 @@ def _collate_values(values: list) -> Any:
 
 def _repeat_constant(value: Any, n: int) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.unsqueeze(0).expand(n, *value.shape).contiguous()
+        out = _batch_out(value, (n, *value.shape))
+        view = value.unsqueeze(0).expand(n, *value.shape)
+        return view.contiguous() if out is None else out.copy_(view)
     if isinstance(value, dict):
         return {k: _repeat_constant(v, n) for k, v in value.items()}
     return [value] * n
@@ -621,7 +697,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
             assert shard_counts is not None
             self.plan = plan_slots(shard_counts, ignore, config.world_size, config.num_workers, config.start_index)
             self.effective = {s: n for s, n, _ in _table(shard_counts, ignore)}
-        self._keys = list(config.key_map)
+        self._crop_keys = cropping_keys(config)
+        self._keys = list(config.key_map) + list(self._crop_keys.values())
         need = list(config.key_map.values()) + (["json"] if "score" in config.filters else [])
         self._need = tuple(dict.fromkeys(need))
 
@@ -629,7 +706,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
     def _read_members(self, fd: int, shard: str, key: str, members: dict[str, MemberRef]) -> dict[str, bytes]:
         """The bytes of the members this loader uses (key_map suffixes, ``json`` for the score
         filter); other members are never read."""
-        return {s: read_member(fd, members[s], f"{shard}/{key}.{s}") for s in self._need if s in members}
+        return {s: read_member(fd, members[s], f"{shard}/{key}.{s}", s.endswith((".pth", ".pt")) or s in ("pth", "pt"))
+                for s in self._need if s in members}
 
     def _filter(self, members: dict[str, MemberRef], data: dict[str, bytes]) -> None:
         f = self.cfg.filters
@@ -659,15 +737,22 @@ class WdsDataset(torch.utils.data.IterableDataset):
             if raw is None:
                 if bkey in self.constants:
                     sample[bkey] = self.constants[bkey]
+                    if bkey in self._crop_keys:
+                        sample[self._crop_keys[bkey]] = None  # a constant was not cropped
                     self._delta["constant_fallback"] += 1
                     continue
                 raise _Drop(f"missing:{suffix}", f"no '.{suffix}' member")
             try:
-                sample[bkey] = dec.decode_member(suffix, raw, image_size=self.cfg.image_size)
+                if bkey in self._crop_keys:
+                    clip = dec.decode_video(raw, self.cfg.num_frames, self.cfg.video_size)
+                    sample[bkey], sample[self._crop_keys[bkey]] = clip.frames, clip.cropping_params
+                else:
+                    sample[bkey] = dec.decode_member(suffix, raw, image_size=self.cfg.image_size,
+                                                     num_frames=self.cfg.num_frames, video_size=self.cfg.video_size)
             except dec.MemberDecodeError as e:
                 if self.cfg.strict:
-                    raise dec.MemberDecodeError(f"{shard}/{key}.{suffix}: {e}") from e
-                raise _Drop(f"decode:{bkey}", str(e)) from e
+                    raise type(e)(f"{shard}/{key}.{suffix}: {e}") from e
+                raise _Drop(f"{e.reason}:{bkey}", str(e)) from e
         return sample
 
     def _count_drop(self, shard: str, key: str, d: _Drop) -> None:

@@ -33,7 +33,12 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class LatentFinisher:
     """Queues results per bucket; full batches are encoded on one background thread (the GPU works
     while the main thread keeps taking results from the decode workers and serialising finished
-    batches); ``flush`` waits for all.
+    batches).
+
+    Units (output shards) pipeline: :meth:`seal` submits a unit's last, partial batches and
+    returns at once, so the encoder goes on with the next unit's batches while the caller waits
+    for :meth:`ready` before writing the sealed one (:meth:`finish_through` blocks until it is).
+    Batches never mix units, so a resumed run encodes exactly the same batches.
 
     At most ``MAX_IN_FLIGHT`` batches wait for the encoder, which bounds host memory.
     """
@@ -46,7 +51,8 @@ class LatentFinisher:
         self.o, self.stage, self.sources, self.multi = output, stage, sources, multi_source
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult]]] = {}
         self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode")
-        self.in_flight: list = []
+        self.in_flight: list = []  # (unit tag, batch, future), in submission order
+        self.unit = 0  # tag of the unit now being filled
         self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
                            "path_or_repo": v["provenance"].get("path_or_repo")}
                        for k, v in stage.describe().items() if k in ("vae", "text")}
@@ -56,9 +62,9 @@ class LatentFinisher:
         host = self.stage.stage([r.pixels for _, r in batch])
         for _, r in batch:
             r.pixels = None
-        self.in_flight.append((batch, self.encoder.submit(self._gpu, batch, host)))
+        self.in_flight.append((self.unit, batch, self.encoder.submit(self._gpu, batch, host)))
         while len(self.in_flight) > self.MAX_IN_FLIGHT:
-            self._finish(*self.in_flight.pop(0))
+            self._finish(self.in_flight.pop(0))
 
     def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]], host):
         """Encoder thread: only the model work (staged pixels -> latents, captions -> embeddings)."""
@@ -66,8 +72,9 @@ class LatentFinisher:
         texts = self.stage.text([it.caption or "" for it, _ in batch]) if self.stage.text_encoder else None
         return latents, texts
 
-    def _finish(self, batch, fut) -> None:
+    def _finish(self, entry) -> None:
         """Calling thread: serialise members (re-raises an encoder error here)."""
+        _tag, batch, fut = entry
         latents, texts = fut.result()
         for i, (item, res) in enumerate(batch):
             res.members = self._members(item, res, latents[i], texts[i] if texts else None)
@@ -80,14 +87,27 @@ class LatentFinisher:
             self._submit(list(q))
             q.clear()
 
-    def flush(self) -> None:
-        """Encode every queued item (partial batches too) and wait until all members exist."""
+    def seal(self) -> int:
+        """End the current unit: submit its partial batches (no waiting); returns its tag."""
         for q in self.pending.values():
             if q:
                 self._submit(list(q))
                 q.clear()
-        while self.in_flight:
-            self._finish(*self.in_flight.pop(0))
+        tag, self.unit = self.unit, self.unit + 1
+        return tag
+
+    def ready(self, tag: int) -> bool:
+        """True when every batch of units up to ``tag`` has been encoded (not yet serialised)."""
+        return all(fut.done() for t, _, fut in self.in_flight if t <= tag)
+
+    def finish_through(self, tag: int) -> None:
+        """Wait for the batches of units up to ``tag`` and serialise their members."""
+        while self.in_flight and self.in_flight[0][0] <= tag:
+            self._finish(self.in_flight.pop(0))
+
+    def flush(self) -> None:
+        """Encode every queued item (partial batches too) and wait until all members exist."""
+        self.finish_through(self.seal())
 
     def close(self) -> None:
         self.encoder.shutdown(wait=True)

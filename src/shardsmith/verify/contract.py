@@ -46,17 +46,32 @@ def _as_numpy(v: Any) -> np.ndarray | None:
 
 def _tensor_stats(t) -> tuple[int, int, float | None, float | None, float, int]:
     """``(nan, inf, min, max, sum, n_finite)`` of a real tensor, computed by torch on the
-    tensor itself (no float32/float64/numpy copy of the whole batch)."""
+    tensor itself (no float32/float64/numpy copy of the whole batch).
+
+    Fast path (every value finite, the common case): one ``aminmax`` pass (NaN and ±Inf show
+    up in it) and one sum, accumulated in float32 (float64 for float64 and integers; bf16 and
+    fp16 sums come back rounded to their own precision, about 3 significant digits).
+    """
     t = t.detach()
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
-    if t.is_floating_point():
-        nan = int(torch.isnan(t).sum())
-        inf = int(torch.isinf(t).sum())
-        if nan or inf:
-            t = t[torch.isfinite(t)]
-    else:
-        nan = inf = 0
+    n = t.numel()
+    if not n:
+        return 0, 0, None, None, 0.0, 0
+    lo, hi = (float(x) for x in torch.aminmax(t))
+    if not t.is_floating_point():
+        return 0, 0, lo, hi, float(t.sum(dtype=torch.int64)), n
+    if math.isfinite(lo) and math.isfinite(hi):
+        if t.dtype == torch.float64:
+            total = t.sum()
+        elif t.dtype == torch.float32:
+            total = t.sum(dtype=torch.float32)
+        else:
+            total = t.sum()  # bf16/fp16: float accumulation inside, a 16-bit result (a float32 copy costs 5x)
+        return 0, 0, lo, hi, float(total), n
+    nan = int(torch.isnan(t).sum())
+    inf = int(torch.isinf(t).sum())
+    t = t[torch.isfinite(t)]
     n = t.numel()
     if not n:
         return nan, inf, None, None, 0.0, 0
@@ -87,8 +102,10 @@ class KeyStats:
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(v)
 
-    def add(self, value: Any, batch_size: int) -> None:
-        """Fold one batch value: a stacked tensor ``[B, ...]``, a list (one entry per sample) or a scalar."""
+    def add(self, value: Any, batch_size: int, constant: bool = False) -> None:
+        """Fold one batch value: a stacked tensor ``[B, ...]``, a list (one entry per sample) or a scalar.
+        ``constant``: a loader constant repeated over the batch (``files_map``): values are read
+        from its first row only (every row is the same tensor), shapes and counts from all."""
         if isinstance(value, (list, tuple)):
             for v in value:
                 if _is_array(v):
@@ -97,11 +114,11 @@ class KeyStats:
                     self.add_one(v)
             return
         if _is_array(value):
-            self._add_array(value, batched=value.ndim >= 1 and value.shape[0] == batch_size)
+            self._add_array(value, batched=value.ndim >= 1 and value.shape[0] == batch_size, constant=constant)
             return
         self.add_one(value)
 
-    def _add_array(self, value: Any, batched: bool) -> None:
+    def _add_array(self, value: Any, batched: bool, constant: bool = False) -> None:
         self.type = "tensor"
         self.dtype = _dtype_name(value)
         shape = list(value.shape[1:]) if batched else list(value.shape)
@@ -109,6 +126,8 @@ class KeyStats:
         n = value.shape[0] if batched else 1
         self.shapes[key] = self.shapes.get(key, 0) + n
         self.samples += n
+        if constant and batched and n > 1:
+            value = value[:1]
         if isinstance(value, np.ndarray):
             self._add_numpy(value)
         elif value.numel() and not value.is_complex():
@@ -218,7 +237,8 @@ class ContractRecorder:
                 return len(v)
         return 1
 
-    def add(self, batch: dict[str, Any]) -> None:
+    def add(self, batch: dict[str, Any], constant_keys=()) -> None:
+        """Fold one batch; keys in ``constant_keys`` are loader constants (see ``KeyStats.add``)."""
         b = self.batch_size(batch)
         self.batches += 1
         self.samples += b
@@ -226,7 +246,7 @@ class ContractRecorder:
         for k, v in batch.items():
             if k.startswith("__"):
                 continue
-            self.keys.setdefault(k, KeyStats()).add(v, b)
+            self.keys.setdefault(k, KeyStats()).add(v, b, constant=k in constant_keys)
 
     def merge(self, other: "ContractRecorder") -> None:
         self.batches += other.batches

@@ -58,6 +58,11 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         if "fork" in mp.get_all_start_methods():
             # a spawned child defaults to spawn; a torchrun rank (what we simulate) forks its workers
             mp.set_start_method("fork", force=True)
+        import torch
+
+        # torchrun runs each rank with OMP_NUM_THREADS=1; a rank with an intra-op pool beside its
+        # own busy workers spends ~8 ms per small reduction in pool barriers (0.1 ms without)
+        torch.set_num_threads(1)
         rec = ContractRecorder()
         seen: list[str] = []
         limit = spec["batches"]
@@ -66,11 +71,12 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
 
             cfg = WdsLoaderConfig(**spec["config"], rank=rank, world_size=spec["world"])
             loader = WdsLoader(cfg)
+            constants = set(cfg.files_map) | set(cfg.presets_map)  # the same value in every row
             for i, batch in enumerate(loader):
                 if limit is not None and i >= limit:
                     break
                 seen += [f"{s}/{k}" for s, k in zip(batch["__shard__"], batch["__key__"])]
-                rec.add(batch)
+                rec.add(batch, constants)
             stats = json.loads(json.dumps(loader.stats, default=str))
         else:
             import itertools
@@ -94,13 +100,27 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
 
 
+def _rank_context():
+    """``fork`` where the platform has it and this process has not initialised CUDA: a rank then
+    starts in milliseconds with torch already imported (a spawned one spends seconds importing
+    it); each rank is still a separate process with its own loader and workers, as under
+    torchrun. ``spawn`` otherwise (CUDA cannot cross a fork)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    cuda_live = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    if "fork" in mp.get_all_start_methods() and not cuda_live:
+        return mp.get_context("fork")
+    return mp.get_context("spawn")
+
+
 class _Ranks:
-    """``world`` spawned rank processes: started by the constructor (they import torch and
-    build their loaders while the parent computes the expected sample list), collected by
-    :meth:`collect`, killed by :meth:`stop` if never collected."""
+    """``world`` rank processes: started by the constructor (they build their loaders while
+    the parent computes the expected sample list), collected by :meth:`collect`, killed by
+    :meth:`stop` if never collected."""
 
     def __init__(self, spec: dict[str, Any], world: int):
-        ctx = mp.get_context("spawn")
+        ctx = _rank_context()
         self.queue = ctx.Queue()
         self.procs = [ctx.Process(target=_rank_main, args=(r, spec, self.queue), daemon=False)
                       for r in range(world)]
@@ -171,10 +191,13 @@ def _manifest_count(dataset: Path) -> tuple[int | None, str | None]:
 # ------------------------------------------------------------------------------------ main
 
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
-           world: int = 2, workers: int = 2, batch_size: int = 8, batches: int | None = None,
+           world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
            image_size: int | None = None, timeout: float = 600) -> dict[str, Any]:
+    """``batch_size=None``: the preset's own batch size (8 without a preset)."""
     from shardsmith.loaders.presets import get_preset, preset_config
 
+    if batch_size is None:
+        batch_size = int(get_preset(preset).defaults.get("batch_size", 8)) if preset else 8
     dataset = Path(dataset).resolve()
     kind = dataset_kind(dataset)
     checks: list[dict[str, Any]] = []

@@ -1,0 +1,94 @@
+"""``models.compile``: when the VAE encoder is compiled, that compiled latents equal eager
+ones, and that the cache marker makes a second run's compile count as warm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shardsmith.encode import compile as cc
+from shardsmith.encode.stage import EncodeStage
+from shardsmith.encode.vae import load_vae
+from shardsmith.recipe import RecipeError, fingerprint, recipe_from_dict
+
+
+def test_compile_pays_only_when_the_saving_beats_the_cost():
+    # 1M images at 750/s eager: 1333 s eager, ~667 s saved at 2x > 300 s cold compile
+    yes, why = cc.compile_pays(1_000_000, 750.0, warm=False)
+    assert yes and "1000000 items left" in why and "cold" in why and why.endswith("compile")
+    # 200k images: 267 s eager, 133 s saved < 300 s cold ... but > 45 s with a warm cache
+    assert cc.compile_pays(200_000, 750.0, warm=False)[0] is False
+    assert cc.compile_pays(200_000, 750.0, warm=True)[0] is True
+    assert cc.compile_pays(0, 750.0, warm=True) == (False, "nothing left to encode")
+
+
+def test_compile_is_a_run_setting_not_part_of_the_fingerprint():
+    base = {"sources": [{"path": "x"}], "outputs": [{"format": "wds"}]}
+    fps = {fingerprint(recipe_from_dict({**base, "models": {"compile": c}}, base_dir=".")) for c in ("auto", "on", "off")}
+    assert fps == {fingerprint(recipe_from_dict(base, base_dir="."))}
+    with pytest.raises(RecipeError, match="compile"):
+        recipe_from_dict({**base, "models": {"compile": "always"}}, base_dir=".")
+
+
+def _batches(n: int, bs: int, seed: int = 0) -> list[torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    return [torch.from_numpy(rng.integers(0, 256, (bs, 1, 32, 32, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return tmp_path / "inductor"
+
+
+def test_compiled_encoder_gives_the_eager_latents_and_marks_the_cache(cache):
+    torch.manual_seed(0)
+    vae = load_vae("sd")  # tiny random-weight AutoencoderKL
+    batches = _batches(3, 2)
+    eager = EncodeStage(vae, None, batch_size=2, device="cpu", compile="off")
+    want = [eager.encode_staged(b) for b in batches]
+    assert eager.describe()["compile"] == {"setting": "off", "compiled": False,
+                                           "reason": "off in the recipe (models.compile)"}
+    st = EncodeStage(vae, None, batch_size=2, device="cpu", compile="on")
+    st.compile_backend = "aot_eager"  # the same dynamo path, without minutes of Inductor codegen on CPU
+    got = [st.encode_staged(b) for b in batches]
+    for a, b in zip(want, got):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+    info = st.describe()["compile"]
+    assert info["compiled"] and info["warm_cache"] is False and info["cache"] == str(cache)
+    assert info["compiled_at_batch"] == 0 and info["compile_s"] >= 0
+    # a second run with the same model and shape finds the cache warm
+    again = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="on")
+    again.compile_backend = "aot_eager"
+    again.encode_staged(batches[0])
+    assert again.describe()["compile"]["warm_cache"] is True
+
+
+def test_auto_decides_after_the_first_batches_from_the_items_left(cache, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
+    batches = _batches(6, 2)
+
+    def run(remaining: int) -> EncodeStage:
+        st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
+        st.device = "cuda"  # decide as on a GPU; the tensors stay on the CPU (vae.device)
+        st.compile_backend = "aot_eager"
+        st.expect(remaining)
+        for b in batches:
+            st.encode_staged(b)
+        return st
+
+    short = run(12).describe()["compile"]
+    assert short["compiled"] is False and short["reason"].startswith("auto: ") and "stay eager" in short["reason"]
+    assert "4 items left" in short["reason"]  # 12 expected; decided after 1 + 3 batches of 2
+    monkeypatch.setitem(cc.COST_S, "cold", 0.0)  # make compiling pay for any run length
+    long = run(10**9).describe()["compile"]
+    assert long["compiled"] is True and long["compiled_at_batch"] == 1 + cc.DECIDE_AFTER_BATCHES
+    assert long["reason"].endswith(": compile")
+    # off the GPU, auto never compiles
+    st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
+    st.expect(10**9)
+    for b in batches:
+        st.encode_staged(b)
+    assert st.describe()["compile"]["reason"] == "auto: stays eager off the GPU"

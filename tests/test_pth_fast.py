@@ -1,0 +1,136 @@
+"""The fast ``torch.save`` reader gives exactly what ``torch.load(weights_only=True)`` gives,
+and refuses (through ``torch.load``) everything it does not know."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import warnings
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from shardsmith.loaders.pth_fast import NotFast, load_fast, load_pth_bytes
+
+
+def saved(obj, **kw) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kw)
+    return buf.getvalue()
+
+
+def same(a, b) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a, b) if a.dtype != torch.bool else bool((a == b).all())
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y)
+    else:
+        assert a == b
+
+
+g = torch.Generator().manual_seed(0)
+CASES = {
+    "float32 latent": torch.randn(4, 32, 32, generator=g),
+    "bfloat16 text embedding": torch.randn(77, 64, generator=g).to(torch.bfloat16),
+    "float16": torch.randn(3, 5, generator=g).half(),
+    "int64 mask": torch.ones(128, dtype=torch.int64),
+    "bool": torch.rand(7, generator=g) > 0.5,
+    "uint8 frames": torch.randint(0, 255, (2, 3, 4, 4), dtype=torch.uint8, generator=g),
+    "scalar": torch.tensor(3.5),
+    "empty": torch.empty(0, 4),
+    "transposed view": torch.randn(6, 4, generator=g).t(),
+    "dict like .precomputed": {"latents": torch.randn(8, 2, 4, 4, generator=g).to(torch.bfloat16), "num_frames": 9,
+                               "height": 64, "width": 96, "fps": 24.0},
+    "nested list/tuple": [torch.arange(5), (torch.zeros(2), "text", None, 1.5), {"a": [1, 2]}],
+    "ordered dict": OrderedDict(b=torch.ones(2), a=torch.zeros(3)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fast_path_equals_torch_load(name):
+    data = saved(CASES[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. torch.frombuffer on a read-only buffer
+        got = load_fast(data)
+    same(got, torch.load(io.BytesIO(data), weights_only=True))
+
+
+def test_views_keep_sharing_one_storage_and_own_writable_memory():
+    base = torch.arange(12.0)
+    data = saved({"a": base[:6], "b": base[6:].view(2, 3)})
+    got = load_fast(data)
+    assert got["a"].untyped_storage().data_ptr() == got["b"].untyped_storage().data_ptr()
+    assert got["b"].tolist() == [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0]]
+    got["a"][0] = 100.0  # writable, and the caller's bytes are untouched
+    assert load_fast(data)["a"][0] == 0.0
+
+
+def test_a_tensor_with_requires_grad_goes_through_torch_load():
+    data = saved(torch.ones(3, requires_grad=True))
+    with pytest.raises(NotFast):
+        load_fast(data)
+    assert load_pth_bytes(data).requires_grad
+
+
+def test_legacy_format_falls_back_to_torch_load():
+    data = saved({"x": torch.arange(4)}, _use_new_zipfile_serialization=False)
+    with pytest.raises(NotFast):
+        load_fast(data)
+    assert load_pth_bytes(data)["x"].tolist() == [0, 1, 2, 3]
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/shardsmith-pwned",))
+
+
+def test_malicious_pickle_is_refused_not_executed(tmp_path):
+    marker = "/tmp/shardsmith-pwned"
+    if os.path.exists(marker):
+        os.remove(marker)
+    data = saved({"latent": torch.zeros(2), "payload": Evil()})
+    with pytest.raises(NotFast, match="posix.system|os.system"):
+        load_fast(data)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_pth_bytes(data)
+    assert not os.path.exists(marker)
+
+
+def test_truncated_bytes_raise_torch_loads_error():
+    data = saved(torch.randn(64, 64))
+    with pytest.raises(Exception) as e1:
+        load_pth_bytes(data[: len(data) // 2])
+    with pytest.raises(Exception) as e2:
+        torch.load(io.BytesIO(data[: len(data) // 2]), weights_only=True)
+    assert type(e1.value) is type(e2.value)
+
+
+def test_a_missing_or_short_storage_record_is_not_trusted():
+    data = saved(torch.arange(16, dtype=torch.int32))
+    # rename the storage record (local header and central directory): the pickle's key "0" is gone
+    renamed = data.replace(b"archive/data/0", b"archive/data/9")
+    with pytest.raises(NotFast, match="storage size mismatch"):
+        load_fast(renamed)
+    with pytest.raises(Exception):
+        torch.load(io.BytesIO(renamed), weights_only=True)
+    with pytest.raises(Exception):
+        load_pth_bytes(renamed)
+
+
+def test_a_bytearray_is_used_in_place_and_bytes_are_copied():
+    data = saved(torch.arange(8, dtype=torch.int16))
+    owned = bytearray(data)
+    t = load_fast(owned)
+    t[0] = 7
+    assert owned != bytearray(data)  # the tensor lives in the caller's bytearray
+    assert load_fast(bytes(owned))[0] == 7 and load_fast(data)[0] == 0
