@@ -338,7 +338,8 @@ class VaeEncoder:
 
         Only the encoder (and its quant conv, when separate and small, stays eager): the VAE's
         decoder and the posterior arithmetic are untouched. Fixed shapes (``dynamic=False``):
-        each bucket compiles once."""
+        each bucket compiles once. Do not call the compiled encoder under a dispatch mode such
+        as ``FlopCounterMode``: dynamo then runs it eagerly for the rest of the process."""
         target = getattr(self.model, "encoder", None)
         if not isinstance(target, torch.nn.Module):
             target = self.model
