@@ -1,7 +1,7 @@
 """Benchmark: ``shardsmith.verify.runner.verify`` on a latent WDS vs a plain read of its bytes.
 
 Dataset: ``--n`` samples of ``latent.pth`` (float32 [4,32,32]) + ``txt_emb.pth`` (bfloat16
-[77,64]) written with ``webdataset.TarWriter``, 1000 per shard, + ``shard_count.json`` +
+[77,64]) (``--shape sdxl``: float32 [4,128,128] + bfloat16 [77,2048], 578 kB a sample) written with ``webdataset.TarWriter``, 1000 per shard, + ``shard_count.json`` +
 ``neg_prompt_emb.npy`` (shared with bench/loader.py, see bench/loader_common.py).
 
 Variants, each repeat runs all of them back to back (forward order on even repeats,
@@ -9,9 +9,12 @@ reversed on odd ones), page cache warm (a plain read of every shard first):
 
 * ``plain read (warm)``: open each tar and read it fully in 8 MiB chunks, one process (cat-like)
 * ``plain read (cold)``: the same right after ``posix_fadvise(DONTNEED)`` on OUR shards only
-  (other files on the machine are not touched); information only
+  (other files on the machine are not touched)
+* ``verify world=W (cold)``: the first world's verify, also right after evicting our shards
 * ``verify world=W``: ``verify(path, preset="image_latent", world=W, workers=2,
   batch_size=64)``; the report must say ok and every sample seen once
+* ``verify world=W contract-in-workers``: the same with ``contract_in="workers"`` (the workers
+  record the batch contract and send only ids and statistics)
 * ``verify tiny world=W``: the same on a 1-shard, 10-sample dataset: the fixed start-up
   cost (spawning W rank processes that import torch, building the loader, forking workers,
   collecting results); subtracted to give the "excluding start-up" ratios
@@ -53,10 +56,10 @@ WORKERS = 2
 BATCH = 64
 
 
-def run_verify(folder: Path, world: int, total: int) -> dict:
+def run_verify(folder: Path, world: int, total: int, contract_in: str = "rank") -> dict:
     from shardsmith.verify.runner import verify
 
-    rep = verify(folder, preset=PRESET, world=world, workers=WORKERS, batch_size=BATCH)
+    rep = verify(folder, preset=PRESET, world=world, workers=WORKERS, batch_size=BATCH, contract_in=contract_in)
     assert rep["ok"], [c for c in rep["checks"] if not c["ok"]]
     assert rep["coverage"]["unique"] == rep["coverage"]["seen"] == total, rep["coverage"]
     return rep
@@ -96,21 +99,20 @@ def breakdown(folder: Path, total: int) -> list[tuple[str, float, float]]:
     timed("parent: _expected_wds (walk every tar header, serial, before the ranks start)",
           lambda: _expected_wds(folder))
     cfg = preset_config(PRESET, folder, batch_size=BATCH, num_workers=WORKERS).model_copy(
-        update={"deterministic": True, "partial": True, "shuffle_size": 0})
-    batches = timed(f"loader only: WdsLoader deterministic pass, workers={WORKERS}, batch {BATCH}",
-                    lambda: list(WdsLoader(cfg)))
-    assert sum(len(b["__key__"]) for b in batches) == total
+        update={"deterministic": True, "partial": True, "shuffle_size": 0, "constants_as_views": True})
+    n = timed(f"loader only: WdsLoader deterministic pass, workers={WORKERS}, batch {BATCH} (batches dropped)",
+              lambda: sum(len(b["__key__"]) for b in WdsLoader(cfg)))
+    assert n == total
 
-    def contract():
+    def contract():  # batches are not kept: 20k SDXL samples would be 11.7 GB
         rec = ContractRecorder()
         seen = []
-        for b in batches:
+        for b in WdsLoader(cfg):
             seen += [f"{s}/{k}" for s, k in zip(b["__shard__"], b["__key__"])]
-            rec.add(b)
+            rec.add(b, set(cfg.files_map))
         return rec
 
-    timed("rank: ContractRecorder.add + seen ids over all batches", contract)
-    del batches
+    timed("loader + ContractRecorder.add + seen ids, in this process", contract)
     spec = {"kind": "wds", "config": cfg.model_dump(mode="json", exclude={"rank", "world_size"}), "world": 1,
             "batches": None}
     qq = _q.Queue()
@@ -123,6 +125,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK)
     ap.add_argument("--n", type=int, default=20000, help="samples of the prepared latent dataset (default 20000)")
+    ap.add_argument("--shape", choices=["small", "sdxl"], default="small",
+                    help="latent sizes (loader_common.LATENT_SHAPES): small 33 kB a sample, sdxl 578 kB")
     ap.add_argument("--shards", type=int, default=4,
                     help="time on the first K shards (1000 samples each) only, to fit the time budget; 0 = all")
     ap.add_argument("--repeats", type=int, default=5)
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
 
     info = machine_info()
     print(header(info), flush=True)
-    full = prepare_latents(args.work, args.n)
+    full = prepare_latents(args.work, args.n, shape=args.shape)
     folder = subset(full, args.shards)
     tiny = prepare_latents(args.work, 10, per_shard=10, name="latents_tiny")
     paths, tiny_paths = shard_paths(folder), shard_paths(tiny)
@@ -146,14 +150,18 @@ def main(argv=None) -> int:
     variants: list[tuple[str, callable]] = [("plain read (warm)", lambda: plain_read(paths))]
     for w in worlds:
         variants.append((f"verify world={w}", lambda w=w: run_verify(folder, w, total)))
+        variants.append((f"verify world={w} contract-in-workers",
+                         lambda w=w: run_verify(folder, w, total, "workers")))
         variants.append((f"verify tiny world={w}", lambda w=w: run_verify(tiny, w, 10)))
     variants.append(("decode floor (1 proc)", lambda: decode_floor(paths)))
     variants.append(("plain read (cold)", None))
+    variants.append((f"verify world={worlds[0]} (cold)", None))
 
     def run(name, fn):
-        if fn is None:  # cold read: evict our files, then read them (leaves the cache warm again)
+        if fn is None:  # cold: evict our files first (the run leaves the cache warm again)
             evict(paths)
-            fn = lambda: plain_read(paths)  # noqa: E731
+            fn = (lambda: plain_read(paths)) if name.startswith("plain") else \
+                (lambda: run_verify(folder, worlds[0], total))
         with Meter() as m:
             out = fn()
         if name.startswith("plain"):
@@ -166,7 +174,7 @@ def main(argv=None) -> int:
     plain_read(paths)
     plain_read(tiny_paths)
     for name, fn in variants:  # untimed warm-up
-        if name.startswith("verify world"):
+        if name.startswith("verify world") or name.endswith("(cold)"):
             continue  # the full verify is long; its code paths are warmed by the tiny one
         run(name, fn)
     print(f"# warm-up done in {time.perf_counter() - t_start:.1f}s", flush=True)
@@ -214,8 +222,18 @@ def main(argv=None) -> int:
 
     ratio_row("verify / plain read warm, INCLUDING start-up (goal <= 1.5)",
               lambda w, i: t[f"verify world={w}"][i] / plain[i])
+    ratio_row("verify --contract-in workers / plain read warm",
+              lambda w, i: t[f"verify world={w} contract-in-workers"][i] / plain[i])
+    ratio_row("verify --contract-in workers / plain read COLD",
+              lambda w, i: t[f"verify world={w} contract-in-workers"][i] / t["plain read (cold)"][i])
+    ratio_row("verify --contract-in workers / verify (rank)",
+              lambda w, i: t[f"verify world={w} contract-in-workers"][i] / t[f"verify world={w}"][i])
     ratio_row("verify / plain read warm, EXCLUDING start-up (verify - tiny verify)",
               lambda w, i: (t[f"verify world={w}"][i] - t[f"verify tiny world={w}"][i]) / plain[i])
+    ratio_row("verify / plain read COLD (our shards evicted first), including start-up",
+              lambda w, i: t[f"verify world={w}"][i] / t["plain read (cold)"][i])
+    ratio_row(f"verify COLD / plain read COLD (world={worlds[0]} verify in every column)",
+              lambda w, i: t[f"verify world={worlds[0]} (cold)"][i] / t["plain read (cold)"][i])
     ratio_row("verify / decode floor (1 proc), including start-up",
               lambda w, i: t[f"verify world={w}"][i] / t["decode floor (1 proc)"][i])
     ratio_row("verify / decode floor (1 proc), excluding start-up",

@@ -424,3 +424,19 @@ def test_hash_pretrained_unknown_repo_records_note(tmp_path):
 
     sha, files, _, notes = hash_pretrained("acme/not-cached", cache_dir=str(tmp_path))
     assert sha is None and files == [] and notes and "could not locate" in notes[0]
+
+
+@pytest.mark.parametrize("family", ["t5", "umt5"])
+def test_t5_position_bias_is_contiguous_for_fused_sdpa_and_unchanged(family):
+    """transformers builds the relative position bias as a permuted view (last stride = heads);
+    SDPA's fused CUDA kernels refuse such a mask and fall back to the float32 math path."""
+    from shardsmith.encode.text import load_text_encoder
+
+    enc = load_text_encoder(family, config="tiny", dtype="float32")
+    mods = [m for m in enc.model.modules() if getattr(m, "has_relative_attention_bias", False)]
+    assert mods and any("position bias made contiguous" in n for n in enc.provenance.notes)
+    for m in mods:
+        patched = m.compute_bias(20, 20)
+        original = type(m).compute_bias(m, 20, 20)
+        assert original.stride()[-1] != 1  # what transformers returns
+        assert patched.is_contiguous() and torch.equal(patched, original)

@@ -299,6 +299,30 @@ def test_files_map_relative_to_shard_folder_and_missing_file(tmp_path):
         WdsLoader(loader.config.model_copy(update={"files_map": {"neg": "nope.npy"}}))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_constants_as_views_equal_the_copies_without_copying(tmp_path, workers):
+    folder = write_tar_folder(tmp_path / "ds", [[(f"k{i}", {"cls": str(i).encode()}) for i in range(5)],
+                                                [(f"m{i}", {"cls": str(i).encode()}) for i in range(4)]])
+    emb = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(folder / "neg_emb.npy", emb)
+    cfg = WdsLoaderConfig(shards=folder, key_map={"c": "cls"}, deterministic=True, batch_size=2, partial=True,
+                          num_workers=workers, files_map={"neg": "neg_emb.npy"},
+                          presets_map={"empty": "empty_string"})
+    copies = list(WdsLoader(cfg))
+    loader = WdsLoader(cfg.model_copy(update={"constants_as_views": True}))
+    views = list(loader)
+    assert [b["__key__"] for b in views] == [b["__key__"] for b in copies] and len(views) == (3 + 2 if workers else 5)
+    one = loader.constants["neg"]
+    for a, b in zip(copies, views):
+        n = len(a["__key__"])
+        assert b["neg"].shape == a["neg"].shape == (n, 2, 3) and torch.equal(a["neg"], b["neg"])
+        assert b["neg"].data_ptr() == one.data_ptr()  # the one constant tensor, no copy
+        if n > 1:
+            assert b["neg"].stride()[0] == 0 and a["neg"].stride()[0] == 6  # the default: a real [B, 2, 3] copy
+            assert a["neg"].data_ptr() != one.data_ptr()
+        assert b["empty"] == a["empty"] == [""] * n
+
+
 def test_filters_are_counted(tmp_path):
     samples = [("a", {"json": json.dumps({"score": 7}).encode(), "txt": b"fine"}),
                ("b", {"json": json.dumps({"score": 2.5}).encode(), "txt": b"low score"}),

@@ -26,6 +26,7 @@ def _start(recipe: Path, out: Path) -> subprocess.Popen:
 def _manifest(out: Path) -> dict:
     m = json.loads((out / "manifest.json").read_text())
     m.pop("created")
+    assert m.pop("timings")["total_s"] >= 0  # run-specific, like "created"
     return m
 
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -57,6 +58,7 @@ class BuildContext:
     progress: Progress
     stage: Any = None  # EncodeStage when the recipe has latent outputs
     makers: dict[str, Any] | None = None  # output name -> picklable sample maker
+    timings: dict[str, Any] | None = None  # wall seconds per phase of this run (manifest "timings")
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -173,11 +175,13 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
 def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
                     infos: list[SourceInfo], pool: Workers) -> dict[str, Any]:
     """Plan (unless the ledger holds a complete plan), write every output, then the manifest."""
+    t0 = time.perf_counter()
     if not ledger.get_meta("plan_complete"):
         ledger.reset_plan()
         with progress.task("plan", total=None) as tick:
             make_plan(recipe, ledger, opened, on_item=tick)
-    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={})
+    timings: dict[str, Any] = {"plan_s": round(time.perf_counter() - t0, 3)}
+    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
     for o in recipe.outputs:
         if isinstance(o, WdsOutput):
             ctx.makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
@@ -192,12 +196,19 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
         from shardsmith.encode.stage import EncodeStage
 
+        t = time.perf_counter()
         with progress.task("load models", total=None):
             ctx.stage = EncodeStage.from_recipe(recipe)
+        timings["load_models_s"] = round(time.perf_counter() - t, 3)
         if ctx.stage.describe()["random_weights"]:
             progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
                          "the latents are plumbing checks, not model-space data (labelled in the manifest)")
-    blocks = {o.name: _run_output(ctx, o, pool) for o in recipe.outputs}
+    blocks, timings["outputs_s"] = {}, {}
+    for o in recipe.outputs:
+        t = time.perf_counter()
+        blocks[o.name] = _run_output(ctx, o, pool)
+        timings["outputs_s"][o.name] = round(time.perf_counter() - t, 3)
+    timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part
     manifest = _manifest(ctx, fp, blocks)
     atomic_write_json(root / formats.MANIFEST_FILE, manifest)
     ledger.set_meta("complete", True)
@@ -368,6 +379,7 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
         "splits": splits,
         "outputs": outputs,
         "models": ctx.stage.describe() if ctx.stage is not None else None,
+        "timings": ctx.timings,
         "warnings": warnings,
     }
 

@@ -234,6 +234,10 @@ def verify(
                                              help="Default: the preset's batch size (8 without a preset)."),
     batches: Optional[int] = typer.Option(None, help="Stop each rank after this many batches (no coverage check)."),
     image_size: Optional[int] = typer.Option(None, help="Decode images to float CHW at this size."),
+    contract_in: str = typer.Option("rank", "--contract-in",
+                                    help="rank: every batch crosses to its rank process, as in training "
+                                         "(default). workers: the workers record the batch contract and send "
+                                         "only ids and statistics (faster on large latents)."),
     as_json: bool = typer.Option(False, "--json"),
     out_json: Optional[Path] = typer.Option(None, "--out-json", help="Also write the report here."),
 ):
@@ -242,7 +246,7 @@ def verify(
 
     try:
         rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
-                         batch_size=batch_size, batches=batches, image_size=image_size)
+                         batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         _fail(str(exc).strip("'\""))
     text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)

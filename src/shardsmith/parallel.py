@@ -36,7 +36,12 @@ class Workers:
                 f.result()
 
     def map(self, maker: Any, items: Iterable[Any], window: int | None = None) -> Iterator[tuple[Any, Any]]:
-        """Apply the picklable callable ``maker`` to every item (it travels with each chunk)."""
+        """Apply the picklable callable ``maker`` to every item (it travels with each chunk).
+
+        Items go to the workers in chunks of ``chunk`` (one round trip for several cheap
+        items), except those for which ``maker.is_heavy(item)`` is true (a video clip takes
+        seconds to decode): each travels alone, so the first result arrives after one item, not
+        after a chunk of them, and every worker gets work."""
         if self.pool is None:
             for it in items:
                 yield it, maker(it)
@@ -48,8 +53,17 @@ class Workers:
             chunk, fut = q.popleft()
             yield from zip(chunk, fut.result())
 
+        heavy = getattr(maker, "is_heavy", None)
         chunk: list[Any] = []
         for it in items:
+            if heavy is not None and heavy(it):
+                if chunk:
+                    q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
+                q.append(([it], self.pool.submit(_run_many, maker, [it])))
+                chunk = []
+                if len(q) >= min(window, 2 * self.n):  # a decoded clip is large: fewer in flight
+                    yield from drain_one()
+                continue
             chunk.append(it)
             if len(chunk) >= self.chunk:
                 q.append((chunk, self.pool.submit(_run_many, maker, chunk)))

@@ -54,6 +54,7 @@ class EncodeStage:
         self.oom_retries = 0
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
         self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
+        self.created = time.perf_counter()
 
     @classmethod
     def from_recipe(cls, recipe) -> "EncodeStage":
@@ -244,6 +245,8 @@ class EncodeStage:
         items = sum(n for _, n, _ in self.batches[1:])
         times = sorted(dt for _, _, dt in full)
         return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
+                "first_batch_done_s": round(t_first - self.created, 3),  # after the models were loaded
+                "last_batch_done_s": round(t_last - self.created, 3),
                 "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches)}
 
     # ---------------------------------------------------------------- manifest

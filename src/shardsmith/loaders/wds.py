@@ -53,7 +53,8 @@ Batches
 ``int`` -> int64 tensor; ``float`` -> float64 tensor; dicts of tensors collated per entry;
 anything else, including tensors of differing shapes, a ``list``), plus ``__key__`` and
 ``__shard__`` (``list[str]``), plus every ``files_map`` / ``presets_map`` constant repeated
-per sample (tensor -> ``[B, ...]``, string -> ``list[str]``).
+per sample (tensor -> ``[B, ...]``, string -> ``list[str]``; with ``constants_as_views`` a
+read-only broadcast view of the one constant tensor instead of a copy).
 
 Video keys (members ``mp4``, ``webm``, ...; :mod:`shardsmith.loaders.video_decode`): with
 ``video_size``, ``[B, 3, num_frames, H, W]`` float32 in [-1, 1] plus FastGen's
@@ -72,7 +73,7 @@ import tarfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -142,6 +143,12 @@ class WdsLoaderConfig(BaseModel):
     num_frames: Optional[int] = Field(None, ge=1)
     video_size: Optional[Union[int, tuple[int, int]]] = None
     strict: bool = False  # True: a decode error raises instead of being counted and dropped
+    # True: files_map / presets_map tensors reach each batch as a read-only broadcast view
+    # (``constant.expand(B, ...)``, no copy, attached in the main process) instead of a [B, ...]
+    # copy made in the worker and sent through shared memory. ``verify`` uses it: a repeated
+    # float32 [77, 2048] negative embedding is 40 MB of copies per batch of 64. Leave it off for
+    # training if the trainer writes into batch tensors in place.
+    constants_as_views: bool = False
     allow_empty_rank: bool = False  # False: a rank with no sample at all raises at construction
 
     @field_validator("key_map")
@@ -622,14 +629,33 @@ def _batch_out(like: torch.Tensor, shape: tuple[int, ...]) -> Optional[torch.Ten
     return like.new(storage).resize_(*shape)
 
 
-def _collate_values(values: list) -> Any:
+class ScratchBuffers:
+    """Stack batches into the same buffers every time (one per key, shape and dtype): for a
+    consumer that is done with a batch before asking for the next (``verify`` recording the
+    contract inside the worker). Fresh memory costs a page fault per 4 KiB on first touch, which
+    dominated verify on large latents (~10 us a page on a VM: 2.9 M pages for 11.7 GB)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, key: str, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        k = (key, shape, like.dtype)
+        buf = self.buffers.get(k)
+        if buf is None:
+            buf = self.buffers[k] = torch.empty(shape, dtype=like.dtype)
+        return buf
+
+
+def _collate_values(values: list, key: str = "", scratch: Optional[ScratchBuffers] = None) -> Any:
     v0 = values[0]
     if isinstance(v0, np.ndarray):
         values = [torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for v in values]
         v0 = values[0]
     if isinstance(v0, torch.Tensor):
         if all(isinstance(v, torch.Tensor) and v.shape == v0.shape and v.dtype == v0.dtype for v in values):
-            return torch.stack(values, out=_batch_out(v0, (len(values), *v0.shape)))
+            shape = (len(values), *v0.shape)
+            out = scratch(key, v0, shape) if scratch is not None else _batch_out(v0, shape)
+            return torch.stack(values, out=out)
         return list(values)
     if isinstance(v0, bool):
         return list(values)
@@ -639,7 +665,7 @@ def _collate_values(values: list) -> Any:
         return torch.tensor(values, dtype=torch.float64)
     if (isinstance(v0, dict) and v0 and all(isinstance(v, dict) and v.keys() == v0.keys() for v in values)
             and all(isinstance(x, (torch.Tensor, np.ndarray, int, float)) for v in values for x in v.values())):
-        return {k: _collate_values([v[k] for v in values]) for k in v0}
+        return {k: _collate_values([v[k] for v in values], f"{key}/{k}", scratch) for k in v0}
     return list(values)
 
 
@@ -653,9 +679,28 @@ def _repeat_constant(value: Any, n: int) -> Any:
     return [value] * n
 
 
-def collate_samples(samples: list[dict], keys: list[str], constants: dict[str, Any]) -> dict:
-    """One batch from decoded samples (see the module docstring for the rules)."""
-    batch: dict[str, Any] = {k: _collate_values([s[k] for s in samples]) for k in keys}
+def _constant_view(value: Any, n: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.unsqueeze(0).expand(n, *value.shape)
+    if isinstance(value, dict):
+        return {k: _constant_view(v, n) for k, v in value.items()}
+    return [value] * n
+
+
+def attach_constant_views(batch: dict, constants: dict[str, Any]) -> dict:
+    """Add every constant not already in ``batch`` as a ``[B, ...]`` broadcast view (no copy)."""
+    n = len(batch["__key__"])
+    for k, v in constants.items():
+        if k not in batch:
+            batch[k] = _constant_view(v, n)
+    return batch
+
+
+def collate_samples(samples: list[dict], keys: list[str], constants: dict[str, Any],
+                    scratch: Optional[ScratchBuffers] = None) -> dict:
+    """One batch from decoded samples (see the module docstring for the rules). ``scratch``:
+    stack into reused buffers (the batch is only valid until the next call)."""
+    batch: dict[str, Any] = {k: _collate_values([s[k] for s in samples], k, scratch) for k in keys}
     for k, v in constants.items():
         if k not in batch:
             batch[k] = _repeat_constant(v, len(samples))
@@ -699,6 +744,13 @@ class WdsDataset(torch.utils.data.IterableDataset):
             self.effective = {s: n for s, n, _ in _table(shard_counts, ignore)}
         self._crop_keys = cropping_keys(config)
         self._keys = list(config.key_map) + list(self._crop_keys.values())
+        # constants repeated into each batch here (the loader attaches views instead when asked)
+        self._batch_constants = {} if config.constants_as_views else constants
+        # called on each collated batch, in the worker, before it is sent (``verify`` folds the
+        # batch contract there); returns what is sent instead. Must keep ``__key__``/``__shard__``.
+        # A hook that keeps nothing of the batch may set ``reuses_batch = True``: batches are then
+        # stacked into the same buffers each time (no fresh memory per batch)
+        self.batch_hook: Optional[Callable[[dict], dict]] = None
         need = list(config.key_map.values()) + (["json"] if "score" in config.filters else [])
         self._need = tuple(dict.fromkeys(need))
 
@@ -782,6 +834,13 @@ class WdsDataset(torch.utils.data.IterableDataset):
             raise
 
     # ---------------------------------------------------------------- iteration
+    def _collate(self, buf: list[dict]) -> dict:
+        scratch = None
+        if self.batch_hook is not None and getattr(self.batch_hook, "reuses_batch", False):
+            scratch = self.__dict__.setdefault("_scratch", ScratchBuffers())
+        batch = collate_samples(buf, self._keys, self._batch_constants, scratch)
+        return batch if self.batch_hook is None else self.batch_hook(batch)
+
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
@@ -806,10 +865,10 @@ class WdsDataset(torch.utils.data.IterableDataset):
                     if self._has_delta():
                         yield {"__stats__": self._take_delta()}
                     since, last = 0, time.monotonic()
-                yield collate_samples(buf, self._keys, self.constants)
+                yield self._collate(buf)
                 buf = []
         if buf and self.cfg.partial:
-            yield collate_samples(buf, self._keys, self.constants)
+            yield self._collate(buf)
             buf = []
         elif buf:
             # the incomplete last batch is not yielded (partial=False): counted, not silent
@@ -1027,7 +1086,7 @@ class WdsLoader:
                 continue
             self.stats["samples"] += len(item["__key__"])
             self.stats["batches"] += 1
-            yield item
+            yield attach_constant_views(item, self.constants) if c.constants_as_views else item
 
     def __repr__(self) -> str:
         c = self.config

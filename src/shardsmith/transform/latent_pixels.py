@@ -38,6 +38,11 @@ class LatentPixelMaker:
                 raise ItemError("too_small", f"{item.item_id} is {w}x{h}, smaller than its bucket {bucket}; "
                                 "set images.upscale: true to enlarge it", skip=True)
 
+    @staticmethod
+    def is_heavy(item: PlannedItem) -> bool:
+        """A clip takes seconds to decode: the worker pool sends it on its own (see Workers.map)."""
+        return item.kind == "video"
+
     def __call__(self, item: PlannedItem) -> SampleResult:
         try:
             if item.kind == "image":

@@ -52,6 +52,24 @@ def infer_key_map(folder: Path) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ workers
 
+class _ContractInWorker:
+    """``WdsDataset.batch_hook`` for ``verify(contract_in="workers")``: the worker folds each
+    collated batch (constants attached as views, as the rank would see them) into a
+    :class:`ContractRecorder` and sends that and the sample ids instead of the tensors."""
+
+    reuses_batch = True  # nothing of the batch is kept: collate into the same buffers each time
+
+    def __init__(self, constants: dict[str, Any], constant_keys: set[str]):
+        self.constants, self.constant_keys = constants, constant_keys
+
+    def __call__(self, batch: dict) -> dict:
+        from shardsmith.loaders.wds import attach_constant_views
+
+        rec = ContractRecorder()
+        rec.add(attach_constant_views(batch, self.constants), self.constant_keys)
+        return {"__key__": batch["__key__"], "__shard__": batch["__shard__"], "__contract__": rec}
+
+
 def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
     """One simulated rank: build the loader, iterate, send back keys, contract and stats."""
     try:
@@ -72,11 +90,16 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
             cfg = WdsLoaderConfig(**spec["config"], rank=rank, world_size=spec["world"])
             loader = WdsLoader(cfg)
             constants = set(cfg.files_map) | set(cfg.presets_map)  # the same value in every row
+            if spec.get("contract_in") == "workers":
+                loader.dataset.batch_hook = _ContractInWorker(loader.constants, constants)
             for i, batch in enumerate(loader):
                 if limit is not None and i >= limit:
                     break
                 seen += [f"{s}/{k}" for s, k in zip(batch["__shard__"], batch["__key__"])]
-                rec.add(batch, constants)
+                if "__contract__" in batch:
+                    rec.merge(batch["__contract__"])
+                else:
+                    rec.add(batch, constants)
             stats = json.loads(json.dumps(loader.stats, default=str))
         else:
             import itertools
@@ -190,10 +213,32 @@ def _manifest_count(dataset: Path) -> tuple[int | None, str | None]:
 
 # ------------------------------------------------------------------------------------ main
 
+def coverage(expected: list[str], seen_per_rank: list[list[str]], full: bool) -> dict[str, Any]:
+    """Pure, linear in the number of ids: ``expected`` sample ids against those each rank saw.
+    Returns counts and the full ``duplicates`` / ``missing`` (only for a ``full`` pass) /
+    ``unknown`` lists, and the ``_seen`` Counter."""
+    seen: Counter = Counter()
+    for ids in seen_per_rank:
+        seen.update(ids)
+    expected_set = set(expected)  # once: a set per key made this quadratic (17 s at 20k samples)
+    return {"expected": len(expected), "seen": sum(seen.values()), "unique": len(seen),
+            "duplicates": [k for k, c in seen.items() if c > 1],
+            "missing": [k for k in expected if k not in seen] if full else [],
+            "unknown": [k for k in seen if k not in expected_set], "full_pass": full, "_seen": seen}
+
+
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
-           image_size: int | None = None, timeout: float = 600) -> dict[str, Any]:
-    """``batch_size=None``: the preset's own batch size (8 without a preset)."""
+           image_size: int | None = None, timeout: float = 600, contract_in: str = "rank") -> dict[str, Any]:
+    """``batch_size=None``: the preset's own batch size (8 without a preset).
+
+    ``contract_in="rank"`` (default): every batch crosses from the workers to its rank process,
+    as in training, and the rank records the contract. ``"workers"`` (WebDataset only): the
+    workers record it on the collated batch and send the rank only the sample ids and the
+    recorded statistics: the same sharding, decoding and collation, without moving every
+    tensor between processes (2-4x faster on large latents; the report says which)."""
+    if contract_in not in ("rank", "workers"):
+        raise ValueError(f"contract_in must be 'rank' or 'workers', got {contract_in!r}")
     from shardsmith.loaders.presets import get_preset, preset_config
 
     if batch_size is None:
@@ -206,7 +251,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         checks.append({"name": name, "ok": bool(ok), "detail": detail})
 
     report: dict[str, Any] = {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers,
-                              "batch_size": batch_size, "batches_per_rank": batches}
+                              "batch_size": batch_size, "batches_per_rank": batches,
+                              "contract_in": contract_in if kind == "wds" else "rank"}
     if kind == "precomputed":
         return _verify_precomputed(dataset, report, check, checks)
     if preset is not None and get_preset(preset).kind != kind:
@@ -219,7 +265,9 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         else:
             cfg = preset_config("image", dataset, key_map=key_map or infer_key_map(dataset), presets_map={},
                                 image_size=image_size, batch_size=batch_size, num_workers=workers)
-        cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0})
+        # constants arrive as broadcast views: the recorder reads their first row anyway
+        cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0,
+                                     "constants_as_views": True})
         if image_size is not None:
             cfg = cfg.model_copy(update={"image_size": image_size})
         spec_cfg = cfg.model_dump(mode="json", exclude={"rank", "world_size"})
@@ -231,7 +279,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         counts = read_shard_counts(dataset, shards)
         empties = empty_slots(counts, {k: v for k, v in ignore.items() if k in shards}, world, workers)
         report["empty_slots"] = [{"rank": r, "worker": w, "reason": why} for r, w, why in empties]
-        spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches}
+        spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches, "contract_in": contract_in}
         if any(sum(1 for e in empties if e[0] == r) == max(workers, 1) for r in range(world)):
             expected, _, _ = _expected_wds(dataset)
             check("rank_splits", False, f"a rank gets no sample at all ({empties[0][2]}); use at most "
@@ -269,19 +317,15 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     check("loader_runs", True, f"{world} process(es) x {workers} worker(s) iterated the loader")
 
     contract = ContractRecorder()
-    seen: Counter = Counter()
     per_rank = []
     for r in results:
         contract.merge(r["contract"])
-        seen.update(r["seen"])
         per_rank.append({"rank": r["rank"], "samples": len(r["seen"]), "stats": r["stats"]})
     full = batches is None
-    dup = [k for k, c in seen.items() if c > 1]
-    missing = [k for k in expected if k not in seen] if full else []
-    unknown = [k for k in seen if k not in set(expected)]
-    report["coverage"] = {"expected": len(expected), "seen": sum(seen.values()), "unique": len(seen),
-                          "duplicates": dup[:20], "missing": missing[:20], "unknown": unknown[:20],
-                          "full_pass": full, "per_rank": per_rank}
+    cov = coverage(expected, [r["seen"] for r in results], full)
+    seen, dup, missing, unknown = cov.pop("_seen"), cov["duplicates"], cov["missing"], cov["unknown"]
+    report["coverage"] = {**cov, "duplicates": dup[:20], "missing": missing[:20], "unknown": unknown[:20],
+                          "per_rank": per_rank}
     check("no_duplicates", not dup, f"{len(dup)} sample(s) seen more than once" + (f", e.g. {dup[:3]}" if dup else ""))
     if full:
         check("coverage", not missing and not unknown,
@@ -391,7 +435,8 @@ def _verify_precomputed(root: Path, report: dict[str, Any], check, checks: list)
 
 def format_verify(report: dict[str, Any]) -> str:
     lines = [f"verify {report['dataset']} ({report['kind']}): world {report['world']} x workers "
-             f"{report['workers']}, batch {report['batch_size']}"]
+             f"{report['workers']}, batch {report['batch_size']}"
+             + (", contract recorded in the workers" if report.get("contract_in") == "workers" else "")]
     if report.get("key_map"):
         lines.append("  key_map: " + ", ".join(f"{k}={v}" for k, v in report["key_map"].items()))
     for ch in report["checks"]:

@@ -1,0 +1,57 @@
+"""The worker pool: results in input order; heavy items (video clips) travel alone, so the first
+result comes after one item and every worker gets work."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from shardsmith.parallel import Workers
+
+
+@dataclass(frozen=True)
+class Item:
+    n: int
+    kind: str
+
+
+class SlowClips:
+    """Images are instant; a 'video' takes 0.4 s (sleeping: no CPU needed)."""
+
+    @staticmethod
+    def is_heavy(item: Item) -> bool:
+        return item.kind == "video"
+
+    def __call__(self, item: Item):
+        if item.kind == "video":
+            time.sleep(0.4)
+        return item.n, os.getpid(), time.monotonic()
+
+
+class SlowClipsUnmarked(SlowClips):
+    is_heavy = None  # the maker does not say: every item is chunked
+
+
+def _run(maker, items, workers=4):
+    pool = Workers(workers)
+    try:
+        t0 = time.monotonic()
+        out = [(it, res) for it, res in pool.map(maker, items)]
+        return t0, out
+    finally:
+        pool.close()
+
+
+def test_heavy_items_travel_alone_and_results_keep_input_order():
+    items = [Item(i, "video" if i % 3 else "image") for i in range(12)]  # 8 clips, 4 images
+    t0, out = _run(SlowClips(), items)
+    assert [it.n for it, _ in out] == list(range(12)) and [r[0] for _, r in out] == list(range(12))
+    clip_done = sorted(r[2] - t0 for it, r in out if it.kind == "video")
+    # 8 clips of 0.4 s on 4 workers: two rounds (~0.8 s); chunked 8 at a time they would run
+    # serially in one worker (3.2 s) and the first would arrive only with the last
+    assert clip_done[0] < 1.0 and clip_done[-1] < 2.4
+    assert len({r[1] for it, r in out if it.kind == "video"}) >= 3  # spread over the workers
+    t0, out = _run(SlowClipsUnmarked(), items)
+    assert [it.n for it, _ in out] == list(range(12))
+    assert len({r[1] for it, r in out if it.kind == "video"}) <= 2  # chunks of 8: one or two workers
