@@ -44,13 +44,14 @@ def main(argv=None) -> int:
     w, h = (int(v) for v in args.size.split("x"))
     work = Path(tempfile.mkdtemp(prefix="vfb-"))
     photos = ["astronaut", "coffee", "chelsea", "rocket"]
+    (work / "clips").mkdir()
     for i in range(args.clips):
         pan_video(work / "clips" / f"clip_{i:03d}.mp4", frames=args.frames, size=(w, h), photo=photos[i % 4],
                   fps=24 + i)  # distinct bytes per clip (the build drops exact duplicates)
     recipe = {"sources": [{"path": str(work / "clips")}], "geometry": {"buckets": [f"{w}x{h}x{args.frames}"]},
               "models": {"vae": {"family": "ltx2", "config": "tiny"}, "batch_size": 1, "compile": "off"},
               "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 100}]}
-    heavy = LatentPixelMaker.is_heavy
+    heavy = LatentPixelMaker.__dict__["is_heavy"]  # the staticmethod object itself
 
     def run(alone: bool) -> dict:
         LatentPixelMaker.is_heavy = heavy if alone else None
