@@ -134,3 +134,25 @@ def test_a_bytearray_is_used_in_place_and_bytes_are_copied():
     t[0] = 7
     assert owned != bytearray(data)  # the tensor lives in the caller's bytearray
     assert load_fast(bytes(owned))[0] == 7 and load_fast(data)[0] == 0
+
+
+@pytest.mark.parametrize("name", ["float32 latent", "bfloat16 text embedding", "transposed view", "scalar", "empty"])
+def test_repeated_pickles_use_the_cached_plan_and_still_equal_torch_load(name):
+    from shardsmith.loaders import pth_fast
+
+    like = CASES[name]
+    gen = torch.Generator().manual_seed(1)
+    first = saved(like)
+    load_fast(first)
+    pickled_plans = len(pth_fast._PLANS)
+    for i in range(20):  # same shape, dtype and strides, different values: byte-identical pickles
+        t = (torch.randn(like.shape if name != "transposed view" else like.t().shape, generator=gen) * i)
+        t = (t.t() if name == "transposed view" else t).to(like.dtype)
+        data = saved(t)
+        got = load_fast(bytearray(data))
+        same(got, torch.load(io.BytesIO(data), weights_only=True))
+    assert len(pth_fast._PLANS) == pickled_plans  # no new plan: every later member took the cached one
+    # a member with the same pickle but a short storage record is still refused, then torch.load decides
+    short = first.replace(b"archive/data/0", b"archive/data/7")
+    with pytest.raises(NotFast, match="storage size mismatch"):
+        load_fast(short)
