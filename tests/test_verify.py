@@ -57,6 +57,21 @@ def latent_wds(tmp_path_factory):
     return root
 
 
+def _copy_with_nan_shard(src, bad):
+    """A copy of ``src`` whose last shard holds 3 samples with an all-NaN latent."""
+    bad.mkdir()
+    for p in src.iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    buf = io.BytesIO()
+    torch.save(torch.full((4, 8, 8), float("nan")), buf)
+    with wds.TarWriter(str(bad / "00002.tar")) as w:
+        for i in range(3):
+            emb = io.BytesIO()
+            torch.save(torch.zeros(16, 32), emb)
+            w.write({"__key__": f"t{i}", "latent.pth": buf.getvalue(), "txt_emb.pth": emb.getvalue()})
+    return bad
+
+
 def test_verify_reports_coverage_contract_and_empty_worker_splits(photos_wds, tmp_path):
     out = tmp_path / "rep.json"
     r = cli("verify", photos_wds, "--world", "2", "--workers", "2", "--batch-size", "3", "--out-json", out)
@@ -95,17 +110,7 @@ def test_verify_latents_with_preset_ignore_index_and_nan(latent_wds):
     assert keys["condition"]["shape"] == [16, 32] and keys["condition"]["dtype"] == "bfloat16"
     assert keys["neg_condition"]["max"] == 0
     # a NaN latent is caught
-    bad = latent_wds.parent / "bad"
-    bad.mkdir()
-    for p in latent_wds.iterdir():
-        (bad / p.name).write_bytes(p.read_bytes())
-    buf = io.BytesIO()
-    torch.save(torch.full((4, 8, 8), float("nan")), buf)
-    with wds.TarWriter(str(bad / "00002.tar")) as w:
-        for i in range(3):
-            emb = io.BytesIO()
-            torch.save(torch.zeros(16, 32), emb)
-            w.write({"__key__": f"t{i}", "latent.pth": buf.getvalue(), "txt_emb.pth": emb.getvalue()})
+    bad = _copy_with_nan_shard(latent_wds, latent_wds.parent / "bad")
     r = cli("verify", bad, "--preset", "image_latent", "--world", "1", "--workers", "0")
     assert r.returncode == 1 and "[FAIL] finite:real" in r.stdout and "NaN" in r.stdout
 
@@ -269,17 +274,7 @@ def test_contract_recorded_in_the_workers_equals_the_rank_side_contract(latent_w
         assert x.pop("mean") == pytest.approx(y.pop("mean"), rel=1e-6, abs=1e-9)
         assert x == y, k
     # a NaN is still caught when the workers record the contract, and the text says where it was recorded
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for p in latent_wds.iterdir():
-        (bad / p.name).write_bytes(p.read_bytes())
-    buf = io.BytesIO()
-    torch.save(torch.full((4, 8, 8), float("nan")), buf)
-    with wds.TarWriter(str(bad / "00002.tar")) as w:
-        for i in range(3):
-            emb = io.BytesIO()
-            torch.save(torch.zeros(16, 32), emb)
-            w.write({"__key__": f"t{i}", "latent.pth": buf.getvalue(), "txt_emb.pth": emb.getvalue()})
+    bad = _copy_with_nan_shard(latent_wds, tmp_path / "bad")
     r = cli("verify", bad, "--preset", "image_latent", "--world", "2", "--workers", "2", "--contract-in", "workers")
     assert r.returncode == 1 and "[FAIL] finite:real" in r.stdout and "contract recorded in the workers" in r.stdout
     r = cli("verify", bad, "--contract-in", "gpu")
