@@ -608,3 +608,36 @@ def test_stats_records_are_not_sent_before_every_batch(photos_wds):
     assert "__stats__" in items[-1]  # the pass ends with the remaining counters
     list(loader)
     assert loader.stats["read"] == loader.stats["samples"] == 23 and loader.stats["batches"] == 23
+
+
+def test_a_shard_is_listed_once_per_process_tree_and_again_when_it_changes(tmp_path, monkeypatch):
+    """Deterministic mode splits by sample: every worker reads every shard. The rank lists each
+    shard's headers once; forked workers (and the next pass) reuse the listing; a rewritten shard
+    is listed again."""
+    import shardsmith.loaders.wds as W
+
+    monkeypatch.setattr(W, "_INDEX", W._MemberIndex())
+    log = tmp_path / "listed.txt"
+    real = W.tar_members
+
+    def counting(path, fd=None):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {Path(path).name}\n")
+        return real(path, fd)
+
+    monkeypatch.setattr(W, "tar_members", counting)
+    folder = write_tar_folder(tmp_path / "ds", [[(f"s{j}k{i}", {"cls": str(i).encode()}) for i in range(6)]
+                                                for j in range(3)])
+    cfg = WdsLoaderConfig(shards=folder, key_map={"c": "cls"}, deterministic=True, batch_size=2, num_workers=3,
+                          partial=True)
+    for _ in range(2):  # two passes
+        batches = list(WdsLoader(cfg))
+        assert sum(len(b["__key__"]) for b in batches) == 18
+    lines = log.read_text().split()
+    assert sorted(lines[1::2]) == ["00000.tar", "00001.tar", "00002.tar"]  # once each, for both passes
+    assert set(lines[0::2]) == {str(os.getpid())}  # by this process, never by a worker
+    # a rewritten shard is listed again, with its new content
+    write_tar_folder(tmp_path / "ds", [[(f"s{j}k{i}", {"cls": str(i).encode()}) for i in range(6 if j else 4)]
+                                       for j in range(3)])
+    assert sum(len(b["__key__"]) for b in WdsLoader(cfg)) == 16
+    assert log.read_text().split()[1::2].count("00000.tar") == 2

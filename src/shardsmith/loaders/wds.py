@@ -480,9 +480,55 @@ def group_samples(members: list[tuple[str, int, int]]) -> list[tuple[str, dict[s
     return out
 
 
+class _MemberIndex:
+    """Listings of shards already scanned in this process, kept compact (one bytes object of
+    names and one int64 array of offsets and sizes per shard: no per-member Python objects, so
+    forked DataLoader workers share the pages instead of copying them on reference counting).
+    Keyed by path, inode, size and mtime: a shard that changed is scanned again. At most
+    ``MAX_BYTES`` in all; beyond that shards are simply not remembered."""
+
+    MAX_BYTES = 128 << 20
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, tuple[bytes, np.ndarray]] = {}
+        self.nbytes = 0
+
+    @staticmethod
+    def key(path, st: os.stat_result) -> tuple:
+        return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def get(self, key: tuple) -> Optional[list[tuple[str, int, int]]]:
+        hit = self.entries.get(key)
+        if hit is None:
+            return None
+        names, nums = hit
+        return list(zip(names.decode("utf-8", "surrogateescape").split("\0"), nums[0].tolist(),
+                        nums[1].tolist())) if len(nums[0]) else []
+
+    def put(self, key: tuple, members: list[tuple[str, int, int]]) -> None:
+        if any("\0" in n for n, _, _ in members):
+            return
+        names = "\0".join(n for n, _, _ in members).encode("utf-8", "surrogateescape")
+        nums = np.array([[o for _, o, _ in members], [z for _, _, z in members]], dtype=np.int64).reshape(2, -1)
+        size = len(names) + nums.nbytes
+        if self.nbytes + size <= self.MAX_BYTES:
+            self.entries[key] = (names, nums)
+            self.nbytes += size
+
+
+_INDEX = _MemberIndex()
+
+
 def shard_samples(path, fd: Optional[int] = None) -> list[tuple[str, dict[str, MemberRef]]]:
-    """The samples of one shard, ``[(key, {suffix: (data offset, size)})]``, headers only."""
-    return group_samples(tar_members(path, fd))
+    """The samples of one shard, ``[(key, {suffix: (data offset, size)})]``, headers only.
+    A shard listed before in this process (or in the process this one was forked from) is
+    not read again unless it changed (see :class:`_MemberIndex`)."""
+    key = _MemberIndex.key(path, os.fstat(fd) if fd is not None else os.stat(path))
+    members = _INDEX.get(key)
+    if members is None:
+        members = tar_members(path, fd)
+        _INDEX.put(key, members)
+    return group_samples(members)
 
 
 def read_member(fd: int, ref: MemberRef, where: str = "", writable: bool = False) -> bytes | bytearray:
@@ -1069,9 +1115,28 @@ class WdsLoader:
         return n
 
     # ---------------------------------------------------------------- iteration
+    def _list_shared_shards(self) -> None:
+        """Deterministic mode splits by sample, so each worker of this rank usually reads every
+        shard and would list every shard's headers itself. When the workers' shard lists overlap
+        (together more than 1.5x the distinct shards) the rank lists each shard once before
+        forking them; the forked workers find the listings in :data:`_INDEX` (and so does the
+        next pass)."""
+        c = self.config
+        plan = self.dataset.plan or {}
+        mine = [shards for (r, _), shards in plan.items() if r == c.rank]
+        distinct = dict.fromkeys(s for shards in mine for s, _ in shards)
+        if c.num_workers > 1 and sum(len(x) for x in mine) > 1.5 * len(distinct):
+            for shard in distinct:
+                try:
+                    shard_samples(self.folder / shard)
+                except (OSError, tarfile.TarError):
+                    pass  # the worker that reads it reports the error, counted as usual
+
     def __iter__(self) -> Iterator[dict]:
         c = self.config
         self._reset_stats()
+        if c.deterministic:
+            self._list_shared_shards()
         kw: dict[str, Any] = {}
         if c.num_workers > 0:
             kw["prefetch_factor"] = 2
