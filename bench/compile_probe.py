@@ -5,12 +5,14 @@ and profiles one call of each (top CUDA kernels). Usage: PYTHONPATH=src python3 
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, "bench")
+from gpu_encode import median_ms as timed  # noqa: E402
 
 from shardsmith.encode import compile as cc
 from shardsmith.encode.stage import EncodeStage
@@ -18,19 +20,6 @@ from shardsmith.encode.vae import load_vae
 
 B, S = 64, 256
 mode = sys.argv[1] if len(sys.argv) > 1 else cc.COMPILE_MODE
-
-
-def timed(fn, n=10):
-    for _ in range(2):
-        fn()
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t)
-    return round(statistics.median(out) * 1e3, 2)
 
 
 def prof(name, fn):

@@ -75,6 +75,13 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
+def median_ms(fn, repeats: int = 10, warmup: int = 2) -> float:
+    """Median wall milliseconds of ``fn`` (synchronised), after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return round(statistics.median(timed(fn, repeats)) * 1e3, 2)
+
+
 def pct_peak(items_per_s: float, flop_per_item: float) -> float:
     return 100 * items_per_s * flop_per_item / 1e12 / PEAK_TFLOPS
 

@@ -4,15 +4,13 @@ its math backend. This run times the attention variants:
 sdpa as loaded / sdpa without the math backend (errors say why a backend was refused) / eager."""
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 import warnings
 
 import torch
 
 sys.path.insert(0, "bench")
-from gpu_encode import make_prompts  # noqa: E402
+from gpu_encode import make_prompts, median_ms  # noqa: E402
 
 from shardsmith.encode.text import load_text_encoder  # noqa: E402
 
@@ -21,19 +19,6 @@ enc = load_text_encoder("t5", config="xxl", max_length=L, dtype="bfloat16", devi
 print(sorted({str(p.dtype) for p in enc.model.parameters()}), enc.model.config._attn_implementation, flush=True)
 ids, mask, _ = enc.tokenize(make_prompts(B, min_words=L, seed=0))
 ids, mask = ids.cuda(), mask.cuda()
-
-
-def t(fn, n=4):
-    for _ in range(2):
-        fn()
-    out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        s = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - s)
-    return round(statistics.median(out) * 1e3, 1)
 
 
 orig = torch.nn.functional.scaled_dot_product_attention
@@ -52,7 +37,7 @@ torch.nn.functional.scaled_dot_product_attention = spy
 with torch.inference_mode():
     ref = enc.model(input_ids=ids, attention_mask=mask).last_hidden_state
     print("sdpa call", seen, flush=True)
-    print("sdpa as loaded ms", t(lambda: enc.model(input_ids=ids, attention_mask=mask)), flush=True)
+    print("sdpa as loaded ms", median_ms(lambda: enc.model(input_ids=ids, attention_mask=mask), 4), flush=True)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     for name, backends in [("efficient", [SDPBackend.EFFICIENT_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION])]:
@@ -60,7 +45,7 @@ with torch.inference_mode():
             with warnings.catch_warnings(record=True) as w, sdpa_kernel(backends):
                 warnings.simplefilter("always")
                 out = enc.model(input_ids=ids, attention_mask=mask).last_hidden_state
-                ms = t(lambda: enc.model(input_ids=ids, attention_mask=mask))
+                ms = median_ms(lambda: enc.model(input_ids=ids, attention_mask=mask), 4)
             print(name, "ms", ms, "max abs diff vs as-loaded", float((out.float() - ref.float()).abs().max()), flush=True)
         except Exception as e:  # noqa: BLE001
             print(name, "refused:", type(e).__name__, str(e)[:300], [str(x.message)[:300] for x in w], flush=True)
@@ -70,7 +55,7 @@ with torch.inference_mode():
             m.config._attn_implementation = "eager"
     try:
         out = enc.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        print("eager ms", t(lambda: enc.model(input_ids=ids, attention_mask=mask)),
+        print("eager ms", median_ms(lambda: enc.model(input_ids=ids, attention_mask=mask), 4),
               "max abs diff", float((out.float() - ref.float()).abs().max()), flush=True)
     except Exception as e:  # noqa: BLE001
         print("eager failed", type(e).__name__, str(e)[:300], flush=True)
