@@ -200,3 +200,19 @@ def test_verify_cli_passes_with_the_video_preset(media):
     assert real["shape"] == [3, 81, 480, 832] and real["dtype"] == "float32"
     assert -1 <= real["min"] < 0 < real["max"] <= 1 and real["nan"] == 0
     assert rep["key_map"] == {"real": "mp4", "condition": "txt"}
+
+
+def test_inspect_checks_video_members_frame_by_frame(media):
+    """inspect decodes a video member to the last frame without keeping frames: it counts the
+    frames of a good clip and names the truncated one."""
+    from shardsmith.loaders.video_decode import count_decodable_frames
+    from shardsmith.verify.inspect import inspect_wds
+
+    assert count_decodable_frames(media["clips"]["c000"]) == 12
+    with pytest.raises(dec.MemberDecodeError, match="empty video member"):
+        count_decodable_frames(b"")
+    rep = inspect_wds(media["mixed"])
+    corrupt = [c for s in rep["shards"] for c in s["corrupt"]]
+    assert [c["key"] for c in corrupt] == ["trunc"] and corrupt[0]["suffix"] == "mp4"
+    assert rep["totals"]["corrupt_members"] == 1
+

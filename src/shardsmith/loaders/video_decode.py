@@ -61,6 +61,48 @@ def _fps(stream) -> Optional[float]:
     return None
 
 
+def _open_video(data: bytes):
+    """``(container, first video stream)`` of a member (cover-art streams skipped); the caller
+    closes the container. Raises :class:`MemberDecodeError` saying what is wrong."""
+    import av  # noqa: PLC0415
+
+    if not data:
+        raise MemberDecodeError("empty video member (0 bytes)")
+    try:
+        container = av.open(io.BytesIO(bytes(data)), mode="r")
+    except Exception as e:  # noqa: BLE001 - FFmpeg/OS errors of a broken file
+        raise MemberDecodeError(f"cannot open the video ({type(e).__name__}: {e}); the member is corrupt, "
+                                "truncated or not a video") from e
+    attached = int(av.stream.Disposition.attached_pic)
+    streams = [s for s in container.streams.video if not (int(s.disposition) & attached)]
+    if not streams:
+        kinds = sorted({s.type for s in container.streams})
+        container.close()
+        raise MemberDecodeError(f"no video stream in the member (streams: {', '.join(kinds) or 'none'})")
+    return container, streams[0]
+
+
+def count_decodable_frames(data: bytes) -> int:
+    """Decode every frame of a video member without converting or keeping any (constant memory,
+    for ``inspect``) and return how many decode; :class:`MemberDecodeError` as :func:`decode_clip`."""
+    import av  # noqa: PLC0415
+
+    container, stream = _open_video(data)
+    n = 0
+    try:
+        for fr in container.decode(stream):
+            if getattr(fr, "is_corrupt", False):
+                raise MemberDecodeError(f"frame {n} decodes as corrupt")
+            n += 1
+    except av.FFmpegError as e:
+        raise MemberDecodeError(f"corrupt video data: decoding failed after {n} frame(s) ({e})") from e
+    finally:
+        container.close()
+    if n == 0:
+        raise MemberDecodeError("no frame of the video stream decodes (corrupt or truncated)")
+    return n
+
+
 def decode_clip(data: bytes, num_frames: Optional[int], size: Optional[tuple[int, int]]) -> DecodedClip:
     """Decode the first ``num_frames`` frames (all when None) of a video held in ``data``;
     ``size`` = (H, W) resizes and centre-crops them to float32 ``[3, T, H, W]`` in [-1, 1]."""
@@ -71,20 +113,8 @@ def decode_clip(data: bytes, num_frames: Optional[int], size: Optional[tuple[int
 
     if num_frames is not None and num_frames < 1:
         raise ValueError(f"num_frames must be >= 1, got {num_frames}")
-    if not data:
-        raise MemberDecodeError("empty video member (0 bytes)")
+    container, stream = _open_video(data)
     try:
-        container = av.open(io.BytesIO(bytes(data)), mode="r")
-    except Exception as e:  # noqa: BLE001 - FFmpeg/OS errors of a broken file
-        raise MemberDecodeError(f"cannot open the video ({type(e).__name__}: {e}); the member is corrupt, "
-                                "truncated or not a video") from e
-    try:
-        attached = int(av.stream.Disposition.attached_pic)
-        streams = [s for s in container.streams.video if not (int(s.disposition) & attached)]
-        if not streams:
-            kinds = sorted({s.type for s in container.streams})
-            raise MemberDecodeError(f"no video stream in the member (streams: {', '.join(kinds) or 'none'})")
-        stream = streams[0]
         fps = _fps(stream)
         out: Optional[np.ndarray] = None  # [T, h, w, 3] uint8, filled frame by frame
         rc = None

@@ -77,7 +77,9 @@ def list_shards(folder: str | Path) -> tuple[list[Path], str | None]:
 def check_member(suffix: str, data: bytes) -> str | None:
     """Decode ``data`` exactly as the loader would for ``suffix``; return the error or ``None``.
 
-    Suffixes the loader has no decoder for (video, unknown kinds) are not decoded.
+    Suffixes the loader has no decoder for (unknown kinds) are not decoded. Video members are
+    decoded frame by frame without keeping the frames (a long clip would not fit in memory as
+    the loader's all-frames uint8 array).
     """
     try:
         decoders.check_supported(suffix)
@@ -86,7 +88,12 @@ def check_member(suffix: str, data: bytes) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            decoders.decode_member(suffix, data)
+            if decoders.last_ext(suffix) in decoders.VIDEO_EXTS:
+                from shardsmith.loaders.video_decode import count_decodable_frames
+
+                count_decodable_frames(data)
+            else:
+                decoders.decode_member(suffix, data)
     except Exception as e:  # noqa: BLE001 - every decode failure is reported, not raised
         cause = e.__cause__ or e
         msg = str(cause).splitlines()[0] if str(cause) else ""
