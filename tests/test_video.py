@@ -292,3 +292,23 @@ def test_to_model_input_range():
     assert x.flatten().tolist() == pytest.approx([-1.0, 1.0, 127 / 127.5 - 1])
     with pytest.raises(ValueError):
         to_model_input(np.zeros((2, 2, 3), np.uint8))
+
+
+def test_resize_crop_image_is_bit_identical_to_the_frames_path():
+    """Images skip the numpy round trip (resize the PIL image itself): same bytes as before."""
+    from PIL import Image
+    from skimage import data
+
+    from shardsmith.transform.video import resize_crop_image
+
+    for photo, (cw, ch) in [(data.astronaut(), (256, 256)), (data.coffee(), (128, 96)), (data.chelsea(), (96, 160)),
+                            (data.rocket(), (427, 640)[::-1])]:
+        img = Image.fromarray(photo)
+        rc = resize_crop(img.width, img.height, cw, ch)
+        want = resize_crop_frames(np.asarray(img)[None], rc)[0]
+        got = resize_crop_image(img, rc)
+        assert got.shape == (ch, cw, 3) and got.dtype == np.uint8 and np.array_equal(got, want)
+    same = resize_crop(img.width, img.height, img.width, img.height)  # no resize: a plain crop
+    assert np.array_equal(resize_crop_image(img, same), np.asarray(img))
+    with pytest.raises(ValueError, match="computed for another size"):
+        resize_crop_image(img, resize_crop(img.width + 50, img.height, 64, 64))

@@ -13,7 +13,6 @@ encoder stage and the manifests.
 
 from __future__ import annotations
 
-import numpy as np
 
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.recipe import ImageRules
@@ -21,7 +20,7 @@ from shardsmith.transform.buckets import (Bucket, available_frames, choose_bucke
                                           resize_crop)
 from shardsmith.transform.image import decode_image
 from shardsmith.transform.samples import read_checked
-from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames
+from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames, resize_crop_image
 
 IMAGE_FPS = 1.0  # what LTX's trainer stores for images
 
@@ -64,7 +63,7 @@ class LatentPixelMaker:
         bucket = choose_bucket(w, h, 1, self.image_buckets)
         self._fit(item, w, h, bucket)
         rc = resize_crop(w, h, bucket.width, bucket.height)
-        frames = resize_crop_frames(np.asarray(dec.image)[None], rc)
+        frames = resize_crop_image(dec.image, rc)[None]  # decode_image gives RGB
         return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info={
             "bucket": str(bucket), "fps": IMAGE_FPS, "crop": rc.as_dict(), "source_size": [w, h], "source_frames": 1})
 

@@ -483,9 +483,22 @@ def resize_crop_frames(frames: np.ndarray, rc: ResizeCrop) -> np.ndarray:
         if same:
             out[i] = frames[i, y0:y1, x0:x1]
         else:
-            im = Image.fromarray(frames[i]).resize((rc.resize_w, rc.resize_h), Image.BICUBIC)
-            out[i] = np.asarray(im)[y0:y1, x0:x1]
+            out[i] = resize_crop_image(Image.fromarray(frames[i]), rc)
     return out
+
+
+def resize_crop_image(image: "Image.Image", rc: ResizeCrop) -> np.ndarray:
+    """One RGB PIL image -> uint8 ``[crop_h, crop_w, 3]``: the same PIL bicubic resize and crop
+    as :func:`resize_crop_frames`, on the PIL image itself (an image needs no round trip
+    through numpy: 0.5 ms of a 3 ms decode-resize-crop at ~450x300 on the CPU machine)."""
+    if image.size != (rc.resize_w, rc.resize_h):
+        expect = resize_crop(image.size[0], image.size[1], rc.crop_w, rc.crop_h)
+        if (expect.resize_w, expect.resize_h) != (rc.resize_w, rc.resize_h):
+            raise ValueError(f"ResizeCrop resizes to {rc.resize_w}x{rc.resize_h}, but an image of "
+                             f"{image.size[0]}x{image.size[1]} covers {rc.crop_w}x{rc.crop_h} at "
+                             f"{expect.resize_w}x{expect.resize_h}: it was computed for another size")
+        image = image.resize((rc.resize_w, rc.resize_h), Image.BICUBIC)
+    return np.asarray(image.crop(rc.box))
 
 
 def to_model_input(frames: np.ndarray) -> torch.Tensor:
