@@ -82,38 +82,48 @@ def _open_video(data: bytes):
     return container, streams[0]
 
 
-def count_decodable_frames(data: bytes) -> int:
-    """Decode every frame of a video member without converting or keeping any (constant memory,
-    for ``inspect``) and return how many decode; :class:`MemberDecodeError` as :func:`decode_clip`."""
+def _checked_frames(container, stream):
+    """The decoded frames of ``stream``, in order; a frame flagged corrupt or an FFmpeg error
+    becomes :class:`MemberDecodeError` saying after how many frames."""
     import av  # noqa: PLC0415
 
-    container, stream = _open_video(data)
     n = 0
     try:
         for fr in container.decode(stream):
             if getattr(fr, "is_corrupt", False):
                 raise MemberDecodeError(f"frame {n} decodes as corrupt")
+            yield fr
             n += 1
     except av.FFmpegError as e:
         raise MemberDecodeError(f"corrupt video data: decoding failed after {n} frame(s) ({e})") from e
+
+
+_NO_FRAME = "no frame of the video stream decodes (corrupt or truncated)"
+
+
+def count_decodable_frames(data: bytes) -> int:
+    """Decode every frame of a video member without converting or keeping any (constant memory,
+    for ``inspect``) and return how many decode; :class:`MemberDecodeError` as :func:`decode_clip`."""
+    container, stream = _open_video(data)
+    try:
+        n = sum(1 for _ in _checked_frames(container, stream))
     finally:
         container.close()
     if n == 0:
-        raise MemberDecodeError("no frame of the video stream decodes (corrupt or truncated)")
+        raise MemberDecodeError(_NO_FRAME)
     return n
 
 
 def decode_clip(data: bytes, num_frames: Optional[int], size: Optional[tuple[int, int]]) -> DecodedClip:
     """Decode the first ``num_frames`` frames (all when None) of a video held in ``data``;
     ``size`` = (H, W) resizes and centre-crops them to float32 ``[3, T, H, W]`` in [-1, 1]."""
-    import av  # noqa: PLC0415
-
     from shardsmith.transform.buckets import resize_crop  # noqa: PLC0415
     from shardsmith.transform.video import resize_crop_frames  # noqa: PLC0415
 
     if num_frames is not None and num_frames < 1:
         raise ValueError(f"num_frames must be >= 1, got {num_frames}")
     container, stream = _open_video(data)
+    decoded = _checked_frames(container, stream)
     try:
         fps = _fps(stream)
         out: Optional[np.ndarray] = None  # [T, h, w, 3] uint8, filled frame by frame
@@ -121,37 +131,31 @@ def decode_clip(data: bytes, num_frames: Optional[int], size: Optional[tuple[int
         src = (0, 0)
         kept: list[np.ndarray] = []  # frames when the count is not known up front
         n = 0
-        try:
-            for fr in container.decode(stream):
-                if getattr(fr, "is_corrupt", False):
-                    raise MemberDecodeError(f"frame {n} decodes as corrupt")
-                arr = fr.to_ndarray(format="rgb24")
-                if n == 0:
-                    src = (arr.shape[1], arr.shape[0])
-                    if size is not None:
-                        rc = resize_crop(src[0], src[1], size[1], size[0])
-                elif (arr.shape[1], arr.shape[0]) != src:
-                    raise MemberDecodeError(f"frame size changes mid-stream ({src[0]}x{src[1]} -> "
-                                            f"{arr.shape[1]}x{arr.shape[0]} at frame {n})")
-                if rc is not None:  # resize now: memory stays at the output size
-                    arr = resize_crop_frames(arr[None], rc)[0]
-                if num_frames is None:
-                    kept.append(arr)
-                else:
-                    if out is None:
-                        out = np.empty((num_frames, *arr.shape), np.uint8)
-                    out[n] = arr
-                n += 1
-                if num_frames is not None and n >= num_frames:
-                    break
-        except MemberDecodeError:
-            raise
-        except av.FFmpegError as e:
-            raise MemberDecodeError(f"corrupt video data: decoding failed after {n} frame(s) ({e})") from e
+        for fr in decoded:
+            arr = fr.to_ndarray(format="rgb24")
+            if n == 0:
+                src = (arr.shape[1], arr.shape[0])
+                if size is not None:
+                    rc = resize_crop(src[0], src[1], size[1], size[0])
+            elif (arr.shape[1], arr.shape[0]) != src:
+                raise MemberDecodeError(f"frame size changes mid-stream ({src[0]}x{src[1]} -> "
+                                        f"{arr.shape[1]}x{arr.shape[0]} at frame {n})")
+            if rc is not None:  # resize now: memory stays at the output size
+                arr = resize_crop_frames(arr[None], rc)[0]
+            if num_frames is None:
+                kept.append(arr)
+            else:
+                if out is None:
+                    out = np.empty((num_frames, *arr.shape), np.uint8)
+                out[n] = arr
+            n += 1
+            if num_frames is not None and n >= num_frames:
+                break
     finally:
+        decoded.close()  # before the container: the decoder iterator must not outlive it
         container.close()
     if n == 0:
-        raise MemberDecodeError("no frame of the video stream decodes (corrupt or truncated)")
+        raise MemberDecodeError(_NO_FRAME)
     if num_frames is not None and n < num_frames:
         raise TooFewFramesError(f"clip has {n} frame(s) but num_frames asks for {num_frames}")
     frames = out if out is not None else np.stack(kept)
