@@ -53,23 +53,24 @@ class Workers:
             chunk, fut = q.popleft()
             yield from zip(chunk, fut.result())
 
+        def submit(chunk_: list[Any], limit: int):
+            q.append((chunk_, self.pool.submit(_run_many, maker, chunk_)))
+            if len(q) >= limit:
+                yield from drain_one()
+
         heavy = getattr(maker, "is_heavy", None)
         chunk: list[Any] = []
         for it in items:
             if heavy is not None and heavy(it):
                 if chunk:
-                    q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
-                q.append(([it], self.pool.submit(_run_many, maker, [it])))
-                chunk = []
-                if len(q) >= min(window, 2 * self.n):  # a decoded clip is large: fewer in flight
-                    yield from drain_one()
+                    yield from submit(chunk, window)
+                    chunk = []
+                yield from submit([it], min(window, 2 * self.n))  # a decoded clip is large: fewer in flight
                 continue
             chunk.append(it)
             if len(chunk) >= self.chunk:
-                q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
+                yield from submit(chunk, window)
                 chunk = []
-                if len(q) >= window:
-                    yield from drain_one()
         if chunk:
             q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
         while q:

@@ -133,10 +133,10 @@ class EncodeStage:
             if self.device != "cuda":
                 info.update(decided=True, reason="auto: stays eager off the GPU")
                 return
-            full = [dt for _, k, dt in self.batches[1:] if k == self.batch_size]  # the first batch autotunes
+            full = self._full_batch_times()
             if len(full) < cc.DECIDE_AFTER_BATCHES or self.remaining is None:
                 return
-            rate = self.batch_size / sorted(full)[len(full) // 2]
+            rate = self.batch_size / full[len(full) // 2]
             key = self._compile_key(host, cc)
             yes, why = cc.compile_pays(self.remaining, rate, cc.is_warm(key))
             info.update(decided=True, reason="auto: " + why, eager_items_per_s=round(rate, 1))
@@ -146,6 +146,10 @@ class EncodeStage:
             info.update(decided=True, reason="on in the recipe (models.compile)")
             key = self._compile_key(host, cc)
         self._compile(host, key, cc)
+
+    def _full_batch_times(self) -> list[float]:
+        """Sorted encode seconds of the full batches after the first (which autotunes)."""
+        return sorted(dt for _, k, dt in self.batches[1:] if k == self.batch_size)
 
     def _compile_key(self, host: torch.Tensor, cc) -> str:
         dev = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
@@ -173,7 +177,7 @@ class EncodeStage:
         from shardsmith.encode import compile as cc
 
         pend, self._compile_pending = self._compile_pending, None
-        eager = sorted(x for _, k, x in self.batches[1:] if k == self.batch_size) or [0.0]
+        eager = self._full_batch_times() or [0.0]
         self.compile_info["compile_s"] = round(max(0.0, dt - eager[len(eager) // 2]), 2)
         cc.mark_warm(pend["key"], {"compile_s": self.compile_info["compile_s"], "at": time.time()}, pend["dir"])
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith import formats
+from shardsmith.loaders.decoders import size_hw
 
 
 def _expr(portable: str, root_env: str, tail: str = "") -> str:
@@ -29,7 +30,7 @@ def fastgen_fields(overrides: dict[str, Any]) -> dict[str, Any]:
         if k == "num_frames":
             out["sequence_length"] = v
         elif k == "video_size":
-            h, w = (v, v) if isinstance(v, int) else tuple(v)
+            h, w = size_hw(v)
             out["img_size"] = (w, h)
         elif k == "image_size":
             out["input_res"] = v if isinstance(v, int) else tuple(v)

@@ -801,7 +801,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
     def _read_members(self, fd: int, shard: str, key: str, members: dict[str, MemberRef]) -> dict[str, bytes]:
         """The bytes of the members this loader uses (key_map suffixes, ``json`` for the score
         filter); other members are never read."""
-        return {s: read_member(fd, members[s], f"{shard}/{key}.{s}", s.endswith((".pth", ".pt")) or s in ("pth", "pt"))
+        return {s: read_member(fd, members[s], f"{shard}/{key}.{s}", dec.last_ext(s) in ("pth", "pt"))
                 for s in self._need if s in members}
 
     def _filter(self, members: dict[str, MemberRef], data: dict[str, bytes]) -> None:

@@ -13,7 +13,6 @@ encoder stage and the manifests.
 
 from __future__ import annotations
 
-
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.recipe import ImageRules
 from shardsmith.transform.buckets import (Bucket, available_frames, choose_bucket, effective_fps, frame_indices,
