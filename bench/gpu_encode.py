@@ -357,6 +357,30 @@ def text_section(args, res: dict, config: str) -> None:
     del stage, enc, vae, got, ids_d, mask_d
     free_cache()
 
+    # (d) end to end: a build of N captioned images (tiny VAE at 64x64, so the text encoder is
+    # the work) -> latent shards with one txt_emb.pth [L, D] per sample, from files on disk
+    if args.text_build:
+        from media_factory import real_photos
+
+        work = Path(tempfile.mkdtemp(prefix="textbuild-"))
+        files = real_photos(work / "src", N, seed=1, min_side=64, max_side=96)
+        for f, p in zip(files, prompts):
+            f.with_suffix(".txt").write_text(p, encoding="utf-8")
+        recipe = {"sources": [{"path": str(work / "src")}], "geometry": {"buckets": ["64x64x1"]},
+                  "models": {"vae": {"family": "sd", "config": "tiny", "dtype": "bfloat16"},
+                             "text": {"family": fam, "config": config, "max_length": L, "dtype": "bfloat16"},
+                             "batch_size": B, "compile": "off"},
+                  "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 256,
+                               "latent_dtype": "bfloat16", "text_dtype": "bfloat16"}]}
+        e = end_to_end(work / "src", work / "out", recipe, args.workers)
+        steady = (e.get("steady_state") or {}).get("items_per_s")
+        e.update(pct_peak=pct_peak(e["items_per_s"], one), ratio_vs_alone=e["items_per_s"] / rate,
+                 steady_pct_peak=pct_peak(steady, one) if steady else None,
+                 steady_ratio_vs_alone=steady / rate if steady else None)
+        res[f"{fam}_text_build"] = e
+        print(f"{fam} text build", e, flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+
 
 # ------------------------------------------------------------------------------------------ main
 
@@ -376,6 +400,8 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true",
                     help="image section: also the torch.compile'd encoder alone and the build with models.compile=on")
     ap.add_argument("--skip-video", action="store_true")
+    ap.add_argument("--ab-sync", action="store_true",
+                    help="with --compile: also run the compiled build with each batch waited for at launch")
     ap.add_argument("--skip-text", action="store_true")
     ap.add_argument("--text-family", choices=["t5", "umt5", "clip", "gemma"], default="t5")
     ap.add_argument("--text-config", default=None,
@@ -384,6 +410,8 @@ def main() -> int:
     ap.add_argument("--text-batch", type=int, default=64)
     ap.add_argument("--text-repeats", type=int, default=10)
     ap.add_argument("--prompts", type=int, default=1024)
+    ap.add_argument("--text-build", action="store_true",
+                    help="also time a whole build of --prompts captioned images whose work is the text encoder")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="every selected section on CPU with tiny configs and tiny sizes (proves the code paths)")
     args = ap.parse_args()
@@ -492,6 +520,26 @@ def main() -> int:
         e["dynamo"] = dynamo_counters()
         res["sd_end_to_end_compiled"] = e
         print("e2e compiled", e, flush=True)
+        if args.ab_sync:  # the same build with every batch waited for at launch (the previous behaviour)
+            from shardsmith.encode.stage import EncodeStage
+
+            launch = EncodeStage.launch
+
+            def launch_sync(self, host, n=None, captions=None):
+                p = launch(self, host, n, captions)
+                p.result()
+                return p
+
+            EncodeStage.launch = launch_sync
+            try:
+                e_sync = end_to_end(work / "photos", work / "out_img_compiled_sync", rc, args.workers)
+            finally:
+                EncodeStage.launch = launch
+            res["sd_end_to_end_compiled_sync_launch"] = e_sync
+            s_sync = (e_sync.get("steady_state") or {}).get("items_per_s")
+            s_async = (e.get("steady_state") or {}).get("items_per_s")
+            res["sd_compiled_steady_async_vs_sync_launch"] = s_async / s_sync if s_sync and s_async else None
+            print("e2e compiled, synchronous launch", e_sync, flush=True)
         a = res["sd_encoder_alone_compiled"]
         steady = (e.get("steady_state") or {}).get("items_per_s")
         res["sd_compiled_ratio_e2e_vs_alone"] = e["items_per_s"] / a["items_per_s"]

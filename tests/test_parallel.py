@@ -55,3 +55,21 @@ def test_heavy_items_travel_alone_and_results_keep_input_order():
     t0, out = _run(SlowClipsUnmarked(), items)
     assert [it.n for it, _ in out] == list(range(12))
     assert len({r[1] for it, r in out if it.kind == "video"}) <= 2  # chunks of 8: one or two workers
+
+
+def big_result(n: int) -> bytes:
+    return bytes([n % 256]) * 300_000  # a decoded image's worth: more than a default 64 KiB pipe
+
+
+def test_results_pipe_is_widened_and_large_results_arrive_intact():
+    w = Workers(2, chunk=4)
+    try:
+        import fcntl
+
+        size = fcntl.fcntl(w.pool._result_queue._reader.fileno(), getattr(fcntl, "F_GETPIPE_SZ", 1032))
+        assert w.wide_pipe is True and size == Workers.RESULT_PIPE_BYTES
+        got = list(w.map(big_result, range(40)))
+        assert [n for n, _ in got] == list(range(40))
+        assert all(r == bytes([n % 256]) * 300_000 for n, r in got)
+    finally:
+        w.close()

@@ -23,14 +23,33 @@ def _run_many(maker: Any, items: list[Any]) -> list[Any]:
     return [maker(it) for it in items]
 
 
+def _widen_pipe(conn: Any, nbytes: int) -> bool:
+    """Ask Linux for a ``nbytes`` pipe buffer behind ``conn`` (False where that is refused)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(conn.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), nbytes)
+        return True
+    except (ImportError, OSError, AttributeError, ValueError):
+        return False
+
+
 class Workers:
     """A process pool (or inline runner) applying sample makers to items in order."""
+
+    # The pool's results come back through one pipe (64 KiB by default): a chunk of decoded
+    # images (~1.6 MB) then takes ~25 reads, each releasing and re-taking the GIL the encoder
+    # and writer threads also want. A 1 MiB pipe (Linux's unprivileged maximum) takes 2.
+    RESULT_PIPE_BYTES = 1 << 20
 
     def __init__(self, workers: int, chunk: int = 8):
         self.n, self.chunk = workers, chunk
         self.pool = None
         if workers > 1:
             self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+            queue = getattr(self.pool, "_result_queue", None)  # private: skipped if a Python lacks it
+            self.wide_pipe = bool(queue is not None and self.RESULT_PIPE_BYTES and
+                                  _widen_pipe(queue._reader, self.RESULT_PIPE_BYTES))
             # start every worker now (the executor forks lazily), before the caller loads models
             for f in [self.pool.submit(_noop) for _ in range(workers * 2)]:
                 f.result()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardsmith.encode.text import load_text_encoder
+from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.vae import load_vae
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
@@ -93,11 +93,16 @@ class EncodeStage:
         autotuning pass, far more than the padded work (per-item results do not depend on their
         batch-mates). Callers may stage batch k+1 while batch k is on the GPU."""
         t0 = time.perf_counter()
-        if self.device == "cuda" and len(frames) < self.batch_size:
-            frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
-        host = torch.from_numpy(np.stack(frames))
         if self.device == "cuda":
-            host = host.pin_memory()
+            if len(frames) < self.batch_size:
+                frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
+            first = frames[0]
+            # stacked straight into page-locked memory (torch's host allocator caches these blocks)
+            host = torch.empty((len(frames), *first.shape), dtype=torch.from_numpy(first[:0]).dtype,
+                               pin_memory=True)
+            np.stack(frames, out=host.numpy())
+        else:
+            host = torch.from_numpy(np.stack(frames))
         self.seconds["prepare"] += time.perf_counter() - t0
         return host
 
@@ -213,6 +218,88 @@ class EncodeStage:
                 return self.encode_staged(host[:1])
             raise
 
+    # ---------------------------------------------------------------- launched batches
+    def launch(self, host: torch.Tensor, n: int | None = None, captions: list[str] | None = None) -> "PendingBatch":
+        """Start a staged batch (its first ``n`` items) and, with ``captions``, their text embeddings.
+
+        On a GPU this returns as soon as the work is queued (results come back through
+        page-locked memory), so the caller can stage and launch the next batch while this one
+        runs: the device never waits for the host between batches. Elsewhere, and for the first
+        batch after compiling (whose time is measured), it runs to completion first. Either way
+        :meth:`PendingBatch.result` gives the per-item outputs."""
+        n = host.shape[0] if n is None else n
+        self._maybe_compile(host)
+        pend = PendingBatch(self, n, captions)
+        if self.device != "cuda" or self._compile_pending is not None:
+            pend.latents = self.encode_staged(host, n)
+        else:
+            ref = self._timing_reference()
+            try:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                z = self.vae.encode(self._to_input(host)).detach()
+                pend.z_host = to_pinned(z[:n])
+                pend.vae_end = torch.cuda.Event(enable_timing=True)
+                pend.vae_end.record()
+                pend.start, pend.ref = start, ref
+                if self.remaining is not None:
+                    self.remaining -= n
+            except Exception as exc:  # noqa: BLE001 - only OOM is retried (halving, in encode_staged)
+                if not _is_oom(exc):
+                    raise
+                pend.z_host = None
+                pend.latents = self.encode_staged(host, n)
+        if captions is not None:
+            if self.text_encoder is None:
+                raise RuntimeError("no text encoder configured (models.text)")
+            # cached captions are taken now: the cache may be pruned before this batch completes
+            pend.known = {c: self._text_cache[c] for c in captions if c in self._text_cache}
+            todo = sorted({c for c in captions if c not in pend.known})
+            pend.todo = todo
+            if todo:  # tokenised here, while the device runs the VAE batch just queued
+                t0 = time.perf_counter()
+                pend.text_emb = self.text_encoder.encode(todo, device="cpu", non_blocking=True)
+                self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
+        if self.device == "cuda":
+            pend.done_event = torch.cuda.Event()
+            pend.done_event.record()
+        return pend
+
+    def _timing_reference(self) -> "torch.cuda.Event":
+        """A CUDA event whose wall-clock time is known: batch end events become wall times."""
+        if getattr(self, "_ref", None) is None:
+            torch.cuda.synchronize()
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ev.synchronize()
+            self._ref = (ev, time.perf_counter())
+        return self._ref[0]
+
+    def _complete(self, p: "PendingBatch") -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        if p.latents is None:  # launched asynchronously: book its device time now that it is done
+            gpu_s = p.start.elapsed_time(p.vae_end) / 1e3
+            done_at = self._ref[1] + p.ref.elapsed_time(p.vae_end) / 1e3
+            self.seconds["encode"] += gpu_s
+            self.batches.append((done_at, p.n, gpu_s))
+            p.latents = [t.clone() for t in p.z_host.unbind(0)]
+            p.z_host = None
+        if p.captions is None:
+            return p.latents, None
+        new = {}
+        if p.todo:
+            te = p.text_emb
+            new = {c: (te.emb[j].clone(), te.mask[j].clone()) for j, c in enumerate(p.todo)}
+            p.text_emb = None
+            self._text_cache.update(new)
+            self._prune_text_cache(p.captions)
+        got = {**p.known, **new}
+        return p.latents, [got[c] for c in p.captions]
+
+    def _prune_text_cache(self, keep: list[str]) -> None:
+        if len(self._text_cache) > 4096:  # bounded memory on long runs with unique captions
+            k = set(keep)
+            self._text_cache = {c: v for c, v in self._text_cache.items() if c in k}
+
     def latents(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
         """Encode any number of frames in batches of ``batch_size`` (stage + encode, one after the other)."""
         out: list[torch.Tensor] = []
@@ -233,9 +320,7 @@ class EncodeStage:
             te = self.text_encoder.encode(chunk, device="cpu")  # one device->host copy per chunk
             for j, c in enumerate(chunk):
                 self._text_cache[c] = (te.emb[j].clone(), te.mask[j].clone())
-        if len(self._text_cache) > 4096:  # bounded memory on long runs with unique captions
-            keep = set(captions)
-            self._text_cache = {c: v for c, v in self._text_cache.items() if c in keep}
+        self._prune_text_cache(captions)
         self.seconds["text"] += time.perf_counter() - t0
         return [self._text_cache[c] for c in captions]
 
@@ -276,6 +361,31 @@ class EncodeStage:
         d = self.describe()
         return {"vae": _identity(d["vae"]), "text": _identity(d["text"]) if "text" in d else None,
                 "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
+
+
+class PendingBatch:
+    """A batch started by :meth:`EncodeStage.launch`. ``done()`` polls without waiting;
+    ``result()`` waits (the GIL is released while it does), books the batch's device time and
+    returns ``(latents, texts)``: per item a ``[C, (F'), H', W']`` host tensor and, when captions
+    were given, ``(emb [L, D], mask [L])``; each item owns its memory (no view of the batch)."""
+
+    def __init__(self, stage: EncodeStage, n: int, captions: list[str] | None):
+        self.stage, self.n, self.captions = stage, n, captions
+        self.latents: list[torch.Tensor] | None = None  # set at once by the synchronous paths
+        self.z_host = self.start = self.vae_end = self.ref = self.done_event = self.text_emb = None
+        self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.todo: list[str] = []
+        self._out = None
+
+    def done(self) -> bool:
+        return self._out is not None or self.done_event is None or self.done_event.query()
+
+    def result(self) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        if self._out is None:
+            if self.done_event is not None:
+                self.done_event.synchronize()
+            self._out = self.stage._complete(self)
+        return self._out
 
 
 def _clean_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -161,11 +161,15 @@ class TextEncoder:
             mask = (ids != self.tokenizer.pad_token_id).long()
         return ids, mask.to(torch.int64), truncated
 
-    def encode(self, prompts: list[str], *, device: str | torch.device | None = None) -> TextEmbeddings:
+    def encode(self, prompts: list[str], *, device: str | torch.device | None = None,
+               non_blocking: bool = False) -> TextEmbeddings:
         """Embeddings of ``prompts`` (one forward pass for the whole list).
 
         ``device``: where the returned tensors live; default the model's device. ``"cpu"``
         brings the whole batch back in one device-to-host copy (instead of one per item).
+        ``non_blocking=True`` with ``device="cpu"`` and a CUDA model: the copy goes to
+        page-locked host memory and returns at once; the host tensors are valid only after the
+        caller synchronises (a CUDA event recorded after this call, or ``torch.cuda.synchronize``).
         """
         ids, mask, truncated = self.tokenize(prompts)
         dev = self.device
@@ -198,13 +202,23 @@ class TextEncoder:
                 pooled = pooled.float().to(dt)
         if device is not None:
             out_dev = torch.device(device)
-            emb, mask_out = emb.to(out_dev), mask.to(out_dev)  # host mask: no copy back
-            pooled = None if pooled is None else pooled.to(out_dev)
+            mask_out = mask.to(out_dev)  # host mask: no copy back
+            if non_blocking and out_dev.type == "cpu" and emb.device.type == "cuda":
+                emb, pooled = to_pinned(emb), None if pooled is None else to_pinned(pooled)
+            else:
+                emb, pooled = emb.to(out_dev), None if pooled is None else pooled.to(out_dev)
         else:
             mask_out = mask_d
         return TextEmbeddings(emb=emb, mask=mask_out, pooled=pooled, truncated=truncated)
 
     __call__ = encode
+
+
+def to_pinned(t: torch.Tensor) -> torch.Tensor:
+    """An asynchronous device-to-host copy into page-locked memory (valid after a sync)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _model_class(family: str, pretrained: bool):

@@ -67,15 +67,15 @@ class LatentFinisher:
             self._finish(self.in_flight.pop(0))
 
     def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]], host):
-        """Encoder thread: only the model work (staged pixels -> latents, captions -> embeddings)."""
-        latents = self.stage.encode_staged(host, len(batch))
-        texts = self.stage.text([it.caption or "" for it, _ in batch]) if self.stage.text_encoder else None
-        return latents, texts
+        """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
+        on a GPU it returns once the batch is queued there, so the next batch is queued behind it."""
+        captions = [it.caption or "" for it, _ in batch] if self.stage.text_encoder else None
+        return self.stage.launch(host, len(batch), captions)
 
     def _finish(self, entry) -> None:
-        """Calling thread: serialise members (re-raises an encoder error here)."""
+        """Calling thread: wait for the batch, serialise members (re-raises an encoder error here)."""
         _tag, batch, fut = entry
-        latents, texts = fut.result()
+        latents, texts = fut.result().result()
         for i, (item, res) in enumerate(batch):
             res.members = self._members(item, res, latents[i], texts[i] if texts else None)
             res.pixels = None
@@ -98,7 +98,8 @@ class LatentFinisher:
 
     def ready(self, tag: int) -> bool:
         """True when every batch of units up to ``tag`` has been encoded (not yet serialised)."""
-        return all(fut.done() for t, _, fut in self.in_flight if t <= tag)
+        return all(fut.done() and (fut.exception() is not None or fut.result().done())
+                   for t, _, fut in self.in_flight if t <= tag)
 
     def finish_through(self, tag: int) -> None:
         """Wait for the batches of units up to ``tag`` and serialise their members."""

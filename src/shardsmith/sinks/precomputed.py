@@ -16,7 +16,6 @@ of mixed in.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
+from shardsmith.sinks.pt_write import pt_bytes_fast
 
 LATENTS, CONDITIONS = "latents", "conditions"
 STAMP = "shardsmith.json"
@@ -39,10 +39,9 @@ def mirrored(relpath: str, source_name: str | None) -> str:
 
 
 def pt_bytes(obj: dict[str, Any]) -> bytes:
-    """``torch.save`` to bytes (loadable with ``weights_only=True``)."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    """``torch.save`` to bytes (loadable with ``weights_only=True``): the very same bytes, from a
+    checked template for records of a structure already seen (:mod:`shardsmith.sinks.pt_write`)."""
+    return pt_bytes_fast(obj)
 
 
 def latent_record(latents: torch.Tensor, fps: float) -> dict[str, Any]:

@@ -1,0 +1,64 @@
+"""The asynchronous GPU path of the encode stage (``EncodeStage.launch``) gives exactly what the
+synchronous path gives, item by item, in order, with captions kept with their own items.
+
+These run only where CUDA is present (the GPU machine: ``python3 -m pytest tests/test_gpu_launch.py``);
+on the CPU ``launch`` runs the synchronous path, which the other encode tests cover.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shardsmith.encode.stage import EncodeStage
+from shardsmith.encode.text import load_text_encoder
+from shardsmith.encode.vae import load_vae
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _frames(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (1, 64, 64, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def test_launched_batches_equal_the_synchronous_ones_with_their_captions():
+    torch.backends.cudnn.deterministic = True
+    vae = load_vae("sd", device="cuda", dtype="float32")
+    text = load_text_encoder("t5", device="cuda")  # tiny random-weight T5 (stand-in tokenizer)
+    st = EncodeStage(vae, text, batch_size=4, device="cuda")
+    ref = EncodeStage(vae, text, batch_size=4, device="cuda")
+    batches = [_frames(4, 0), _frames(4, 1), _frames(3, 2)]  # the last one short (padded to 4)
+    captions = [["a cat", "a dog", "", "a cat"], ["the sea", "", "a red car", "the sea"], ["a dog", "x", ""]]
+    # launch every batch before collecting any: results must still come back per batch, in order
+    pending = [st.launch(st.stage(b), len(b), c) for b, c in zip(batches, captions)]
+    for p, b, caps in zip(pending, batches, captions):
+        lat, texts = p.result()
+        want = ref.encode_staged(ref.stage(b), len(b))
+        want_t = ref.text(caps)
+        assert len(lat) == len(b) == len(texts)
+        for got, exp in zip(lat, want):
+            assert got.device.type == "cpu" and got.dtype == exp.dtype and got.shape == exp.shape == (4, 8, 8)
+            torch.testing.assert_close(got, exp, rtol=0, atol=0)
+            assert got.untyped_storage().nbytes() == got.numel() * got.element_size()  # own memory, no view
+        for (e, m), (we, wm), c in zip(texts, want_t, caps):
+            torch.testing.assert_close(e, we, rtol=0, atol=0)
+            assert torch.equal(m, wm) and e.device.type == "cpu" and e.shape == (text.spec.max_length, text.spec.dim)
+    assert p.done()
+    ss = st.steady_state()
+    assert ss["batches"] == 3 and ss["median_batch_encode_s"] > 0
+    times = [t for t, _, _ in st.batches]
+    assert times == sorted(times) and st.seconds["encode"] > 0
+
+
+def test_launch_after_compile_first_batch_is_timed_synchronously(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    vae = load_vae("sd", device="cuda", dtype="float32")
+    st = EncodeStage(vae, None, batch_size=2, device="cuda", compile="on")
+    st.compile_backend = "aot_eager"
+    p = st.launch(st.stage(_frames(2, 0)), 2)
+    assert p.latents is not None  # measured to completion at launch
+    p2 = st.launch(st.stage(_frames(2, 1)), 2)
+    lat, _ = p2.result()
+    assert len(lat) == 2 and st.describe()["compile"]["compiled"] is True
