@@ -440,3 +440,21 @@ def test_t5_position_bias_is_contiguous_for_fused_sdpa_and_unchanged(family):
         original = type(m).compute_bias(m, 20, 20)
         assert original.stride()[-1] != 1  # what transformers returns
         assert patched.is_contiguous() and torch.equal(patched, original)
+
+
+def test_text_cache_is_bounded_by_bytes_and_keeps_answers_right():
+    from shardsmith.encode.stage import EncodeStage
+
+    enc = load_text_encoder("t5")  # tiny: [L, 32] float32 per caption
+    st = EncodeStage(load_vae("sd"), enc, batch_size=2, device="cpu")
+    one = enc.spec.max_length * enc.spec.dim * 4 + enc.spec.max_length * 8  # emb + int64 mask bytes
+    st.TEXT_CACHE_BYTES = 5 * one
+    caps = [f"caption number {i}" for i in range(12)]
+    for i in range(0, 12, 3):
+        got = st.text(caps[i:i + 3])
+        want = enc.encode(caps[i:i + 3])
+        for (e, m), we, wm in zip(got, want.emb, want.mask):
+            torch.testing.assert_close(e, we)
+            assert torch.equal(m, wm)
+        assert sum(e.nbytes + m.nbytes for e, m in st._text_cache.values()) <= 6 * one
+    assert set(st._text_cache) >= set(caps[9:12])  # the current batch always stays

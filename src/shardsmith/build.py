@@ -267,6 +267,15 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
 
 
 MAX_SEALED_UNITS = 2  # latent outputs: units encoded but not yet written, at most (bounds host memory)
+MAX_WRITING_UNITS = 1  # latent outputs: units being written on the writer thread besides the newest
+
+
+def _done(value: Any):
+    from concurrent.futures import Future
+
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers,
@@ -292,14 +301,28 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
                            count=len(samples_), nbytes=size, sha256=sha, results=res)
 
     # latent outputs: a sealed unit waits here for its last batches while the encoder goes on
-    # with the next unit's (no pipeline drain at every shard); units are written in order
+    # with the next unit's (no pipeline drain at every shard); its file is then written (and
+    # fsynced) on a writer thread while this one goes on taking results, and the ledger records
+    # units in order, each once its file is in place
     sealed: deque = deque()
+    writing: deque = deque()  # (future of sink.write_unit, seq, samples, others, first, next_pos)
+
+    def record_written(block_over: int) -> None:
+        while writing and (len(writing) > block_over or writing[0][0].done()):
+            fut, seq_, samples_, others_, first_, next_pos = writing.popleft()
+            name, size, sha = fut.result()
+            ledger.commit_unit(output=output.name, split=split, seq=seq_, name=name, first_pos=first_,
+                               next_pos=next_pos, count=len(samples_), nbytes=size, sha256=sha,
+                               results=[(s.idx, WRITTEN, None) for _, s in samples_] + others_)
 
     def write_ready(block_over: int) -> None:
         while sealed and (len(sealed) > block_over or finisher.ready(sealed[0][0])):
-            tag, *unit = sealed.popleft()
+            tag, seq_, samples_, others_, first_, next_pos = sealed.popleft()
             finisher.finish_through(tag)
-            write(*unit)
+            fut = writer.submit(sink.write_unit, seq_, samples_) if samples_ else _done(("", 0, ""))
+            writing.append((fut, seq_, samples_, others_, first_, next_pos))
+            record_written(MAX_WRITING_UNITS)
+        record_written(MAX_WRITING_UNITS)
 
     def commit(next_pos: int) -> None:
         nonlocal seq, samples, others, nbytes, first
@@ -312,6 +335,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
 
     if finisher is not None:
         finisher.stage.expect(total - pos)  # models.compile=auto weighs the items still to encode
+        writer = finisher.writer
     with ctx.progress.task(label, total=total, completed=pos) as tick:
         for item, res in pool.map(ctx.makers[output.name], items):
             if res.status == WRITTEN:
@@ -332,6 +356,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
             commit(pos)
         if finisher is not None:
             write_ready(0)
+            record_written(0)
 
 
 def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, Any]:

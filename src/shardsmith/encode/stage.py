@@ -295,8 +295,13 @@ class EncodeStage:
         got = {**p.known, **new}
         return p.latents, [got[c] for c in p.captions]
 
+    TEXT_CACHE_BYTES = 512 << 20  # a T5-XXL embedding at 512 tokens is 4 MiB: ~128 of them
+
     def _prune_text_cache(self, keep: list[str]) -> None:
-        if len(self._text_cache) > 4096:  # bounded memory on long runs with unique captions
+        """Bounded host memory on long runs with unique captions: past ``TEXT_CACHE_BYTES`` (or
+        4096 entries) only the captions of the current batch stay."""
+        nbytes = sum(e.nbytes + m.nbytes for e, m in self._text_cache.values())
+        if nbytes > self.TEXT_CACHE_BYTES or len(self._text_cache) > 4096:
             k = set(keep)
             self._text_cache = {c: v for c, v in self._text_cache.items() if c in k}
 

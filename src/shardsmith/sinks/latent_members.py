@@ -51,6 +51,8 @@ class LatentFinisher:
         self.o, self.stage, self.sources, self.multi = output, stage, sources, multi_source
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult]]] = {}
         self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode")
+        # the build writes finished units here (file writes, hashing and fsync release the GIL)
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-write")
         self.in_flight: list = []  # (unit tag, batch, future), in submission order
         self.unit = 0  # tag of the unit now being filled
         self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
@@ -111,7 +113,9 @@ class LatentFinisher:
         self.finish_through(self.seal())
 
     def close(self) -> None:
+        """Wait for the encoder and for units being written (a file is never left half-written)."""
         self.encoder.shutdown(wait=True)
+        self.writer.shutdown(wait=True)
 
     def _members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
         ldt, tdt = _DTYPES[self.o.latent_dtype], _DTYPES[self.o.text_dtype]
