@@ -73,3 +73,37 @@ def test_results_pipe_is_widened_and_large_results_arrive_intact():
         assert all(r == bytes([n % 256]) * 300_000 for n, r in got)
     finally:
         w.close()
+
+
+def test_plan_probed_in_worker_processes_equals_the_thread_plan(tmp_path):
+    """Probing on the build's worker processes gives the very rows the thread pool gives:
+    order, keys, hashes, statuses (zero-byte, not an image, duplicate) and splits."""
+    from media_factory import real_photos
+
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.plan.planner import make_plan
+    from shardsmith.recipe import recipe_from_dict
+    from shardsmith.sources.base import open_sources
+
+    src = tmp_path / "src"
+    files = real_photos(src, 12, seed=3, min_side=64, max_side=96)
+    (src / "copy of photo.jpg").write_bytes(files[0].read_bytes())  # a duplicate
+    (src / "empty.jpg").write_bytes(b"")
+    (src / "notes.jpg").write_bytes(b"not a jpeg at all")
+    recipe = recipe_from_dict({"sources": [{"path": str(src)}], "split": {"holdout": 0.25},
+                               "outputs": [{"format": "wds", "dir": "w"}]})
+    rows = {}
+    w = Workers(2, chunk=3)
+    try:
+        for mode, workers in (("threads", None), ("processes", w)):
+            led = Ledger(tmp_path / f"{mode}.sqlite")
+            n = make_plan(recipe, led, open_sources(recipe), workers=workers)
+            rows[mode] = led.db.execute("SELECT * FROM items ORDER BY idx").fetchall()
+            led.close()
+            assert n == 15
+    finally:
+        w.close()
+    assert rows["threads"] == rows["processes"]
+    statuses = [v for row in rows["threads"] for v in row
+                if isinstance(v, str) and v.startswith(("failed:", "skipped:"))]
+    assert "skipped:duplicate" in statuses and sum(s.startswith("failed:") for s in statuses) == 2

@@ -179,7 +179,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     if not ledger.get_meta("plan_complete"):
         ledger.reset_plan()
         with progress.task("plan", total=None) as tick:
-            make_plan(recipe, ledger, opened, on_item=tick)
+            make_plan(recipe, ledger, opened, on_item=tick, workers=pool)
     timings: dict[str, Any] = {"plan_s": round(time.perf_counter() - t0, 3)}
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
     for o in recipe.outputs:

@@ -1,8 +1,10 @@
 """Plan: enumerate every source, probe every item once, give it a key and a split, and
 record it in the ledger. Nothing is derived yet.
 
-Items stream through in batches (bounded memory); probing runs on a thread pool (hashing
-and file reads release the GIL) and keeps source order. Duplicates (same sha256) after the
+Items stream through in batches (bounded memory); probing keeps source order and runs on
+the build's worker processes when it has them (identifying an image header is Python work
+that a thread pool would serialise on the GIL), else on a thread pool (hashing and file reads
+release the GIL). Duplicates (same sha256) after the
 first copy become ``skipped:duplicate`` when ``split.dedup`` is on, and always share the
 first copy's split.
 """
@@ -29,18 +31,40 @@ def _key_base(source: SourceInfo, relpath: str, item_id: str) -> str:
     return formats.sanitize_key(f"{source.name}_{stem}")
 
 
+class Prober:
+    """``probe_item`` with the recipe's pixel limit, picklable for worker processes."""
+
+    def __init__(self, max_pixels: int):
+        self.max_pixels = max_pixels
+
+    def __call__(self, item: Item):
+        return probe_item(item, self.max_pixels)
+
+
 def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]],
-              on_item: Callable[[], None] = lambda: None) -> int:
-    """Fill the ledger's ``items`` table; returns the number of items planned."""
+              on_item: Callable[[], None] = lambda: None, workers=None) -> int:
+    """Fill the ledger's ``items`` table; returns the number of items planned. ``workers``: the
+    build's :class:`~shardsmith.parallel.Workers` (probing runs there when it has processes)."""
     split = recipe.split
     count_mode = split.holdout >= 1
     idx = 0
+    prober = Prober(recipe.images.max_pixels)
     pool = ThreadPoolExecutor(max_workers=4)
+    if workers is not None and workers.pool is not None:
+        batch_size = BATCH * 4  # every worker busy with chunks of one batch
+
+        def probe_all(batch: list[Item]) -> list:
+            return [pr for _, pr in workers.map(prober, batch)]
+    else:
+        batch_size = BATCH
+
+        def probe_all(batch: list[Item]) -> list:
+            return list(pool.map(prober, batch))
     try:
         for info, items in sources:
             it = iter(items())
-            while batch := list(itertools.islice(it, BATCH)):
-                probes = list(pool.map(lambda x: probe_item(x, recipe.images.max_pixels), batch))
+            while batch := list(itertools.islice(it, batch_size)):
+                probes = probe_all(batch)
                 rows: list[PlannedItem] = []
                 keys: set[str] = set()
                 shas: dict[str, tuple[str, str]] = {}
