@@ -59,6 +59,17 @@ def apply_variant(name: str):
         def undo():
             lm.pt_bytes = fast
         return undo
+    if name == "thread_plan":  # probing on the planner's thread pool, not the worker processes
+        import shardsmith.build as b
+
+        plan = b.make_plan
+
+        def threads_only(*a, **k):
+            k["workers"] = None
+            return plan(*a, **k)
+
+        b.make_plan = threads_only
+        return lambda: setattr(b, "make_plan", plan)
     if name == "narrow_pipe":
         Workers.RESULT_PIPE_BYTES = 0
         return lambda: setattr(Workers, "RESULT_PIPE_BYTES", 1 << 20)
@@ -75,7 +86,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", default="new",
                     help="comma list, the first is the baseline: new (the code as it is), torch_save (members "
-                         "serialised by torch.save), narrow_pipe (the pool's default 64 KiB result pipe)")
+                         "serialised by torch.save), narrow_pipe (the pool's default 64 KiB result pipe), "
+                         "thread_plan (items probed on a thread pool instead of the worker processes)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -131,7 +143,10 @@ def main() -> int:
     for v in variants:
         rates = [x["steady_items_per_s"] for x in runs if x["variant"] == v and not x["profiled"]
                  and x["steady_items_per_s"]]
-        summary[v] = {"median_steady_items_per_s": statistics.median(rates) if rates else None, "runs": len(rates)}
+        plans = [x["timings"]["plan_s"] for x in runs if x["variant"] == v]
+        summary[v] = {"median_steady_items_per_s": statistics.median(rates) if rates else None, "runs": len(rates),
+                      "median_plan_s": statistics.median(plans),
+                      "median_seconds": statistics.median(x["seconds"] for x in runs if x["variant"] == v)}
     base = summary[variants[0]]["median_steady_items_per_s"]
     for v in variants:
         m_ = summary[v]["median_steady_items_per_s"]
