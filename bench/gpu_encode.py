@@ -12,7 +12,11 @@ One run measures, on the same GPU and the same random-weight published architect
 - text, T5-XXL (``--text-family t5 --text-config xxl``, default; umt5 for umT5-XXL) at 512 tokens, bf16:
   * encoder alone: a resident [64, 512] token batch, median of timed forward passes;
   * the pipeline's text path: ``EncodeStage.text`` on N distinct prompts that fill 512 tokens
-    (tokenisation, encode, copies to the host, cache) around the same loaded encoder.
+    (tokenisation, encode, copies to the host, cache) around the same loaded encoder;
+  * with ``--text-build``: a whole build of N captioned images (tiny VAE, so the text encoder is the
+    work) into ``txt_emb.pth`` shards, whole-build and steady-state prompts/s.
+With ``--compile --ab-sync`` the compiled image build runs a second time with every batch waited for
+at launch (the behaviour before launch-ahead batches), for the ratio between the two.
 FLOPs per item come from torch.utils.flop_counter; % of peak uses 790 TFLOP/s dense bf16.
 Sections run in the order image, text, video; the JSON is rewritten after each section, and a
 section that fails is recorded under ``errors`` (exit status 1) without stopping the others.
