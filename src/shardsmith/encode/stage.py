@@ -9,8 +9,11 @@ Contract
   one latent per item: ``[C, F', H', W']`` for video VAEs, ``[C, H', W']`` for image VAEs.
   An out-of-memory error halves the batch (down to 1, then tiled decoding where the model
   supports it) instead of failing the run.
+- ``launch(staged, n, captions)`` starts one batch (latents, and text embeddings when captions
+  are given) and returns a :class:`PendingBatch`; on a GPU it returns once the work is queued, so
+  the next batch queues behind it. ``PendingBatch.result()`` waits and gives the per-item outputs.
 - ``text(captions)`` returns ``(emb [L, D], mask [L])`` per caption (``""`` for none), cached
-  by caption within the stage.
+  by caption within the stage (at most ``TEXT_CACHE_BYTES`` beyond the current batch).
 - ``describe()`` gives the manifest block: each model's spec and provenance, with
   ``"random-weights"`` plain to see.
 """
