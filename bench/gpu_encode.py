@@ -155,6 +155,48 @@ def distinct_copies(files: list[Path], k: int) -> list[Path]:
     return out
 
 
+def naive_clips(files, vae_family: str, n: int, config: str = "published") -> dict:
+    """The naive video loop: per clip PyAV decode of every frame, float32, batch 1, one torch.save."""
+    import av
+
+    from shardsmith.encode.vae import load_vae
+
+    vae = load_vae(vae_family, config=config, dtype="float32", device=DEV)
+    tmp = Path(tempfile.mkdtemp())
+    torch.backends.cudnn.benchmark = False
+    t = time.perf_counter()
+    for i, f in enumerate(files[:n]):
+        with av.open(str(f)) as c:
+            frames = np.stack([fr.to_ndarray(format="rgb24") for fr in c.decode(video=0)])
+        x = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float().to(DEV) / 127.5 - 1  # [1, 3, F, H, W]
+        z = vae.encode(x)
+        torch.save(z.cpu(), tmp / f"{i:08d}.pt")
+    sync()
+    dt = time.perf_counter() - t
+    shutil.rmtree(tmp)
+    return {"items": n, "seconds": dt, "items_per_s": n / dt}
+
+
+def naive_prompts(prompts: list[str], family: str, n: int, max_length: int, config: str) -> dict:
+    """The naive text loop: one prompt at a time, float32, one torch.save per embedding."""
+    from shardsmith.encode.text import load_text_encoder
+
+    enc = load_text_encoder(family, config=config, max_length=max_length, dtype="float32", device=DEV)
+    tmp = Path(tempfile.mkdtemp())
+    enc.encode(prompts[:1])  # first call outside the timing (cuBLAS set-up)
+    sync()
+    t = time.perf_counter()
+    for i, p in enumerate(prompts[:n]):
+        te = enc.encode([p], device="cpu")
+        torch.save(te.emb[0].clone(), tmp / f"{i:08d}.pt")
+    sync()
+    dt = time.perf_counter() - t
+    shutil.rmtree(tmp)
+    del enc
+    free_cache()
+    return {"items": n, "seconds": dt, "items_per_s": n / dt}
+
+
 def naive_images(files, vae_family: str, n: int, size: int = 256, config: str = "published") -> dict:
     """EDM2 dataset_tool encode style: per item PIL decode, center crop+resize, fp32 batch 1, torch.save."""
     from PIL import Image
@@ -374,7 +416,13 @@ def text_section(args, res: dict, config: str) -> None:
     del stage, enc, vae, got, ids_d, mask_d
     free_cache()
 
-    # (d) end to end: a build of N captioned images (tiny VAE at 64x64, so the text encoder is
+    # (d) the naive loop: one prompt at a time, float32, one torch.save each
+    if args.naive_prompts:
+        res[f"{fam}_text_naive_fp32_b1"] = nv = naive_prompts(prompts, fam, args.naive_prompts, L, config)
+        res[f"{fam}_ratio_alone_vs_naive"] = rate / nv["items_per_s"]
+        print(f"{fam} naive", nv, flush=True)
+
+    # (e) end to end: a build of N captioned images (tiny VAE at 64x64, so the text encoder is
     # the work) -> latent shards with one txt_emb.pth [L, D] per sample, from files on disk
     if args.text_build:
         from media_factory import real_photos
@@ -394,6 +442,9 @@ def text_section(args, res: dict, config: str) -> None:
         e.update(pct_peak=pct_peak(e["items_per_s"], one), ratio_vs_alone=e["items_per_s"] / rate,
                  steady_pct_peak=pct_peak(steady, one) if steady else None,
                  steady_ratio_vs_alone=steady / rate if steady else None)
+        nv = res.get(f"{fam}_text_naive_fp32_b1")
+        if nv and steady:
+            e["steady_vs_naive"] = steady / nv["items_per_s"]
         res[f"{fam}_text_build"] = e
         print(f"{fam} text build", e, flush=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -430,6 +481,10 @@ def main() -> int:
     ap.add_argument("--text-batch", type=int, default=64)
     ap.add_argument("--text-repeats", type=int, default=10)
     ap.add_argument("--prompts", type=int, default=1024)
+    ap.add_argument("--naive-prompts", type=int, default=32,
+                    help="prompts through the naive text loop (float32, one at a time; 0: skip)")
+    ap.add_argument("--naive-clips", type=int, default=2,
+                    help="clips through the naive video loop (float32, batch 1; 0: skip)")
     ap.add_argument("--text-build", action="store_true",
                     help="also time a whole build of --prompts captioned images whose work is the text encoder")
     ap.add_argument("--cpu-dry-run", action="store_true",
@@ -442,6 +497,7 @@ def main() -> int:
         args.images, args.batch, args.naive, args.image_size = 8, 4, 4, 64
         args.clips, args.video = 2, "9x64x64"
         args.prompts, args.text_len, args.text_batch, args.text_repeats = 8, 32, 4, 2
+        args.naive_prompts, args.naive_clips = 2, 1
         args.workers = min(args.workers, 2)
     elif not torch.cuda.is_available():
         print("no CUDA device: use --cpu-dry-run to check the code paths on CPU", file=sys.stderr)
@@ -598,12 +654,19 @@ def main() -> int:
                              "compile": "off"},
                   "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 100,
                                "latent_dtype": "bfloat16"}]}
+        if args.naive_clips:
+            res[f"{fam}_naive_fp32_b1"] = naive_clips(sorted((work / "clips").glob("*.mp4")), fam,
+                                                      args.naive_clips, config)
+            print(f"{fam} naive", res[f"{fam}_naive_fp32_b1"], flush=True)
+            free_cache()
         e2e = end_to_end(work / "clips", work / "out_vid", recipe, min(args.workers, 8))
         res[f"{fam}_end_to_end"] = e2e
         alone_rate = res[f"{fam}_encoder_alone"]["items_per_s"]
         res[f"{fam}_ratio_e2e_vs_alone"] = e2e["items_per_s"] / alone_rate
         steady = (e2e.get("steady_state") or {}).get("items_per_s")
         res[f"{fam}_ratio_steady_vs_alone"] = steady / alone_rate if steady else None
+        if args.naive_clips and steady:
+            res[f"{fam}_ratio_steady_vs_naive"] = steady / res[f"{fam}_naive_fp32_b1"]["items_per_s"]
         print(f"{fam} e2e", e2e, flush=True)
 
     if not args.skip_image:
