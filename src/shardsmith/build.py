@@ -294,11 +294,15 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
     others: list[tuple[int, str, str | None]] = []
     nbytes, first = 0, pos
 
-    def write(seq_: int, samples_: list, others_: list, first_: int, next_pos: int) -> None:
-        name, size, sha = sink.write_unit(seq_, samples_) if samples_ else ("", 0, "")
+    def record(written: tuple[str, int, str], seq_: int, samples_: list, others_: list, first_: int,
+               next_pos: int) -> None:
+        name, size, sha = written
         res = [(s.idx, WRITTEN, None) for _, s in samples_] + others_
         ledger.commit_unit(output=output.name, split=split, seq=seq_, name=name, first_pos=first_, next_pos=next_pos,
                            count=len(samples_), nbytes=size, sha256=sha, results=res)
+
+    def write(seq_: int, samples_: list, others_: list, first_: int, next_pos: int) -> None:
+        record(sink.write_unit(seq_, samples_) if samples_ else ("", 0, ""), seq_, samples_, others_, first_, next_pos)
 
     # latent outputs: a sealed unit waits here for its last batches while the encoder goes on
     # with the next unit's (no pipeline drain at every shard); its file is then written (and
@@ -309,18 +313,15 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
 
     def record_written(block_over: int) -> None:
         while writing and (len(writing) > block_over or writing[0][0].done()):
-            fut, seq_, samples_, others_, first_, next_pos = writing.popleft()
-            name, size, sha = fut.result()
-            ledger.commit_unit(output=output.name, split=split, seq=seq_, name=name, first_pos=first_,
-                               next_pos=next_pos, count=len(samples_), nbytes=size, sha256=sha,
-                               results=[(s.idx, WRITTEN, None) for _, s in samples_] + others_)
+            fut, *unit = writing.popleft()
+            record(fut.result(), *unit)
 
     def write_ready(block_over: int) -> None:
         while sealed and (len(sealed) > block_over or finisher.ready(sealed[0][0])):
-            tag, seq_, samples_, others_, first_, next_pos = sealed.popleft()
+            tag, seq_, samples_, *rest = sealed.popleft()
             finisher.finish_through(tag)
             fut = writer.submit(sink.write_unit, seq_, samples_) if samples_ else _done(("", 0, ""))
-            writing.append((fut, seq_, samples_, others_, first_, next_pos))
+            writing.append((fut, seq_, samples_, *rest))
             record_written(MAX_WRITING_UNITS)
         record_written(MAX_WRITING_UNITS)
 
