@@ -155,28 +155,6 @@ def distinct_copies(files: list[Path], k: int) -> list[Path]:
     return out
 
 
-def naive_clips(files, vae_family: str, n: int, config: str = "published") -> dict:
-    """The naive video loop: per clip PyAV decode of every frame, float32, batch 1, one torch.save."""
-    import av
-
-    from shardsmith.encode.vae import load_vae
-
-    vae = load_vae(vae_family, config=config, dtype="float32", device=DEV)
-    tmp = Path(tempfile.mkdtemp())
-    torch.backends.cudnn.benchmark = False
-    t = time.perf_counter()
-    for i, f in enumerate(files[:n]):
-        with av.open(str(f)) as c:
-            frames = np.stack([fr.to_ndarray(format="rgb24") for fr in c.decode(video=0)])
-        x = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float().to(DEV) / 127.5 - 1  # [1, 3, F, H, W]
-        z = vae.encode(x)
-        torch.save(z.cpu(), tmp / f"{i:08d}.pt")
-    sync()
-    dt = time.perf_counter() - t
-    shutil.rmtree(tmp)
-    return {"items": n, "seconds": dt, "items_per_s": n / dt}
-
-
 def naive_prompts(prompts: list[str], family: str, n: int, max_length: int, config: str) -> dict:
     """The naive text loop: one prompt at a time, float32, one torch.save per embedding."""
     from shardsmith.encode.text import load_text_encoder
@@ -197,10 +175,9 @@ def naive_prompts(prompts: list[str], family: str, n: int, max_length: int, conf
     return {"items": n, "seconds": dt, "items_per_s": n / dt}
 
 
-def naive_images(files, vae_family: str, n: int, size: int = 256, config: str = "published") -> dict:
-    """EDM2 dataset_tool encode style: per item PIL decode, center crop+resize, fp32 batch 1, torch.save."""
-    from PIL import Image
-
+def naive_vae_loop(files, vae_family: str, n: int, read, config: str = "published") -> dict:
+    """EDM2 dataset_tool encode style: per item ``read(path)`` gives uint8 ``[H, W, 3]`` (an image)
+    or ``[F, H, W, 3]`` (a clip); float32, batch 1, one ``torch.save`` per item."""
     from shardsmith.encode.vae import load_vae
 
     vae = load_vae(vae_family, config=config, dtype="float32", device=DEV)
@@ -208,17 +185,38 @@ def naive_images(files, vae_family: str, n: int, size: int = 256, config: str = 
     torch.backends.cudnn.benchmark = False
     t = time.perf_counter()
     for i, f in enumerate(files[:n]):
-        img = Image.open(f).convert("RGB")
-        s = min(img.size)
-        img = img.crop(((img.width - s) // 2, (img.height - s) // 2, (img.width + s) // 2, (img.height + s) // 2))
-        img = img.resize((size, size), Image.Resampling.LANCZOS)
-        x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1)[None].float().to(DEV) / 127.5 - 1
+        a = torch.from_numpy(read(f))
+        x = (a.permute(2, 0, 1) if a.ndim == 3 else a.permute(3, 0, 1, 2))[None].float().to(DEV) / 127.5 - 1
         z = vae.encode(x)
         torch.save(z.cpu(), tmp / f"{i:08d}.pt")
     sync()
     dt = time.perf_counter() - t
     shutil.rmtree(tmp)
     return {"items": n, "seconds": dt, "items_per_s": n / dt}
+
+
+def naive_images(files, vae_family: str, n: int, size: int = 256, config: str = "published") -> dict:
+    """The naive image loop: PIL decode, center crop + Lanczos resize to ``size``."""
+    from PIL import Image
+
+    def read(f):
+        img = Image.open(f).convert("RGB")
+        s = min(img.size)
+        img = img.crop(((img.width - s) // 2, (img.height - s) // 2, (img.width + s) // 2, (img.height + s) // 2))
+        return np.asarray(img.resize((size, size), Image.Resampling.LANCZOS))
+
+    return naive_vae_loop(files, vae_family, n, read, config)
+
+
+def naive_clips(files, vae_family: str, n: int, config: str = "published") -> dict:
+    """The naive video loop: PyAV decode of every frame of each clip."""
+    import av
+
+    def read(f):
+        with av.open(str(f)) as c:
+            return np.stack([fr.to_ndarray(format="rgb24") for fr in c.decode(video=0)])
+
+    return naive_vae_loop(files, vae_family, n, read, config)
 
 
 def end_to_end(src: Path, out: Path, recipe: dict, workers: int) -> dict:

@@ -236,7 +236,7 @@ class EncodeStage:
         if self.device != "cuda" or self._compile_pending is not None:
             pend.latents = self.encode_staged(host, n)
         else:
-            ref = self._timing_reference()
+            self._timing_reference()
             try:
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -244,7 +244,7 @@ class EncodeStage:
                 pend.z_host = to_pinned(z[:n])
                 pend.vae_end = torch.cuda.Event(enable_timing=True)
                 pend.vae_end.record()
-                pend.start, pend.ref = start, ref
+                pend.start = start
                 if self.remaining is not None:
                     self.remaining -= n
             except Exception as exc:  # noqa: BLE001 - only OOM is retried (halving, in encode_staged)
@@ -268,20 +268,21 @@ class EncodeStage:
             pend.done_event.record()
         return pend
 
-    def _timing_reference(self) -> "torch.cuda.Event":
-        """A CUDA event whose wall-clock time is known: batch end events become wall times."""
+    def _timing_reference(self) -> None:
+        """Record, once, a CUDA event whose wall-clock time is known (``self._ref``): batch end
+        events become wall times."""
         if getattr(self, "_ref", None) is None:
             torch.cuda.synchronize()
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             ev.synchronize()
             self._ref = (ev, time.perf_counter())
-        return self._ref[0]
 
     def _complete(self, p: "PendingBatch") -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
         if p.latents is None:  # launched asynchronously: book its device time now that it is done
             gpu_s = p.start.elapsed_time(p.vae_end) / 1e3
-            done_at = self._ref[1] + p.ref.elapsed_time(p.vae_end) / 1e3
+            ref, ref_wall = self._ref
+            done_at = ref_wall + ref.elapsed_time(p.vae_end) / 1e3
             self.seconds["encode"] += gpu_s
             self.batches.append((done_at, p.n, gpu_s))
             p.latents = [t.clone() for t in p.z_host.unbind(0)]
@@ -380,7 +381,7 @@ class PendingBatch:
     def __init__(self, stage: EncodeStage, n: int, captions: list[str] | None):
         self.stage, self.n, self.captions = stage, n, captions
         self.latents: list[torch.Tensor] | None = None  # set at once by the synchronous paths
-        self.z_host = self.start = self.vae_end = self.ref = self.done_event = self.text_emb = None
+        self.z_host = self.start = self.vae_end = self.done_event = self.text_emb = None
         self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.todo: list[str] = []
         self._out = None
