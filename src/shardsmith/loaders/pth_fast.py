@@ -28,9 +28,8 @@ from typing import Any
 
 import torch
 
-_EOCD = struct.Struct("<IHHHHIIH")  # end of central directory, 22 bytes
-_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # central directory entry, 46 bytes
-_LOCAL = struct.Struct("<IHHHHHIIIHH")  # local file header, 30 bytes
+from shardsmith.torch_zip import LOCAL, NotPlainZip, central_directory
+
 
 _DTYPES = {
     "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
@@ -55,37 +54,23 @@ class _Storage:
 
 
 class _Zip:
-    """The records of an uncompressed zip, found through its central directory (torch writes
-    the sizes there, not in the local headers); a record's bytes are located on demand."""
+    """The records of a ``torch.save`` zip (:mod:`shardsmith.torch_zip`); a record's bytes are
+    located on demand."""
 
     def __init__(self, data: memoryview):
         self.data = data
-        eocd = len(data) - _EOCD.size
-        if eocd < 0 or _EOCD.unpack_from(data, eocd)[0] != 0x06054B50:
-            raise NotFast("no plain end-of-central-directory record (zip comment or truncated)")
-        _sig, _disk, _cd_disk, _n_here, count, _cd_size, cd_off, _clen = _EOCD.unpack_from(data, eocd)
-        if cd_off == 0xFFFFFFFF or count == 0xFFFF or cd_off > eocd:
-            raise NotFast("zip64 archive")
-        self.cd_off = cd_off
-        self.entries: dict[bytes, tuple[int, int]] = {}
-        pos = cd_off
-        unpack = _CENTRAL.unpack_from
-        for _ in range(count):
-            if pos + 46 > eocd:
-                raise NotFast("truncated central directory")
-            (sig, _made, _need, _flags, method, _t, _d, _crc, csize, usize, nlen, xlen, clen,
-             _dk, _ia, _ea, local) = unpack(data, pos)
-            if sig != 0x02014B50 or method != 0 or csize != usize or 0xFFFFFFFF in (csize, local):
-                raise NotFast("compressed or zip64 record")
-            self.entries[bytes(data[pos + 46:pos + 46 + nlen])] = (local, csize)
-            pos += 46 + nlen + xlen + clen
+        try:
+            records, self.cd_off = central_directory(data)
+        except NotPlainZip as exc:
+            raise NotFast(str(exc)) from None
+        self.entries: dict[bytes, tuple[int, int]] = {r.name: (r.local, r.size) for r in records}
 
     def get(self, name: bytes) -> memoryview | None:
         hit = self.entries.get(name)
         if hit is None:
             return None
         local, size = hit
-        lsig, *_rest, lnlen, lxlen = _LOCAL.unpack_from(self.data, local)
+        lsig, *_rest, lnlen, lxlen = LOCAL.unpack_from(self.data, local)
         start = local + 30 + lnlen + lxlen
         if lsig != 0x04034B50 or start + size > self.cd_off:
             raise NotFast("bad local header")

@@ -39,9 +39,8 @@ from typing import Any
 import torch
 from torch.utils.serialization import config as _config
 
-_EOCD = struct.Struct("<IHHHHIIH")  # end of central directory, 22 bytes
-_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # central directory entry, 46 bytes
-_LOCAL = struct.Struct("<IHHHHHIIIHH")  # local file header, 30 bytes
+from shardsmith.torch_zip import LOCAL, NotPlainZip, central_directory
+
 _U32 = struct.Struct("<I")
 _DESCRIPTOR = 0x08074B50  # "PK\x07\x08": a data descriptor (CRC, sizes) after a record's data
 _ID = ".data/serialization_id"
@@ -182,27 +181,18 @@ def _render(tpl: _Template, tensors: list[torch.Tensor]) -> bytes:
 
 def _build(data: bytes, tensors: list[torch.Tensor]) -> _Template | None:
     """The template of ``data`` (torch.save's bytes), or None where it is not the plain layout."""
-    eocd = len(data) - _EOCD.size
-    if eocd < 0 or _EOCD.unpack_from(data, eocd)[0] != 0x06054B50:
+    try:
+        records, cd_off = central_directory(data)
+    except NotPlainZip:
         return None
-    _sig, _d, _cdd, _nh, count, _cds, cd_off, _cl = _EOCD.unpack_from(data, eocd)
-    if cd_off == 0xFFFFFFFF or count == 0xFFFF:
-        return None
-    recs = []  # (local offset, name, crc, size, central crc position)
-    pos = cd_off
-    for _ in range(count):
-        (sig, _made, _need, _flags, method, _t, _dt, crc, csize, usize, nlen, xlen, clen,
-         _dk, _ia, _ea, local) = _CENTRAL.unpack_from(data, pos)
-        if sig != 0x02014B50 or method != 0 or csize != usize or 0xFFFFFFFF in (csize, local):
-            return None
-        recs.append((local, data[pos + 46:pos + 46 + nlen].decode("ascii"), crc, csize, pos + 16))
-        pos += 46 + nlen + xlen + clen
+    # (local offset, name, crc, size, central crc position)
+    recs = [(r.local, r.name.decode("ascii"), r.crc, r.size, r.cd_crc_pos) for r in records]
     recs.sort()  # write order
     prefix = recs[0][1].split("/", 1)[0] + "/"
     cuts = []  # (position, length, what): the bytes that vary
     storages, fold, id_crc0 = {}, [], None  # fold: the hash_combine inputs, in write order
     for local, name, crc, size, cd_crc in recs:
-        lsig, _need, flags, _method, _t, _dt, lcrc, _cs, _us, lnlen, lxlen = _LOCAL.unpack_from(data, local)
+        lsig, _need, flags, _method, _t, _dt, lcrc, _cs, _us, lnlen, lxlen = LOCAL.unpack_from(data, local)
         start = local + 30 + lnlen + lxlen
         end = start + size
         if lsig != 0x04034B50 or not name.startswith(prefix) or zlib.crc32(data[start:end]) != crc:
