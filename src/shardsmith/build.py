@@ -176,10 +176,19 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
                     infos: list[SourceInfo], pool: Workers) -> dict[str, Any]:
     """Plan (unless the ledger holds a complete plan), write every output, then the manifest."""
     t0 = time.perf_counter()
-    if not ledger.get_meta("plan_complete"):
-        ledger.reset_plan()
-        with progress.task("plan", total=None) as tick:
-            make_plan(recipe, ledger, opened, on_item=tick, workers=pool)
+    preload = None
+    if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+        from shardsmith.encode.preload import ModelPreload
+
+        preload = ModelPreload(recipe).start()  # models load and warm up while the plan runs
+    try:
+        if not ledger.get_meta("plan_complete"):
+            ledger.reset_plan()
+            with progress.task("plan", total=None) as tick:
+                make_plan(recipe, ledger, opened, on_item=tick, workers=pool)
+    finally:
+        if preload is not None:
+            preload.planned()
     timings: dict[str, Any] = {"plan_s": round(time.perf_counter() - t0, 3)}
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
     for o in recipe.outputs:
@@ -193,13 +202,13 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
 
             ctx.makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
                                                   recipe.geometry.fps)
-    if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
-        from shardsmith.encode.stage import EncodeStage
-
+    if preload is not None:
         t = time.perf_counter()
         with progress.task("load models", total=None):
-            ctx.stage = EncodeStage.from_recipe(recipe)
-        timings["load_models_s"] = round(time.perf_counter() - t, 3)
+            ctx.stage = preload.result()
+        timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for after the plan
+        timings["load_models_overlapped_s"] = preload.seconds.get("load")
+        ctx.stage.mark_start()
         if ctx.stage.describe()["random_weights"]:
             progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
                          "the latents are plumbing checks, not model-space data (labelled in the manifest)")

@@ -58,6 +58,7 @@ class EncodeStage:
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
         self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
         self.created = time.perf_counter()
+        self.warm_up_info: dict[str, Any] | None = None
 
     @classmethod
     def from_recipe(cls, recipe) -> "EncodeStage":
@@ -87,6 +88,45 @@ class EncodeStage:
             text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
                                      dtype=t.dtype, device=device)
         return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile)
+
+    # ---------------------------------------------------------------- warm-up
+    def warm_up(self, buckets, stop=None) -> dict[str, Any]:
+        """One padded batch of zeros per bucket shape through the VAE, so that cuDNN's autotuning,
+        the compiled graph's build or cache load (``models.compile="on"``) and the device's first
+        allocations happen before the first real batch, e.g. while the build plans. Nothing is
+        booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
+        shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
+        memory) is logged and left to the real batches, which retry; returns what was done."""
+        info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
+        t0 = time.perf_counter()
+        try:
+            for b in buckets:
+                host = torch.zeros((self.batch_size, b.frames, b.height, b.width, 3), dtype=torch.uint8,
+                                   pin_memory=self.device == "cuda")
+                self._maybe_compile(host)  # "on" compiles now; "auto" needs eager batches first
+                t = time.perf_counter()
+                self.vae.encode(self._to_input(host)).detach().to("cpu")
+                dt = time.perf_counter() - t
+                if self._compile_pending is not None:
+                    self._compiled_first_batch(dt)
+                info["shapes"].append(str(b))
+                if stop is not None and stop.is_set():
+                    break
+            if self.text_encoder is not None and not (stop is not None and stop.is_set()):
+                self.text_encoder.encode(["warm-up"], device="cpu")
+                info["text"] = True
+        except Exception as exc:  # noqa: BLE001 - the real batches handle (and report) what failed here
+            log.warning("encoder warm-up stopped: %s", exc)
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+        info["seconds"] = round(time.perf_counter() - t0, 3)
+        self.warm_up_info = info
+        return info
+
+    def mark_start(self) -> None:
+        """The build starts encoding now: ``steady_state``'s times count from here."""
+        self.created = time.perf_counter()
 
     # ---------------------------------------------------------------- pixels -> latents
     def stage(self, frames: list[np.ndarray]) -> torch.Tensor:
@@ -357,7 +397,7 @@ class EncodeStage:
         d: dict[str, Any] = {"device": self.device, "batch_size": self.batch_size,
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-                             "steady_state": self.steady_state(),
+                             "steady_state": self.steady_state(), "warm_up": self.warm_up_info,
                              "vae": {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}}
         if self.text_encoder is not None:
             d["text"] = {"spec": self.text_encoder.spec.to_dict(), "provenance": prov(self.text_encoder.provenance)}

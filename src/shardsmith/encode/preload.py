@@ -1,0 +1,60 @@
+"""Load the encoders and warm them up on a background thread while the build plans.
+
+Planning reads every input once on the worker processes and leaves the main process mostly
+waiting; loading the models, loading (or building) the compiled graph and cuDNN's autotuning of
+the first batch shape would otherwise run after it, one after the other. ``ModelPreload``
+overlaps them: ``start()`` right after the workers are forked (never before: a fork must not
+copy a process whose other threads hold CUDA or allocator locks), ``planned()`` when the plan is
+done (warm-up stops after the bucket shape it is on), ``result()`` joins and returns the
+:class:`~shardsmith.encode.stage.EncodeStage`, re-raising any error of the load itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+
+class ModelPreload:
+    def __init__(self, recipe, warm: bool | None = None):
+        """``warm``: None (default) warms up on a GPU, or when ``models.compile`` is "on" (the
+        compile then overlaps the plan); True always; False never."""
+        self.recipe, self.warm = recipe, warm
+        self._planned = threading.Event()
+        self._stage = None
+        self._error: BaseException | None = None
+        self.seconds: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, name="shardsmith-model-preload", daemon=True)
+
+    def start(self) -> "ModelPreload":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            from shardsmith.encode.stage import EncodeStage
+            from shardsmith.transform.buckets import parse_buckets
+
+            t = time.perf_counter()
+            stage = EncodeStage.from_recipe(self.recipe)
+            self.seconds["load"] = round(time.perf_counter() - t, 3)
+            if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
+                stage.warm_up(parse_buckets(self.recipe.geometry.buckets), stop=self._planned)
+            self._stage = stage
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            self._error = exc
+
+    def planned(self) -> None:
+        """The plan is done: warm no further bucket shapes than the one under way."""
+        self._planned.set()
+
+    def result(self) -> Any:
+        """The loaded stage (waits for the load and the warm-up under way); raises the load's error."""
+        self._planned.set()
+        t = time.perf_counter()
+        self._thread.join()
+        self.seconds["waited_after_plan"] = round(time.perf_counter() - t, 3)
+        if self._error is not None:
+            raise self._error
+        return self._stage

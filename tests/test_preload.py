@@ -1,0 +1,97 @@
+"""Encoder warm-up and the model preload that overlaps it with planning: warming changes no
+output byte, compiles before the first real batch, books no batch, stops when told, and a
+failed load is re-raised to the build as it was raised."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from shardsmith.build import build
+from shardsmith.encode import preload as preload_mod
+from shardsmith.encode.preload import ModelPreload
+from shardsmith.encode.stage import EncodeStage
+from shardsmith.encode.vae import load_vae
+from shardsmith.recipe import recipe_from_dict
+from shardsmith.transform.buckets import parse_buckets
+from test_build import tree_bytes
+from test_latents import _recipe, clips, ltx_build  # noqa: F401 - module fixtures reused
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _host(bs: int, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.integers(0, 256, (bs, 1, 32, 32, 3), dtype=np.uint8))
+
+
+def test_warm_up_compiles_before_the_first_batch_and_books_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    vae = load_vae("sd")
+    host = _host(2)
+    want = EncodeStage(vae, None, batch_size=2, device="cpu", compile="off").encode_staged(host)
+    st = EncodeStage(vae, None, batch_size=2, device="cpu", compile="on")
+    st.compile_backend = "aot_eager"
+    info = st.warm_up(parse_buckets(["32x32x1"]))
+    assert info["shapes"] == ["32x32x1"] and "error" not in info and info["seconds"] >= 0
+    c = st.describe()["compile"]
+    assert c["compiled"] and c["compiled_at_batch"] == 0 and "compile_s" in c
+    assert st.batches == [] and st.seconds["encode"] == 0.0  # the warm-up batch is not a batch of the build
+    assert st._compile_pending is None  # the first real batch needs no synchronous compile pass
+    got = st.encode_staged(host)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert len(st.batches) == 1 and st.describe()["warm_up"]["shapes"] == ["32x32x1"]
+
+
+def test_warm_up_stops_after_the_shape_under_way_and_survives_a_failure():
+    st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="off")
+    stop = threading.Event()
+    stop.set()
+    assert st.warm_up(parse_buckets(["32x32x1", "64x64x1", "64x32x1"]), stop=stop)["shapes"] == ["32x32x1"]
+
+    def oom(x):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    st.vae.encode = oom
+    info = st.warm_up(parse_buckets(["32x32x1"]))
+    assert info["shapes"] == [] and "out of memory" in info["error"]  # logged, left to the real batches
+
+
+def test_preload_reraises_the_load_error_after_the_plan(tmp_path):
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path)}], "geometry": {"buckets": ["64x64x1"]},
+                            "models": {"vae": {"family": "sd", "pretrained": str(tmp_path / "no-such-vae")}},
+                            "outputs": [{"format": "latent_wds", "dir": "lat"}]})
+    with pytest.raises(Exception) as direct:
+        EncodeStage.from_recipe(rec)
+    p = ModelPreload(rec).start()
+    p.planned()
+    with pytest.raises(type(direct.value)) as via:
+        p.result()
+    assert str(via.value) == str(direct.value)
+
+
+def test_a_warmed_build_writes_the_same_bytes(clips, ltx_build, tmp_path, monkeypatch):  # noqa: F811
+    """Warm-up forced on (the default does it on a GPU, or with compile=on): every output byte
+    equals the unwarmed build's, and the manifest says which bucket shapes were warmed."""
+    table, _ = clips
+    out, m0, _ = ltx_build
+    assert m0["models"]["warm_up"] is None  # CPU, compile off: nothing to tune, no warm-up
+    assert m0["timings"]["load_models_overlapped_s"] >= 0
+
+    class Warm(ModelPreload):
+        def __init__(self, recipe):
+            super().__init__(recipe, warm=True)
+
+    monkeypatch.setattr(preload_mod, "ModelPreload", Warm)
+    again = tmp_path / "warm"
+    m = build(_recipe(table), again, quiet=True, workers=2)
+    shapes = m["models"]["warm_up"]["shapes"]
+    assert shapes and shapes == ["64x64x1", "64x64x9", "96x64x17"][:len(shapes)]
+    assert "error" not in m["models"]["warm_up"]
+    assert tree_bytes(again) == tree_bytes(out)
