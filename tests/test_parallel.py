@@ -107,3 +107,45 @@ def test_plan_probed_in_worker_processes_equals_the_thread_plan(tmp_path):
     statuses = [v for row in rows["threads"] for v in row
                 if isinstance(v, str) and v.startswith(("failed:", "skipped:"))]
     assert "skipped:duplicate" in statuses and sum(s.startswith("failed:") for s in statuses) == 2
+
+
+def test_plan_rows_do_not_depend_on_where_batches_end(tmp_path, monkeypatch):
+    """Key collisions (``a.jpg`` / ``a.png``), duplicates whose first copy sits in an earlier batch
+    and sidecar captions come out the same whether the plan writes its rows 3 at a time or all at once."""
+    from media_factory import real_photos
+
+    from shardsmith.plan import planner
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.recipe import recipe_from_dict
+    from shardsmith.sources.base import open_sources
+
+    src = tmp_path / "src"
+    files = real_photos(src, 8, seed=4, min_side=64, max_side=96)
+    (src / f"{files[0].stem}.png").write_bytes(files[1].read_bytes())  # same key base as files[0]
+    (src / "zz copy.jpg").write_bytes(files[0].read_bytes())  # a duplicate, rows after its first copy
+    (src / f"{files[2].stem}.txt").write_text("a sidecar caption", encoding="utf-8")
+    (src / "zz copy.txt").mkdir()  # a folder named like a sidecar is not a caption
+    recipe = recipe_from_dict({"sources": [{"path": str(src)}], "split": {"holdout": 0.3},
+                               "outputs": [{"format": "wds", "dir": "w"}]})
+    rows = {}
+    w = Workers(2, chunk=2)
+    try:
+        for batch in (3, 256):
+            monkeypatch.setattr(planner, "BATCH", batch)
+            led = Ledger(tmp_path / f"b{batch}.sqlite")
+            assert planner.make_plan(recipe, led, open_sources(recipe), workers=w) == 10
+            rows[batch] = led.db.execute("SELECT idx, item_id, key, split, plan_status, dup_of, caption "
+                                         "FROM items ORDER BY idx").fetchall()
+            led.close()
+    finally:
+        w.close()
+    assert rows[3] == rows[256]
+    by_id = {r[1].split("/", 1)[1]: r for r in rows[3]}
+    keys = [r[2] for r in rows[3]]
+    assert len(set(keys)) == 10
+    assert by_id[files[0].name][2] == f"src_{files[0].stem}"
+    assert by_id[f"{files[0].stem}.png"][2].startswith(f"src_{files[0].stem}_")  # + 8 hex of sha1(item_id)
+    dup = by_id["zz copy.jpg"]
+    assert dup[4] == "skipped:duplicate" and dup[5] == f"src/{files[0].name}"
+    assert dup[3] == by_id[files[0].name][3]  # a duplicate shares its first copy's split
+    assert by_id[files[2].name][6] == "a sidecar caption" and dup[6] is None

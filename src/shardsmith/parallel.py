@@ -54,13 +54,15 @@ class Workers:
             for f in [self.pool.submit(_noop) for _ in range(workers * 2)]:
                 f.result()
 
-    def map(self, maker: Any, items: Iterable[Any], window: int | None = None) -> Iterator[tuple[Any, Any]]:
+    def map(self, maker: Any, items: Iterable[Any], window: int | None = None,
+            chunk: int | None = None) -> Iterator[tuple[Any, Any]]:
         """Apply the picklable callable ``maker`` to every item (it travels with each chunk).
 
         Items go to the workers in chunks of ``chunk`` (one round trip for several cheap
         items), except those for which ``maker.is_heavy(item)`` is true (a video clip takes
         seconds to decode): each travels alone, so the first result arrives after one item, not
-        after a chunk of them, and every worker gets work."""
+        after a chunk of them, and every worker gets work. ``chunk`` overrides the pool's chunk size
+        for this call (larger for items that take microseconds, such as header probes)."""
         if self.pool is None:
             for it in items:
                 yield it, maker(it)
@@ -78,6 +80,7 @@ class Workers:
                 yield from drain_one()
 
         heavy = getattr(maker, "is_heavy", None)
+        size = chunk or self.chunk
         chunk: list[Any] = []
         for it in items:
             if heavy is not None and heavy(it):
@@ -87,7 +90,7 @@ class Workers:
                 yield from submit([it], min(window, 2 * self.n))  # a decoded clip is large: fewer in flight
                 continue
             chunk.append(it)
-            if len(chunk) >= self.chunk:
+            if len(chunk) >= size:
                 yield from submit(chunk, window)
                 chunk = []
         if chunk:

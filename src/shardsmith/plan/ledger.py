@@ -126,15 +126,26 @@ class Ledger:
             rows.append(tuple(d[c] for c in _ITEM_COLS))
         self.db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(_ITEM_COLS))})", rows)
 
-    def key_exists(self, key: str) -> bool:
-        return self.db.execute("SELECT 1 FROM items WHERE key=?", (key,)).fetchone() is not None
+    def existing_keys(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` the ledger already holds (one query per 500, not one per key)."""
+        keys, found = list(keys), set()
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            found.update(r[0] for r in self.db.execute(
+                f"SELECT key FROM items WHERE key IN ({','.join('?' * len(part))})", part))
+        return found
 
-    def first_with_sha(self, sha: str) -> tuple[str, str] | None:
-        """(item_id, split) of the earliest usable item with these bytes, if any."""
-        row = self.db.execute(
-            "SELECT item_id, split FROM items WHERE sha256=? AND plan_status='ok' ORDER BY idx LIMIT 1", (sha,)
-        ).fetchone()
-        return None if row is None else (row[0], row[1])
+    def firsts_with_sha(self, shas: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """sha -> (item_id, split) of the earliest usable item with those bytes, for those of ``shas`` the
+        ledger holds (one query per 500)."""
+        shas, found = list(shas), {}
+        for i in range(0, len(shas), 500):
+            part = shas[i:i + 500]
+            for sha, item_id, split, _ in self.db.execute(
+                    "SELECT sha256, item_id, split, MIN(idx) FROM items WHERE plan_status='ok' AND sha256 IN "
+                    f"({','.join('?' * len(part))}) GROUP BY sha256", part):
+                found[sha] = (item_id, split)
+        return found
 
     def set_split(self, idx: int, split: str) -> None:
         self.db.execute("UPDATE items SET split=? WHERE idx=?", (split, idx))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import PurePosixPath
+from typing import Any
 
 from shardsmith import formats
 from shardsmith.plan.ledger import Ledger
@@ -24,10 +24,17 @@ from shardsmith.recipe import Recipe
 from shardsmith.split import assign
 
 BATCH = 256
+PROBE_CHUNK = 32
 
 
 def _key_base(source: SourceInfo, relpath: str, item_id: str) -> str:
-    stem = str(PurePosixPath(relpath).with_suffix("")) if relpath else item_id.split("/", 1)[-1]
+    """``<source>_<relpath without its last suffix>`` as a WebDataset key (see formats.sanitize_key)."""
+    if relpath:
+        name = relpath.rpartition("/")[2]
+        dot = name.rfind(".")
+        stem = relpath[:len(relpath) - len(name) + dot] if 0 < dot < len(name) - 1 else relpath
+    else:
+        stem = item_id.split("/", 1)[-1]
     return formats.sanitize_key(f"{source.name}_{stem}")
 
 
@@ -49,34 +56,34 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
     count_mode = split.holdout >= 1
     idx = 0
     prober = Prober(recipe.images.max_pixels)
-    pool = ThreadPoolExecutor(max_workers=4)
+    pool = None
     if workers is not None and workers.pool is not None:
-        batch_size = BATCH * 4  # every worker busy with chunks of one batch
-
-        def probe_all(batch: list[Item]) -> list:
-            return [pr for _, pr in workers.map(prober, batch)]
+        def probed(items: Iterator[Item]) -> Iterator[tuple[Item, Any]]:
+            # one stream, in order (no pause at batch boundaries); a probe takes tens of microseconds,
+            # so items travel in larger chunks than decode work does
+            return workers.map(prober, items, chunk=PROBE_CHUNK)
     else:
-        batch_size = BATCH
+        pool = ThreadPoolExecutor(max_workers=4)
 
-        def probe_all(batch: list[Item]) -> list:
-            return list(pool.map(prober, batch))
+        def probed(items: Iterator[Item]) -> Iterator[tuple[Item, Any]]:
+            while batch := list(itertools.islice(items, BATCH)):
+                yield from zip(batch, pool.map(prober, batch))
     try:
         for info, items in sources:
-            it = iter(items())
-            while batch := list(itertools.islice(it, batch_size)):
-                probes = probe_all(batch)
+            stream = probed(iter(items()))
+            while pairs := list(itertools.islice(stream, BATCH)):
                 rows: list[PlannedItem] = []
-                keys: set[str] = set()
-                shas: dict[str, tuple[str, str]] = {}
-                for item, pr in zip(batch, probes):
-                    key = _key_base(info, item.relpath, item.item_id)
-                    if key in keys or ledger.key_exists(key):
+                bases = [_key_base(info, item.relpath, item.item_id) for item, _ in pairs]
+                keys = ledger.existing_keys(set(bases))  # earlier batches, then this one as it goes
+                shas = ledger.firsts_with_sha({pr.sha256 for _, pr in pairs if pr.status == "ok" and pr.sha256})
+                for (item, pr), key in zip(pairs, bases):
+                    if key in keys:
                         key = formats.unique_key(key, item.item_id)
                     keys.add(key)
                     status, detail, dup_of = pr.status, pr.detail, None
                     sp = assign.TRAIN if count_mode else assign.by_fraction(item.item_id, split.seed, split.holdout)
                     if status == "ok" and pr.sha256:
-                        first = shas.get(pr.sha256) or ledger.first_with_sha(pr.sha256)
+                        first = shas.get(pr.sha256)
                         if first is not None:
                             dup_of, sp = first
                             if split.dedup:
@@ -103,7 +110,8 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
             if recipe.one_sample and idx and ledger.count_items():
                 break
     finally:
-        pool.shutdown()
+        if pool is not None:
+            pool.shutdown()
     if count_mode:
         _assign_by_count(ledger, recipe)
     ledger.set_meta("plan_complete", True)

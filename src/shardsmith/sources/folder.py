@@ -16,13 +16,16 @@ from shardsmith.records import Item, SourceInfo
 from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption
 
 
-def _listing(root: Path) -> tuple[list[str], set[str]]:
-    """Sorted names of media files and sub-folders (not hidden) of ``root``, and which are folders.
+def _listing(root: Path) -> tuple[list[str], set[str], set[str]]:
+    """Sorted names of media files and sub-folders (not hidden) of ``root``, which of them are
+    folders, and the names of the ``.txt`` files beside them (sidecar captions, found without
+    one ``stat`` per item).
 
     Only names are kept (not ``DirEntry`` objects): a flat folder of 50k files costs a few MB.
     """
     names: list[str] = []
     dirs: set[str] = set()
+    texts: set[str] = set()
     try:
         with os.scandir(root) as it:
             for e in it:
@@ -31,24 +34,33 @@ def _listing(root: Path) -> tuple[list[str], set[str]]:
                 if e.is_dir(follow_symlinks=True):
                     dirs.add(e.name)
                     names.append(e.name)
-                elif os.path.splitext(e.name)[1].lower().lstrip(".") in MEDIA_EXTENSIONS:
+                    continue
+                ext = os.path.splitext(e.name)[1].lower().lstrip(".")
+                if ext in MEDIA_EXTENSIONS:
                     names.append(e.name)
+                if e.name.endswith(".txt") and e.is_file(follow_symlinks=True):
+                    texts.add(e.name)
     except OSError as exc:
         raise SourceError(f"cannot list {root}: {exc}") from None
     names.sort()
-    return names, dirs
+    return names, dirs, texts
 
 
-def _walk(root: Path, exclude: list[Path]) -> Iterator[Path]:
-    """Sorted recursive walk yielding media files; never enters excluded or hidden folders."""
-    names, dirs = _listing(root)
+def _walk(root: Path, exclude: list[Path], rel: str = "") -> Iterator[tuple[str, str, str | None]]:
+    """Sorted recursive walk yielding ``(path, relpath, sidecar path or None)`` per media file;
+    never enters excluded or hidden folders. Paths are plain strings (no pathlib per item)."""
+    names, dirs, texts = _listing(root)
+    base = str(root)
     for name in names:
-        p = root / name
         if name in dirs:
+            p = root / name
             if p.resolve() not in exclude:
-                yield from _walk(p, exclude)
+                yield from _walk(p, exclude, f"{rel}{name}/")
         else:
-            yield p
+            dot = name.rfind(".")
+            side = f"{name[:dot]}.txt" if dot > 0 else None  # Path.with_suffix(".txt")
+            yield (os.path.join(base, name), rel + name,
+                   os.path.join(base, side) if side is not None and side in texts else None)
 
 
 def _class_names(root: Path, exclude: list[Path]) -> list[str]:
@@ -72,16 +84,14 @@ class FolderSource:
                                label_names=tuple(names) if names else None)
 
     def items(self) -> Iterator[Item]:
-        for p in _walk(self.root, self.exclude):
-            rel = p.relative_to(self.root).as_posix()
+        sidecars = self.spec.captions == "sidecar"
+        for path, rel, side in _walk(self.root, self.exclude):
             label = label_name = None
             if self.classes and "/" in rel:
                 label_name = rel.split("/", 1)[0]
                 label = self.classes.get(label_name)
             caption, error = None, None
-            if self.spec.captions == "sidecar":
-                side = p.with_suffix(".txt")
-                if side.is_file():
-                    caption, error = read_caption(side, self.spec.caption_errors)
-            yield Item(item_id=f"{self.spec.name}/{rel}", source=self.info.index, path=str(p), relpath=rel,
+            if sidecars and side is not None:
+                caption, error = read_caption(Path(side), self.spec.caption_errors)
+            yield Item(item_id=f"{self.spec.name}/{rel}", source=self.info.index, path=path, relpath=rel,
                        caption=caption, label=label, label_name=label_name, error=error)
