@@ -230,8 +230,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
     ledger, recipe = ctx.ledger, ctx.recipe
     srcs = _source_ids(recipe, output)
     # plan-level outcomes (unreadable, duplicate ...) are this output's outcomes too
-    pre = [(it.idx, it.plan_status, it.detail) for it in ledger.items(sources=srcs) if it.plan_status != "ok"]
-    ledger.record_results(output.name, pre)
+    ledger.record_results(output.name, ledger.plan_outcomes(srcs))
     result: dict[str, Any] = {"format": output.format, "files": {}}
     for split in _splits(recipe):
         dest = output_dest(ctx.root, output, split)

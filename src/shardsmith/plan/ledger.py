@@ -178,6 +178,13 @@ class Ledger:
             for r in rows:
                 yield self._item(r)
 
+    def plan_outcomes(self, sources: list[int]) -> list[tuple[int, str, str | None]]:
+        """``(idx, status, detail)`` of the items of ``sources`` that the plan did not pass
+        (unreadable, duplicate ...), in plan order: selected in SQL, not by reading every item."""
+        return self.db.execute(
+            f"SELECT idx, plan_status, detail FROM items WHERE plan_status != 'ok' "
+            f"AND source IN ({','.join('?' * len(sources))}) ORDER BY idx", sources).fetchall()
+
     def count_items(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
