@@ -7,6 +7,8 @@ import os
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from shardsmith.parallel import Workers
 
 
@@ -149,3 +151,17 @@ def test_plan_rows_do_not_depend_on_where_batches_end(tmp_path, monkeypatch):
     assert dup[4] == "skipped:duplicate" and dup[5] == f"src/{files[0].name}"
     assert dup[3] == by_id[files[0].name][3]  # a duplicate shares its first copy's split
     assert by_id[files[2].name][6] == "a sidecar caption" and dup[6] is None
+
+
+def test_the_plan_commits_without_fsync_and_restores_full_sync_even_on_error(tmp_path):
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.sqlite")
+    sync = lambda: led.db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731 - 1 NORMAL, 2 FULL
+    assert sync() == 2
+    with pytest.raises(KeyError):
+        with led.relaxed_sync():
+            assert sync() == 1
+            raise KeyError("a failed probe batch")
+    assert sync() == 2  # plan_complete and everything after it are written with full sync
+    led.close()

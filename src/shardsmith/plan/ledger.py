@@ -14,6 +14,7 @@ a row is written only after the unit's file was renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -109,6 +110,18 @@ class Ledger:
 
     def set_meta(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, sort_keys=True)))
+
+    @contextlib.contextmanager
+    def relaxed_sync(self):
+        """Commits inside do not wait for the disk (``synchronous=NORMAL``: an application crash
+        loses nothing, a power cut may lose the last commits). For work that is redone anyway when
+        it was not completed (the plan, which is only trusted once ``plan_complete`` is written
+        after this block, with full sync again)."""
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            yield
+        finally:
+            self.db.execute("PRAGMA synchronous=FULL")
 
     # -- items ------------------------------------------------------------------------
     def reset_plan(self) -> None:

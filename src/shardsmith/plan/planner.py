@@ -69,46 +69,48 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
             while batch := list(itertools.islice(items, BATCH)):
                 yield from zip(batch, pool.map(prober, batch))
     try:
-        for info, items in sources:
-            stream = probed(iter(items()))
-            while pairs := list(itertools.islice(stream, BATCH)):
-                rows: list[PlannedItem] = []
-                bases = [_key_base(info, item.relpath, item.item_id) for item, _ in pairs]
-                keys = ledger.existing_keys(set(bases))  # earlier batches, then this one as it goes
-                shas = ledger.firsts_with_sha({pr.sha256 for _, pr in pairs if pr.status == "ok" and pr.sha256})
-                for (item, pr), key in zip(pairs, bases):
-                    if key in keys:
-                        key = formats.unique_key(key, item.item_id)
-                    keys.add(key)
-                    status, detail, dup_of = pr.status, pr.detail, None
-                    sp = assign.TRAIN if count_mode else assign.by_fraction(item.item_id, split.seed, split.holdout)
-                    if status == "ok" and pr.sha256:
-                        first = shas.get(pr.sha256)
-                        if first is not None:
-                            dup_of, sp = first
-                            if split.dedup:
-                                status = "skipped:duplicate"
-                                detail = f"{item.item_id} has the same bytes as {first[0]}; only the first copy is used"
-                        else:
-                            shas[pr.sha256] = (item.item_id, sp)
-                    rows.append(PlannedItem(
-                        idx=idx, item_id=item.item_id, key=key, source=info.index, path=item.path,
-                        relpath=item.relpath, caption=item.caption, label=item.label, label_name=item.label_name,
-                        meta=item.meta, sha256=pr.sha256, size_bytes=pr.size_bytes, kind=pr.kind, width=pr.width,
-                        height=pr.height, image_format=pr.image_format, mode=pr.mode, split=sp, plan_status=status,
-                        detail=detail, dup_of=dup_of))
-                    idx += 1
-                    on_item()
-                if recipe.one_sample:  # the first usable item only, always in train
-                    rows = [r for r in rows if r.plan_status == "ok"][:1]
-                    for r in rows:
-                        r.split = assign.TRAIN
-                with ledger.transaction():
-                    ledger.add_items(rows)
-                if recipe.one_sample and rows:
+        # an unfinished plan is redone from scratch: its batches need no fsync each
+        with ledger.relaxed_sync():
+            for info, items in sources:
+                stream = probed(iter(items()))
+                while pairs := list(itertools.islice(stream, BATCH)):
+                    rows: list[PlannedItem] = []
+                    bases = [_key_base(info, item.relpath, item.item_id) for item, _ in pairs]
+                    keys = ledger.existing_keys(set(bases))  # earlier batches, then this one as it goes
+                    shas = ledger.firsts_with_sha({pr.sha256 for _, pr in pairs if pr.status == "ok" and pr.sha256})
+                    for (item, pr), key in zip(pairs, bases):
+                        if key in keys:
+                            key = formats.unique_key(key, item.item_id)
+                        keys.add(key)
+                        status, detail, dup_of = pr.status, pr.detail, None
+                        sp = assign.TRAIN if count_mode else assign.by_fraction(item.item_id, split.seed, split.holdout)
+                        if status == "ok" and pr.sha256:
+                            first = shas.get(pr.sha256)
+                            if first is not None:
+                                dup_of, sp = first
+                                if split.dedup:
+                                    status = "skipped:duplicate"
+                                    detail = f"{item.item_id} has the same bytes as {first[0]}; only the first copy is used"
+                            else:
+                                shas[pr.sha256] = (item.item_id, sp)
+                        rows.append(PlannedItem(
+                            idx=idx, item_id=item.item_id, key=key, source=info.index, path=item.path,
+                            relpath=item.relpath, caption=item.caption, label=item.label, label_name=item.label_name,
+                            meta=item.meta, sha256=pr.sha256, size_bytes=pr.size_bytes, kind=pr.kind, width=pr.width,
+                            height=pr.height, image_format=pr.image_format, mode=pr.mode, split=sp, plan_status=status,
+                            detail=detail, dup_of=dup_of))
+                        idx += 1
+                        on_item()
+                    if recipe.one_sample:  # the first usable item only, always in train
+                        rows = [r for r in rows if r.plan_status == "ok"][:1]
+                        for r in rows:
+                            r.split = assign.TRAIN
+                    with ledger.transaction():
+                        ledger.add_items(rows)
+                    if recipe.one_sample and rows:
+                        break
+                if recipe.one_sample and idx and ledger.count_items():
                     break
-            if recipe.one_sample and idx and ledger.count_items():
-                break
     finally:
         if pool is not None:
             pool.shutdown()
