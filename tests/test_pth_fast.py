@@ -156,3 +156,49 @@ def test_repeated_pickles_use_the_cached_plan_and_still_equal_torch_load(name):
     short = first.replace(b"archive/data/0", b"archive/data/7")
     with pytest.raises(NotFast, match="storage size mismatch"):
         load_fast(short)
+
+
+def test_a_cached_directory_is_used_only_when_it_is_the_same_directory(tmp_path):
+    """Members of one length share a cached central directory only when theirs is byte-equal to
+    it but for the CRC32s: then every result still equals torch.load's; a member whose directory
+    differs (other record names, a damaged entry) is walked, and fails as it did without the cache."""
+    from shardsmith.loaders import pth_fast
+
+    gen = torch.Generator().manual_seed(2)
+    members = [saved(torch.randn(4, 8, 8, generator=gen)) for _ in range(6)]
+    assert len({len(m) for m in members}) == 1
+    pth_fast._LAYOUTS.clear()
+    for m in members:
+        same(load_fast(m), torch.load(io.BytesIO(m), weights_only=True))
+    assert len(pth_fast._LAYOUTS) == 1  # one length, one directory: the later members compared, not walked
+
+    # same length, other record names (torch.save to a path names the records after the file)
+    (tmp_path / "latentX.pth").write_bytes(b"")
+    torch.save(torch.randn(4, 8, 8, generator=gen), tmp_path / "latentX.pth")
+    other = (tmp_path / "latentX.pth").read_bytes()
+    if len(other) == len(members[0]):
+        assert pth_fast._LAYOUTS[len(other)][3] != pth_fast._Zip(memoryview(other)).entries
+    same(load_fast(other), torch.load(io.BytesIO(other), weights_only=True))
+
+    # same length, a damaged directory entry (its record size): walked, and refused as before
+    rec = pth_fast.central_directory(members[1])[0]
+    cd_off = pth_fast.central_directory(members[1])[1]
+    bad = bytearray(members[1])
+    size_pos = rec[-1].cd_crc_pos + 4  # compressed size of the last record
+    bad[size_pos] ^= 0x01
+    bad = bytes(bad)
+    assert len(bad) == len(members[0]) and bad[cd_off:] != members[1][cd_off:]
+    pth_fast._LAYOUTS.clear()
+    try:
+        uncached = load_fast(bad)
+    except Exception as exc:  # noqa: BLE001 - compare with the cached run below
+        uncached = type(exc)
+    load_fast(members[0])  # the cache now holds the good directory of this length
+    try:
+        cached = load_fast(bad)
+    except Exception as exc:  # noqa: BLE001
+        cached = type(exc)
+    if isinstance(uncached, type):
+        assert cached is uncached
+    else:
+        same(cached, uncached)
