@@ -95,3 +95,38 @@ def test_a_warmed_build_writes_the_same_bytes(clips, ltx_build, tmp_path, monkey
     assert shapes and shapes == ["64x64x1", "64x64x9", "96x64x17"][:len(shapes)]
     assert "error" not in m["models"]["warm_up"]
     assert tree_bytes(again) == tree_bytes(out)
+
+
+def test_a_model_that_cannot_load_stops_a_long_plan_early(tmp_path, monkeypatch):
+    """An impossible bucket is found by the preload while the plan runs, and stops the plan then,
+    not after every item has been probed; nothing is written."""
+    import time as _time
+
+    from media_factory import real_photos
+    from shardsmith.plan import planner
+    from shardsmith.plan.ledger import Ledger
+
+    real_photos(tmp_path / "p", 6, seed=9, min_side=40, max_side=60)
+    for i in range(400):  # 406 items
+        (tmp_path / "p" / f"copy {i:03d}.jpg").write_bytes(b"not decoded: the probe below is a stand-in")
+    probe = planner.probe_item
+
+    def slow_probe(item, max_pixels):  # 406 items x 0.1 s / 4 threads: a plan of ~10 s
+        _time.sleep(0.1)
+        return probe(item, max_pixels)
+
+    monkeypatch.setattr(planner, "probe_item", slow_probe)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["65x64x1"]},
+                            "models": {"vae": {"family": "sd"}},
+                            "outputs": [{"format": "latent_wds", "dir": "lat"}]})
+    with pytest.raises(Exception, match="65") as e:
+        build(rec, tmp_path / "o", quiet=True, workers=1)
+    assert "nearest" in str(e.value)
+    led = Ledger(tmp_path / "o" / ".shardsmith" / "ledger.sqlite")
+    try:
+        planned = led.count_items()
+        assert led.get_meta("plan_complete") is None
+    finally:
+        led.close()
+    assert planned < 406 / 2, planned  # stopped well before the end of the plan
+    assert not list((tmp_path / "o").rglob("*.tar"))

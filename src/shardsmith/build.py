@@ -185,7 +185,12 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
         if not ledger.get_meta("plan_complete"):
             ledger.reset_plan()
             with progress.task("plan", total=None) as tick:
-                make_plan(recipe, ledger, opened, on_item=tick, workers=pool)
+                def on_item() -> None:
+                    tick()
+                    if preload is not None:
+                        preload.raise_if_failed()  # a model that cannot load stops the plan at once
+
+                make_plan(recipe, ledger, opened, on_item=on_item, workers=pool)
     finally:
         if preload is not None:
             preload.planned()

@@ -4,8 +4,9 @@ Planning reads every input once on the worker processes and leaves the main proc
 waiting; loading the models, loading (or building) the compiled graph and cuDNN's autotuning of
 the first batch shape would otherwise run after it, one after the other. ``ModelPreload``
 overlaps them: ``start()`` right after the workers are forked (never before: a fork must not
-copy a process whose other threads hold CUDA or allocator locks), ``planned()`` when the plan is
-done (warm-up stops after the bucket shape it is on), ``result()`` joins and returns the
+copy a process whose other threads hold CUDA or allocator locks), ``raise_if_failed()`` while
+planning (a model that cannot load stops the plan at once), ``planned()`` when the plan is done
+(warm-up stops after the bucket shape it is on), ``result()`` joins and returns the
 :class:`~shardsmith.encode.stage.EncodeStage`, re-raising any error of the load itself.
 """
 
@@ -44,6 +45,12 @@ class ModelPreload:
             self._stage = stage
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc
+
+    def raise_if_failed(self) -> None:
+        """Raise the load's error now if it has failed (cheap: meant to be called per planned item),
+        so a wrong model path or an impossible bucket stops a long plan in seconds."""
+        if self._error is not None:
+            raise self._error
 
     def planned(self) -> None:
         """The plan is done: warm no further bucket shapes than the one under way."""
