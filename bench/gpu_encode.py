@@ -232,7 +232,7 @@ def end_to_end(src: Path, out: Path, recipe: dict, workers: int) -> dict:
     return {"items": m["counts"]["written"], "seconds": dt, "items_per_s": m["counts"]["written"] / dt,
             "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
             "encode_stage_seconds": m["models"]["seconds"], "steady_state": m["models"]["steady_state"],
-            "compile": m["models"].get("compile"), "timings": m.get("timings")}
+            "compile": m["models"].get("compile"), "warm_up": m["models"].get("warm_up"), "timings": m.get("timings")}
 
 
 def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
