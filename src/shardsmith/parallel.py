@@ -55,13 +55,13 @@ class Workers:
                 f.result()
 
     def map(self, maker: Any, items: Iterable[Any], window: int | None = None,
-            chunk: int | None = None) -> Iterator[tuple[Any, Any]]:
+            chunk_size: int | None = None) -> Iterator[tuple[Any, Any]]:
         """Apply the picklable callable ``maker`` to every item (it travels with each chunk).
 
         Items go to the workers in chunks of ``chunk`` (one round trip for several cheap
         items), except those for which ``maker.is_heavy(item)`` is true (a video clip takes
         seconds to decode): each travels alone, so the first result arrives after one item, not
-        after a chunk of them, and every worker gets work. ``chunk`` overrides the pool's chunk size
+        after a chunk of them, and every worker gets work. ``chunk_size`` overrides the pool's ``chunk``
         for this call (larger for items that take microseconds, such as header probes)."""
         if self.pool is None:
             for it in items:
@@ -80,7 +80,7 @@ class Workers:
                 yield from drain_one()
 
         heavy = getattr(maker, "is_heavy", None)
-        size = chunk or self.chunk
+        size = chunk_size or self.chunk
         chunk: list[Any] = []
         for it in items:
             if heavy is not None and heavy(it):

@@ -98,6 +98,7 @@ class EncodeStage:
         shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
         memory) is logged and left to the real batches, which retry; returns what was done."""
         info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
+        stopped = stop.is_set if stop is not None else (lambda: False)
         t0 = time.perf_counter()
         try:
             for b in buckets:
@@ -110,9 +111,9 @@ class EncodeStage:
                 if self._compile_pending is not None:
                     self._compiled_first_batch(dt)
                 info["shapes"].append(str(b))
-                if stop is not None and stop.is_set():
+                if stopped():
                     break
-            if self.text_encoder is not None and not (stop is not None and stop.is_set()):
+            if self.text_encoder is not None and not stopped():
                 self.text_encoder.encode(["warm-up"], device="cpu")
                 info["text"] = True
         except Exception as exc:  # noqa: BLE001 - the real batches handle (and report) what failed here

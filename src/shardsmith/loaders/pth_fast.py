@@ -63,10 +63,7 @@ class _Zip:
         lay = _LAYOUTS.get(n)
         if lay is not None:  # same length as an earlier member: is it the same directory?
             cd_off, masked, crc_pos, entries = lay
-            cd = bytearray(data[cd_off:])
-            for p in crc_pos:
-                cd[p:p + 4] = b"\0\0\0\0"
-            if cd == masked:
+            if _without_crcs(data, cd_off, crc_pos) == masked:
                 self.cd_off, self.entries = cd_off, entries
                 return
         try:
@@ -76,10 +73,7 @@ class _Zip:
         self.entries: dict[bytes, tuple[int, int]] = {r.name: (r.local, r.size) for r in records}
         if len(_LAYOUTS) < _MAX_PLANS or n in _LAYOUTS:
             crc_pos = tuple(r.cd_crc_pos - self.cd_off for r in records)
-            masked = bytearray(data[self.cd_off:])
-            for p in crc_pos:
-                masked[p:p + 4] = b"\0\0\0\0"
-            _LAYOUTS[n] = (self.cd_off, masked, crc_pos, self.entries)
+            _LAYOUTS[n] = (self.cd_off, _without_crcs(data, self.cd_off, crc_pos), crc_pos, self.entries)
 
     def get(self, name: bytes) -> memoryview | None:
         hit = self.entries.get(name)
@@ -91,6 +85,14 @@ class _Zip:
         if lsig != 0x04034B50 or start + size > self.cd_off:
             raise NotFast("bad local header")
         return self.data[start:start + size]
+
+
+def _without_crcs(data: memoryview, cd_off: int, crc_pos: tuple[int, ...]) -> bytearray:
+    """The central directory and its end record (``data[cd_off:]``) with the CRC32s at ``crc_pos`` zeroed."""
+    cd = bytearray(data[cd_off:])
+    for p in crc_pos:
+        cd[p:p + 4] = b"\0\0\0\0"
+    return cd
 
 
 def _rebuild_tensor(storage, offset, size, stride, requires_grad, hooks, metadata=None):

@@ -139,26 +139,23 @@ class Ledger:
             rows.append(tuple(d[c] for c in _ITEM_COLS))
         self.db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(_ITEM_COLS))})", rows)
 
+    def _select_in(self, sql: str, values: Iterable[Any]) -> Iterator[tuple]:
+        """Rows of ``sql``, whose ``{}`` is an ``IN`` list, over ``values``: one query per 500."""
+        values = list(values)
+        for i in range(0, len(values), 500):
+            part = values[i:i + 500]
+            yield from self.db.execute(sql.format(",".join("?" * len(part))), part)
+
     def existing_keys(self, keys: Iterable[str]) -> set[str]:
-        """Those of ``keys`` the ledger already holds (one query per 500, not one per key)."""
-        keys, found = list(keys), set()
-        for i in range(0, len(keys), 500):
-            part = keys[i:i + 500]
-            found.update(r[0] for r in self.db.execute(
-                f"SELECT key FROM items WHERE key IN ({','.join('?' * len(part))})", part))
-        return found
+        """Those of ``keys`` the ledger already holds."""
+        return {r[0] for r in self._select_in("SELECT key FROM items WHERE key IN ({})", keys)}
 
     def firsts_with_sha(self, shas: Iterable[str]) -> dict[str, tuple[str, str]]:
-        """sha -> (item_id, split) of the earliest usable item with those bytes, for those of ``shas`` the
-        ledger holds (one query per 500)."""
-        shas, found = list(shas), {}
-        for i in range(0, len(shas), 500):
-            part = shas[i:i + 500]
-            for sha, item_id, split, _ in self.db.execute(
-                    "SELECT sha256, item_id, split, MIN(idx) FROM items WHERE plan_status='ok' AND sha256 IN "
-                    f"({','.join('?' * len(part))}) GROUP BY sha256", part):
-                found[sha] = (item_id, split)
-        return found
+        """sha -> (item_id, split) of the earliest usable item with those bytes, for those of
+        ``shas`` the ledger holds."""
+        rows = self._select_in("SELECT sha256, item_id, split, MIN(idx) FROM items "
+                               "WHERE plan_status='ok' AND sha256 IN ({}) GROUP BY sha256", shas)
+        return {sha: (item_id, split) for sha, item_id, split, _ in rows}
 
     def set_split(self, idx: int, split: str) -> None:
         self.db.execute("UPDATE items SET split=? WHERE idx=?", (split, idx))

@@ -61,7 +61,7 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
         def probed(items: Iterator[Item]) -> Iterator[tuple[Item, Any]]:
             # one stream, in order (no pause at batch boundaries); a probe takes tens of microseconds,
             # so items travel in larger chunks than decode work does
-            return workers.map(prober, items, chunk=PROBE_CHUNK)
+            return workers.map(prober, items, chunk_size=PROBE_CHUNK)
     else:
         pool = ThreadPoolExecutor(max_workers=4)
 
