@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from media_factory import digits_folder, real_photos
@@ -76,3 +77,33 @@ def test_sigkill_at_random_points_then_resume_is_byte_identical(tmp_path):
     for o in m["outputs"].values():
         assert balanced(o["counts"]) and all(balanced(b) for b in o["splits"].values())
     assert not list(out.rglob("*.tmp-*"))
+
+
+def test_a_build_killed_before_it_recorded_its_recipe_is_resumed_not_refused(tmp_path):
+    """SIGKILL between creating the state folder or the ledger and writing the recipe into it (seen in
+    CI with the test above) leaves a folder with an empty ledger, or none: the next run builds into
+    it; a ledger that holds anything stays protected."""
+    from shardsmith.build import OutputExistsError, build
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.recipe import recipe_from_dict
+
+    real_photos(tmp_path / "photos", 5, seed=12, min_side=40, max_side=80)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "photos")}],
+                            "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2}]})
+    build(rec, tmp_path / "ref", quiet=True, workers=1)
+    killed = tmp_path / "killed"
+    Ledger(killed / ".shardsmith" / "ledger.sqlite").close()  # created, nothing recorded
+    m = build(rec, killed, quiet=True, workers=1)
+    assert m["counts"]["written"] == 5 and tree_bytes(killed) == tree_bytes(tmp_path / "ref")
+
+    early = tmp_path / "early"
+    (early / ".shardsmith").mkdir(parents=True)  # killed even earlier: the state folder, no ledger yet
+    build(rec, early, quiet=True, workers=1)
+    assert tree_bytes(early) == tree_bytes(tmp_path / "ref")
+
+    other = tmp_path / "other"
+    led = Ledger(other / ".shardsmith" / "ledger.sqlite")
+    led.set_meta("started", "2026-12-03T00:00:00+00:00")  # something recorded, no fingerprint
+    led.close()
+    with pytest.raises(OutputExistsError, match="different recipe"):
+        build(rec, other, quiet=True, workers=1)

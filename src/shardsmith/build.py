@@ -90,12 +90,18 @@ def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
             return "sibling"
         raise OutputExistsError(f"{out} exists and is a file; choose another --out or pass --overwrite")
     ledger_path = out / formats.LEDGER_FILE
+    state = out / formats.STATE_DIR
+    if not ledger_path.exists() and [p.name for p in out.iterdir()] == [formats.STATE_DIR] and state.is_dir() \
+            and not any(state.iterdir()):
+        return "fresh"  # killed between creating its state folder and its ledger: nothing to keep
     if not ledger_path.exists():
         if overwrite:
             return "sibling"
         raise OutputExistsError(f"{out} is not empty and was not written by shardsmith; refusing to write into it. "
                                 "Choose an empty --out, or pass --overwrite to replace it once the new build is complete")
     old_fp, old_recipe, done = Ledger.peek(ledger_path, "fingerprint", "recipe", "complete")
+    if old_fp is None and Ledger.never_started(ledger_path):
+        return "resume"  # killed between creating its ledger and recording its recipe: nothing to keep
     if old_fp == fp:
         if done and overwrite:
             return "sibling"
@@ -154,10 +160,11 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
     ledger = Ledger(root / formats.LEDGER_FILE)
     try:
         if ledger.get_meta("fingerprint") is None:
-            ledger.set_meta("fingerprint", fp)
-            ledger.set_meta("recipe", canonical(recipe))
-            ledger.set_meta("version", __version__)
-            ledger.set_meta("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            with ledger.transaction():  # all or none: a ledger never holds a fingerprint without its recipe
+                ledger.set_meta("fingerprint", fp)
+                ledger.set_meta("recipe", canonical(recipe))
+                ledger.set_meta("version", __version__)
+                ledger.set_meta("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
         stale = remove_stale_tmp(root)
         if stale:
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")

@@ -103,6 +103,17 @@ class Ledger:
         finally:
             led.close()
 
+    @classmethod
+    def never_started(cls, path: str | Path) -> bool:
+        """True for a ledger that holds no meta, item, result or unit: a build killed right after
+        creating it. Such a folder holds nothing of any recipe and may be built into."""
+        led = cls(path)
+        try:
+            return not any(led.db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()
+                           for t in ("meta", "items", "results", "shards"))
+        finally:
+            led.close()
+
     # -- meta -------------------------------------------------------------------------
     def get_meta(self, key: str) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
