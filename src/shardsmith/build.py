@@ -90,11 +90,10 @@ def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
             return "sibling"
         raise OutputExistsError(f"{out} exists and is a file; choose another --out or pass --overwrite")
     ledger_path = out / formats.LEDGER_FILE
-    state = out / formats.STATE_DIR
-    if not ledger_path.exists() and [p.name for p in out.iterdir()] == [formats.STATE_DIR] and state.is_dir() \
-            and not any(state.iterdir()):
-        return "fresh"  # killed between creating its state folder and its ledger: nothing to keep
     if not ledger_path.exists():
+        state = out / formats.STATE_DIR
+        if [p.name for p in out.iterdir()] == [formats.STATE_DIR] and state.is_dir() and not any(state.iterdir()):
+            return "fresh"  # killed between creating its state folder and its ledger: nothing to keep
         if overwrite:
             return "sibling"
         raise OutputExistsError(f"{out} is not empty and was not written by shardsmith; refusing to write into it. "

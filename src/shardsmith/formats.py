@@ -55,6 +55,22 @@ def sanitize_key(text: str) -> str:
     return key[:MAX_KEY_LEN]
 
 
+def without_suffix(path: str) -> str:
+    """``path`` (``/``-separated) without its last name's suffix, exactly as
+    ``str(PurePosixPath(path).with_suffix(""))`` but on the string (the planner calls it per item):
+    ``"a/b.c.jpg"`` -> ``"a/b.c"``; a leading or trailing dot is not a suffix (``".x"``, ``"a."``)."""
+    name = path.rpartition("/")[2]
+    dot = name.rfind(".")
+    return path[:len(path) - len(name) + dot] if 0 < dot < len(name) - 1 else path
+
+
+def key_base(source_name: str, relpath: str, item_id: str) -> str:
+    """The sample key the planner gives an item before uniqueness: ``<source>_<relpath without
+    its suffix>`` (or the item id's part after the source), sanitised."""
+    stem = without_suffix(relpath) if relpath else item_id.split("/", 1)[-1]
+    return sanitize_key(f"{source_name}_{stem}")
+
+
 def unique_key(base: str, item_id: str) -> str:
     """A collision-proof variant of ``base``: appends 8 hex chars of sha1(item_id)."""
     digest = hashlib.sha1(item_id.encode("utf-8")).hexdigest()[:8]

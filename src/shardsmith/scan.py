@@ -41,7 +41,6 @@ import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 from shardsmith import formats
@@ -173,12 +172,6 @@ def _stats(counts: Counter) -> dict[str, Any]:
     if not counts:
         return {"min": None, "median": None, "max": None}
     return {"min": min(counts), "median": _median(counts), "max": max(counts)}
-
-
-def _key_base(source: SourceInfo, relpath: str, item_id: str) -> str:
-    """The sample key the planner gives (key length matters for tar header sizes)."""
-    stem = str(PurePosixPath(relpath).with_suffix("")) if relpath else item_id.split("/", 1)[-1]
-    return formats.sanitize_key(f"{source.name}_{stem}")
 
 
 def _u64(item_id: str) -> int:
@@ -347,7 +340,8 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
                             continue
                         if planned is None:
                             planned = PlannedItem(
-                                idx=next(seq), item_id=item.item_id, key=_key_base(info, item.relpath, item.item_id),
+                                idx=next(seq), item_id=item.item_id,
+                                key=formats.key_base(info.name, item.relpath, item.item_id),
                                 source=info.index, path=item.path, relpath=item.relpath, caption=item.caption,
                                 label=item.label, label_name=item.label_name, meta=item.meta, sha256=pr.sha256,
                                 size_bytes=pr.size, kind=pr.kind, width=pr.width, height=pr.height,

@@ -27,17 +27,6 @@ BATCH = 256
 PROBE_CHUNK = 32
 
 
-def _key_base(source: SourceInfo, relpath: str, item_id: str) -> str:
-    """``<source>_<relpath without its last suffix>`` as a WebDataset key (see formats.sanitize_key)."""
-    if relpath:
-        name = relpath.rpartition("/")[2]
-        dot = name.rfind(".")
-        stem = relpath[:len(relpath) - len(name) + dot] if 0 < dot < len(name) - 1 else relpath
-    else:
-        stem = item_id.split("/", 1)[-1]
-    return formats.sanitize_key(f"{source.name}_{stem}")
-
-
 class Prober:
     """``probe_item`` with the recipe's pixel limit, picklable for worker processes."""
 
@@ -75,7 +64,7 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                 stream = probed(iter(items()))
                 while pairs := list(itertools.islice(stream, BATCH)):
                     rows: list[PlannedItem] = []
-                    bases = [_key_base(info, item.relpath, item.item_id) for item, _ in pairs]
+                    bases = [formats.key_base(info.name, item.relpath, item.item_id) for item, _ in pairs]
                     keys = ledger.existing_keys(set(bases))  # earlier batches, then this one as it goes
                     shas = ledger.firsts_with_sha({pr.sha256 for _, pr in pairs if pr.status == "ok" and pr.sha256})
                     for (item, pr), key in zip(pairs, bases):

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardsmith import formats
 from shardsmith.records import Item, SourceInfo
 from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption
 
@@ -57,10 +58,8 @@ def _walk(root: Path, exclude: list[Path], rel: str = "") -> Iterator[tuple[str,
             if p.resolve() not in exclude:
                 yield from _walk(p, exclude, f"{rel}{name}/")
         else:
-            dot = name.rfind(".")
-            side = f"{name[:dot]}.txt" if dot > 0 else None  # Path.with_suffix(".txt")
-            yield (os.path.join(base, name), rel + name,
-                   os.path.join(base, side) if side is not None and side in texts else None)
+            side = formats.without_suffix(name) + ".txt"  # Path.with_suffix(".txt")
+            yield os.path.join(base, name), rel + name, os.path.join(base, side) if side in texts else None
 
 
 def _class_names(root: Path, exclude: list[Path]) -> list[str]:
