@@ -17,7 +17,9 @@ One run measures, on the same GPU and the same random-weight published architect
     work) into ``txt_emb.pth`` shards, whole-build and steady-state prompts/s.
 ``--copies K`` builds from K x ``--images`` files (distinct bytes, same pixels), for whole-build
 ratios of long runs. With ``--compile --ab-sync`` the compiled image build runs a second time with every batch waited for
-at launch (the behaviour before launch-ahead batches), for the ratio between the two.
+at launch (the behaviour before launch-ahead batches), for the ratio between the two; with
+``--compile --ab-plan-ahead`` it runs a second time with the whole plan before the first batch
+(no plan ahead), for the ratio of whole-build times.
 FLOPs per item come from torch.utils.flop_counter; % of peak uses 790 TFLOP/s dense bf16.
 Sections run in the order image, text, video; the JSON is rewritten after each section, and a
 section that fails is recorded under ``errors`` (exit status 1) without stopping the others.
@@ -474,6 +476,8 @@ def main() -> int:
                          "compiled build into one call")
     ap.add_argument("--ab-sync", action="store_true",
                     help="with --compile: also run the compiled build with each batch waited for at launch")
+    ap.add_argument("--ab-plan-ahead", action="store_true",
+                    help="with --compile: also run the compiled build with the plan first (no plan ahead)")
     ap.add_argument("--skip-text", action="store_true")
     ap.add_argument("--text-family", choices=["t5", "umt5", "clip", "gemma"], default="t5")
     ap.add_argument("--text-config", default=None,
@@ -623,6 +627,17 @@ def main() -> int:
             s_async = (e.get("steady_state") or {}).get("items_per_s")
             res["sd_compiled_steady_async_vs_sync_launch"] = s_async / s_sync if s_sync and s_async else None
             print("e2e compiled, synchronous launch", e_sync, flush=True)
+        if args.ab_plan_ahead:  # the same build with the whole plan before the first batch (the previous order)
+            import shardsmith.build as build_mod
+
+            build_mod.PLAN_AHEAD = False
+            try:
+                e_first = end_to_end(work / "photos", work / "out_img_compiled_plan_first", rc, args.workers)
+            finally:
+                build_mod.PLAN_AHEAD = True
+            res["sd_end_to_end_compiled_plan_first"] = e_first
+            res["sd_compiled_plan_ahead_speedup"] = e_first["seconds"] / e["seconds"]
+            print("e2e compiled, plan first", e_first, flush=True)
         a = res["sd_encoder_alone_compiled"]
         steady = (e.get("steady_state") or {}).get("items_per_s")
         res["sd_compiled_ratio_e2e_vs_alone"] = e["items_per_s"] / a["items_per_s"]

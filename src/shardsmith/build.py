@@ -14,6 +14,7 @@ Contract
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -167,11 +168,15 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         stale = remove_stale_tmp(root)
         if stale:
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")
+        t = time.perf_counter()
         opened = open_sources(recipe, exclude=exclude)
         infos = [i for i, _ in opened]
+        setup = {"open_sources_s": round(time.perf_counter() - t, 3)}
+        t = time.perf_counter()
         pool = Workers(n_workers)  # fork the workers now, while this process is small and before any model
+        setup["start_workers_s"] = round(time.perf_counter() - t, 3)
         try:
-            return _plan_and_write(recipe, root, fp, progress, ledger, opened, infos, pool)
+            return _plan_and_write(recipe, root, fp, progress, ledger, opened, infos, pool, setup)
         finally:
             pool.close()
     finally:
@@ -179,55 +184,62 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
 
 
 def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
-                    infos: list[SourceInfo], pool: Workers) -> dict[str, Any]:
-    """Plan (unless the ledger holds a complete plan), write every output, then the manifest."""
+                    infos: list[SourceInfo], pool: Workers, setup: dict[str, float]) -> dict[str, Any]:
+    """Plan (unless the ledger holds a complete plan), write every output, then the manifest.
+
+    A latent output first in the recipe starts on the plan's committed rows while the plan goes
+    on (:mod:`shardsmith.plan.ahead`): the GPU does not wait for the whole plan."""
     t0 = time.perf_counter()
-    preload = None
+    timings: dict[str, Any] = dict(setup)  # before the plan: sources opened, workers started
+    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
+    preload = ahead = None
     if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
         from shardsmith.encode.preload import ModelPreload
 
         preload = ModelPreload(recipe).start()  # models load and warm up while the plan runs
-    try:
-        if not ledger.get_meta("plan_complete"):
+    plan_needed = not ledger.get_meta("plan_complete")
+    ahead_output = _ahead_output(recipe, root) if plan_needed else None
+    with contextlib.ExitStack() as stack:
+        if plan_needed:
+            _remove_written_ahead(root, ledger, progress)
             ledger.reset_plan()
-            with progress.task("plan", total=None) as tick:
-                def on_item() -> None:
-                    tick()
+            if ahead_output is not None:
+                from shardsmith.plan.ahead import PlanAhead
+
+                tick = stack.enter_context(progress.task("plan", total=None))
+                # recorded before anything is written ahead: a crash before the plan completes
+                # removes it on the next run (it was derived from a plan that is then redone)
+                ledger.set_meta("written_ahead", [output_dest(root, ahead_output, TRAIN).relative_to(root).as_posix()])
+                ahead = PlanAhead(recipe, ledger.path, opened, pool, on_item=_plan_tick(tick, preload)).start()
+                stack.callback(ahead.close)
+            else:
+                try:
+                    with progress.task("plan", total=None) as tick:
+                        make_plan(recipe, ledger, opened, on_item=_plan_tick(tick, preload), workers=pool)
+                finally:
                     if preload is not None:
-                        preload.raise_if_failed()  # a model that cannot load stops the plan at once
-
-                make_plan(recipe, ledger, opened, on_item=on_item, workers=pool)
-    finally:
+                        preload.planned()
+        if ahead is None:
+            timings["plan_s"] = round(time.perf_counter() - t0, 3)
         if preload is not None:
-            preload.planned()
-    timings: dict[str, Any] = {"plan_s": round(time.perf_counter() - t0, 3)}
-    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
-    for o in recipe.outputs:
-        if isinstance(o, WdsOutput):
-            ctx.makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
-        elif isinstance(o, ZipOutput):
-            ctx.makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ledger))
-        else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
-            from shardsmith.transform.buckets import parse_buckets
-            from shardsmith.transform.latent_pixels import LatentPixelMaker
-
-            ctx.makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
-                                                  recipe.geometry.fps)
-    if preload is not None:
-        t = time.perf_counter()
-        with progress.task("load models", total=None):
-            ctx.stage = preload.result()
-        timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for after the plan
-        timings["load_models_overlapped_s"] = preload.seconds.get("load")
-        ctx.stage.mark_start()
-        if ctx.stage.describe()["random_weights"]:
-            progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
-                         "the latents are plumbing checks, not model-space data (labelled in the manifest)")
-    blocks, timings["outputs_s"] = {}, {}
-    for o in recipe.outputs:
-        t = time.perf_counter()
-        blocks[o.name] = _run_output(ctx, o, pool)
-        timings["outputs_s"][o.name] = round(time.perf_counter() - t, 3)
+            t = time.perf_counter()
+            with progress.task("load models", total=None):
+                ctx.stage = preload.result(stop_warm_up=ahead is None)
+            timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for after the plan (or its start)
+            timings["load_models_overlapped_s"] = preload.seconds.get("load")
+            ctx.stage.mark_start()
+            if ctx.stage.describe()["random_weights"]:
+                progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
+                             "the latents are plumbing checks, not model-space data (labelled in the manifest)")
+        blocks, timings["outputs_s"] = {}, {}
+        for o in recipe.outputs:
+            t = time.perf_counter()
+            if ahead is not None and o is not ahead_output:
+                ahead.wait()  # later outputs need the whole plan
+            blocks[o.name] = _run_output(ctx, o, pool, ahead if o is ahead_output else None)
+            timings["outputs_s"][o.name] = round(time.perf_counter() - t, 3)
+    if ahead is not None:
+        timings["plan_s"], timings["plan_ahead"] = ahead.seconds, True
     timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part
     manifest = _manifest(ctx, fp, blocks)
     atomic_write_json(root / formats.MANIFEST_FILE, manifest)
@@ -237,13 +249,70 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     return manifest
 
 
-def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
+def _plan_tick(tick, preload):
+    def on_item() -> None:
+        tick()
+        if preload is not None:
+            preload.raise_if_failed()  # a model that cannot load stops the plan at once
+    return on_item
+
+
+def _ahead_output(recipe: Recipe, root: Path):
+    """The output whose train split may start before the plan is complete, or None: the first
+    output, when it is a latent output (the GPU would otherwise wait for the plan), the plan's
+    rows are final when committed, and its folder lies strictly inside ``root`` (a crash before
+    the plan completes removes that folder)."""
+    from shardsmith.plan.ahead import can_plan_ahead
+
+    first = recipe.outputs[0] if recipe.outputs else None
+    if not PLAN_AHEAD or not isinstance(first, LATENT_OUTPUTS) or not can_plan_ahead(recipe):
+        return None
+    dest = output_dest(root, first, TRAIN).resolve()
+    return first if root.resolve() in dest.parents else None
+
+
+PLAN_AHEAD = True  # tests switch it off to compare with the plan-first order
+
+
+def _remove_written_ahead(root: Path, ledger: Ledger, progress: Progress) -> None:
+    """Before an unfinished plan is redone: remove what was written ahead of it (the folder of
+    the output that started early), which the redone plan rebuilds. Only a folder strictly
+    inside ``root`` that the ledger recorded before writing to it is removed."""
+    for rel in ledger.get_meta("written_ahead") or []:
+        path = (root / rel).resolve()
+        if root.resolve() in path.parents and path.is_dir():
+            n = sum(1 for p in path.rglob("*") if p.is_file())
+            shutil.rmtree(path)
+            progress.say(f"resuming: the plan was unfinished; removed {rel}/ ({n} file(s) written ahead of it, "
+                         "rebuilt from the redone plan)")
+
+
+def _maker(ctx: BuildContext, o):
+    """The picklable sample maker of output ``o`` (made once the rows it reads are planned)."""
+    if o.name not in ctx.makers:
+        infos, recipe = ctx.sources, ctx.recipe
+        if isinstance(o, WdsOutput):
+            ctx.makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
+        elif isinstance(o, ZipOutput):
+            ctx.makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ctx.ledger))
+        else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
+            from shardsmith.transform.buckets import parse_buckets
+            from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+            ctx.makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
+                                                  recipe.geometry.fps)
+    return ctx.makers[o.name]
+
+
+def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[str, Any]:
+    """Write every split of ``output``; with ``ahead`` (a plan still running) the train split
+    takes the plan's rows as they are committed, and the rest waits for the whole plan."""
     ledger, recipe = ctx.ledger, ctx.recipe
     srcs = _source_ids(recipe, output)
-    # plan-level outcomes (unreadable, duplicate ...) are this output's outcomes too
-    ledger.record_results(output.name, ledger.plan_outcomes(srcs))
     result: dict[str, Any] = {"format": output.format, "files": {}}
     for split in _splits(recipe):
+        if ahead is not None and split != TRAIN:
+            ahead.wait()
         dest = output_dest(ctx.root, output, split)
         (dest.parent if isinstance(output, ZipOutput) else dest).mkdir(parents=True, exist_ok=True)
         finisher = None
@@ -261,7 +330,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
         if isinstance(output, LATENT_OUTPUTS):
             finisher = LatentFinisher(output, ctx.stage, ctx.sources, multi_source=len(srcs) > 1)
         try:
-            _run_units(ctx, output, split, srcs, sink, pool, finisher)
+            _run_units(ctx, output, split, srcs, sink, pool, finisher, ahead if split == TRAIN else None)
         finally:
             if finisher is not None:
                 finisher.close()
@@ -278,11 +347,22 @@ def _run_output(ctx: BuildContext, output, pool: Workers) -> dict[str, Any]:
             if k in info:  # relative to the output root: the folder may be swapped into place
                 info[k] = Path(info[k]).relative_to(ctx.root).as_posix()
         result["files"][split] = info
+    if ahead is not None:
+        ahead.wait()
+    # plan-level outcomes (unreadable, duplicate ...) are this output's outcomes too
+    ledger.record_results(output.name, ledger.plan_outcomes(srcs))
     missing = ledger.missing_results(output.name, srcs)
     if missing:
         raise InvariantError(f"output {output.name}: {missing} planned item(s) have no terminal status; "
                              "this is a shardsmith bug, please report it with the ledger file")
     return result
+
+
+def _eligible(ledger: Ledger, split: str, srcs: list[int]) -> int:
+    """Planned items of ``split`` from sources ``srcs`` that an output will try to write."""
+    return ledger.db.execute(
+        f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
+        [split, *srcs]).fetchone()[0]
 
 
 MAX_SEALED_UNITS = 2  # latent outputs: units encoded but not yet written, at most (bounds host memory)
@@ -298,16 +378,18 @@ def _done(value: Any):
 
 
 def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers,
-               finisher=None) -> None:
+               finisher=None, ahead=None) -> None:
     ledger = ctx.ledger
     last = ledger.last_unit(output.name, split)
     seq, pos = (last[0] + 1, last[1]) if last else (0, 0)
     if isinstance(sink, ZipSink):
         sink.first_index = sum(u["count"] for u in ledger.units(output.name, split))
-    total = ledger.db.execute(
-        f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
-        [split, *srcs]).fetchone()[0]
-    items = ledger.items(split=split, sources=srcs, status="ok", start_pos=pos)
+    if ahead is None:
+        total = _eligible(ledger, split, srcs)
+        items = ledger.items(split=split, sources=srcs, status="ok", start_pos=pos)
+    else:  # the plan is still running: its rows as they are committed (a fresh plan: no unit yet)
+        total = None
+        items = ahead.items(ledger, split=split, sources=srcs)
     label = f"{output.name}/{split}"
     samples: list[tuple[str, Any]] = []
     others: list[tuple[int, str, str | None]] = []
@@ -354,10 +436,17 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
         seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
 
     if finisher is not None:
-        finisher.stage.expect(total - pos)  # models.compile=auto weighs the items still to encode
+        launched = finisher.stage.launched
+        if total is not None:
+            finisher.stage.expect(total - pos)  # models.compile=auto weighs the items still to encode
         writer = finisher.writer
     with ctx.progress.task(label, total=total, completed=pos) as tick:
-        for item, res in pool.map(ctx.makers[output.name], items):
+        for item, res in pool.map(_maker(ctx, output), items):
+            if total is None and ahead.done:  # the plan has just completed: the total is known now
+                total = _eligible(ledger, split, srcs)
+                tick.set_total(total)
+                if finisher is not None:
+                    finisher.stage.expect(total, since=launched)
             if res.status == WRITTEN:
                 if samples and sink.unit_full(len(samples), nbytes, res, item.key):
                     commit(pos)
@@ -372,6 +461,8 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
                 others.append((res.idx, res.status, res.detail))
             pos += 1
             tick()
+        if total is None:  # the plan ended after the last row was taken
+            tick.set_total(pos)
         if samples or others:
             commit(pos)
         if finisher is not None:

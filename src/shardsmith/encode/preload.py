@@ -56,9 +56,11 @@ class ModelPreload:
         """The plan is done: warm no further bucket shapes than the one under way."""
         self._planned.set()
 
-    def result(self) -> Any:
-        """The loaded stage (waits for the load and the warm-up under way); raises the load's error."""
-        self._planned.set()
+    def result(self, stop_warm_up: bool = True) -> Any:
+        """The loaded stage (waits for the load and the warm-up under way); raises the load's error.
+        ``stop_warm_up=False`` (the plan still runs ahead) lets the warm-up do every bucket shape."""
+        if stop_warm_up:
+            self._planned.set()
         t = time.perf_counter()
         self._thread.join()
         self.seconds["waited_after_plan"] = round(time.perf_counter() - t, 3)

@@ -50,7 +50,8 @@ class EncodeStage:
         self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
         self.compile_info: dict[str, Any] = {"setting": compile, "compiled": False, "reason": None}
         self._compile_pending: dict[str, Any] | None = None  # set between compile() and its first batch
-        self.remaining: int | None = None  # items still to encode, when the build said (expect())
+        self.launched = 0  # items started so far (written by the encoder thread only)
+        self._target: int | None = None  # ``launched`` once every expected item is started (expect())
         video = vae.spec.kind == "video_vae"
         self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -59,6 +60,7 @@ class EncodeStage:
         self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
         self.created = time.perf_counter()
         self.warm_up_info: dict[str, Any] | None = None
+        self._copy_stream = None  # a GPU's host->device copies (made on first use)
 
     @classmethod
     def from_recipe(cls, recipe) -> "EncodeStage":
@@ -153,7 +155,7 @@ class EncodeStage:
     def _to_input(self, host: torch.Tensor) -> torch.Tensor:
         """Staged uint8 -> [B, 3, F, H, W] (or [B, 3, H, W]) in [-1, 1] on the model's device
         (uint8 crosses PCIe: 4x fewer bytes than float32, and the GPU does the arithmetic)."""
-        x = host.to(self.vae.device, non_blocking=True)
+        x = self._upload(host)
         x = x.permute(0, 4, 1, 2, 3).to(self.vae.torch_dtype).div_(127.5).sub_(1.0)  # [B, 3, F, H, W]
         if self.vae.spec.kind == "image_vae":
             if x.shape[2] != 1:
@@ -162,10 +164,33 @@ class EncodeStage:
         # the permute leaves channels-last strides, which send cuDNN to slower kernels for these VAEs
         return x.contiguous()
 
+    def _upload(self, host: torch.Tensor) -> torch.Tensor:
+        """The staged batch on the model's device. On a GPU the copy runs on a side stream that the
+        compute stream then waits for: a batch launched ahead crosses PCIe while the batch before
+        it still computes, instead of queueing its copy behind that batch's kernels."""
+        if self.device != "cuda":
+            return host.to(self.vae.device)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream()
+        compute = torch.cuda.current_stream()
+        with torch.cuda.stream(self._copy_stream):
+            x = host.to(self.vae.device, non_blocking=True)
+        compute.wait_stream(self._copy_stream)
+        x.record_stream(compute)  # allocated on the copy stream, used on the compute stream
+        return x
+
     # ---------------------------------------------------------------- torch.compile
-    def expect(self, items: int) -> None:
-        """The build says how many items are still to encode (``compile="auto"`` weighs it)."""
-        self.remaining = items
+    def expect(self, items: int, *, since: int | None = None) -> None:
+        """The build says how many items are still to encode (``compile="auto"`` weighs it):
+        ``items`` counted from now, or from the moment ``launched`` was ``since`` (a build whose
+        plan runs ahead learns its total only once the plan ends, while batches are in flight).
+        Safe to call while the encoder thread runs: one attribute is written."""
+        self._target = (self.launched if since is None else since) + items
+
+    @property
+    def remaining(self) -> int | None:
+        """Items still to encode, when the build said (:meth:`expect`); else None."""
+        return None if self._target is None else self._target - self.launched
 
     def _maybe_compile(self, host: torch.Tensor) -> None:
         """``on``: compile before the first batch. ``auto``: on a GPU, after
@@ -242,8 +267,7 @@ class EncodeStage:
             if self._compile_pending is not None:
                 self._compiled_first_batch(t2 - t1)
             self.batches.append((t2, n, t2 - t1))
-            if self.remaining is not None:
-                self.remaining -= n
+            self.launched += n
             return [t.clone() for t in z[:n].unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
             if not _is_oom(exc):
@@ -286,8 +310,7 @@ class EncodeStage:
                 pend.vae_end = torch.cuda.Event(enable_timing=True)
                 pend.vae_end.record()
                 pend.start = start
-                if self.remaining is not None:
-                    self.remaining -= n
+                self.launched += n
             except Exception as exc:  # noqa: BLE001 - only OOM is retried (halving, in encode_staged)
                 if not _is_oom(exc):
                     raise

@@ -140,7 +140,7 @@ class Ledger:
             self.db.execute("DELETE FROM items")
             self.db.execute("DELETE FROM results")
             self.db.execute("DELETE FROM shards")
-            self.db.execute("DELETE FROM meta WHERE key='plan_complete'")
+            self.db.execute("DELETE FROM meta WHERE key IN ('plan_complete', 'written_ahead')")
 
     def add_items(self, items: Iterable[PlannedItem]) -> None:
         rows = []
@@ -178,9 +178,14 @@ class Ledger:
         return PlannedItem(**d)
 
     def items(self, *, split: str | None = None, sources: list[int] | None = None,
-              status: str | None = None, start_pos: int = 0) -> Iterator[PlannedItem]:
-        """Stream items in plan order, optionally filtered; ``start_pos`` skips that many."""
+              status: str | None = None, start_pos: int = 0,
+              idx_range: tuple[int, int] | None = None) -> Iterator[PlannedItem]:
+        """Stream items in plan order, optionally filtered; ``start_pos`` skips that many;
+        ``idx_range=(lo, hi)`` keeps ``lo <= idx < hi``."""
         sql, args = f"SELECT {','.join(_ITEM_COLS)} FROM items WHERE 1=1", []
+        if idx_range is not None:
+            sql += " AND idx >= ? AND idx < ?"
+            args += list(idx_range)
         if split is not None:
             sql += " AND split=?"
             args.append(split)

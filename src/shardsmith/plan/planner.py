@@ -38,9 +38,13 @@ class Prober:
 
 
 def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]],
-              on_item: Callable[[], None] = lambda: None, workers=None) -> int:
+              on_item: Callable[[], None] = lambda: None, workers=None,
+              on_batch: Callable[[int], None] = lambda next_idx: None) -> int:
     """Fill the ledger's ``items`` table; returns the number of items planned. ``workers``: the
-    build's :class:`~shardsmith.parallel.Workers` (probing runs there when it has processes)."""
+    build's :class:`~shardsmith.parallel.Workers` (probing runs there when it has processes).
+    ``on_batch(next_idx)`` runs after each batch is committed: every row below ``next_idx`` is
+    final then (an item's key, split and status depend only on the items before it), except
+    the splits of a count-based holdout, which are assigned once every item is planned."""
     split = recipe.split
     count_mode = split.holdout >= 1
     idx = 0
@@ -96,6 +100,7 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                             r.split = assign.TRAIN
                     with ledger.transaction():
                         ledger.add_items(rows)
+                    on_batch(idx)
                     if recipe.one_sample and rows:
                         break
                 if recipe.one_sample and idx and ledger.count_items():

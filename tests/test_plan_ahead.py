@@ -1,0 +1,154 @@
+"""A latent output starts on the plan's committed rows while the plan goes on (plan/ahead.py):
+same bytes as planning first, and a build killed before its plan completed resumes cleanly even
+when its sources changed in between."""
+
+import io
+import os
+import shutil
+import sqlite3
+import time
+
+import pytest
+from rich.console import Console
+
+import shardsmith.build as build_mod
+import shardsmith.plan.ahead as ahead_mod
+import shardsmith.plan.planner as planner
+from media_factory import real_photos
+from shardsmith.build import build
+from shardsmith.plan.ledger import Ledger
+from shardsmith.recipe import recipe_from_dict
+from test_build import tree_bytes
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture()
+def photos(tmp_path):
+    """Real photos with sidecar captions, one exact duplicate and one truncated file."""
+    src = tmp_path / "p"
+    paths = real_photos(src, 11, seed=21, min_side=40, max_side=90)
+    for i, p in enumerate(paths):
+        p.with_suffix(".txt").write_text(f"photo number {i}")
+    shutil.copy(paths[3], src / "zz_copy_of_3.jpg")
+    (src / "zz_truncated.jpg").write_bytes(paths[5].read_bytes()[:300])
+    return src
+
+
+def _recipe(src, holdout=0.25):
+    return recipe_from_dict({
+        "sources": [{"path": str(src)}], "split": {"holdout": holdout, "seed": 7},
+        "geometry": {"buckets": ["32x32x1"]}, "images": {"upscale": True},
+        "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}, "batch_size": 2},
+        "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 2},
+                    {"format": "precomputed"}]})
+
+
+@pytest.fixture()
+def slow_plan(monkeypatch):
+    """Plan batches of 2 rows; after the sixth item each probe waits until the output has taken
+    its first planned row, then 0.2 s: the plan is still running while units are written."""
+    import threading
+
+    monkeypatch.setattr(planner, "BATCH", 2)
+    started = threading.Event()
+    real_items = ahead_mod.PlanAhead.items
+
+    def items(self, ledger, **kw):
+        for it in real_items(self, ledger, **kw):
+            started.set()
+            yield it
+
+    monkeypatch.setattr(ahead_mod.PlanAhead, "items", items)
+    real = planner.probe_item
+    seen = []
+
+    def slow(item, max_pixels):
+        seen.append(item)
+        if len(seen) > 6:
+            started.wait(60)
+            time.sleep(0.2)
+        return real(item, max_pixels)
+
+    monkeypatch.setattr(planner, "probe_item", slow)
+
+
+def test_planning_ahead_writes_the_bytes_of_a_plan_first_build(photos, tmp_path, slow_plan, monkeypatch):
+    early = []
+    commit = Ledger.commit_unit
+
+    def spy(self, **kw):  # was the plan complete when this unit was committed?
+        early.append(not self.get_meta("plan_complete"))
+        return commit(self, **kw)
+
+    monkeypatch.setattr(Ledger, "commit_unit", spy)
+    m = build(_recipe(photos), tmp_path / "ahead", quiet=True, workers=1)
+    assert m["timings"]["plan_ahead"] is True and any(early), "no unit was written while the plan ran"
+    assert m["counts"]["inputs"] == 13 and m["counts"]["written"] == 11
+    assert m["counts"]["skipped"] == {"duplicate": 1} and sum(m["counts"]["failed"].values()) == 1
+
+    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)
+    early.clear()
+    ref = build(_recipe(photos), tmp_path / "first", quiet=True, workers=1)
+    assert "plan_ahead" not in ref["timings"] and not any(early)
+    assert tree_bytes(tmp_path / "ahead") == tree_bytes(tmp_path / "first")
+    assert m["outputs"] == ref["outputs"] and m["splits"] == ref["splits"]
+
+
+def test_a_build_killed_while_planning_ahead_resumes_over_changed_sources(photos, tmp_path, slow_plan, monkeypatch):
+    """The plan dies after units were committed ahead of it; then three photos are deleted. The
+    resume redoes the plan, removes what was written ahead (and says so) and gives the bytes of
+    a fresh build of the smaller folder: no shard of the old plan is left behind."""
+    out = tmp_path / "o"
+    real = ahead_mod.make_plan
+
+    def dies(recipe, ledger, sources, on_batch, **kw):
+        def on_batch_then_die(next_idx):
+            on_batch(next_idx)
+            if next_idx >= 12:  # 12 rows: at least one unit is recorded once four are sealed
+                db = sqlite3.connect(out / ".shardsmith" / "ledger.sqlite")
+                deadline = time.monotonic() + 60
+                while db.execute("SELECT COUNT(*) FROM shards").fetchone()[0] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                db.close()
+                raise RuntimeError("simulated crash while planning")
+        return real(recipe, ledger, sources, on_batch=on_batch_then_die, **kw)
+
+    monkeypatch.setattr(ahead_mod, "make_plan", dies)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build(_recipe(photos, holdout=0), out, quiet=True, workers=1)
+    db = sqlite3.connect(out / ".shardsmith" / "ledger.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM shards").fetchone()[0] >= 1
+    assert db.execute("SELECT COUNT(*) FROM meta WHERE key='plan_complete'").fetchone()[0] == 0
+    db.close()
+    before = sorted(p.name for p in (out / "lat").glob("*.tar"))
+    assert len(before) >= 1
+
+    for p in sorted(photos.glob("*.jpg"))[:3]:
+        p.unlink()
+    monkeypatch.setattr(ahead_mod, "make_plan", real)
+    buf = io.StringIO()
+    m = build(_recipe(photos, holdout=0), out, console=Console(file=buf, width=200))
+    assert "the plan was unfinished; removed lat/" in buf.getvalue()
+    assert m["counts"]["inputs"] == 10 and m["counts"]["written"] == 8
+    ref = build(_recipe(photos, holdout=0), tmp_path / "fresh", quiet=True, workers=1)
+    assert tree_bytes(out) == tree_bytes(tmp_path / "fresh")
+    assert sorted(p.name for p in (out / "lat").glob("*.tar")) == ["00000.tar", "00001.tar", "00002.tar",
+                                                                   "00003.tar"]
+    assert ref["counts"] == m["counts"]
+
+
+def test_a_count_holdout_plans_first(photos, tmp_path):
+    """With a holdout of N items the splits are known only once every item is planned."""
+    m = build(_recipe(photos, holdout=2), tmp_path / "o", quiet=True, workers=1)
+    assert "plan_ahead" not in m["timings"] and m["splits"]["holdout"]["written"] == 2
+
+
+def test_plan_and_output_bars_share_one_display(photos, tmp_path, slow_plan):
+    buf = io.StringIO()
+    m = build(_recipe(photos, holdout=0), tmp_path / "o", console=Console(file=buf, width=200), workers=1)
+    text = buf.getvalue()
+    assert m["timings"]["plan_ahead"] is True
+    rows = {line.split()[0]: line for line in text.splitlines() if "━" in line}
+    assert {"plan", "latent_wds/train", "precomputed/train"} <= set(rows)
+    assert "13/" in rows["plan"] and "11/11" in rows["latent_wds/train"]  # its total, once the plan ended
