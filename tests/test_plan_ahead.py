@@ -152,3 +152,45 @@ def test_plan_and_output_bars_share_one_display(photos, tmp_path, slow_plan):
     rows = {line.split()[0]: line for line in text.splitlines() if "━" in line}
     assert {"plan", "latent_wds/train", "precomputed/train"} <= set(rows)
     assert "13/" in rows["plan"] and "11/11" in rows["latent_wds/train"]  # its total, once the plan ended
+
+
+def test_the_output_commits_units_while_the_plan_commits_rows(tmp_path, monkeypatch):
+    """SQLite cannot turn a connection's open read into a write once another connection has
+    committed: the rows the output takes must not keep a statement open while it commits a unit.
+    Batches of 600 rows (more than one fetch), a unit committed after each row taken."""
+    import threading
+
+    from shardsmith.plan.ahead import PlanAhead
+    from shardsmith.records import PlannedItem
+
+    def row(i):
+        return PlannedItem(idx=i, item_id=f"i{i}", key=f"k{i}", source=0, path=f"/x/{i}.jpg", relpath=f"{i}.jpg",
+                           caption=None, label=None, label_name=None, meta={}, sha256=None, size_bytes=1, kind="image",
+                           width=8, height=8, image_format="JPEG", mode="RGB", split="train", plan_status="ok")
+
+    took = threading.Event()
+
+    def fake_plan(recipe, ledger, sources, on_item, workers, on_batch):
+        for b in range(3):
+            with ledger.transaction():
+                ledger.add_items([row(i) for i in range(600 * b, 600 * (b + 1))])
+            on_batch(600 * (b + 1))
+            took.wait(30)  # the output has started on this batch: commit the next one under it
+            took.clear()
+        ledger.set_meta("plan_complete", True)
+
+    monkeypatch.setattr(ahead_mod, "make_plan", fake_plan)
+    led = Ledger(tmp_path / "ledger.sqlite")
+    ahead = PlanAhead(None, led.path, [], None).start()
+    seen = []
+    for it in ahead.items(led, split="train", sources=[0]):
+        seen.append(it.idx)
+        if it.idx % 600 == 1:
+            took.set()
+            time.sleep(0.05)  # the plan thread commits its next batch now
+        if it.idx % 100 == 0:
+            led.commit_unit(output="o", split="train", seq=it.idx // 100, name=f"u{it.idx}", first_pos=it.idx,
+                            next_pos=it.idx + 100, count=0, nbytes=0, sha256="", results=[])
+    ahead.wait()
+    assert seen == list(range(1800)) and len(led.units("o", "train")) == 18
+    led.close()

@@ -41,6 +41,7 @@ class _Stopped(Exception):
 
 
 class PlanAhead:
+    WINDOW = 1024  # rows read from the ledger at a time by ``items``
     def __init__(self, recipe, ledger_path: Path, sources, workers, on_item: Callable[[], None] = lambda: None):
         self.recipe, self.ledger_path, self.sources, self.workers = recipe, Path(ledger_path), sources, workers
         self.on_item = on_item
@@ -95,9 +96,13 @@ class PlanAhead:
                     self._cv.wait()
                 self._raise()
                 hi, done = self._next_idx, self._done
-            if hi > lo:
-                yield from ledger.items(split=split, sources=sources, status="ok", idx_range=(lo, hi))
-                lo = hi
+            while lo < hi:
+                # read a window to the end before yielding: a statement left open across a yield
+                # holds a read snapshot, and the caller's next commit (a unit) could not upgrade
+                # it once the plan thread has committed after it (SQLITE_BUSY, no wait helps)
+                top = min(hi, lo + self.WINDOW)
+                yield from list(ledger.items(split=split, sources=sources, status="ok", idx_range=(lo, top)))
+                lo = top
             if done:
                 return
 
