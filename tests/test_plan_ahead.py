@@ -45,18 +45,17 @@ def _recipe(src, holdout=0.25):
 
 
 @pytest.fixture()
-def slow_plan(monkeypatch):
-    """Plan batches of 2 rows; after the sixth item each probe waits until the output has taken
-    its first planned row, then 0.2 s: the plan is still running while units are written."""
-    import threading
-
+def slow_plan(monkeypatch, tmp_path):
+    """Plan batches of 2 rows; after the sixth item each probe (in the plan process) waits until
+    the output has taken its first planned row, then 0.2 s: the plan is still running while
+    units are written. The two processes signal through a file."""
     monkeypatch.setattr(planner, "BATCH", 2)
-    started = threading.Event()
+    flag = tmp_path / "output-started"
     real_items = ahead_mod.PlanAhead.items
 
     def items(self, ledger, **kw):
         for it in real_items(self, ledger, **kw):
-            started.set()
+            flag.touch()
             yield it
 
     monkeypatch.setattr(ahead_mod.PlanAhead, "items", items)
@@ -66,11 +65,17 @@ def slow_plan(monkeypatch):
     def slow(item, max_pixels):
         seen.append(item)
         if len(seen) > 6:
-            started.wait(60)
+            _wait_for(flag)
             time.sleep(0.2)
         return real(item, max_pixels)
 
     monkeypatch.setattr(planner, "probe_item", slow)
+
+
+def _wait_for(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_planning_ahead_writes_the_bytes_of_a_plan_first_build(photos, tmp_path, slow_plan, monkeypatch):
@@ -157,9 +162,7 @@ def test_plan_and_output_bars_share_one_display(photos, tmp_path, slow_plan):
 def test_the_output_commits_units_while_the_plan_commits_rows(tmp_path, monkeypatch):
     """SQLite cannot turn a connection's open read into a write once another connection has
     committed: the rows the output takes must not keep a statement open while it commits a unit.
-    Batches of 600 rows (more than one fetch), a unit committed after each row taken."""
-    import threading
-
+    Batches of 600 rows (more than one fetch), a unit committed every 100 rows taken."""
     from shardsmith.plan.ahead import PlanAhead
     from shardsmith.records import PlannedItem
 
@@ -168,29 +171,39 @@ def test_the_output_commits_units_while_the_plan_commits_rows(tmp_path, monkeypa
                            caption=None, label=None, label_name=None, meta={}, sha256=None, size_bytes=1, kind="image",
                            width=8, height=8, image_format="JPEG", mode="RGB", split="train", plan_status="ok")
 
-    took = threading.Event()
-
     def fake_plan(recipe, ledger, sources, on_item, workers, on_batch):
         for b in range(3):
             with ledger.transaction():
                 ledger.add_items([row(i) for i in range(600 * b, 600 * (b + 1))])
             on_batch(600 * (b + 1))
-            took.wait(30)  # the output has started on this batch: commit the next one under it
-            took.clear()
+            _wait_for(tmp_path / f"took-{b}", 30)  # the output has started on this batch: commit the next
         ledger.set_meta("plan_complete", True)
 
     monkeypatch.setattr(ahead_mod, "make_plan", fake_plan)
     led = Ledger(tmp_path / "ledger.sqlite")
-    ahead = PlanAhead(None, led.path, [], None).start()
+    ahead = PlanAhead(None, led.path, []).start()
     seen = []
-    for it in ahead.items(led, split="train", sources=[0]):
-        seen.append(it.idx)
-        if it.idx % 600 == 1:
-            took.set()
-            time.sleep(0.05)  # the plan thread commits its next batch now
-        if it.idx % 100 == 0:
-            led.commit_unit(output="o", split="train", seq=it.idx // 100, name=f"u{it.idx}", first_pos=it.idx,
-                            next_pos=it.idx + 100, count=0, nbytes=0, sha256="", results=[])
-    ahead.wait()
+    try:
+        for it in ahead.items(led, split="train", sources=[0]):
+            seen.append(it.idx)
+            if it.idx % 600 == 1:
+                (tmp_path / f"took-{it.idx // 600}").touch()
+                time.sleep(0.1)  # the plan process commits its next batch now
+            if it.idx % 100 == 0:
+                led.commit_unit(output="o", split="train", seq=it.idx // 100, name=f"u{it.idx}", first_pos=it.idx,
+                                next_pos=it.idx + 100, count=0, nbytes=0, sha256="", results=[])
+        ahead.wait()
+    finally:
+        ahead.close()
     assert seen == list(range(1800)) and len(led.units("o", "train")) == 18
     led.close()
+
+
+def test_an_error_in_the_plan_process_reaches_the_build_with_its_traceback(photos, tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise ValueError("the source table has a bad row 17")
+
+    monkeypatch.setattr(ahead_mod, "make_plan", broken)
+    with pytest.raises(ValueError, match="bad row 17") as e:
+        build(_recipe(photos), tmp_path / "o", quiet=True, workers=1)
+    assert any("in the plan process" in n and "broken" in n for n in getattr(e.value, "__notes__", []))

@@ -172,53 +172,69 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         opened = open_sources(recipe, exclude=exclude)
         infos = [i for i, _ in opened]
         setup = {"open_sources_s": round(time.perf_counter() - t, 3)}
-        t = time.perf_counter()
-        pool = Workers(n_workers)  # fork the workers now, while this process is small and before any model
-        setup["start_workers_s"] = round(time.perf_counter() - t, 3)
+        ahead = None
+        plan_needed = not ledger.get_meta("plan_complete")
+        if plan_needed:
+            _remove_written_ahead(root, ledger, progress)
+            ledger.reset_plan()
+            ahead = _start_plan_ahead(recipe, root, ledger, opened, n_workers)  # forks: before any thread
         try:
-            return _plan_and_write(recipe, root, fp, progress, ledger, opened, infos, pool, setup)
+            t = time.perf_counter()
+            pool = Workers(n_workers)  # fork the workers now, while this process is small and before any model
+            setup["start_workers_s"] = round(time.perf_counter() - t, 3)
+            try:
+                return _plan_and_write(recipe, root, fp, progress, ledger, opened, infos, pool, setup,
+                                       plan_needed, ahead)
+            finally:
+                pool.close()
         finally:
-            pool.close()
+            if ahead is not None:
+                ahead.close()
     finally:
         ledger.close()
 
 
-def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
-                    infos: list[SourceInfo], pool: Workers, setup: dict[str, float]) -> dict[str, Any]:
-    """Plan (unless the ledger holds a complete plan), write every output, then the manifest.
+def _start_plan_ahead(recipe: Recipe, root: Path, ledger: Ledger, opened, n_workers: int):
+    """Start the plan in its own process when the first output may begin before it completes
+    (:func:`_ahead_output`); returns the :class:`~shardsmith.plan.ahead.PlanAhead` or None."""
+    output = _ahead_output(recipe, root)
+    if output is None:
+        return None
+    from shardsmith.plan.ahead import PlanAhead
 
-    A latent output first in the recipe starts on the plan's committed rows while the plan goes
-    on (:mod:`shardsmith.plan.ahead`): the GPU does not wait for the whole plan."""
+    # recorded before anything is written ahead: a crash before the plan completes removes it on
+    # the next run (it was derived from a plan that is then redone)
+    ledger.set_meta("written_ahead", [output_dest(root, output, TRAIN).relative_to(root).as_posix()])
+    # a few probe processes of its own: the build's workers decode for the output meanwhile
+    probes = 1 if n_workers <= 1 else max(2, n_workers // 4)
+    ahead = PlanAhead(recipe, ledger.path, opened, probe_workers=probes).start()
+    ahead.output = output
+    return ahead
+
+
+def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
+                    infos: list[SourceInfo], pool: Workers, setup: dict[str, float], plan_needed: bool,
+                    ahead=None) -> dict[str, Any]:
+    """Plan (when ``plan_needed``), write every output, then the manifest. With ``ahead`` (a plan
+    already running in its own process) the first output starts on the plan's committed rows."""
     t0 = time.perf_counter()
     timings: dict[str, Any] = dict(setup)  # before the plan: sources opened, workers started
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
-    preload = ahead = None
+    preload = None
     if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
         from shardsmith.encode.preload import ModelPreload
 
         preload = ModelPreload(recipe).start()  # models load and warm up while the plan runs
-    plan_needed = not ledger.get_meta("plan_complete")
-    ahead_output = _ahead_output(recipe, root) if plan_needed else None
     with contextlib.ExitStack() as stack:
-        if plan_needed:
-            _remove_written_ahead(root, ledger, progress)
-            ledger.reset_plan()
-            if ahead_output is not None:
-                from shardsmith.plan.ahead import PlanAhead
-
-                tick = stack.enter_context(progress.task("plan", total=None))
-                # recorded before anything is written ahead: a crash before the plan completes
-                # removes it on the next run (it was derived from a plan that is then redone)
-                ledger.set_meta("written_ahead", [output_dest(root, ahead_output, TRAIN).relative_to(root).as_posix()])
-                ahead = PlanAhead(recipe, ledger.path, opened, pool, on_item=_plan_tick(tick, preload)).start()
-                stack.callback(ahead.close)
-            else:
-                try:
-                    with progress.task("plan", total=None) as tick:
-                        make_plan(recipe, ledger, opened, on_item=_plan_tick(tick, preload), workers=pool)
-                finally:
-                    if preload is not None:
-                        preload.planned()
+        if ahead is not None:
+            ahead.listen(stack.enter_context(progress.task("plan", total=None)))
+        elif plan_needed:
+            try:
+                with progress.task("plan", total=None) as tick:
+                    make_plan(recipe, ledger, opened, on_item=_plan_tick(tick, preload), workers=pool)
+            finally:
+                if preload is not None:
+                    preload.planned()
         if ahead is None:
             timings["plan_s"] = round(time.perf_counter() - t0, 3)
         if preload is not None:
@@ -234,12 +250,14 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
         blocks, timings["outputs_s"] = {}, {}
         for o in recipe.outputs:
             t = time.perf_counter()
-            if ahead is not None and o is not ahead_output:
+            first = ahead is not None and o is ahead.output
+            if ahead is not None and not first:
                 ahead.wait()  # later outputs need the whole plan
-            blocks[o.name] = _run_output(ctx, o, pool, ahead if o is ahead_output else None)
+            blocks[o.name] = _run_output(ctx, o, pool, ahead if first else None)
             timings["outputs_s"][o.name] = round(time.perf_counter() - t, 3)
-    if ahead is not None:
-        timings["plan_s"], timings["plan_ahead"] = ahead.seconds, True
+        if ahead is not None:
+            ahead.wait()
+            timings["plan_s"], timings["plan_ahead"] = ahead.seconds, True
     timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part
     manifest = _manifest(ctx, fp, blocks)
     atomic_write_json(root / formats.MANIFEST_FILE, manifest)

@@ -29,6 +29,10 @@ class Tick:
         if self._bar is not None:
             self._bar.advance(self._tid)
 
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._tid, n)
+
     def set_total(self, total: int) -> None:
         if self._bar is not None:
             self._bar.update(self._tid, total=total)

@@ -168,7 +168,7 @@ class EncodeStage:
         """The staged batch on the model's device. On a GPU the copy runs on a side stream that the
         compute stream then waits for: a batch launched ahead crosses PCIe while the batch before
         it still computes, instead of queueing its copy behind that batch's kernels."""
-        if self.device != "cuda":
+        if torch.device(self.vae.device).type != "cuda":
             return host.to(self.vae.device)
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream()
