@@ -19,7 +19,8 @@ One run measures, on the same GPU and the same random-weight published architect
 ratios of long runs. With ``--compile --ab-sync`` the compiled image build runs a second time with every batch waited for
 at launch (the behaviour before launch-ahead batches), for the ratio between the two; with
 ``--compile --ab-plan-ahead`` it runs a second time with the whole plan before the first batch
-(no plan ahead), for the ratio of whole-build times.
+(no plan ahead; ``--ab-in-flight 2 --ab-switch-s 0.0005`` also with 2 batches in flight and a
+0.5 ms GIL switch interval, as before run 20), for the ratio of whole-build times.
 FLOPs per item come from torch.utils.flop_counter; % of peak uses 790 TFLOP/s dense bf16.
 Sections run in the order image, text, video; the JSON is rewritten after each section, and a
 section that fails is recorded under ``errors`` (exit status 1) without stopping the others.
@@ -478,6 +479,10 @@ def main() -> int:
                     help="with --compile: also run the compiled build with each batch waited for at launch")
     ap.add_argument("--ab-plan-ahead", action="store_true",
                     help="with --compile: also run the compiled build with the plan first (no plan ahead)")
+    ap.add_argument("--ab-in-flight", type=int, default=None,
+                    help="with --ab-plan-ahead: that second build also keeps at most N batches in flight")
+    ap.add_argument("--ab-switch-s", type=float, default=None,
+                    help="with --ab-plan-ahead: that second build also runs with this GIL switch interval")
     ap.add_argument("--skip-text", action="store_true")
     ap.add_argument("--text-family", choices=["t5", "umt5", "clip", "gemma"], default="t5")
     ap.add_argument("--text-config", default=None,
@@ -630,11 +635,25 @@ def main() -> int:
         if args.ab_plan_ahead:  # the same build with the whole plan before the first batch (the previous order)
             import shardsmith.build as build_mod
 
+            from shardsmith.sinks.latent_members import LatentFinisher
+
+            import shardsmith.encode.stage as stage_mod
+
+            depth, switch = dict(LatentFinisher.MAX_IN_FLIGHT), stage_mod.GIL_SWITCH_S
             build_mod.PLAN_AHEAD = False
+            if args.ab_in_flight:
+                LatentFinisher.MAX_IN_FLIGHT = {k: args.ab_in_flight for k in depth}
+            if args.ab_switch_s:
+                stage_mod.GIL_SWITCH_S = args.ab_switch_s
+                sys.setswitchinterval(args.ab_switch_s)
             try:
                 e_first = end_to_end(work / "photos", work / "out_img_compiled_plan_first", rc, args.workers)
             finally:
                 build_mod.PLAN_AHEAD = True
+                LatentFinisher.MAX_IN_FLIGHT, stage_mod.GIL_SWITCH_S = depth, switch
+                sys.setswitchinterval(switch)
+            e_first["max_in_flight"] = args.ab_in_flight or depth
+            e_first["switch_interval_s"] = args.ab_switch_s or switch
             res["sd_end_to_end_compiled_plan_first"] = e_first
             res["sd_compiled_plan_ahead_speedup"] = e_first["seconds"] / e["seconds"]
             print("e2e compiled, plan first", e_first, flush=True)

@@ -127,6 +127,7 @@ def _finish_interrupted_swap(out: Path) -> None:
 
 def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
           workers: int | None = None, console=None) -> dict[str, Any]:
+    t_enter = time.perf_counter()
     out = Path(out).resolve()
     fp = fingerprint(recipe)
     _finish_interrupted_swap(out)
@@ -140,7 +141,7 @@ def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, qu
         if Ledger.peek(root / formats.LEDGER_FILE, "fingerprint")[0] != fp:  # a half-built other recipe
             shutil.rmtree(root)
     n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
-    manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root])
+    manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root], t_enter=t_enter)
     if root != out:
         old = out.parent / f".{out.name}.shardsmith-old"
         if old.exists():
@@ -155,7 +156,7 @@ def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, qu
 
 
 def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers: int,
-              exclude: list[Path]) -> dict[str, Any]:
+              exclude: list[Path], t_enter: float) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(root / formats.LEDGER_FILE)
     try:
@@ -171,13 +172,16 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         t = time.perf_counter()
         opened = open_sources(recipe, exclude=exclude)
         infos = [i for i, _ in opened]
-        setup = {"open_sources_s": round(time.perf_counter() - t, 3)}
+        setup = {"prepare_s": round(t - t_enter, 3),  # output folder checks, ledger
+                 "open_sources_s": round(time.perf_counter() - t, 3)}
         ahead = None
         plan_needed = not ledger.get_meta("plan_complete")
         if plan_needed:
             _remove_written_ahead(root, ledger, progress)
             ledger.reset_plan()
+            t = time.perf_counter()
             ahead = _start_plan_ahead(recipe, root, ledger, opened, n_workers)  # forks: before any thread
+            setup["start_plan_s"] = round(time.perf_counter() - t, 3)
         try:
             t = time.perf_counter()
             pool = Workers(n_workers)  # fork the workers now, while this process is small and before any model

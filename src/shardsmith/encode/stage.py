@@ -36,6 +36,8 @@ from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
 log = logging.getLogger(__name__)
 
+GIL_SWITCH_S = 0.0001  # the interpreter's switch interval while a GPU stage exists (see from_recipe)
+
 
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
@@ -68,9 +70,10 @@ class EncodeStage:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed bucket shapes: let cuDNN pick its fastest kernels
-            # the encoder thread launches thousands of small kernels and needs the GIL back quickly
-            # while the main thread handles worker results: shorten the interpreter's switch interval
-            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+            # the encoder thread releases and re-takes the GIL around each of a batch's hundreds of
+            # kernel launches, and each time waits up to the interpreter's switch interval while the
+            # main thread handles worker results: shorten it (default 5 ms)
+            sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         try:  # our own progress bars say what is happening; the libraries' per-load bars are noise
             from diffusers.utils import logging as dlog
             from transformers.utils import logging as tlog

@@ -40,10 +40,13 @@ class LatentFinisher:
     for :meth:`ready` before writing the sealed one (:meth:`finish_through` blocks until it is).
     Batches never mix units, so a resumed run encodes exactly the same batches.
 
-    At most ``MAX_IN_FLIGHT`` batches wait for the encoder, which bounds host memory.
+    At most ``max_in_flight`` batches wait for the encoder, which bounds host memory: 2 on a CPU;
+    4 on a GPU, where a batch is launched ahead and the queue absorbs the host's jitter (a shard
+    write, a slow decode, the encoder thread waiting for the interpreter lock between its kernel
+    launches) so that the device does not run dry.
     """
 
-    MAX_IN_FLIGHT = 2
+    MAX_IN_FLIGHT = {"cpu": 2, "cuda": 4}
 
     def __init__(self, output, stage, sources: list[SourceInfo], multi_source: bool):
         from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +57,7 @@ class LatentFinisher:
         # the build writes finished units here (file writes, hashing and fsync release the GIL)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-write")
         self.in_flight: list = []  # (unit tag, batch, future), in submission order
+        self.max_in_flight = self.MAX_IN_FLIGHT.get(stage.device, 2)
         self.unit = 0  # tag of the unit now being filled
         self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
                            "path_or_repo": v["provenance"].get("path_or_repo")}
@@ -65,7 +69,7 @@ class LatentFinisher:
         for _, r in batch:
             r.pixels = None
         self.in_flight.append((self.unit, batch, self.encoder.submit(self._gpu, batch, host)))
-        while len(self.in_flight) > self.MAX_IN_FLIGHT:
+        while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
     def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]], host):
