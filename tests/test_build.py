@@ -282,3 +282,21 @@ def test_cli_flags_and_set_reach_the_recipe(photo_dir, tmp_path):
     assert (tmp_path / "o/holdout/x.zip").exists()
     first = next(iter(read_wds(tmp_path / "o/wds").values()))[0]
     assert "png" in first and max(first["png"].size) == 48
+
+
+def test_items_of_a_source_no_output_takes_are_counted_as_such(tmp_path):
+    """Two sources, the only output takes one: the other's items are inputs of the build,
+    ``skipped:not_in_any_output`` overall, and absent from the output's own counts."""
+    from media_factory import real_photos
+
+    real_photos(tmp_path / "a", 4, seed=31, min_side=40, max_side=80)
+    real_photos(tmp_path / "b", 3, seed=32, min_side=40, max_side=80)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "a"), "name": "a"},
+                                        {"path": str(tmp_path / "b"), "name": "b"}],
+                            "outputs": [{"format": "wds", "sources": ["a"]}]})
+    m = build(rec, tmp_path / "o", quiet=True, workers=1)
+    assert m["counts"]["inputs"] == 7 and m["counts"]["written"] == 4
+    assert m["counts"]["skipped"] == {"not_in_any_output": 3}
+    assert len(m["counts"]["examples"]["skipped:not_in_any_output"]["ids"]) == 3
+    assert all(i.startswith("b/") for i in m["counts"]["examples"]["skipped:not_in_any_output"]["ids"])
+    assert m["outputs"]["wds"]["counts"]["inputs"] == 4 and m["outputs"]["wds"]["counts"]["written"] == 4

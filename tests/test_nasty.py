@@ -98,3 +98,26 @@ def test_caption_errors_replace_keeps_the_item(tmp_path):
     assert "caption_not_utf8" not in m["counts"]["failed"]
     caps = {s["json"]["path"]: s.get("txt") for sh in read_wds(tmp_path / "out/wds").values() for s in sh}
     assert caps["caption_latin1.jpg"] == "caf\ufffd cr\ufffdme"
+
+
+def test_manifest_counts_equal_a_row_by_row_tally(nasty_build):
+    """The manifest counts written items in SQL and walks only the others: the same blocks (counts,
+    reasons, examples) as tallying every row, per output and overall (worst status per item)."""
+    from shardsmith import report
+
+    root, m, _, _ = nasty_build
+    led = Ledger(root / "out/.shardsmith/ledger.sqlite")
+    try:
+        for out in ("wds", "zip"):
+            total, splits = report.tally(led.status_rows(out))
+            assert (m["outputs"][out]["counts"], m["outputs"][out]["splits"]) == (total, splits)
+        per_item: dict = {}
+        for idx, split, iid, st, det in led.db.execute(
+                "SELECT i.idx, i.split, i.item_id, r.status, r.detail FROM items i "
+                "LEFT JOIN results r ON r.idx=i.idx ORDER BY i.idx"):
+            per_item.setdefault(idx, (split, iid, []))[2].append((st, det))
+        total, splits = report.tally((s, i, *report.worst(sts)) for s, i, sts in per_item.values())
+        assert (m["counts"], m["splits"]) == (total, splits)
+        assert m["counts"]["written"] < m["counts"]["inputs"]  # the fixture has every kind of outcome
+    finally:
+        led.close()

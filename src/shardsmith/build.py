@@ -496,20 +496,20 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
     ledger, recipe = ctx.ledger, ctx.recipe
     outputs: dict[str, Any] = {}
     for o in recipe.outputs:
-        total, splits = report.tally(ledger.status_rows(o.name))
+        total, splits = report.tally(ledger.status_rows(o.name, written=False), ledger.written_counts(o.name))
         for name, block in [("all", total), *splits.items()]:
             if not report.balanced(block):
                 raise InvariantError(f"output {o.name} split {name}: counts do not reconcile: {block}")
         outputs[o.name] = {**blocks[o.name], "counts": total, "splits": splits}
-    counts, splits = report.tally(_overall_rows(ledger))
+    taken = sorted({i for o in recipe.outputs for i in _source_ids(recipe, o)})
+    counts, splits = report.tally(_overall_rows(ledger, taken), ledger.written_counts(None, taken))
     sources = []
     for info in ctx.sources:
         n, nbytes = ledger.db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes),0) FROM items WHERE source=?",
                                       (info.index,)).fetchone()
-        h = hashlib.sha256()
-        for (sha,) in ledger.db.execute("SELECT COALESCE(sha256,'-') FROM items WHERE source=? ORDER BY idx",
-                                        (info.index,)):
-            h.update(sha.encode())
+        # the item hashes in plan order, concatenated and hashed once
+        shas = ledger.db.execute("SELECT COALESCE(sha256,'-') FROM items WHERE source=? ORDER BY idx", (info.index,))
+        h = hashlib.sha256("".join(r[0] for r in shas).encode())
         sources.append({"name": info.name, "kind": info.kind, "path": info.path, "origin": info.origin,
                         "license": info.license, "items": n, "bytes": nbytes,
                         "labels": list(info.label_names) if info.label_names else None,
@@ -542,10 +542,10 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
     }
 
 
-def _overall_rows(ledger: Ledger):
-    """(split, item_id, status, detail) per item: the worst status across the outputs taking it."""
-    rows = ledger.db.execute("SELECT i.idx, i.split, i.item_id, r.status, r.detail FROM items i "
-                             "LEFT JOIN results r ON r.idx=i.idx ORDER BY i.idx")
+def _overall_rows(ledger: Ledger, taken: list[int]):
+    """(split, item_id, status, detail) of each item that some output did not write: its worst
+    status across the outputs taking it (the written ones are counted by ``written_counts``)."""
+    rows = ledger.not_all_written(taken)
     cur, head, statuses = None, None, []
     for idx, split, item_id, status, detail in rows:
         if idx != cur:

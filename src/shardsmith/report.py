@@ -37,9 +37,16 @@ def balanced(block: dict[str, Any]) -> bool:
     return block["inputs"] == block["written"] + sum(block["skipped"].values()) + sum(block["failed"].values())
 
 
-def tally(rows: Iterable[tuple[str, str, str, str | None]]) -> tuple[dict, dict[str, dict]]:
-    """(overall block, {split: block}) from (split, item_id, status, detail) rows."""
+def tally(rows: Iterable[tuple[str, str, str, str | None]],
+          written: dict[str, int] | None = None) -> tuple[dict, dict[str, dict]]:
+    """(overall block, {split: block}) from (split, item_id, status, detail) rows, plus
+    ``written`` ({split: count}) items that are written and need no row each (a long build's
+    hundreds of thousands of written items are counted in SQL, not one by one)."""
     total, splits = empty_block(), {}
+    for split, n in (written or {}).items():
+        for block in (total, splits.setdefault(split, empty_block())):
+            block["inputs"] += n
+            block["written"] += n
     for split, item_id, status, detail in rows:
         add(total, item_id, status, detail)
         add(splits.setdefault(split, empty_block()), item_id, status, detail)

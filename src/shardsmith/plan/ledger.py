@@ -72,6 +72,9 @@ CREATE TABLE IF NOT EXISTS shards (
 );
 """
 
+# items that some output did not write (failed or skipped there)
+_NOT_WRITTEN = "SELECT idx FROM results WHERE status != 'written'"
+
 _ITEM_COLS = (
     "idx item_id key source path relpath caption label label_name meta sha256 size_bytes kind "
     "width height image_format mode split plan_status detail dup_of"
@@ -255,11 +258,34 @@ class Ledger:
             args.append(shard)
         yield from self.db.execute(sql + " ORDER BY r.idx", args)
 
-    def status_rows(self, output: str) -> Iterator[tuple[str, str, str, str | None]]:
-        """(split, item_id, status, detail) for every item that has a result in ``output``."""
+    def status_rows(self, output: str, *, written: bool = True) -> Iterator[tuple[str, str, str, str | None]]:
+        """(split, item_id, status, detail) for every item that has a result in ``output``
+        (``written=False``: only those not written)."""
         yield from self.db.execute(
             "SELECT i.split, i.item_id, r.status, r.detail FROM results r JOIN items i ON i.idx=r.idx "
-            "WHERE r.output=? ORDER BY r.idx", (output,))
+            f"WHERE r.output=? {'' if written else 'AND r.status != ?'} ORDER BY r.idx",
+            (output,) if written else (output, "written"))
+
+    def written_counts(self, output: str | None = None, sources: list[int] | None = None) -> dict[str, int]:
+        """{split: n} of the items ``output`` wrote. ``output=None``: of the items of ``sources``
+        (those some output takes) that no output failed or skipped, i.e. whose worst status
+        across outputs is written (every such item has a result in each output taking it: the
+        invariant ``missing_results`` checks)."""
+        if output is not None:
+            rows = self.db.execute("SELECT i.split, COUNT(*) FROM results r JOIN items i ON i.idx=r.idx "
+                                   "WHERE r.output=? AND r.status='written' GROUP BY i.split", (output,))
+        else:
+            rows = self.db.execute(f"SELECT split, COUNT(*) FROM items WHERE source IN ({','.join('?' * len(sources))}) "
+                                   f"AND idx NOT IN ({_NOT_WRITTEN}) GROUP BY split", list(sources))
+        return dict(sorted(rows, key=lambda r: (r[0] != "train", r[0])))
+
+    def not_all_written(self, sources: list[int]) -> Iterator[tuple[int, str, str, str | None, str | None]]:
+        """(idx, split, item_id, status, detail) per result (status None where the item has none)
+        of the items that are not counted by ``written_counts(None, sources)``, in plan order."""
+        yield from self.db.execute(
+            "SELECT i.idx, i.split, i.item_id, r.status, r.detail FROM items i LEFT JOIN results r ON r.idx=i.idx "
+            f"WHERE i.idx IN ({_NOT_WRITTEN}) OR i.source NOT IN ({','.join('?' * len(sources))}) ORDER BY i.idx",
+            list(sources))
 
     def missing_results(self, output: str, sources: list[int] | None) -> int:
         sql = "SELECT COUNT(*) FROM items i LEFT JOIN results r ON r.idx=i.idx AND r.output=? WHERE r.idx IS NULL"
