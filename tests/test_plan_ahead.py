@@ -207,3 +207,55 @@ def test_an_error_in_the_plan_process_reaches_the_build_with_its_traceback(photo
     with pytest.raises(ValueError, match="bad row 17") as e:
         build(_recipe(photos), tmp_path / "o", quiet=True, workers=1)
     assert any("in the plan process" in n and "broken" in n for n in getattr(e.value, "__notes__", []))
+
+
+def test_the_plan_process_stops_when_the_build_process_is_killed(photos, tmp_path):
+    """kill -9 of the build process alone (not its group): the plan process must not plan on into
+    the ledger, where the next run's own plan would meet its rows."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import time, shardsmith.plan.planner as planner
+from shardsmith.build import build
+from shardsmith.recipe import recipe_from_dict
+real = planner.probe_item
+def slow(item, max_pixels):
+    time.sleep(0.3)
+    return real(item, max_pixels)
+planner.probe_item = slow
+planner.BATCH = 4
+build(recipe_from_dict({{"sources": [{{"path": {str(photos)!r}}}], "geometry": {{"buckets": ["32x32x1"]}},
+      "images": {{"upscale": True}}, "models": {{"vae": {{"family": "sd"}}}},
+      "outputs": [{{"format": "latent_wds", "dir": "lat"}}]}}), {str(tmp_path / "o")!r}, quiet=True, workers=1)
+""")
+    p = subprocess.Popen([sys.executable, str(script)], start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    ledger = tmp_path / "o" / ".shardsmith" / "ledger.sqlite"
+
+    def planned() -> int:
+        try:
+            db = sqlite3.connect(ledger)
+            try:
+                return db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return 0
+
+    try:
+        deadline = time.monotonic() + 60
+        while planned() < 4 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.01)
+        n = planned()  # a batch was just committed: the next one is 4 x 0.3 s away
+        assert p.poll() is None and n == 4, "the plan did not start"
+        os.kill(p.pid, signal.SIGKILL)  # the build process only: its plan process lives on
+        p.wait()
+        time.sleep(3)  # an orphan that planned on would have committed its next batch by now
+        assert planned() == n, "the plan process went on planning after the build process died"
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -28,6 +28,7 @@ Contract
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
@@ -55,6 +56,7 @@ def _plan_process(recipe, ledger_path: Path, sources, probe_workers: int, conn, 
     from shardsmith.parallel import Workers
 
     t0 = time.perf_counter()
+    parent = os.getppid()
     pool = ledger = None
     try:
         pool = Workers(probe_workers)
@@ -62,7 +64,9 @@ def _plan_process(recipe, ledger_path: Path, sources, probe_workers: int, conn, 
         last = [0]
 
         def on_item() -> None:
-            if stop.is_set():
+            # stop when asked, and when the build process is gone (killed): an orphan planning on
+            # would write rows under the next run's own plan of the same ledger
+            if stop.is_set() or os.getppid() != parent:
                 raise _Stopped()
 
         def on_batch(next_idx: int) -> None:
