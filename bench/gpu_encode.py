@@ -25,6 +25,10 @@ FLOPs per item come from torch.utils.flop_counter; % of peak uses 790 TFLOP/s de
 Sections run in the order image, text, video; the JSON is rewritten after each section, and a
 section that fails is recorded under ``errors`` (exit status 1) without stopping the others.
 
+``--compile-cache-out F`` saves torch.compile's cache artifacts after the cold compile (gzip; ~80 KB for the
+tiny CPU model); ``--compile-cache-in F`` loads them in a later lease (carry F in an ignored folder), so
+the compiled section starts from a cache hit instead of the minutes of a cold max-autotune compile.
+
 Usage (on the GPU machine): PYTHONPATH=src:tests python3 bench/gpu_encode.py --out $OUT/gpu.json
   text + LTX-2 only: ... --skip-image --video-family ltx2 --clips 12
   CPU check of every code path (tiny configs, tiny sizes): ... --cpu-dry-run
@@ -135,6 +139,31 @@ def stage_alone(vae, size: int, batch: int, repeats: int) -> dict:
             "main_thread_items_per_s": batch / statistics.median(main),
             "encode_thread_median_s": statistics.median(thread),
             "encode_thread_items_per_s": batch / statistics.median(thread)}
+
+
+def save_compile_artifacts(path: Path) -> dict:
+    """torch.compile's cache artifacts of this process (compiled graphs, kernels, autotuning), gzipped
+    to ``path``: carried into the next lease (``--compile-cache-in``), a run skips the minutes of a
+    cold max-autotune compile. Returns what was written."""
+    import gzip
+
+    got = torch.compiler.save_cache_artifacts()
+    if got is None:
+        return {"saved": False}
+    blob = gzip.compress(got[0], compresslevel=6)
+    path.write_bytes(blob)
+    return {"saved": True, "path": str(path), "bytes": len(got[0]), "gzip_bytes": len(blob)}
+
+
+def load_compile_artifacts(path: Path) -> dict:
+    """Load artifacts written by :func:`save_compile_artifacts` before compiling (a missing file is
+    a cold compile, said so in the result)."""
+    import gzip
+
+    if not path.exists():
+        return {"loaded": False, "why": f"{path} does not exist"}
+    torch.compiler.load_cache_artifacts(gzip.decompress(path.read_bytes()))
+    return {"loaded": True, "path": str(path), "gzip_bytes": path.stat().st_size}
 
 
 def dynamo_counters() -> dict:
@@ -483,6 +512,10 @@ def main() -> int:
                     help="with --ab-plan-ahead: that second build also keeps at most N batches in flight")
     ap.add_argument("--ab-switch-s", type=float, default=None,
                     help="with --ab-plan-ahead: that second build also runs with this GIL switch interval")
+    ap.add_argument("--compile-cache-out", default=None,
+                    help="with --compile: write torch.compile's cache artifacts (gzip) here after the cold compile")
+    ap.add_argument("--compile-cache-in", default=None,
+                    help="with --compile: load artifacts written by --compile-cache-out before compiling")
     ap.add_argument("--skip-text", action="store_true")
     ap.add_argument("--text-family", choices=["t5", "umt5", "clip", "gemma"], default="t5")
     ap.add_argument("--text-config", default=None,
@@ -589,14 +622,19 @@ def main() -> int:
         from shardsmith.encode import compile as cc
 
         cc.use_cache_dir()
+        if args.compile_cache_in:
+            res["compile_cache_in"] = load_compile_artifacts(Path(args.compile_cache_in))
         vae = load_vae("sd", config=config, dtype="bfloat16", device=DEV)
         vae.compile(mode=cc.COMPILE_MODE)
         x = torch.randn(args.batch, 3, S, S, device=DEV, dtype=vae.torch_dtype).clamp_(-1, 1)
         t = time.perf_counter()
         vae.encode(x)
         sync()
-        res["sd_compile_cold_s"] = time.perf_counter() - t
-        print(f"compiled (cold) in {res['sd_compile_cold_s']:.1f} s", flush=True)
+        res["sd_compile_cold_s"] = time.perf_counter() - t  # warm when --compile-cache-in was loaded
+        print(f"compiled ({'from carried artifacts' if args.compile_cache_in else 'cold'}) in "
+              f"{res['sd_compile_cold_s']:.1f} s", flush=True)
+        if args.compile_cache_out:
+            res["compile_cache_out"] = save_compile_artifacts(Path(args.compile_cache_out))
         res["sd_encoder_alone_compiled"] = encoder_alone(vae, (3, S, S), args.batch, 20,
                                                          res["sd_encoder_alone"]["gflop_per_item"])
         print("sd alone compiled", res["sd_encoder_alone_compiled"], flush=True)
