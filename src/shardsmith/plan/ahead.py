@@ -101,6 +101,7 @@ class PlanAhead:
         self._done = False
         self._error: BaseException | None = None
         self.seconds: float | None = None  # the plan's wall time, once done
+        self.output = None  # the output that starts on the committed rows (the build sets it)
         self._proc = self._relay = None
 
     def start(self) -> "PlanAhead":
