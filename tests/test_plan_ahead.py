@@ -47,18 +47,18 @@ def _recipe(src, holdout=0.25):
 @pytest.fixture()
 def slow_plan(monkeypatch, tmp_path):
     """Plan batches of 2 rows; after the sixth item each probe (in the plan process) waits until
-    the output has taken its first planned row, then 0.2 s: the plan is still running while
-    units are written. The two processes signal through a file."""
+    the output has its models and has taken its first rows, then 0.5 s: the plan is still
+    running while units are written. The two processes signal through a file."""
     monkeypatch.setattr(planner, "BATCH", 2)
     flag = tmp_path / "output-started"
-    real_items = ahead_mod.PlanAhead.items
+    real_stage = build_mod._stage
 
-    def items(self, ledger, **kw):
-        for it in real_items(self, ledger, **kw):
-            flag.touch()
-            yield it
+    def stage(ctx):
+        st = real_stage(ctx)
+        flag.touch()
+        return st
 
-    monkeypatch.setattr(ahead_mod.PlanAhead, "items", items)
+    monkeypatch.setattr(build_mod, "_stage", stage)
     real = planner.probe_item
     seen = []
 
@@ -66,7 +66,7 @@ def slow_plan(monkeypatch, tmp_path):
         seen.append(item)
         if len(seen) > 6:
             _wait_for(flag)
-            time.sleep(0.2)
+            time.sleep(0.5)
         return real(item, max_pixels)
 
     monkeypatch.setattr(planner, "probe_item", slow)
@@ -259,3 +259,39 @@ build(recipe_from_dict({{"sources": [{{"path": {str(photos)!r}}}], "geometry": {
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch):
+    """The output does not wait for the models before it starts: the decode workers work on the
+    first items while the models load (2 s here), and the models are waited for at the first batch."""
+    from shardsmith.encode.stage import EncodeStage
+    from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+    log = tmp_path / "decoded.txt"
+    decode = LatentPixelMaker.__call__
+
+    def logged(self, item):
+        res = decode(self, item)
+        with open(log, "a") as f:  # in the worker processes
+            f.write(f"{time.time()}\n")
+        return res
+
+    monkeypatch.setattr(LatentPixelMaker, "__call__", logged)
+    load = EncodeStage.from_recipe.__func__
+    started, ready = [], []
+
+    def slow_load(cls, recipe):
+        started.append(time.time())
+        time.sleep(2.0)
+        st = load(cls, recipe)
+        ready.append(time.time())
+        return st
+
+    monkeypatch.setattr(EncodeStage, "from_recipe", classmethod(slow_load))
+    m = build(_recipe(photos, holdout=0), tmp_path / "o", quiet=True, workers=2)
+    assert m["counts"]["written"] == 11
+    stamps = [float(x) for x in log.read_text().split()]
+    early = [t for t in stamps if t < ready[0]]
+    assert len(early) >= 4, (len(early), len(stamps))  # several items decoded before the models were ready
+    # what the build waited for the models, at its first batch, is less than their load took
+    assert m["timings"]["load_models_s"] < ready[0] - started[0]

@@ -57,7 +57,10 @@ class BuildContext:
     ledger: Ledger
     sources: list[SourceInfo]
     progress: Progress
-    stage: Any = None  # EncodeStage when the recipe has latent outputs
+    stage: Any = None  # EncodeStage when the recipe has latent outputs, once loaded (use _stage(ctx))
+    preload: Any = None  # ModelPreload loading it meanwhile
+    plan_ahead: bool = False  # the plan runs ahead of the first output
+    outputs_started: float = 0.0  # perf_counter() when the first output started
     makers: dict[str, Any] | None = None  # output name -> picklable sample maker
     timings: dict[str, Any] | None = None  # wall seconds per phase of this run (manifest "timings")
 
@@ -241,16 +244,9 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
                     preload.planned()
         if ahead is None:
             timings["plan_s"] = round(time.perf_counter() - t0, 3)
-        if preload is not None:
-            t = time.perf_counter()
-            with progress.task("load models", total=None):
-                ctx.stage = preload.result(stop_warm_up=ahead is None)
-            timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for after the plan (or its start)
-            timings["load_models_overlapped_s"] = preload.seconds.get("load")
-            ctx.stage.mark_start()
-            if ctx.stage.describe()["random_weights"]:
-                progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
-                             "the latents are plumbing checks, not model-space data (labelled in the manifest)")
+        # the outputs start now; the models are waited for at their first batch (the decode workers
+        # work on the first items meanwhile)
+        ctx.preload, ctx.plan_ahead, ctx.outputs_started = preload, ahead is not None, time.perf_counter()
         blocks, timings["outputs_s"] = {}, {}
         for o in recipe.outputs:
             t = time.perf_counter()
@@ -262,6 +258,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
         if ahead is not None:
             ahead.wait()
             timings["plan_s"], timings["plan_ahead"] = ahead.seconds, True
+        _stage(ctx)  # (the manifest describes the models even when no batch needed them)
     timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part
     manifest = _manifest(ctx, fp, blocks)
     atomic_write_json(root / formats.MANIFEST_FILE, manifest)
@@ -269,6 +266,22 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     for line in _summary(manifest):
         progress.say(line)
     return manifest
+
+
+def _stage(ctx: BuildContext):
+    """The encode stage: waits for the preload the first time (a batch is ready to encode, or the
+    build ends) and books the wait; None for a recipe without latent outputs."""
+    if ctx.stage is None and ctx.preload is not None:
+        t = time.perf_counter()
+        with ctx.progress.task("load models", total=None):
+            ctx.stage = ctx.preload.result(stop_warm_up=not ctx.plan_ahead)
+        ctx.timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for when first needed
+        ctx.timings["load_models_overlapped_s"] = ctx.preload.seconds.get("load")
+        ctx.stage.mark_start(ctx.outputs_started)
+        if ctx.stage.describe()["random_weights"]:
+            ctx.progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
+                             "the latents are plumbing checks, not model-space data (labelled in the manifest)")
+    return ctx.stage
 
 
 def _plan_tick(tick, preload):
@@ -348,9 +361,9 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
             sink = ZipSink(output, dest, staging, labelled=_labelled(recipe, output, ctx.sources, ledger))
         else:
             sink = PrecomputedSink(output, dest)
-            sink.check_stamp(ctx.stage.stamp(recipe))
+            sink.check_stamp(_stage(ctx).stamp(recipe))  # refused before anything is written
         if isinstance(output, LATENT_OUTPUTS):
-            finisher = LatentFinisher(output, ctx.stage, ctx.sources, multi_source=len(srcs) > 1)
+            finisher = LatentFinisher(output, lambda: _stage(ctx), ctx.sources, multi_source=len(srcs) > 1)
         try:
             _run_units(ctx, output, split, srcs, sink, pool, finisher, ahead if split == TRAIN else None)
         finally:
@@ -362,7 +375,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
             info = sink.finalize(units, labels)
         else:
             info = sink.finalize(units)
-        if isinstance(output, LatentWdsOutput) and ctx.stage.text_encoder is not None:
+        if isinstance(output, LatentWdsOutput) and _stage(ctx).text_encoder is not None:
             write_negative_prompt(dest / NEG_PROMPT_FILE, ctx.stage, output.negative_prompt)
             info["neg_prompt_emb"] = NEG_PROMPT_FILE
         for k in ("path", "dir"):
@@ -411,7 +424,9 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
         items = ledger.items(split=split, sources=srcs, status="ok", start_pos=pos)
     else:  # the plan is still running: its rows as they are committed (a fresh plan: no unit yet)
         total = None
-        items = ahead.items(ledger, split=split, sources=srcs)
+        # a model that cannot load stops the build while it waits for rows, not at the first batch
+        items = ahead.items(ledger, split=split, sources=srcs,
+                            check=ctx.preload.raise_if_failed if ctx.preload is not None else None)
     label = f"{output.name}/{split}"
     samples: list[tuple[str, Any]] = []
     others: list[tuple[int, str, str | None]] = []
@@ -458,9 +473,8 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
         seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
 
     if finisher is not None:
-        launched = finisher.stage.launched
         if total is not None:
-            finisher.stage.expect(total - pos)  # models.compile=auto weighs the items still to encode
+            finisher.expect(total - pos)  # models.compile=auto weighs the items still to encode
         writer = finisher.writer
     with ctx.progress.task(label, total=total, completed=pos) as tick:
         for item, res in pool.map(_maker(ctx, output), items):
@@ -468,7 +482,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
                 total = _eligible(ledger, split, srcs)
                 tick.set_total(total)
                 if finisher is not None:
-                    finisher.stage.expect(total, since=launched)
+                    finisher.expect(total)
             if res.status == WRITTEN:
                 if samples and sink.unit_full(len(samples), nbytes, res, item.key):
                     commit(pos)

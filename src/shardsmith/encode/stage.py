@@ -130,9 +130,10 @@ class EncodeStage:
         self.warm_up_info = info
         return info
 
-    def mark_start(self) -> None:
-        """The build starts encoding now: ``steady_state``'s times count from here."""
-        self.created = time.perf_counter()
+    def mark_start(self, at: float | None = None) -> None:
+        """The build started encoding at ``at`` (``perf_counter()``; default now):
+        ``steady_state``'s times count from there."""
+        self.created = time.perf_counter() if at is None else at
 
     # ---------------------------------------------------------------- pixels -> latents
     def stage(self, frames: list[np.ndarray]) -> torch.Tensor:
@@ -410,7 +411,7 @@ class EncodeStage:
         items = sum(n for _, n, _ in self.batches[1:])
         times = sorted(dt for _, _, dt in full)
         return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
-                "first_batch_done_s": round(t_first - self.created, 3),  # after the models were loaded
+                "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
                 "last_batch_done_s": round(t_last - self.created, 3),
                 "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches)}
 

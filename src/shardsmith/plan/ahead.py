@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from shardsmith.plan.ledger import Ledger
@@ -146,15 +146,19 @@ class PlanAhead:
         if self._error is not None and not isinstance(self._error, _Stopped):
             raise self._error
 
-    def items(self, ledger: Ledger, *, split: str, sources: list[int]) -> Iterator[PlannedItem]:
-        """The planned ``ok`` rows of ``split`` from ``sources``, in plan order, as they are committed."""
+    def items(self, ledger: Ledger, *, split: str, sources: list[int],
+              check: Callable[[], None] | None = None) -> Iterator[PlannedItem]:
+        """The planned ``ok`` rows of ``split`` from ``sources``, in plan order, as they are
+        committed. ``check()`` runs at least every 0.2 s while it waits (it may raise to stop)."""
         lo = 0
         if self._relay is None:
             self.listen()
         while True:
             with self._cv:
                 while self._next_idx <= lo and not self._done:
-                    self._cv.wait()
+                    if check is not None:
+                        check()
+                    self._cv.wait(0.2)
                 self._raise()
                 hi, done = self._next_idx, self._done
             while lo < hi:

@@ -49,34 +49,59 @@ class LatentFinisher:
     MAX_IN_FLIGHT = {"cpu": 2, "cuda": 4}
 
     def __init__(self, output, stage, sources: list[SourceInfo], multi_source: bool):
+        """``stage``: the :class:`~shardsmith.encode.stage.EncodeStage`, or a function giving it,
+        called at the first batch (the models may still be loading while the first items decode)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        self.o, self.stage, self.sources, self.multi = output, stage, sources, multi_source
+        self.o, self.sources, self.multi = output, sources, multi_source
+        self._get_stage = stage if callable(stage) else (lambda: stage)
+        self._stage = None
+        self._expected: int | None = None  # items this finisher will encode, when known (expect())
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult]]] = {}
         self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode")
         # the build writes finished units here (file writes, hashing and fsync release the GIL)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-write")
         self.in_flight: list = []  # (unit tag, batch, future), in submission order
-        self.max_in_flight = self.MAX_IN_FLIGHT.get(stage.device, 2)
         self.unit = 0  # tag of the unit now being filled
-        self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
-                           "path_or_repo": v["provenance"].get("path_or_repo")}
-                       for k, v in stage.describe().items() if k in ("vae", "text")}
+
+    @property
+    def stage(self):
+        """The encode stage (got on first use, in the calling thread: the build's main thread)."""
+        if self._stage is None:
+            st = self._get_stage()
+            self.max_in_flight = self.MAX_IN_FLIGHT.get(st.device, 2)
+            self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
+                               "path_or_repo": v["provenance"].get("path_or_repo")}
+                           for k, v in st.describe().items() if k in ("vae", "text")}
+            self._base = st.launched  # this finisher's items are those launched from here on
+            self._stage = st
+            if self._expected is not None:
+                st.expect(self._expected, since=self._base)
+        return self._stage
+
+    def expect(self, items: int) -> None:
+        """This finisher will encode ``items`` items in all (``models.compile=auto`` weighs the
+        rest); may come late (a plan running ahead) and before the stage is loaded."""
+        self._expected = items
+        if self._stage is not None:
+            self._stage.expect(items, since=self._base)
 
     def _submit(self, batch: list[tuple[PlannedItem, SampleResult]]) -> None:
         # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
-        host = self.stage.stage([r.pixels for _, r in batch])
+        stage = self.stage
+        host = stage.stage([r.pixels for _, r in batch])
         for _, r in batch:
             r.pixels = None
-        self.in_flight.append((self.unit, batch, self.encoder.submit(self._gpu, batch, host)))
+        self.in_flight.append((self.unit, batch, self.encoder.submit(self._gpu, stage, batch, host)))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
-    def _gpu(self, batch: list[tuple[PlannedItem, SampleResult]], host):
+    @staticmethod
+    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host):
         """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
         on a GPU it returns once the batch is queued there, so the next batch is queued behind it."""
-        captions = [it.caption or "" for it, _ in batch] if self.stage.text_encoder else None
-        return self.stage.launch(host, len(batch), captions)
+        captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
+        return stage.launch(host, len(batch), captions)
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here)."""
