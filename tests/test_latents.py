@@ -292,3 +292,74 @@ def test_a_failed_shard_write_on_the_writer_thread_stops_the_build_and_resume_fi
     m = build(rec, tmp_path / "o", quiet=True, workers=1)
     assert m["counts"]["written"] == 7
     assert tree_bytes(tmp_path / "o") == tree_bytes(tmp_path / "ref")
+
+
+def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monkeypatch):
+    """``max_shard_bytes`` on latent shards: the members' sizes are known before encoding (exact),
+    so every shard stays within the bound, holds as many samples as fit, and a resumed build
+    closes its shards at the same samples (same bytes)."""
+    from shardsmith.sinks.latent_members import LatentFinisher
+    from shardsmith.sinks.wds import TAR_END, WdsSink
+
+    predicted, made = {}, {}
+    sizes, members = LatentFinisher.member_sizes, LatentFinisher._members
+
+    def spy_sizes(self, item, res):
+        predicted[item.key] = sorted(sizes(self, item, res))
+        return predicted[item.key]
+
+    def spy_members(self, item, res, z, text):
+        out = members(self, item, res, z, text)
+        made[item.key] = sorted((k, len(v)) for k, v in out.items())
+        return out
+
+    monkeypatch.setattr(LatentFinisher, "member_sizes", spy_sizes)
+    monkeypatch.setattr(LatentFinisher, "_members", spy_members)
+
+    real_photos(tmp_path / "p", 9, seed=41, min_side=40, max_side=90)
+    spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
+            "images": {"upscale": True}, "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"},
+                                                     "batch_size": 2},
+            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 100}]}
+    free = build(recipe_from_dict(spec), tmp_path / "free", quiet=True, workers=1)
+    one = max(p.stat().st_size for p in (tmp_path / "free/lat").glob("*.tar"))  # 9 samples, one shard
+    per_sample = (one - TAR_END) // 9 + 2048  # a little more than a sample: the bound lets 3 through
+    spec["outputs"][0]["max_shard_bytes"] = limit = 3 * per_sample + TAR_END
+    m = build(recipe_from_dict(spec), tmp_path / "o", quiet=True, workers=1)
+    shards = sorted((tmp_path / "o/lat").glob("*.tar"))
+    counts = json.loads((tmp_path / "o/lat/shard_count.json").read_text())
+    assert m["counts"]["written"] == 9 and sum(counts.values()) == 9
+    assert all(p.stat().st_size <= limit for p in shards)
+    assert [counts[p.name] for p in shards] == [3, 3, 3]
+    assert len(predicted) == 9 and predicted == made  # every member's size known exactly before encoding
+
+    write = WdsSink.write_unit
+    calls = []
+
+    def fail_third(self, seq, samples):
+        calls.append(seq)
+        if seq == 2:
+            raise OSError(28, "No space left on device")
+        return write(self, seq, samples)
+
+    WdsSink.write_unit = fail_third
+    try:
+        with pytest.raises(OSError):
+            build(recipe_from_dict(spec), tmp_path / "r", quiet=True, workers=1)
+    finally:
+        WdsSink.write_unit = write
+    build(recipe_from_dict(spec), tmp_path / "r", quiet=True, workers=1)
+    assert tree_bytes(tmp_path / "r") == tree_bytes(tmp_path / "o")
+
+
+def test_shard_layout_flags_apply_to_latent_shards(tmp_path):
+    real_photos(tmp_path / "p", 5, seed=43, min_side=40, max_side=90)
+    r = subprocess.run([PY, "-m", "shardsmith", "build", "--source", str(tmp_path / "p"), "--to", "latent_wds",
+                        "--set", "geometry.buckets=[32x32x1]", "--set", "models.vae.family=sd", "--upscale",
+                        "--dir", "z", "--samples-per-shard", "2", "--max-shard-bytes", "100000000",
+                        "--quiet", "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "o/manifest.json").read_text())
+    o = m["recipe"]["outputs"][0]
+    assert (o["dir"], o["samples_per_shard"], o["max_shard_bytes"]) == ("z", 2, 100000000)
+    assert sorted(p.name for p in (tmp_path / "o/z").glob("*.tar")) == ["00000.tar", "00001.tar", "00002.tar"]

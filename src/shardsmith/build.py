@@ -35,7 +35,7 @@ from shardsmith.recipe import (LATENT_OUTPUTS, LatentWdsOutput, PrecomputedOutpu
                                canonical, diff_recipes, fingerprint)
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_json, remove_stale_tmp
-from shardsmith.sinks.wds import WdsSink, sample_tar_bytes
+from shardsmith.sinks.wds import WdsSink, sample_tar_bytes, tar_bytes
 from shardsmith.sinks.zip import ZipSink
 from shardsmith.sources import open_sources
 from shardsmith.split.assign import HOLDOUT, TRAIN
@@ -472,6 +472,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
             write_ready(MAX_SEALED_UNITS)
         seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
 
+    bounded = getattr(output, "max_shard_bytes", None) is not None
     if finisher is not None:
         if total is not None:
             finisher.expect(total - pos)  # models.compile=auto weighs the items still to encode
@@ -484,15 +485,18 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
                 if finisher is not None:
                     finisher.expect(total)
             if res.status == WRITTEN:
-                if samples and sink.unit_full(len(samples), nbytes, res, item.key):
+                if finisher is None:
+                    size = sample_tar_bytes(res.members, item.key)
+                else:  # members made after encoding: their exact sizes, when shards are bounded by bytes
+                    size = tar_bytes(finisher.member_sizes(item, res), item.key) if bounded else 0
+                if samples and sink.unit_full(len(samples), nbytes, res, item.key, size):
                     commit(pos)
                 samples.append((item.key, res))
+                nbytes += size
                 if finisher is not None:
                     finisher.add(item, res)
                     if sealed:
                         write_ready(MAX_SEALED_UNITS)
-                else:
-                    nbytes += sample_tar_bytes(res.members, item.key)
             else:
                 others.append((res.idx, res.status, res.detail))
             pos += 1

@@ -67,11 +67,12 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
         data.setdefault("images", {})["background"] = [int(c) for c in flags["background"].split(",")]
     outs = data.get("outputs") or []
     for o in outs:
-        if o.get("format") == "wds":
+        if o.get("format") in ("wds", "latent_wds"):  # shard layout
             for flag, key in (("dir", "dir"), ("samples_per_shard", "samples_per_shard"),
                               ("max_shard_bytes", "max_shard_bytes")):
                 if flags.get(flag) is not None:
                     o[key] = flags[flag]
+        if o.get("format") == "wds":
             for flag, key in (("image_format", "format"), ("quality", "quality"), ("max_side", "max_side")):
                 if flags.get(flag) is not None:
                     o.setdefault("image", {})[key] = flags[flag]
@@ -129,9 +130,9 @@ def build(
     max_pixels: Optional[int] = typer.Option(None, help="images.max_pixels (decompression-bomb limit)."),
     upscale: bool = typer.Option(False, "--upscale", help="images.upscale=true"),
     background: Optional[str] = typer.Option(None, help="images.background as R,G,B"),
-    dir: Optional[str] = typer.Option(None, "--dir", help="wds output: outputs[*].dir"),
-    samples_per_shard: Optional[int] = typer.Option(None, help="wds: samples_per_shard"),
-    max_shard_bytes: Optional[int] = typer.Option(None, help="wds: max_shard_bytes"),
+    dir: Optional[str] = typer.Option(None, "--dir", help="wds, latent_wds: outputs[*].dir"),
+    samples_per_shard: Optional[int] = typer.Option(None, help="wds, latent_wds: samples_per_shard"),
+    max_shard_bytes: Optional[int] = typer.Option(None, help="wds, latent_wds: max_shard_bytes"),
     image_format: Optional[str] = typer.Option(None, help="wds: image.format (jpg|png|webp)"),
     quality: Optional[int] = typer.Option(None, help="wds: image.quality"),
     max_side: Optional[int] = typer.Option(None, help="wds: image.max_side"),

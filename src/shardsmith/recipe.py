@@ -131,6 +131,9 @@ class LatentWdsOutput(_Strict):
     name: str | None = None
     dir: str = "latents"
     samples_per_shard: int = Field(1000, gt=0)
+    max_shard_bytes: int | None = Field(None, gt=0, description="close a shard before it would pass this size "
+                                        "(a float32 T5-XXL embedding alone is 8 MiB); exact, so the same "
+                                        "samples close a shard on every run")
     include_media: bool = Field(False, description="also store the source media bytes (jpg/png/mp4 ...)")
     negative_prompt: str = Field("", description="encoded once into neg_prompt_emb.npy beside the shards")
     latent_dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -15,6 +15,7 @@ Members
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -149,24 +150,55 @@ class LatentFinisher:
     def _members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
         ldt, tdt = _DTYPES[self.o.latent_dtype], _DTYPES[self.o.text_dtype]
         if isinstance(self.o, LatentWdsOutput):
-            src = self.sources[item.source]
             out = {"latent.pth": pt_bytes(z.to(ldt).contiguous())}
             if text is not None:
                 out["txt_emb.pth"] = pt_bytes(text[0].to(tdt).contiguous())
-            meta = {"id": item.item_id, "source": src.name, "path": item.relpath, "sha256": item.sha256,
-                    "caption": item.caption, "label": item.label, "license": src.license, "origin": src.origin,
-                    "latent_shape": list(z.shape), "models": self.models, **res.info}
-            out["json"] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+            out["json"] = self._json(item, res, tuple(z.shape))
             if self.o.include_media:
-                ext = os.path.splitext(item.path)[1].lower().lstrip(".") or "bin"
                 with open(item.path, "rb") as f:
-                    out["jpg" if ext == "jpeg" else ext] = f.read()
+                    out[_media_suffix(item.path)] = f.read()
             return out
         rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
         out = {f"{LATENTS}/{rel}": pt_bytes(latent_record(z.to(ldt), res.info["fps"]))}
         if text is not None:
             out[f"{CONDITIONS}/{rel}"] = pt_bytes(condition_record(text[0].to(tdt), text[1]))
         return out
+
+
+    def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:
+        src = self.sources[item.source]
+        meta = {"id": item.item_id, "source": src.name, "path": item.relpath, "sha256": item.sha256,
+                "caption": item.caption, "label": item.label, "license": src.license, "origin": src.origin,
+                "latent_shape": list(latent_shape), "models": self.models, **res.info}
+        return json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+    def member_sizes(self, item: PlannedItem, res: SampleResult) -> list[tuple[str, int]]:
+        """``(suffix, bytes)`` of the members a ``latent_wds`` sample will have, exactly, before it
+        is encoded (a ``.pth`` member's length depends on shape and dtype only): shards bounded
+        by bytes close at the same samples on every run."""
+        st = self.stage
+        frames = res.pixels.shape  # [F, H, W, 3]
+        pixel = (3, *frames[1:3]) if st.vae.spec.kind == "image_vae" else (3, *frames[:3])
+        shape = st.vae.spec.latent_shape(pixel)
+        out = [("latent.pth", _pth_size(shape, self.o.latent_dtype))]
+        if st.text_encoder is not None:
+            ts = st.text_encoder.spec
+            out.append(("txt_emb.pth", _pth_size((ts.max_length, ts.dim), self.o.text_dtype)))
+        out.append(("json", len(self._json(item, res, shape))))
+        if self.o.include_media:
+            out.append((_media_suffix(item.path), os.path.getsize(item.path)))
+        return out
+
+
+def _media_suffix(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower().lstrip(".") or "bin"
+    return "jpg" if ext == "jpeg" else ext
+
+
+@functools.lru_cache(maxsize=64)
+def _pth_size(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of ``torch.save`` of a contiguous tensor of ``shape`` and ``dtype`` (values do not change it)."""
+    return len(pt_bytes(torch.zeros(shape, dtype=_DTYPES[dtype])))
 
 
 NEG_PROMPT_FILE = "neg_prompt_emb.npy"

@@ -67,7 +67,8 @@ class PrecomputedSink:
     def __init__(self, output, dest: Path):
         self.o, self.dest = output, dest
 
-    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str) -> bool:
+    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str,
+                  next_bytes: int | None = None) -> bool:
         return count >= self.o.unit
 
     def check_stamp(self, stamp: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ shard of its own). Shards are written atomically; the caller commits them to the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from shardsmith import formats
@@ -21,13 +22,19 @@ TAR_BLOCK = 512
 TAR_END = 20 * TAR_BLOCK  # worst case of end-of-archive blocks plus record padding
 
 
-def sample_tar_bytes(members: dict[str, bytes], key: str) -> int:
-    """Upper bound of the bytes a sample adds to a tar: header(s) + padded data per member."""
+def tar_bytes(sizes: Iterable[tuple[str, int]], key: str) -> int:
+    """Upper bound of the bytes a sample adds to a tar, from its ``(suffix, size)`` members:
+    header(s) + padded data per member."""
     total = 0
-    for suffix, v in members.items():
+    for suffix, n in sizes:
         pax = 3 * TAR_BLOCK if len(formats.member_name(key, suffix)) > 99 else 0
-        total += pax + TAR_BLOCK + -(-len(v) // TAR_BLOCK) * TAR_BLOCK
+        total += pax + TAR_BLOCK + -(-n // TAR_BLOCK) * TAR_BLOCK
     return total
+
+
+def sample_tar_bytes(members: dict[str, bytes], key: str) -> int:
+    """:func:`tar_bytes` of a sample whose members exist."""
+    return tar_bytes(((s, len(v)) for s, v in members.items()), key)
 
 
 class WdsSink:
@@ -36,13 +43,17 @@ class WdsSink:
     def __init__(self, output: WdsOutput, dest: Path):
         self.o, self.dest = output, dest
 
-    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str) -> bool:
-        """Should the current shard close before ``next_sample`` is added?"""
+    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str,
+                  next_bytes: int | None = None) -> bool:
+        """Should the current shard close before ``next_sample`` is added? ``nbytes``: the shard's
+        samples so far; ``next_bytes``: the next sample's (default: from its members)."""
         if count >= self.o.samples_per_shard:
             return True
         limit = getattr(self.o, "max_shard_bytes", None)
         if limit is not None and count > 0:
-            return nbytes + sample_tar_bytes(next_sample.members or {}, key) + TAR_END > limit
+            if next_bytes is None:
+                next_bytes = sample_tar_bytes(next_sample.members or {}, key)
+            return nbytes + next_bytes + TAR_END > limit
         return False
 
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:

@@ -38,7 +38,8 @@ class ZipSink:
         self.o, self.dest, self.stage, self.labelled = output, dest, stage, labelled
         self.first_index = 0  # running image index; set by the builder from committed units
 
-    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str) -> bool:
+    def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str,
+                  next_bytes: int | None = None) -> bool:
         return count >= self.o.unit
 
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
