@@ -164,7 +164,6 @@ class LatentFinisher:
             out[f"{CONDITIONS}/{rel}"] = pt_bytes(condition_record(text[0].to(tdt), text[1]))
         return out
 
-
     def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:
         src = self.sources[item.source]
         meta = {"id": item.item_id, "source": src.name, "path": item.relpath, "sha256": item.sha256,
