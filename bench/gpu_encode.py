@@ -467,6 +467,8 @@ def text_section(args, res: dict, config: str) -> None:
                              "batch_size": B, "compile": "off"},
                   "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 256,
                                "latent_dtype": "bfloat16", "text_dtype": "bfloat16"}]}
+        if args.text_shard_mib:  # shards bounded by bytes: less queued for the disk after the last batch
+            recipe["outputs"][0]["max_shard_bytes"] = args.text_shard_mib << 20
         e = end_to_end(work / "src", work / "out", recipe, args.workers)
         steady = (e.get("steady_state") or {}).get("items_per_s")
         e.update(pct_peak=pct_peak(e["items_per_s"], one), ratio_vs_alone=e["items_per_s"] / rate,
@@ -516,6 +518,8 @@ def main() -> int:
                     help="with --compile: write torch.compile's cache artifacts (gzip) here after the cold compile")
     ap.add_argument("--compile-cache-in", default=None,
                     help="with --compile: load artifacts written by --compile-cache-out before compiling")
+    ap.add_argument("--text-shard-mib", type=int, default=None,
+                    help="--text-build: bound its shards to this many MiB (default: 256 samples, ~1 GiB for T5-XXL)")
     ap.add_argument("--skip-text", action="store_true")
     ap.add_argument("--text-family", choices=["t5", "umt5", "clip", "gemma"], default="t5")
     ap.add_argument("--text-config", default=None,
