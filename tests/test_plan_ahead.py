@@ -295,3 +295,14 @@ def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch):
     assert len(early) >= 4, (len(early), len(stamps))  # several items decoded before the models were ready
     # what the build waited for the models, at its first batch, is less than their load took
     assert m["timings"]["load_models_s"] < ready[0] - started[0]
+
+
+def test_an_output_written_into_the_build_root_plans_first(photos, tmp_path):
+    """What is written ahead of an unfinished plan is removed on resume, so only an output whose
+    folder lies strictly inside the build folder may start early; one written into the root itself
+    (``dir: .``) waits for the plan."""
+    rec = _recipe(photos, holdout=0).model_copy(deep=True)
+    rec.outputs[0].dir = "."
+    m = build(rec, tmp_path / "o", quiet=True, workers=1)
+    assert "plan_ahead" not in m["timings"] and m["counts"]["written"] == 11
+    assert (tmp_path / "o" / "00000.tar").exists()
