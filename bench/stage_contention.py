@@ -40,3 +40,57 @@ for k, v in sorted(res.items()):
     print(k, f"median {statistics.median(v)*1e3:.2f} ms per batch of 64 x 256x256x3")
 print("contended old/new:", statistics.median(res[("old", True)]) / statistics.median(res[("new", True)]))
 print("alone old/new:", statistics.median(res[("old", False)]) / statistics.median(res[("new", False)]))
+
+# the rest of a batch's main-thread work, same conditions: per-item latents cut from the batch
+# (``EncodeStage._complete``: one clone each) and their members (``LatentFinisher._members``)
+import types  # noqa: E402
+
+from shardsmith.recipe import LatentWdsOutput  # noqa: E402
+from shardsmith.records import PlannedItem, SampleResult  # noqa: E402
+from shardsmith.sinks.latent_members import LatentFinisher  # noqa: E402
+
+z = torch.randn(64, 4, 32, 32).to(torch.bfloat16)
+fin = LatentFinisher.__new__(LatentFinisher)
+fin.o, fin.multi = LatentWdsOutput(format="latent_wds", latent_dtype="bfloat16"), False
+fin.sources = [types.SimpleNamespace(name="p", license=None, origin=None)]
+fin.models = {"vae": {"family": "sd", "weights": "random-weights", "path_or_repo": None}}
+items = [PlannedItem(idx=i, item_id=f"p/img{i}.jpg", key=f"p/img{i}", source=0, path=f"/x/{i}.jpg",
+                     relpath=f"img{i}.jpg", caption=None, label=None, label_name=None, meta={}, sha256="ab" * 32,
+                     size_bytes=1, kind="image", width=256, height=256, image_format="JPEG", mode="RGB",
+                     split="train", plan_status="ok") for i in range(64)]
+ress = [SampleResult(idx=i, status="written", info={"bucket": "256x256x1", "crop": [0, 0, 256, 256], "fps": 1.0})
+        for i in range(64)]
+lat0 = [t.clone() for t in z.unbind(0)]
+
+
+def clones():
+    return [t.clone() for t in z.unbind(0)]
+
+
+def members():
+    for i in range(64):
+        fin._members(items[i], ress[i], lat0[i], None)
+
+
+for fn in (clones, members):
+    r = {}
+    for rep in range(5):
+        for contended in (False, True):
+            stop = [False]
+
+            def spin():
+                while not stop[0]:
+                    pass
+            th = threading.Thread(target=spin) if contended else None
+            if th:
+                th.start()
+                time.sleep(0.02)
+            t = time.perf_counter()
+            for _ in range(10):
+                fn()
+            r.setdefault(contended, []).append((time.perf_counter() - t) / 10)
+            stop[0] = True
+            if th:
+                th.join()
+    print(fn.__name__, "per batch of 64 [4,32,32] bf16 latents:",
+          {("contended" if k else "alone"): f"{statistics.median(v) * 1e3:.2f} ms" for k, v in r.items()})
