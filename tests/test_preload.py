@@ -130,3 +130,31 @@ def test_a_model_that_cannot_load_stops_a_long_plan_early(tmp_path, monkeypatch)
         led.close()
     assert planned < 406 / 2, planned  # stopped well before the end of the plan
     assert not list((tmp_path / "o").rglob("*.tar"))
+
+
+def test_staging_takes_any_frame_layout():
+    """A batch is staged from frames as decoders give them: contiguous, views with negative strides
+    (a flip), or read-only (PyAV's): the same bytes as numpy's stack, and no warning for the user."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from shardsmith.encode.stage import EncodeStage
+
+    rng = np.random.default_rng(3)
+    base = [rng.integers(0, 256, (1, 8, 8, 3), dtype=np.uint8) for _ in range(3)]
+    frames = [base[0], base[1][:, ::-1], base[2]]
+    st = EncodeStage.__new__(EncodeStage)
+    st.device, st.batch_size, st.seconds = "cpu", 8, {"prepare": 0.0}
+    host = st.stage(frames)
+    assert host.dtype == torch.uint8 and tuple(host.shape) == (3, 1, 8, 8, 3)
+    assert np.array_equal(host.numpy(), np.stack(frames))
+    code = ("import numpy as np; from shardsmith.encode.stage import EncodeStage\n"
+            "a = np.arange(12, dtype=np.uint8).reshape(1, 2, 2, 3); a.flags.writeable = False\n"
+            "st = EncodeStage.__new__(EncodeStage); st.device, st.batch_size, st.seconds = 'cpu', 8, {'prepare': 0.0}\n"
+            "assert st.stage([a, a]).numpy().tolist() == np.stack([a, a]).tolist()\n")
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    assert "not writable" not in r.stderr

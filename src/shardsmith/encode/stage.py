@@ -151,7 +151,8 @@ class EncodeStage:
         t0 = time.perf_counter()
         if self.device == "cuda" and len(frames) < self.batch_size:
             frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
-        views = [torch.from_numpy(f) for f in frames]
+        # (torch.from_numpy refuses negative strides, e.g. a flipped view: such a frame is copied first)
+        views = [torch.from_numpy(f if min(f.strides, default=0) >= 0 else np.ascontiguousarray(f)) for f in frames]
         # stacked by torch, which copies with the GIL released (np.stack's per-array Python steps each
         # wait for the GIL while the encoder thread launches kernels: ~10x slower under contention);
         # on a GPU straight into page-locked memory (torch's host allocator caches these blocks)
