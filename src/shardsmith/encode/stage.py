@@ -37,10 +37,19 @@ from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
 log = logging.getLogger(__name__)
 
-# stage() wraps decoded frames with torch.from_numpy only to read them (stacking copies); frames that
-# PyAV hands out read-only would otherwise warn once per process that writing to them is undefined
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=r"shardsmith\.encode\.stage")
+
+def _spend_read_only_warning() -> None:
+    """stage() wraps decoded frames with ``torch.from_numpy`` only to read them (stacking copies).
+    Frames that Pillow or PyAV hand out read-only make torch warn, once per process, that writing
+    to them is undefined: that once-only warning is spent here, silently."""
+    a = np.zeros(1, dtype=np.uint8)
+    a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.from_numpy(a)
+
+
+_spend_read_only_warning()
 
 GIL_SWITCH_S = 0.0001  # the interpreter's switch interval while a GPU stage exists (see from_recipe)
 
