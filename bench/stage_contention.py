@@ -41,13 +41,16 @@ for k, v in sorted(res.items()):
 print("contended old/new:", statistics.median(res[("old", True)]) / statistics.median(res[("new", True)]))
 print("alone old/new:", statistics.median(res[("old", False)]) / statistics.median(res[("new", False)]))
 
-# the rest of a batch's main-thread work, same conditions: per-item latents cut from the batch
-# (``EncodeStage._complete``: one clone each) and their members (``LatentFinisher._members``)
+# the rest of a batch's main-thread work, same conditions, for 64 [4,32,32] bf16 latents: before, a
+# tensor per item (``EncodeStage._complete``: one clone each), then its latent.pth and json (the member
+# code of before); now, every latent.pth rendered straight from the batch (``pt_bytes_rows``) and the
+# json (``LatentFinisher._wds_members``)
 import types  # noqa: E402
 
 from shardsmith.recipe import LatentWdsOutput  # noqa: E402
 from shardsmith.records import PlannedItem, SampleResult  # noqa: E402
 from shardsmith.sinks.latent_members import LatentFinisher  # noqa: E402
+from shardsmith.sinks.pt_write import pt_bytes_fast, pt_bytes_rows  # noqa: E402
 
 z = torch.randn(64, 4, 32, 32).to(torch.bfloat16)
 fin = LatentFinisher.__new__(LatentFinisher)
@@ -60,21 +63,25 @@ items = [PlannedItem(idx=i, item_id=f"p/img{i}.jpg", key=f"p/img{i}", source=0, 
                      split="train", plan_status="ok") for i in range(64)]
 ress = [SampleResult(idx=i, status="written", info={"bucket": "256x256x1", "crop": [0, 0, 256, 256], "fps": 1.0})
         for i in range(64)]
-lat0 = [t.clone() for t in z.unbind(0)]
 
 
-def clones():
-    return [t.clone() for t in z.unbind(0)]
-
-
-def members():
+def per_item():  # before
+    lat = [t.clone() for t in z.unbind(0)]
     for i in range(64):
-        fin._members(items[i], ress[i], lat0[i], None)
+        member = pt_bytes_fast(lat[i].to(torch.bfloat16).contiguous())
+        fin._wds_members(items[i], ress[i], member, tuple(lat[i].shape), None)
 
 
-for fn in (clones, members):
-    r = {}
-    for rep in range(5):
+def batched():  # now
+    zb = z.to(torch.bfloat16).contiguous()
+    rows = pt_bytes_rows(zb)
+    for i in range(64):
+        fin._wds_members(items[i], ress[i], rows[i], tuple(zb.shape[1:]), None)
+
+
+r = {}
+for rep in range(5):
+    for fn in ((per_item, batched) if rep % 2 == 0 else (batched, per_item)):
         for contended in (False, True):
             stop = [False]
 
@@ -88,9 +95,13 @@ for fn in (clones, members):
             t = time.perf_counter()
             for _ in range(10):
                 fn()
-            r.setdefault(contended, []).append((time.perf_counter() - t) / 10)
+            r.setdefault((fn.__name__, contended), []).append((time.perf_counter() - t) / 10)
             stop[0] = True
             if th:
                 th.join()
-    print(fn.__name__, "per batch of 64 [4,32,32] bf16 latents:",
-          {("contended" if k else "alone"): f"{statistics.median(v) * 1e3:.2f} ms" for k, v in r.items()})
+for k, v in sorted(r.items()):
+    print("latents to members", k, f"median {statistics.median(v) * 1e3:.2f} ms per batch of 64")
+print("latents to members, contended per_item/batched:",
+      statistics.median(r[("per_item", True)]) / statistics.median(r[("batched", True)]))
+print("latents to members, alone per_item/batched:",
+      statistics.median(r[("per_item", False)]) / statistics.median(r[("batched", False)]))

@@ -89,3 +89,16 @@ def _check(p, ref, frames):
     want = ref.encode_staged(ref.stage(frames), len(frames))
     for got, exp in zip(lat, want):
         torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
+
+
+def test_result_batch_is_the_per_item_results_stacked():
+    """The build takes a launched batch's latents as one page-locked tensor (``result_batch``):
+    row i must be item i of ``result()``."""
+    vae = load_vae("sd", device="cuda", dtype="float32")
+    st = EncodeStage(vae, None, batch_size=4, device="cuda")
+    frames = _frames(3, 7)
+    p = st.launch(st.stage(frames), len(frames))
+    z, texts = p.result_batch()
+    assert texts is None and z.device.type == "cpu" and tuple(z.shape) == (3, 4, 8, 8) and z.is_contiguous()
+    lat, _ = p.result()
+    assert len(lat) == 3 and all(torch.equal(a, z[i]) for i, a in enumerate(lat))

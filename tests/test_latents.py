@@ -302,19 +302,19 @@ def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monk
     from shardsmith.sinks.wds import TAR_END, WdsSink
 
     predicted, made = {}, {}
-    sizes, members = LatentFinisher.member_sizes, LatentFinisher._members
+    sizes, members = LatentFinisher.member_sizes, LatentFinisher._wds_members
 
     def spy_sizes(self, item, res):
         predicted[item.key] = sorted(sizes(self, item, res))
         return predicted[item.key]
 
-    def spy_members(self, item, res, z, text):
-        out = members(self, item, res, z, text)
+    def spy_members(self, item, res, latent, shape, text):
+        out = members(self, item, res, latent, shape, text)
         made[item.key] = sorted((k, len(v)) for k, v in out.items())
         return out
 
     monkeypatch.setattr(LatentFinisher, "member_sizes", spy_sizes)
-    monkeypatch.setattr(LatentFinisher, "_members", spy_members)
+    monkeypatch.setattr(LatentFinisher, "_wds_members", spy_members)
 
     real_photos(tmp_path / "p", 9, seed=41, min_side=40, max_side=90)
     spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},

@@ -222,3 +222,28 @@ def test_precomputed_pt_bytes_uses_it():
     rec = latent_record(make(torch.bfloat16, (4, 32, 32), 1), 24.0)
     assert pt_bytes(rec) == saved(rec)
     assert pt_write.stats["hit"] == 1
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (5, 4, 8, 8)), (torch.bfloat16, (3, 16, 2, 4, 4)),
+                                         (torch.float16, (2, 77, 64)), (torch.int64, (4, 3))])
+def test_rows_equal_torch_save_of_each_row(dtype, shape):
+    """pt_bytes_rows renders every row from the batch's memory: the bytes torch.save gives for that
+    row as a tensor of its own."""
+    from shardsmith.sinks.pt_write import pt_bytes_rows
+
+    batch = (torch.randn(shape) * 100).to(dtype)
+    rows = pt_bytes_rows(batch)
+    assert len(rows) == shape[0]
+    for i, data in enumerate(rows):
+        assert data == saved(batch[i].clone())
+    for i, data in enumerate(rows):  # and they read back as the rows
+        assert torch.equal(torch.load(io.BytesIO(data), weights_only=True), batch[i])
+
+
+def test_rows_of_a_batch_that_is_not_plain_go_row_by_row():
+    from shardsmith.sinks.pt_write import pt_bytes_rows
+
+    base = torch.randn(6, 4, 8)
+    odd = base[::2]  # not contiguous
+    assert pt_bytes_rows(odd) == [saved(odd[i].clone()) for i in range(3)]
+    assert pt_bytes_rows(torch.empty(0, 4)) == []

@@ -367,8 +367,7 @@ class EncodeStage:
             done_at = ref_wall + ref.elapsed_time(p.vae_end) / 1e3
             self.seconds["encode"] += gpu_s
             self.batches.append((done_at, p.n, gpu_s))
-            p.latents = [t.clone() for t in p.z_host.unbind(0)]
-            p.z_host = None
+            p.latents, p.z_host = p.z_host, None  # the batch (page-locked); result() cuts it per item
         if p.captions is None:
             return p.latents, None
         new = {}
@@ -458,7 +457,8 @@ class PendingBatch:
     """A batch started by :meth:`EncodeStage.launch`. ``done()`` polls without waiting;
     ``result()`` waits (the GIL is released while it does), books the batch's device time and
     returns ``(latents, texts)``: per item a ``[C, (F'), H', W']`` host tensor and, when captions
-    were given, ``(emb [L, D], mask [L])``; each item owns its memory (no view of the batch)."""
+    were given, ``(emb [L, D], mask [L])``; each item owns its memory (no view of the batch).
+    ``result_batch()`` gives the latents as one ``[n, ...]`` tensor instead."""
 
     def __init__(self, stage: EncodeStage, n: int, captions: list[str] | None):
         self.stage, self.n, self.captions = stage, n, captions
@@ -471,12 +471,26 @@ class PendingBatch:
     def done(self) -> bool:
         return self._out is not None or self.done_event is None or self.done_event.query()
 
-    def result(self) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
+    def _resolve(self):
         if self._out is None:
             if self.done_event is not None:
                 self.done_event.synchronize()
             self._out = self.stage._complete(self)
         return self._out
+
+    def result(self) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        z, texts = self._resolve()
+        if isinstance(z, torch.Tensor):  # one tensor per item, each with its own memory
+            z = [t.clone() for t in z.unbind(0)]
+            self._out = (z, texts)
+        return z, texts
+
+    def result_batch(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """Like :meth:`result`, but the latents as one host tensor ``[n, C, (F'), H', W']`` (no tensor
+        per item: each is a torch call that gives up the GIL, which costs milliseconds a batch when
+        the encoder thread wants it back)."""
+        z, texts = self._resolve()
+        return (z if isinstance(z, torch.Tensor) else torch.stack(z)), texts
 
 
 def _clean_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_bytes
 from shardsmith.sinks.precomputed import CONDITIONS, LATENTS, condition_record, latent_record, mirrored, pt_bytes
+from shardsmith.sinks.pt_write import pt_bytes_rows
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -107,9 +108,20 @@ class LatentFinisher:
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here)."""
         _tag, batch, fut = entry
-        latents, texts = fut.result().result()
+        z, texts = fut.result().result_batch()
+        z = z.to(_DTYPES[self.o.latent_dtype]).contiguous()  # the whole batch at once
+        if isinstance(self.o, LatentWdsOutput):
+            # each item's latent.pth rendered straight from the batch, no tensor per item
+            latents = pt_bytes_rows(z)
+            shape = tuple(z.shape[1:])
+        else:
+            latents = [t.clone() for t in z.unbind(0)]
         for i, (item, res) in enumerate(batch):
-            res.members = self._members(item, res, latents[i], texts[i] if texts else None)
+            text = texts[i] if texts else None
+            if isinstance(self.o, LatentWdsOutput):
+                res.members = self._wds_members(item, res, latents[i], shape, text)
+            else:
+                res.members = self._precomputed_members(item, res, latents[i], text)
             res.pixels = None
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
@@ -147,21 +159,23 @@ class LatentFinisher:
         self.encoder.shutdown(wait=True)
         self.writer.shutdown(wait=True)
 
-    def _members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
-        ldt, tdt = _DTYPES[self.o.latent_dtype], _DTYPES[self.o.text_dtype]
-        if isinstance(self.o, LatentWdsOutput):
-            out = {"latent.pth": pt_bytes(z.to(ldt).contiguous())}
-            if text is not None:
-                out["txt_emb.pth"] = pt_bytes(text[0].to(tdt).contiguous())
-            out["json"] = self._json(item, res, tuple(z.shape))
-            if self.o.include_media:
-                with open(item.path, "rb") as f:
-                    out[_media_suffix(item.path)] = f.read()
-            return out
-        rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
-        out = {f"{LATENTS}/{rel}": pt_bytes(latent_record(z.to(ldt), res.info["fps"]))}
+    def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes, shape: tuple[int, ...],
+                     text) -> dict[str, bytes]:
+        """A ``latent_wds`` sample's members: ``latent`` is its ``latent.pth`` bytes already."""
+        out = {"latent.pth": latent}
         if text is not None:
-            out[f"{CONDITIONS}/{rel}"] = pt_bytes(condition_record(text[0].to(tdt), text[1]))
+            out["txt_emb.pth"] = pt_bytes(text[0].to(_DTYPES[self.o.text_dtype]).contiguous())
+        out["json"] = self._json(item, res, shape)
+        if self.o.include_media:
+            with open(item.path, "rb") as f:
+                out[_media_suffix(item.path)] = f.read()
+        return out
+
+    def _precomputed_members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
+        rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
+        out = {f"{LATENTS}/{rel}": pt_bytes(latent_record(z, res.info["fps"]))}
+        if text is not None:
+            out[f"{CONDITIONS}/{rel}"] = pt_bytes(condition_record(text[0].to(_DTYPES[self.o.text_dtype]), text[1]))
         return out
 
     def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:

@@ -159,10 +159,15 @@ def _crc(view: memoryview) -> int:
 
 
 def _render(tpl: _Template, tensors: list[torch.Tensor]) -> bytes:
+    return _render_at(tpl, [t.data_ptr() for t in tensors])
+
+
+def _render_at(tpl: _Template, addresses: list[int]) -> bytes:
+    """The template filled with the storages' bytes found at ``addresses`` (one per tensor)."""
     parts = tpl.parts.copy()
     seed = tpl.seed0
     for i, data_slot, crc_slots, ctype in tpl.tensors:
-        src = ctype.from_address(tensors[i].data_ptr())
+        src = ctype.from_address(addresses[i])
         parts[data_slot] = src
         crc = _crc(memoryview(src))
         packed = _U32.pack(crc)
@@ -288,3 +293,26 @@ def pt_bytes_fast(obj: Any) -> bytes:
     _templates[sig] = tpl
     stats["built" if tpl is not None else "refused"] += 1
     return data
+
+
+def pt_bytes_rows(batch: torch.Tensor) -> list[bytes]:
+    """``[pt_bytes_fast(batch[i].clone()) for i in range(len(batch))]``: ``torch.save``'s bytes of
+    each row as a tensor of its own, but rendered straight from the batch's memory with one
+    template, without making a tensor per row (each one a torch call that gives up the GIL, which
+    costs milliseconds a batch when other threads want it). A batch that is not a contiguous CPU
+    tensor of a plain dtype, or a row structure that has no template, goes row by row."""
+    n = batch.shape[0] if batch.dim() else 0
+    if n == 0:
+        return []
+    first = batch[0].clone()
+    out = [pt_bytes_fast(first)]
+    found = _signature(first)
+    tpl = _templates.get(found[0]) if found is not None else None
+    if (not tpl or type(batch) is not torch.Tensor or not batch.is_cpu or not batch.is_contiguous()
+            or batch.is_neg() or batch.is_conj() or batch.dtype not in _DTYPES):
+        return out + [pt_bytes_fast(batch[i].clone()) for i in range(1, n)]
+    step = first.numel() * first.element_size()
+    base = batch.data_ptr()
+    out += [_render_at(tpl, [base + i * step]) for i in range(1, n)]
+    stats["hit"] += n - 1
+    return out
