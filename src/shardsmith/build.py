@@ -255,8 +255,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
                 ahead.wait()  # later outputs need the whole plan
             blocks[o.name] = _run_output(ctx, o, pool, ahead if first else None)
             timings["outputs_s"][o.name] = round(time.perf_counter() - t, 3)
-        if ahead is not None:
-            ahead.wait()
+        if ahead is not None:  # complete: its output waited for it at its end
             timings["plan_s"], timings["plan_ahead"] = ahead.seconds, True
         _stage(ctx)  # (the manifest describes the models even when no batch needed them)
     timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part

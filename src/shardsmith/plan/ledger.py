@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith.records import PlannedItem
+from shardsmith.split.assign import TRAIN
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -277,7 +278,7 @@ class Ledger:
         else:
             rows = self.db.execute(f"SELECT split, COUNT(*) FROM items WHERE source IN ({','.join('?' * len(sources))}) "
                                    f"AND idx NOT IN ({_NOT_WRITTEN}) GROUP BY split", list(sources))
-        return dict(sorted(rows, key=lambda r: (r[0] != "train", r[0])))
+        return dict(sorted(rows, key=lambda r: (r[0] != TRAIN, r[0])))
 
     def not_all_written(self, sources: list[int]) -> Iterator[tuple[int, str, str, str | None, str | None]]:
         """(idx, split, item_id, status, detail) per result (status None where the item has none)
