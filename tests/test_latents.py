@@ -363,3 +363,29 @@ def test_shard_layout_flags_apply_to_latent_shards(tmp_path):
     o = m["recipe"]["outputs"][0]
     assert (o["dir"], o["samples_per_shard"], o["max_shard_bytes"]) == ("z", 2, 100000000)
     assert sorted(p.name for p in (tmp_path / "o/z").glob("*.tar")) == ["00000.tar", "00001.tar", "00002.tar"]
+
+
+def test_members_are_rendered_on_one_intra_op_thread(tmp_path, monkeypatch):
+    """The main thread's per-batch host work (dtype conversion, latent.pth and txt_emb.pth bytes) runs
+    with torch's intra-op parallelism off, so it does not wait at barriers for threads the decode
+    workers leave no core for; the caller's thread count is unchanged after the build."""
+    from shardsmith.sinks import latent_members
+
+    seen = []
+    real_rows, real_pt = latent_members.pt_bytes_rows, latent_members.pt_bytes
+    monkeypatch.setattr(latent_members, "pt_bytes_rows", lambda z: (seen.append(torch.get_num_threads()), real_rows(z))[1])
+    monkeypatch.setattr(latent_members, "pt_bytes", lambda t: (seen.append(torch.get_num_threads()), real_pt(t))[1])
+    real_photos(tmp_path / "p", 3, seed=8, min_side=40, max_side=90)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
+                            "images": {"upscale": True}, "split": {"holdout": 0},
+                            "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}},
+                            "outputs": [{"format": "latent_wds", "dir": "lat"}]})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        m = build(rec, tmp_path / "o", quiet=True)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert m["splits"]["train"]["written"] == 3
+    assert len(seen) >= 4 and set(seen) == {1}, seen  # one batch of rows, three txt_emb.pth

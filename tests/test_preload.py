@@ -158,3 +158,58 @@ def test_staging_takes_any_frame_layout():
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0, r.stderr
     assert "not writable" not in r.stderr
+
+
+def test_staging_copies_on_one_thread_and_restores_the_setting(monkeypatch):
+    """The batch copy runs with torch's intra-op parallelism off (on a host whose cores are busy
+    with decode workers, a parallel copy waits at one barrier per frame: 20x slower on the H200),
+    and the caller's thread count is the same afterwards."""
+    from shardsmith.encode.stage import EncodeStage
+
+    seen = []
+    real_stack = torch.stack
+
+    def stack(*a, **k):
+        seen.append(torch.get_num_threads())
+        return real_stack(*a, **k)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        monkeypatch.setattr(torch, "stack", stack)
+        st = EncodeStage.__new__(EncodeStage)
+        st.device, st.batch_size, st.seconds = "cpu", 8, {"prepare": 0.0}
+        frames = [np.full((1, 4, 4, 3), i, dtype=np.uint8) for i in range(4)]
+        host = st.stage(frames)
+        assert seen == [1]
+        assert torch.get_num_threads() == 3
+        assert np.array_equal(host.numpy(), np.stack(frames))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_computing_thread_started_inside_a_one_thread_block_keeps_its_threads():
+    """A CPU encoder thread that starts while the main thread stages a batch (torch's process-wide
+    count lowered to 1 for that moment) still computes on the caller's thread count once pinned, so
+    a CPU build's latents round the same way on every run; unpinned, it would take 1."""
+    from shardsmith.encode.host_threads import one_intra_op_thread, pin_intra_op_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        seen = {}
+
+        def worker(name, pin):
+            if pin:
+                pin_intra_op_threads(3)
+            seen[name] = torch.get_num_threads()
+
+        with one_intra_op_thread():
+            for name, pin in (("unpinned", False), ("pinned", True)):
+                t = threading.Thread(target=worker, args=(name, pin))
+                t.start()
+                t.join()
+        assert seen == {"pinned": 3, "unpinned": 1}
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

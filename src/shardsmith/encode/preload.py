@@ -26,6 +26,9 @@ class ModelPreload:
         self._stage = None
         self._error: BaseException | None = None
         self.seconds: dict[str, float] = {}
+        import torch
+
+        self._threads = torch.get_num_threads()  # the warm-up's (see pin_intra_op_threads)
         self._thread = threading.Thread(target=self._run, name="shardsmith-model-preload", daemon=True)
 
     def start(self) -> "ModelPreload":
@@ -34,9 +37,11 @@ class ModelPreload:
 
     def _run(self) -> None:
         try:
+            from shardsmith.encode.host_threads import pin_intra_op_threads
             from shardsmith.encode.stage import EncodeStage
             from shardsmith.transform.buckets import parse_buckets
 
+            pin_intra_op_threads(self._threads)
             t = time.perf_counter()
             stage = EncodeStage.from_recipe(self.recipe)
             self.seconds["load"] = round(time.perf_counter() - t, 3)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardsmith.encode.host_threads import one_intra_op_thread
 from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.vae import load_vae
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
@@ -166,7 +167,8 @@ class EncodeStage:
         # wait for the GIL while the encoder thread launches kernels: ~10x slower under contention);
         # on a GPU straight into page-locked memory (torch's host allocator caches these blocks)
         host = torch.empty((len(views), *views[0].shape), dtype=views[0].dtype, pin_memory=self.device == "cuda")
-        torch.stack(views, out=host)
+        with one_intra_op_thread():  # the decode workers hold the cores (see one_intra_op_thread)
+            torch.stack(views, out=host)
         self.seconds["prepare"] += time.perf_counter() - t0
         return host
 

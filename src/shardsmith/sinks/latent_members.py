@@ -23,6 +23,7 @@ import os
 import numpy as np
 import torch
 
+from shardsmith.encode.host_threads import one_intra_op_thread, pin_intra_op_threads
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_bytes
@@ -60,7 +61,8 @@ class LatentFinisher:
         self._stage = None
         self._expected: int | None = None  # items this finisher will encode, when known (expect())
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult]]] = {}
-        self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode")
+        self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode",
+                                          initializer=pin_intra_op_threads, initargs=(torch.get_num_threads(),))
         # the build writes finished units here (file writes, hashing and fsync release the GIL)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-write")
         self.in_flight: list = []  # (unit tag, batch, future), in submission order
@@ -106,9 +108,14 @@ class LatentFinisher:
         return stage.launch(host, len(batch), captions)
 
     def _finish(self, entry) -> None:
-        """Calling thread: wait for the batch, serialise members (re-raises an encoder error here)."""
+        """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
+        Its host copies (dtype, text embeddings) run on one intra-op thread: the decode workers hold
+        the cores, and a parallel copy would wait at barriers for threads they leave no room for."""
         _tag, batch, fut = entry
-        z, texts = fut.result().result_batch()
+        with one_intra_op_thread():
+            self._members(batch, *fut.result().result_batch())
+
+    def _members(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor, texts) -> None:
         z = z.to(_DTYPES[self.o.latent_dtype]).contiguous()  # the whole batch at once
         if isinstance(self.o, LatentWdsOutput):
             # each item's latent.pth rendered straight from the batch, no tensor per item
