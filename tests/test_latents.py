@@ -389,3 +389,22 @@ def test_members_are_rendered_on_one_intra_op_thread(tmp_path, monkeypatch):
         torch.set_num_threads(before)
     assert m["splits"]["train"]["written"] == 3
     assert len(seen) >= 4 and set(seen) == {1}, seen  # one batch of rows, three txt_emb.pth
+
+
+def test_steady_state_is_reported_when_shards_bounded_by_bytes_cut_every_batch_short(tmp_path):
+    """Shards bounded by bytes can hold fewer samples than a batch (T5-XXL: 63 a 256 MiB shard, batch
+    64), so every batch is partial: the manifest still gives the steady state, from the largest batches."""
+    from shardsmith.sinks.wds import TAR_END
+
+    real_photos(tmp_path / "p", 12, seed=43, min_side=40, max_side=90)
+    spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
+            "images": {"upscale": True}, "split": {"holdout": 0},
+            "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}, "batch_size": 4},
+            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 100}]}
+    build(recipe_from_dict(spec), tmp_path / "free", quiet=True, workers=1)
+    one = max(p.stat().st_size for p in (tmp_path / "free/lat").glob("*.tar"))
+    spec["outputs"][0]["max_shard_bytes"] = 3 * ((one - TAR_END) // 12 + 2048) + TAR_END  # 3 a shard
+    m = build(recipe_from_dict(spec), tmp_path / "o", quiet=True, workers=1)
+    assert json.loads((tmp_path / "o/lat/shard_count.json").read_text()) == {f"{i:05d}.tar": 3 for i in range(4)}
+    ss = m["models"]["steady_state"]
+    assert ss is not None and ss["batches"] == 4 and ss["items_per_s"] > 0 and ss["median_batch_encode_s"] > 0

@@ -418,10 +418,12 @@ class EncodeStage:
 
     def steady_state(self) -> dict[str, Any] | None:
         """Throughput between the first and the last encoded batch (model load, planning and the
-        first batch's autotuning left out), and the median encode time of a full batch."""
-        full = [b for b in self.batches if b[1] == self.batch_size]
-        if len(self.batches) < 3 or not full:
+        first batch's autotuning left out), and the median encode time of the largest batches
+        (units smaller than a batch, e.g. shards bounded by bytes, make every batch partial)."""
+        if len(self.batches) < 3:
             return None
+        largest = max(n for _, n, _ in self.batches)
+        full = [b for b in self.batches if b[1] == largest]
         t_first, t_last = self.batches[0][0], self.batches[-1][0]
         items = sum(n for _, n, _ in self.batches[1:])
         times = sorted(dt for _, _, dt in full)
