@@ -664,8 +664,8 @@ def main() -> int:
 
             launch = EncodeStage.launch
 
-            def launch_sync(self, host, n=None, captions=None):
-                p = launch(self, host, n, captions)
+            def launch_sync(self, host, n=None, captions=None, **kw):
+                p = launch(self, host, n, captions, **kw)
                 p.result()
                 return p
 

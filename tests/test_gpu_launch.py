@@ -102,3 +102,23 @@ def test_result_batch_is_the_per_item_results_stacked():
     assert texts is None and z.device.type == "cpu" and tuple(z.shape) == (3, 4, 8, 8) and z.is_contiguous()
     lat, _ = p.result()
     assert len(lat) == 3 and all(torch.equal(a, z[i]) for i, a in enumerate(lat))
+
+
+def test_the_gpu_idle_account_gives_a_late_batch_to_its_pixels():
+    """A batch staged 50 ms after the device ran dry shows as a ~50 ms gap caused by ``pixels``; batches
+    queued back to back leave no gap worth the name; the parts add up to the idle time."""
+    import time
+
+    vae = load_vae("sd", device="cuda", dtype="float32")
+    st = EncodeStage(vae, None, batch_size=4, device="cuda")
+    pend = [st.launch(st.stage(_frames(4, i)), 4, staged_at=time.perf_counter()) for i in range(3)]
+    for p in pend:
+        p.result()
+    time.sleep(0.05)
+    late = st.launch(st.stage(_frames(4, 9)), 4, staged_at=time.perf_counter())
+    late.result()
+    idle = st.steady_state()["gpu_idle"]
+    assert len(st.timeline) == 4
+    assert idle["by_cause_s"]["pixels"] >= 0.045
+    assert idle["idle_s"] == pytest.approx(sum(idle["by_cause_s"].values()), abs=1e-3)
+    assert 0 < idle["idle_frac"] < 1 and idle["span_s"] > 0.05

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from shardsmith.encode.host_threads import one_intra_op_thread
+from shardsmith.encode.idle import gpu_idle
 from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.vae import load_vae
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
@@ -76,6 +77,7 @@ class EncodeStage:
         self.oom_retries = 0
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
         self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
+        self.timeline: list[tuple[float, ...]] = []  # launched batches, for encode.idle.gpu_idle
         self.created = time.perf_counter()
         self.warm_up_info: dict[str, Any] | None = None
         self._copy_stream = None  # a GPU's host->device copies (made on first use)
@@ -307,14 +309,17 @@ class EncodeStage:
             raise
 
     # ---------------------------------------------------------------- launched batches
-    def launch(self, host: torch.Tensor, n: int | None = None, captions: list[str] | None = None) -> "PendingBatch":
+    def launch(self, host: torch.Tensor, n: int | None = None, captions: list[str] | None = None, *,
+               staged_at: float | None = None) -> "PendingBatch":
         """Start a staged batch (its first ``n`` items) and, with ``captions``, their text embeddings.
 
         On a GPU this returns as soon as the work is queued (results come back through
         page-locked memory), so the caller can stage and launch the next batch while this one
         runs: the device never waits for the host between batches. Elsewhere, and for the first
         batch after compiling (whose time is measured), it runs to completion first. Either way
-        :meth:`PendingBatch.result` gives the per-item outputs."""
+        :meth:`PendingBatch.result` gives the per-item outputs. ``staged_at``: when the caller had
+        the batch staged (``perf_counter``), for :meth:`steady_state`'s account of the GPU's idle time."""
+        begin = time.perf_counter()
         n = host.shape[0] if n is None else n
         self._maybe_compile(host)
         pend = PendingBatch(self, n, captions)
@@ -348,8 +353,9 @@ class EncodeStage:
                 pend.text_emb = self.text_encoder.encode(todo, device="cpu", non_blocking=True)
                 self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
         if self.device == "cuda":
-            pend.done_event = torch.cuda.Event()
+            pend.done_event = torch.cuda.Event(enable_timing=True)
             pend.done_event.record()
+        pend.host_times = (begin if staged_at is None else staged_at, begin, time.perf_counter())
         return pend
 
     def _timing_reference(self) -> None:
@@ -369,6 +375,9 @@ class EncodeStage:
             done_at = ref_wall + ref.elapsed_time(p.vae_end) / 1e3
             self.seconds["encode"] += gpu_s
             self.batches.append((done_at, p.n, gpu_s))
+            gpu_start = ref_wall + ref.elapsed_time(p.start) / 1e3
+            gpu_end = ref_wall + ref.elapsed_time(p.done_event) / 1e3  # text encoder included
+            self.timeline.append((*p.host_times, gpu_start, gpu_end))
             p.latents, p.z_host = p.z_host, None  # the batch (page-locked); result() cuts it per item
         if p.captions is None:
             return p.latents, None
@@ -430,7 +439,8 @@ class EncodeStage:
         return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
                 "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
                 "last_batch_done_s": round(t_last - self.created, 3),
-                "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches)}
+                "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches),
+                "gpu_idle": gpu_idle(self.timeline)}
 
     # ---------------------------------------------------------------- manifest
     def describe(self) -> dict[str, Any]:
@@ -468,6 +478,7 @@ class PendingBatch:
         self.stage, self.n, self.captions = stage, n, captions
         self.latents: list[torch.Tensor] | None = None  # set at once by the synchronous paths
         self.z_host = self.start = self.vae_end = self.done_event = self.text_emb = None
+        self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, launch queued
         self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.todo: list[str] = []
         self._out = None

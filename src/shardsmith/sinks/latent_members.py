@@ -19,6 +19,7 @@ import functools
 import io
 import json
 import os
+import time
 
 import numpy as np
 import torch
@@ -96,16 +97,17 @@ class LatentFinisher:
         host = stage.stage([r.pixels for _, r in batch])
         for _, r in batch:
             r.pixels = None
-        self.in_flight.append((self.unit, batch, self.encoder.submit(self._gpu, stage, batch, host)))
+        self.in_flight.append((self.unit, batch, self.encoder.submit(self._gpu, stage, batch, host,
+                                                                     time.perf_counter())))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
     @staticmethod
-    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host):
+    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float):
         """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
         on a GPU it returns once the batch is queued there, so the next batch is queued behind it."""
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
-        return stage.launch(host, len(batch), captions)
+        return stage.launch(host, len(batch), captions, staged_at=staged_at)
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
