@@ -523,6 +523,12 @@ def main() -> int:
                     help="with --compile: write torch.compile's cache artifacts (gzip) here after the cold compile")
     ap.add_argument("--compile-cache-in", default=None,
                     help="with --compile: load artifacts written by --compile-cache-out before compiling")
+    ap.add_argument("--compile-mode", default=None,
+                    help="with --compile: torch.compile mode for the encoder alone and the build (default "
+                         "shardsmith's, max-autotune-no-cudagraphs); e.g. max-autotune (CUDA graphs: one launch "
+                         "a batch instead of one per kernel, so the encoder thread holds the GIL far less)")
+    ap.add_argument("--cpp-wrapper", action="store_true",
+                    help="with --compile: Inductor's C++ wrapper (kernels launched from C++, not Python)")
     ap.add_argument("--text-shard-mib", type=int, default=None,
                     help="--text-build: bound its shards to this many MiB (default: 256 samples, ~1 GiB for T5-XXL)")
     ap.add_argument("--skip-text", action="store_true")
@@ -554,9 +560,17 @@ def main() -> int:
     elif not torch.cuda.is_available():
         print("no CUDA device: use --cpu-dry-run to check the code paths on CPU", file=sys.stderr)
         return 2
+    from shardsmith.encode import compile as cc
     from shardsmith.encode.vae import load_vae
 
-    res: dict = {"device": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)",
+    if args.compile_mode:  # the stage reads the module's mode (and keys its compile cache with it)
+        cc.COMPILE_MODE = args.compile_mode
+    if args.cpp_wrapper:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_wrapper = True
+    res: dict = {"compile_mode": cc.COMPILE_MODE, "cpp_wrapper": bool(args.cpp_wrapper),
+                 "device": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)",
                  "torch": torch.__version__, "cpus": os.cpu_count(), "workers": args.workers,
                  "dry_run": args.cpu_dry_run, "errors": {}}
     out_path = Path(args.out)
