@@ -133,7 +133,10 @@ def main(argv=None) -> int:
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--workers", type=int, default=WORKERS,
+                    help=f"loader workers per rank (default {WORKERS}; a many-core machine can take more)")
     args = ap.parse_args(argv)
+    globals()["WORKERS"] = args.workers  # read by run_verify and the loader-only timing
 
     info = machine_info()
     print(header(info), flush=True)
