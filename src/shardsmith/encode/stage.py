@@ -154,6 +154,13 @@ class EncodeStage:
         self.created = time.perf_counter() if at is None else at
 
     # ---------------------------------------------------------------- pixels -> latents
+    pad_batches: bool | None = None  # None: pad short batches on a GPU only (see stage)
+
+    def pads(self) -> bool:
+        """Whether short batches are padded to ``batch_size``: then every batch has one shape, so an
+        item's result does not depend on its batch-mates (the finisher may batch across units)."""
+        return self.device == "cuda" if self.pad_batches is None else self.pad_batches
+
     def stage(self, frames: list[np.ndarray]) -> torch.Tensor:
         """Host side of one batch: uint8 frames -> one ``[B, F, H, W, 3]`` tensor (page-locked on a GPU
         machine, so the upload runs at full speed and asynchronously). On a GPU a short batch is
@@ -161,7 +168,7 @@ class EncodeStage:
         autotuning pass, far more than the padded work (per-item results do not depend on their
         batch-mates). Callers may stage batch k+1 while batch k is on the GPU."""
         t0 = time.perf_counter()
-        if self.device == "cuda" and len(frames) < self.batch_size:
+        if self.pads() and len(frames) < self.batch_size:
             frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
         # (torch.from_numpy refuses negative strides, e.g. a flipped view: such a frame is copied first)
         views = [torch.from_numpy(f if min(f.strides, default=0) >= 0 else np.ascontiguousarray(f)) for f in frames]
