@@ -92,8 +92,11 @@ def test_two_buckets_interleaved_each_item_keeps_its_latent_and_shard(tmp_path, 
 
 @pytest.mark.parametrize("pad", [None, True])
 def test_a_failed_shard_write_then_resume_gives_the_uninterrupted_bytes(tmp_path, monkeypatch, pad):
-    """With batches straddling units (pad) or not: a unit write fails on the writer thread, the build
-    stops, and a resume gives the bytes of an uninterrupted build (real tiny VAE)."""
+    """Units are written on a writer thread. With batches straddling units (pad) or not: an error
+    there (a full disk) reaches the caller, the units written before it stay recorded, and a resume
+    gives the bytes of an uninterrupted build (real tiny VAE)."""
+    import sqlite3
+
     from shardsmith.sinks.wds import WdsSink
 
     monkeypatch.setattr(EncodeStage, "pad_batches", pad)
@@ -113,6 +116,9 @@ def test_a_failed_shard_write_then_resume_gives_the_uninterrupted_bytes(tmp_path
     monkeypatch.setattr(WdsSink, "write_unit", full_disk)
     with pytest.raises(OSError, match="No space left"):
         build(rec, tmp_path / "o", quiet=True, workers=1)
+    db = sqlite3.connect(tmp_path / "o" / ".shardsmith" / "ledger.sqlite")
+    assert [r[0] for r in db.execute("SELECT seq FROM shards ORDER BY seq")] == [0, 1]
+    db.close()
     monkeypatch.setattr(WdsSink, "write_unit", write)
     m = build(rec, tmp_path / "o", quiet=True, workers=1)
     assert m["counts"]["written"] == 9

@@ -262,38 +262,6 @@ def test_verify_reads_a_precomputed_tree_like_the_trainer(ltx_build, tmp_path):
     assert r.returncode == 1 and "[FAIL] pairing" in r.stdout and "pan_mid.pt" in r.stdout
 
 
-def test_a_failed_shard_write_on_the_writer_thread_stops_the_build_and_resume_finishes_it(tmp_path, monkeypatch):
-    """Units are written on a writer thread: an error there (a full disk) reaches the caller, the
-    units written before it stay recorded, and a resume gives the bytes of an uninterrupted build."""
-    from shardsmith.sinks.wds import WdsSink
-
-    real_photos(tmp_path / "p", 7, seed=11, min_side=40, max_side=90)
-    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
-                            "images": {"upscale": True}, "models": {"vae": {"family": "sd"}, "batch_size": 2},
-                            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]})
-    ref = build(rec, tmp_path / "ref", quiet=True, workers=1)
-    assert ref["counts"]["written"] == 7
-    write = WdsSink.write_unit
-
-    def full_disk(self, seq, samples):
-        if seq == 2:
-            raise OSError(28, "No space left on device")
-        return write(self, seq, samples)
-
-    monkeypatch.setattr(WdsSink, "write_unit", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        build(rec, tmp_path / "o", quiet=True, workers=1)
-    import sqlite3
-
-    db = sqlite3.connect(tmp_path / "o" / ".shardsmith" / "ledger.sqlite")
-    assert [r[0] for r in db.execute("SELECT seq FROM shards ORDER BY seq")] == [0, 1]
-    db.close()
-    monkeypatch.setattr(WdsSink, "write_unit", write)
-    m = build(rec, tmp_path / "o", quiet=True, workers=1)
-    assert m["counts"]["written"] == 7
-    assert tree_bytes(tmp_path / "o") == tree_bytes(tmp_path / "ref")
-
-
 def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monkeypatch):
     """``max_shard_bytes`` on latent shards: the members' sizes are known before encoding (exact),
     so every shard stays within the bound, holds as many samples as fit, and a resumed build
