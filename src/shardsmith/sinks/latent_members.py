@@ -170,13 +170,11 @@ class LatentFinisher:
         """Encode (short batches too) and serialise the members of every item of units up to ``tag``;
         batches that also hold later units' items are finished whole."""
         self._submit_pending(tag)
-        keep = []
-        for entry in self.in_flight:  # in order; another bucket's batch may hold an older unit
-            if entry[0] <= tag:
-                self._finish(entry)
-            else:
-                keep.append(entry)
-        self.in_flight = keep
+        # in order; a batch of another bucket submitted later may hold an older unit
+        due = [e for e in self.in_flight if e[0] <= tag]
+        self.in_flight = [e for e in self.in_flight if e[0] > tag]
+        for entry in due:
+            self._finish(entry)
 
     def flush(self) -> None:
         """Encode every queued item (partial batches too) and wait until all members exist."""
