@@ -447,7 +447,17 @@ class EncodeStage:
                 "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
                 "last_batch_done_s": round(t_last - self.created, 3),
                 "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches),
-                "gpu_idle": gpu_idle(self.timeline)}
+                "first_batch": self._first_batch(), "gpu_idle": gpu_idle(self.timeline)}
+
+    def _first_batch(self) -> dict[str, float] | None:
+        """When the first launched batch was staged, queued and started on the device, counted like
+        ``first_batch_done_s`` from the start of the outputs (pixels late, or models late?). A batch
+        run synchronously right after a compile is not a launched one."""
+        if not self.timeline:
+            return None
+        staged, begin, end, start, _ = min(self.timeline, key=lambda r: r[3])
+        return {k: round(v - self.created, 3) for k, v in
+                (("staged_s", staged), ("launch_begun_s", begin), ("queued_s", end), ("gpu_start_s", start))}
 
     # ---------------------------------------------------------------- manifest
     def describe(self) -> dict[str, Any]:
