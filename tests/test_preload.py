@@ -213,3 +213,39 @@ def test_a_computing_thread_started_inside_a_one_thread_block_keeps_its_threads(
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_warm_up_and_every_batch_of_every_split_run_on_one_device_thread(tmp_path, monkeypatch):
+    """torch keeps cuDNN's autotuned plans per thread: the warm-up must run where the batches will,
+    and the train and holdout outputs must share that thread, or each tunes again at its first batch."""
+    from media_factory import real_photos
+
+    seen = {"warm": set(), "launch": set()}
+    warm, launch = EncodeStage._warm_up, EncodeStage.launch
+
+    def spy_warm(self, *a, **k):
+        seen["warm"].add(threading.get_ident())
+        return warm(self, *a, **k)
+
+    def spy_launch(self, *a, **k):
+        seen["launch"].add(threading.get_ident())
+        return launch(self, *a, **k)
+
+    monkeypatch.setattr(EncodeStage, "_warm_up", spy_warm)
+    monkeypatch.setattr(EncodeStage, "launch", spy_launch)
+    monkeypatch.setattr(preload_mod.ModelPreload, "__init__", _warm_always(preload_mod.ModelPreload.__init__))
+    real_photos(tmp_path / "p", 10, seed=21, min_side=40, max_side=90)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "split": {"holdout": 3, "seed": 1},
+                            "geometry": {"buckets": ["32x32x1"]}, "images": {"upscale": True},
+                            "models": {"vae": {"family": "sd"}, "batch_size": 2},
+                            "outputs": [{"format": "latent_wds", "dir": "lat"}]})
+    m = build(rec, tmp_path / "o", quiet=True, workers=1)
+    assert m["splits"]["train"]["written"] == 7 and m["splits"]["holdout"]["written"] == 3
+    assert len(seen["warm"]) == 1 and seen["launch"] == seen["warm"], seen
+    assert threading.get_ident() not in seen["launch"]
+
+
+def _warm_always(init):
+    def __init__(self, recipe, warm=None):
+        init(self, recipe, warm=True)
+    return __init__

@@ -233,6 +233,8 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
 
         preload = ModelPreload(recipe).start()  # models load and warm up while the plan runs
     with contextlib.ExitStack() as stack:
+        # last out: the encode stage's device thread, once its queued batches are done
+        stack.callback(lambda: ctx.stage is not None and ctx.stage.close())
         if ahead is not None:
             ahead.listen(stack.enter_context(progress.task("plan", total=None)))
         elif plan_needed:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardsmith.encode.host_threads import one_intra_op_thread
+from shardsmith.encode.host_threads import one_intra_op_thread, pin_intra_op_threads
 from shardsmith.encode.idle import gpu_idle
 from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.vae import load_vae
@@ -78,6 +78,8 @@ class EncodeStage:
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
         self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
         self.timeline: list[tuple[float, ...]] = []  # launched batches, for encode.idle.gpu_idle
+        self._thread = None  # the device thread (device_thread())
+        self._threads = torch.get_num_threads()  # its intra-op threads (see pin_intra_op_threads)
         self.created = time.perf_counter()
         self.warm_up_info: dict[str, Any] | None = None
         self._copy_stream = None  # a GPU's host->device copies (made on first use)
@@ -113,13 +115,39 @@ class EncodeStage:
         return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile)
 
     # ---------------------------------------------------------------- warm-up
+    def device_thread(self):
+        """The one thread that runs this stage's model work: the warm-up and every launched batch
+        (``submit``). cuDNN's autotuned plans are kept per thread in torch (its execution plans are
+        not thread-safe), so a warm-up on another thread, or a thread per output or split, would
+        tune again at its first batch (on the H200 the first eager batch took 1.03 s to queue)."""
+        if self._thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode",
+                                              initializer=pin_intra_op_threads, initargs=(self._threads,))
+        return self._thread
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args)`` on the device thread; returns its future."""
+        return self.device_thread().submit(fn, *args)
+
+    def close(self) -> None:
+        """Stop the device thread once its queued work is done (a later submit starts a new one)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
     def warm_up(self, buckets, stop=None) -> dict[str, Any]:
         """One padded batch of zeros per bucket shape through the VAE, so that cuDNN's autotuning,
         the compiled graph's build or cache load (``models.compile="on"``) and the device's first
-        allocations happen before the first real batch, e.g. while the build plans. Nothing is
+        allocations happen before the first real batch, e.g. while the build plans. Runs on the
+        device thread (waited for here), where the batches will run. Nothing is
         booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
         shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
         memory) is logged and left to the real batches, which retry; returns what was done."""
+        return self.submit(self._warm_up, buckets, stop).result()
+
+    def _warm_up(self, buckets, stop=None) -> dict[str, Any]:
         info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
         stopped = stop.is_set if stop is not None else (lambda: False)
         t0 = time.perf_counter()

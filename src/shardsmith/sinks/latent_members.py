@@ -20,11 +20,12 @@ import io
 import json
 import os
 import time
+from concurrent.futures import wait
 
 import numpy as np
 import torch
 
-from shardsmith.encode.host_threads import one_intra_op_thread, pin_intra_op_threads
+from shardsmith.encode.host_threads import one_intra_op_thread
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_bytes
@@ -62,8 +63,6 @@ class LatentFinisher:
         self._stage = None
         self._expected: int | None = None  # items this finisher will encode, when known (expect())
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult, int]]] = {}  # per bucket, with unit tags
-        self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode",
-                                          initializer=pin_intra_op_threads, initargs=(torch.get_num_threads(),))
         # the build writes finished units here (file writes, hashing and fsync release the GIL)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-write")
         self.in_flight: list = []  # (first unit tag in the batch, batch, future), in submission order
@@ -98,8 +97,9 @@ class LatentFinisher:
         host = stage.stage([r.pixels for _, r in batch])
         for _, r in batch:
             r.pixels = None
-        self.in_flight.append((entries[0][2], batch, self.encoder.submit(self._gpu, stage, batch, host,
-                                                                         time.perf_counter())))
+        # on the stage's device thread (where the warm-up tuned cuDNN), queued behind earlier batches
+        self.in_flight.append((entries[0][2], batch, stage.submit(self._gpu, stage, batch, host,
+                                                                  time.perf_counter())))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
@@ -181,8 +181,9 @@ class LatentFinisher:
         self.finish_through(self.seal())
 
     def close(self) -> None:
-        """Wait for the encoder and for units being written (a file is never left half-written)."""
-        self.encoder.shutdown(wait=True)
+        """Wait for this finisher's batches on the device thread and for units being written (a file
+        is never left half-written)."""
+        wait([fut for _, _, fut in self.in_flight])
         self.writer.shutdown(wait=True)
 
     def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes, shape: tuple[int, ...],
