@@ -1,7 +1,8 @@
 """torch's intra-op threads on a host whose cores belong to the decode workers.
 
 - ``one_intra_op_thread()``: a block in which the calling thread's torch CPU ops run on one thread;
-  the caller's setting is back afterwards. Other threads keep theirs (OpenMP's count is per thread).
+  the caller's setting is back afterwards. Other threads keep theirs (OpenMP's count is per thread;
+  with another parallel backend the block does nothing).
 - ``pin_intra_op_threads(n)``: run first on a thread that computes (the encoder thread): it keeps
   ``n`` threads even if it starts inside another thread's block. (A new thread takes torch's
   process-wide count at its first op, which such a block lowers for a moment: a CPU encoder
@@ -14,6 +15,10 @@ import contextlib
 
 import torch
 
+# the per-thread count below is OpenMP's; with another backend (a process-wide pool) the block would
+# change the count of every thread, a CPU encoder's included, so it does nothing there
+_OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
 
 @contextlib.contextmanager
 def one_intra_op_thread():
@@ -24,7 +29,7 @@ def one_intra_op_thread():
     one thread, in the same build). One thread copies a batch at memory speed, the GIL released once.
     Other threads keep their own setting (OpenMP's thread count is per thread)."""
     n = torch.get_num_threads()
-    if n == 1:
+    if n == 1 or not _OPENMP:
         yield
         return
     torch.set_num_threads(1)
