@@ -376,3 +376,28 @@ def test_steady_state_is_reported_when_shards_bounded_by_bytes_cut_every_batch_s
     assert json.loads((tmp_path / "o/lat/shard_count.json").read_text()) == {f"{i:05d}.tar": 3 for i in range(4)}
     ss = m["models"]["steady_state"]
     assert ss is not None and ss["batches"] == 4 and ss["items_per_s"] > 0 and ss["median_batch_encode_s"] > 0
+
+
+def test_the_manifest_says_how_long_the_build_waited_for_shard_writes(tmp_path, monkeypatch):
+    """``timings.writer_wait_s``: the seconds the main thread was blocked on the writer thread before
+    the output's end (a disk that does not keep up shows here, not as a slow encoder)."""
+    from shardsmith.sinks.wds import WdsSink
+
+    real_photos(tmp_path / "p", 8, seed=13, min_side=40, max_side=90)
+    spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
+            "images": {"upscale": True}, "split": {"holdout": 0}, "models": {"vae": {"family": "sd"}, "batch_size": 1},
+            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 1}]}
+    fast = build(recipe_from_dict(spec), tmp_path / "fast", quiet=True, workers=1)
+    write = WdsSink.write_unit
+
+    def slow_disk(self, seq, samples):
+        time.sleep(0.25)
+        return write(self, seq, samples)
+
+    monkeypatch.setattr(WdsSink, "write_unit", slow_disk)
+    slow = build(recipe_from_dict(spec), tmp_path / "slow", quiet=True, workers=1)
+    assert set(fast["timings"]["writer_wait_s"]) == set(slow["timings"]["writer_wait_s"]) == {"latent_wds"}
+    # 8 one-sample shards at 0.25 s each: the encoder outruns the writer, which holds at most 2 units
+    assert slow["timings"]["writer_wait_s"]["latent_wds"] >= 0.5
+    assert fast["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["writer_wait_s"]["latent_wds"] / 4
+    assert slow["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["outputs_s"]["latent_wds"]

@@ -450,10 +450,18 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
     sealed: deque = deque()
     writing: deque = deque()  # (future of sink.write_unit, seq, samples, others, first, next_pos)
 
+    # seconds this thread was blocked on shard writes before the last unit (the disk keeping up?)
+    waits = ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {}
+    ending = False
+
     def record_written(block_over: int) -> None:
         while writing and (len(writing) > block_over or writing[0][0].done()):
             fut, *unit = writing.popleft()
-            record(fut.result(), *unit)
+            t = time.perf_counter()
+            written = fut.result()
+            if not ending:  # (at the end of the output, waiting for the last shards is expected)
+                waits[output.name] = round(waits.get(output.name, 0.0) + time.perf_counter() - t, 3)
+            record(written, *unit)
 
     def write_ready(block_over: int) -> None:
         while sealed and (len(sealed) > block_over or finisher.ready(sealed[0][0])):
@@ -507,6 +515,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
         if samples or others:
             commit(pos)
         if finisher is not None:
+            ending = True
             write_ready(0)
             record_written(0)
 
