@@ -452,6 +452,7 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
 
     # seconds this thread was blocked on shard writes before the last unit (the disk keeping up?)
     waits = ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {}
+    waited = [waits.get(output.name, 0.0)]  # unrounded (an earlier split of this output included)
     ending = False
 
     def record_written(block_over: int) -> None:
@@ -460,7 +461,8 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
             t = time.perf_counter()
             written = fut.result()
             if not ending:  # (at the end of the output, waiting for the last shards is expected)
-                waits[output.name] = round(waits.get(output.name, 0.0) + time.perf_counter() - t, 3)
+                waited[0] += time.perf_counter() - t
+                waits[output.name] = round(waited[0], 3)
             record(written, *unit)
 
     def write_ready(block_over: int) -> None:
