@@ -122,6 +122,7 @@ def test_the_gpu_idle_account_gives_a_late_batch_to_its_pixels():
     assert idle["by_cause_s"]["pixels"] >= 0.045
     assert idle["idle_s"] == pytest.approx(sum(idle["by_cause_s"].values()), abs=1e-3)
     assert 0 < idle["idle_frac"] < 1 and idle["span_s"] > 0.05
+    assert st.steady_state()["median_batch_gpu_s"] > 0
     first = st.steady_state()["first_batch"]
     assert 0 <= first["staged_s"] <= first["launch_begun_s"] <= first["queued_s"]
     assert first["gpu_start_s"] >= first["launch_begun_s"]

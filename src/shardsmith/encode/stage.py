@@ -475,7 +475,14 @@ class EncodeStage:
                 "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
                 "last_batch_done_s": round(t_last - self.created, 3),
                 "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches),
-                "first_batch": self._first_batch(), "gpu_idle": gpu_idle(self.timeline)}
+                "first_batch": self._first_batch(), "gpu_idle": gpu_idle(self.timeline),
+                "median_batch_gpu_s": self._median_gpu_s()}
+
+    def _median_gpu_s(self) -> float | None:
+        """Median device time of a launched batch, the text encoder's part included (the encode time
+        above is the VAE's alone)."""
+        spans = sorted(end - start for *_, start, end in self.timeline)
+        return round(spans[len(spans) // 2], 4) if spans else None
 
     def _first_batch(self) -> dict[str, float] | None:
         """When the first launched batch was staged, queued and started on the device, counted like
