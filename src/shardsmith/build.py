@@ -452,17 +452,18 @@ def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, poo
 
     # seconds this thread was blocked on shard writes before the last unit (the disk keeping up?)
     waits = ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {}
-    waited = [waits.get(output.name, 0.0)]  # unrounded (an earlier split of this output included)
+    waited = waits.get(output.name, 0.0)  # unrounded (an earlier split of this output included)
     ending = False
 
     def record_written(block_over: int) -> None:
+        nonlocal waited
         while writing and (len(writing) > block_over or writing[0][0].done()):
             fut, *unit = writing.popleft()
             t = time.perf_counter()
             written = fut.result()
             if not ending:  # (at the end of the output, waiting for the last shards is expected)
-                waited[0] += time.perf_counter() - t
-                waits[output.name] = round(waited[0], 3)
+                waited += time.perf_counter() - t
+                waits[output.name] = round(waited, 3)
             record(written, *unit)
 
     def write_ready(block_over: int) -> None:

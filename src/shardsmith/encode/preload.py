@@ -28,7 +28,9 @@ class ModelPreload:
         self.seconds: dict[str, float] = {}
         import torch
 
-        self._threads = torch.get_num_threads()  # the warm-up's (see pin_intra_op_threads)
+        # the caller's intra-op threads, for the loading thread and, through the stage it makes, the
+        # device thread (see pin_intra_op_threads)
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="shardsmith-model-preload", daemon=True)
 
     def start(self) -> "ModelPreload":

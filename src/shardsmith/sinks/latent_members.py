@@ -152,16 +152,19 @@ class LatentFinisher:
         tag, self.unit = self.unit, self.unit + 1
         return tag
 
+    def _queued_through(self, tag: int) -> list[list]:
+        """The buckets' queues (short of a batch) that hold items of units up to ``tag``."""
+        return [q for q in self.pending.values() if q and q[0][2] <= tag]
+
     def _submit_pending(self, tag: int) -> None:
-        """Submit every bucket's queued items (a short batch) that hold items of units up to ``tag``."""
-        for q in self.pending.values():
-            if q and q[0][2] <= tag:
-                self._submit(list(q))
-                q.clear()
+        """Submit every queue that holds items of units up to ``tag``, as a short batch."""
+        for q in self._queued_through(tag):
+            self._submit(list(q))
+            q.clear()
 
     def ready(self, tag: int) -> bool:
         """True when every item of units up to ``tag`` has been encoded (not yet serialised)."""
-        if any(q and q[0][2] <= tag for q in self.pending.values()):
+        if self._queued_through(tag):
             return False  # still queued for a batch that is not full
         return all(fut.done() and (fut.exception() is not None or fut.result().done())
                    for t, _, fut in self.in_flight if t <= tag)
