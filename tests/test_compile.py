@@ -86,6 +86,24 @@ def test_auto_decides_after_the_first_batches_from_the_items_left(cache, monkeyp
     long = run(10**9).describe()["compile"]
     assert long["compiled"] is True and long["compiled_at_batch"] == 1 + cc.DECIDE_AFTER_BATCHES
     assert long["reason"].endswith(": compile")
+    # units smaller than a batch (shards bounded by bytes): every batch is short, padded to
+    # batch_size on a GPU; its device time is a full batch's, so auto decides on them too
+    padded = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
+    padded.device = "cuda"
+    padded.compile_backend = "aot_eager"
+    padded.expect(10**9)
+    for b in batches:
+        padded.encode_staged(b, n=1)  # 2 rows on the device, 1 of them an item
+    got = padded.describe()["compile"]
+    assert got["compiled"] is True and got["compiled_at_batch"] == 1 + cc.DECIDE_AFTER_BATCHES, got
+    assert got["eager_items_per_s"] > 0
+    # short batches that were NOT padded (a smaller shape) are not full-batch times
+    short_rows = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
+    short_rows.device = "cuda"
+    short_rows.expect(10**9)
+    for b in batches:
+        short_rows.encode_staged(b[:1])
+    assert short_rows.describe()["compile"] == {"setting": "auto", "compiled": False, "reason": None}
     # off the GPU, auto never compiles
     st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
     st.expect(10**9)

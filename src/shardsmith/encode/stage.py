@@ -76,7 +76,8 @@ class EncodeStage:
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
-        self.batches: list[tuple[float, int, float]] = []  # (finished at, items, encode seconds) per batch
+        # per batch: (finished at, items, encode seconds, rows on the device: items + padding)
+        self.batches: list[tuple[float, int, float, int]] = []
         self.timeline: list[tuple[float, ...]] = []  # launched batches, for encode.idle.gpu_idle
         self._thread = None  # the device thread (device_thread())
         self._threads = torch.get_num_threads()  # its intra-op threads (see pin_intra_op_threads)
@@ -279,8 +280,10 @@ class EncodeStage:
         self._compile(host, key, cc)
 
     def _full_batch_times(self) -> list[float]:
-        """Sorted encode seconds of the full batches after the first (which autotunes)."""
-        return sorted(dt for _, k, dt in self.batches[1:] if k == self.batch_size)
+        """Sorted encode seconds of the batches after the first (which autotunes) that ran
+        ``batch_size`` rows on the device: full ones, and short ones padded to that shape (a GPU's
+        only batches when units, e.g. shards bounded by bytes, are smaller than a batch)."""
+        return sorted(dt for _, _, dt, rows in self.batches[1:] if rows == self.batch_size)
 
     def _compile_key(self, host: torch.Tensor, cc) -> str:
         dev = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
@@ -323,7 +326,7 @@ class EncodeStage:
             self.seconds["encode"] += t2 - t1
             if self._compile_pending is not None:
                 self._compiled_first_batch(t2 - t1)
-            self.batches.append((t2, n, t2 - t1))
+            self.batches.append((t2, n, t2 - t1, host.shape[0]))
             self.launched += n
             return [t.clone() for t in z[:n].unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
@@ -358,6 +361,7 @@ class EncodeStage:
         n = host.shape[0] if n is None else n
         self._maybe_compile(host)
         pend = PendingBatch(self, n, captions)
+        pend.rows = host.shape[0]
         if self.device != "cuda" or self._compile_pending is not None:
             pend.latents = self.encode_staged(host, n)
         else:
@@ -409,7 +413,7 @@ class EncodeStage:
             ref, ref_wall = self._ref
             done_at = ref_wall + ref.elapsed_time(p.vae_end) / 1e3
             self.seconds["encode"] += gpu_s
-            self.batches.append((done_at, p.n, gpu_s))
+            self.batches.append((done_at, p.n, gpu_s, p.rows))
             gpu_start = ref_wall + ref.elapsed_time(p.start) / 1e3
             gpu_end = ref_wall + ref.elapsed_time(p.done_event) / 1e3  # text encoder included
             self.timeline.append((*p.host_times, gpu_start, gpu_end))
@@ -466,11 +470,11 @@ class EncodeStage:
         (units smaller than a batch, e.g. shards bounded by bytes, make every batch partial)."""
         if len(self.batches) < 3:
             return None
-        largest = max(n for _, n, _ in self.batches)
+        largest = max(n for _, n, *_ in self.batches)
         full = [b for b in self.batches if b[1] == largest]
         t_first, t_last = self.batches[0][0], self.batches[-1][0]
-        items = sum(n for _, n, _ in self.batches[1:])
-        times = sorted(dt for _, _, dt in full)
+        items = sum(n for _, n, *_ in self.batches[1:])
+        times = sorted(dt for _, _, dt, _ in full)
         return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
                 "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
                 "last_batch_done_s": round(t_last - self.created, 3),
@@ -528,6 +532,7 @@ class PendingBatch:
 
     def __init__(self, stage: EncodeStage, n: int, captions: list[str] | None):
         self.stage, self.n, self.captions = stage, n, captions
+        self.rows = n  # rows on the device (items + padding); set by launch
         self.latents: list[torch.Tensor] | None = None  # set at once by the synchronous paths
         self.z_host = self.start = self.vae_end = self.done_event = self.text_emb = None
         self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, launch queued
