@@ -15,7 +15,7 @@ reversed on odd ones), page cache warm (a plain read of every shard first):
   batch_size=64)``; the report must say ok and every sample seen once
 * ``verify world=W contract-in-workers``: the same with ``contract_in="workers"`` (the workers
   record the batch contract and send only ids and statistics)
-* ``verify tiny world=W``: the same on a 1-shard, 10-sample dataset: the fixed start-up
+* ``verify tiny world=W``: the same on a 1-shard dataset of max(10, W x workers) samples: the fixed start-up
   cost (spawning W rank processes that import torch, building the loader, forking workers,
   collecting results); subtracted to give the "excluding start-up" ratios
 * ``decode floor``: one process reads every shard with ``tarfile`` (streaming) and
@@ -89,6 +89,9 @@ def breakdown(folder: Path, total: int) -> list[tuple[str, float, float]]:
     from shardsmith.verify.runner import _expected_wds, _rank_main
 
     out = []
+    import torch
+
+    torch.set_num_threads(1)  # as in a rank process (verify's _rank_main): a 16-thread pool here spun 7x the CPU
 
     def timed(name, fn):
         with Meter() as m:
@@ -142,20 +145,22 @@ def main(argv=None) -> int:
     print(header(info), flush=True)
     full = prepare_latents(args.work, args.n, shape=args.shape)
     folder = subset(full, args.shards)
-    tiny = prepare_latents(args.work, 10, per_shard=10, name="latents_tiny")
+    worlds = [int(w) for w in args.worlds.split(",") if w]
+    # the start-up probe: one shard with a sample for every rank-worker (fewer would be an empty split)
+    n_tiny = max(10, max(worlds) * max(WORKERS, 1))
+    tiny = prepare_latents(args.work, n_tiny, per_shard=n_tiny, name=f"latents_tiny{n_tiny}")
     paths, tiny_paths = shard_paths(folder), shard_paths(tiny)
     total = sum(json.loads((folder / "shard_count.json").read_text()).values())
     nbytes = dataset_bytes(folder)
     print(f"# prepared: {full} {len(shard_paths(full))} shards; timed on: {folder} {len(paths)} shards, {total} samples, {nbytes / 1e6:.1f} MB; "
-          f"tiny: {tiny} 1 shard, 10 samples", flush=True)
-    worlds = [int(w) for w in args.worlds.split(",") if w]
+          f"tiny: {tiny} 1 shard, {n_tiny} samples", flush=True)
 
     variants: list[tuple[str, callable]] = [("plain read (warm)", lambda: plain_read(paths))]
     for w in worlds:
         variants.append((f"verify world={w}", lambda w=w: run_verify(folder, w, total)))
         variants.append((f"verify world={w} contract-in-workers",
                          lambda w=w: run_verify(folder, w, total, "workers")))
-        variants.append((f"verify tiny world={w}", lambda w=w: run_verify(tiny, w, 10)))
+        variants.append((f"verify tiny world={w}", lambda w=w: run_verify(tiny, w, n_tiny)))
     variants.append(("decode floor (1 proc)", lambda: decode_floor(paths)))
     variants.append(("plain read (cold)", None))
     variants.append((f"verify world={worlds[0]} (cold)", None))
@@ -206,7 +211,7 @@ def main(argv=None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, xs in res.items():
         ts = t[name]
-        n = 10 if "tiny" in name else total
+        n = n_tiny if "tiny" in name else total
         mb = (nbytes / 1e6 / median(ts)) if "tiny" not in name else float("nan")
         print(f"| {name} | {median(ts):.3f} | {min(ts):.3f}..{max(ts):.3f} | {mb:.0f} | {n / median(ts):.0f} "
               f"| {median([x['cpu_s'] for x in xs]):.2f} | {max(x['other_cores'] for x in xs):.2f} |")
@@ -244,7 +249,7 @@ def main(argv=None) -> int:
               / t["decode floor (1 proc)"][i])
     ratio_row("start-up (tiny verify) seconds", lambda w, i: t[f"verify tiny world={w}"][i])
     print()
-    print("start-up = the same verify call on a 1-shard, 10-sample dataset (spawned rank processes import torch, "
+    print(f"start-up = the same verify call on a 1-shard, {n_tiny}-sample dataset (spawned rank processes import torch, "
           "build the loader, fork workers). The goal should be judged on the ratio INCLUDING start-up.")
     print()
     print("Phase breakdown (measured once, in-process, information only):")

@@ -75,6 +75,35 @@ def test_views_keep_sharing_one_storage_and_own_writable_memory():
     assert load_fast(data)["a"][0] == 0.0
 
 
+def test_handed_over_memory_is_used_in_place_and_read_only_memory_is_copied(tmp_path):
+    """The loader reads ``.pth`` members into fresh writable memory (``read_member(writable=True)``)
+    and hands it over: the tensor uses it without a copy. Read-only bytes are copied first."""
+    import numpy as np
+
+    from shardsmith.loaders.wds import read_member
+
+    want = torch.randn(4, 8, 8, generator=g)
+    data = saved(want)
+    path = tmp_path / "m.bin"
+    path.write_bytes(b"x" * 100 + data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mem = read_member(fd, (100, len(data)), writable=True)
+    finally:
+        os.close(fd)
+    assert isinstance(mem, memoryview) and not mem.readonly and bytes(mem) == data
+    lo = np.frombuffer(mem, np.uint8).ctypes.data
+    for _ in range(2):  # the second load takes the cached plan (same pickle as the first)
+        got = load_fast(mem)
+        same(got, want)
+        assert lo <= got.data_ptr() < lo + len(data)  # in the handed-over memory: no copy
+    ro = memoryview(data)
+    got = load_fast(ro)
+    same(got, want)
+    got[0, 0, 0] = 1e6  # writable all the same: it owns a copy
+    assert load_fast(data)[0, 0, 0] == want[0, 0, 0]
+
+
 def test_a_tensor_with_requires_grad_goes_through_torch_load():
     data = saved(torch.ones(3, requires_grad=True))
     with pytest.raises(NotFast):

@@ -4,8 +4,9 @@ Contract
 - In: the bytes of a file written by ``torch.save`` (zip format, PyTorch >= 1.6).
 - Out: the same Python value ``torch.load(..., weights_only=True)`` returns, for the common
   case: tensors (dense, strided, any of the plain dtypes) inside dicts, lists, tuples and
-  plain values. Every tensor has writable memory: a copy of its storage when given ``bytes``,
-  the given ``bytearray`` itself (no copy; the caller hands it over) when given one.
+  plain values. Every tensor has writable memory: a copy of its storage when given ``bytes``
+  (or a read-only view), the given memory itself (no copy; the caller hands it over) when given
+  a ``bytearray`` or a writable ``memoryview``.
 - Anything else (a global outside the small allow-list below, compressed or zip64 records,
   big-endian data, tensors with hooks, metadata or ``requires_grad``, sizes that do not add
   up) raises :class:`NotFast`; :func:`load_pth_bytes` then hands the bytes to
@@ -154,7 +155,7 @@ def load_fast(data: bytes | bytearray | memoryview) -> Any:
     order = records.get(prefix + b"byteorder")
     if order is not None and bytes(order) != b"little":
         raise NotFast("big-endian data")
-    owned = isinstance(data, bytearray) and not mv.readonly
+    owned = isinstance(data, (bytearray, memoryview)) and not mv.readonly  # handed over: no copy
     pickled = records.get(pkl)
     plan_key = (prefix, bytes(pickled))
     plan = _PLANS.get(plan_key)

@@ -531,12 +531,13 @@ def shard_samples(path, fd: Optional[int] = None) -> list[tuple[str, dict[str, M
     return group_samples(members)
 
 
-def read_member(fd: int, ref: MemberRef, where: str = "", writable: bool = False) -> bytes | bytearray:
-    """The member's bytes; ``writable=True`` reads them into a ``bytearray`` that a tensor can
-    then use as its memory without another copy (``.pth`` members)."""
+def read_member(fd: int, ref: MemberRef, where: str = "", writable: bool = False) -> bytes | memoryview:
+    """The member's bytes; ``writable=True`` reads them into fresh writable memory (a writable
+    ``memoryview``, not zero-filled first: the read overwrites all of it) that a tensor can then
+    use as its memory without another copy (``.pth`` members)."""
     off, size = ref
     if writable and size:
-        data = bytearray(size)
+        data = np.empty(size, np.uint8).data  # bytearray(size) would first zero it: ~25 % slower reads
         if os.preadv(fd, [data], off) != size:
             raise tarfile.ReadError(f"unexpected end of data{' in ' + where if where else ''}")
         return data
