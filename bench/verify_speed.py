@@ -12,9 +12,13 @@ reversed on odd ones), page cache warm (a plain read of every shard first):
   (other files on the machine are not touched)
 * ``verify world=W (cold)``: the first world's verify, also right after evicting our shards
 * ``verify world=W``: ``verify(path, preset="image_latent", world=W, workers=2,
-  batch_size=64)``; the report must say ok and every sample seen once
-* ``verify world=W contract-in-workers``: the same with ``contract_in="workers"`` (the workers
-  record the batch contract and send only ids and statistics)
+  batch_size=64)`` with its default ``contract_in="workers"`` (batches cross to the ranks; the
+  workers record the statistics; the ranks check every batch's structure and re-read 1 in 16);
+  the report must say ok and every sample seen once
+* ``verify world=W contract-in-rank``: the same with ``contract_in="rank"`` (the rank passes over
+  every value: the default before 2026-12-03's sixth session)
+* ``verify world=W workers-only``: ``contract_in="workers-only"`` (the workers send only ids and
+  statistics; the batches do not cross)
 * ``verify tiny world=W``: the same on a 1-shard dataset of max(10, W x workers) samples: the fixed start-up
   cost (spawning W rank processes that import torch, building the loader, forking workers,
   collecting results); subtracted to give the "excluding start-up" ratios
@@ -56,7 +60,7 @@ WORKERS = 2
 BATCH = 64
 
 
-def run_verify(folder: Path, world: int, total: int, contract_in: str = "rank") -> dict:
+def run_verify(folder: Path, world: int, total: int, contract_in: str = "workers") -> dict:
     from shardsmith.verify.runner import verify
 
     rep = verify(folder, preset=PRESET, world=world, workers=WORKERS, batch_size=BATCH, contract_in=contract_in)
@@ -136,6 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="leave out the cold reads, the decode floor and the in-process breakdown")
     ap.add_argument("--workers", type=int, default=WORKERS,
                     help=f"loader workers per rank (default {WORKERS}; a many-core machine can take more)")
     args = ap.parse_args(argv)
@@ -158,12 +164,13 @@ def main(argv=None) -> int:
     variants: list[tuple[str, callable]] = [("plain read (warm)", lambda: plain_read(paths))]
     for w in worlds:
         variants.append((f"verify world={w}", lambda w=w: run_verify(folder, w, total)))
-        variants.append((f"verify world={w} contract-in-workers",
-                         lambda w=w: run_verify(folder, w, total, "workers")))
+        variants.append((f"verify world={w} contract-in-rank", lambda w=w: run_verify(folder, w, total, "rank")))
+        variants.append((f"verify world={w} workers-only", lambda w=w: run_verify(folder, w, total, "workers-only")))
         variants.append((f"verify tiny world={w}", lambda w=w: run_verify(tiny, w, n_tiny)))
-    variants.append(("decode floor (1 proc)", lambda: decode_floor(paths)))
-    variants.append(("plain read (cold)", None))
-    variants.append((f"verify world={worlds[0]} (cold)", None))
+    if not args.quick:
+        variants.append(("decode floor (1 proc)", lambda: decode_floor(paths)))
+        variants.append(("plain read (cold)", None))
+        variants.append((f"verify world={worlds[0]} (cold)", None))
 
     def run(name, fn):
         if fn is None:  # cold: evict our files first (the run leaves the cache warm again)
@@ -230,14 +237,23 @@ def main(argv=None) -> int:
 
     ratio_row("verify / plain read warm, INCLUDING start-up (goal <= 1.5)",
               lambda w, i: t[f"verify world={w}"][i] / plain[i])
-    ratio_row("verify --contract-in workers / plain read warm",
-              lambda w, i: t[f"verify world={w} contract-in-workers"][i] / plain[i])
-    ratio_row("verify --contract-in workers / plain read COLD",
-              lambda w, i: t[f"verify world={w} contract-in-workers"][i] / t["plain read (cold)"][i])
-    ratio_row("verify --contract-in workers / verify (rank)",
-              lambda w, i: t[f"verify world={w} contract-in-workers"][i] / t[f"verify world={w}"][i])
+    ratio_row("verify --contract-in rank / plain read warm",
+              lambda w, i: t[f"verify world={w} contract-in-rank"][i] / plain[i])
+    ratio_row("verify --contract-in workers-only / plain read warm",
+              lambda w, i: t[f"verify world={w} workers-only"][i] / plain[i])
+    ratio_row("verify (default, workers) / verify --contract-in rank",
+              lambda w, i: t[f"verify world={w}"][i] / t[f"verify world={w} contract-in-rank"][i])
     ratio_row("verify / plain read warm, EXCLUDING start-up (verify - tiny verify)",
               lambda w, i: (t[f"verify world={w}"][i] - t[f"verify tiny world={w}"][i]) / plain[i])
+    ratio_row("start-up (tiny verify) seconds", lambda w, i: t[f"verify tiny world={w}"][i])
+    if args.quick:
+        print("\n(--quick: no cold reads, decode floor or breakdown)")
+    if args.json and args.quick:
+        args.json.write_text(json.dumps({"machine": info, "samples": total, "bytes": nbytes, "results": res,
+                                         "ratios": rows, "loadavg_before": load0, "loadavg_after": load1,
+                                         "workers": WORKERS, "quick": True}, indent=1, default=str))
+    if args.quick:
+        return 0
     ratio_row("verify / plain read COLD (our shards evicted first), including start-up",
               lambda w, i: t[f"verify world={w}"][i] / t["plain read (cold)"][i])
     ratio_row(f"verify COLD / plain read COLD (world={worlds[0]} verify in every column)",
@@ -247,7 +263,6 @@ def main(argv=None) -> int:
     ratio_row("verify / decode floor (1 proc), excluding start-up",
               lambda w, i: (t[f"verify world={w}"][i] - t[f"verify tiny world={w}"][i])
               / t["decode floor (1 proc)"][i])
-    ratio_row("start-up (tiny verify) seconds", lambda w, i: t[f"verify tiny world={w}"][i])
     print()
     print(f"start-up = the same verify call on a 1-shard, {n_tiny}-sample dataset (spawned rank processes import torch, "
           "build the loader, fork workers). The goal should be judged on the ratio INCLUDING start-up.")

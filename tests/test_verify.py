@@ -262,23 +262,69 @@ def test_contract_recorded_in_the_workers_equals_the_rank_side_contract(latent_w
     from shardsmith.verify.runner import verify
 
     reps = {m: verify(latent_wds, preset="image_latent", world=2, workers=2, batch_size=3, contract_in=m)
-            for m in ("rank", "workers")}
+            for m in ("rank", "workers", "workers-only")}
     for m, rep in reps.items():
         assert rep["ok"], (m, rep["checks"])
         assert rep["contract_in"] == m and rep["coverage"]["unique"] == rep["coverage"]["seen"] == 16
-    a, b = reps["rank"]["contract"], reps["workers"]["contract"]
-    assert (a["batches"], a["samples"], a["batch_sizes"]) == (b["batches"], b["samples"], b["batch_sizes"])
-    assert a["keys"].keys() == b["keys"].keys() == {"real", "condition", "neg_condition"}
-    for k in a["keys"]:
-        x, y = dict(a["keys"][k]), dict(b["keys"][k])
-        assert x.pop("mean") == pytest.approx(y.pop("mean"), rel=1e-6, abs=1e-9)
-        assert x == y, k
+    a = reps["rank"]["contract"]
+    for m in ("workers", "workers-only"):
+        b = reps[m]["contract"]
+        assert (a["batches"], a["samples"], a["batch_sizes"]) == (b["batches"], b["samples"], b["batch_sizes"])
+        assert a["keys"].keys() == b["keys"].keys() == {"real", "condition", "neg_condition"}
+        for k in a["keys"]:
+            x, y = dict(a["keys"][k]), dict(b["keys"][k])
+            assert x.pop("mean") == pytest.approx(y.pop("mean"), rel=1e-6, abs=1e-9)
+            assert x == y, (m, k)
+    # the default: batches reach the ranks, which check every one and re-read the first of each rank in full
+    checks = {c["name"]: c for c in reps["workers"]["checks"]}
+    assert checks["rank_batches"]["ok"] and checks["rank_batches"]["detail"].startswith(
+        f"{a['batches']} batches reached their rank with the keys, dtypes and shapes the workers collated; 2 re-read")
+    assert "rank_batches" not in {c["name"] for m in ("rank", "workers-only") for c in reps[m]["checks"]}
+    # auto (the default): in the workers with 4+ of them per rank; with fewer, in the rank
+    auto = verify(latent_wds, preset="image_latent", world=1, workers=4, batch_size=3)
+    assert auto["ok"] and auto["contract_in"] == "workers"
+    assert auto["coverage"]["unique"] == auto["contract"]["samples"] == 16
+    assert {c["name"] for c in auto["checks"]} >= {"rank_batches", "coverage"}
+    assert verify(latent_wds, preset="image_latent", world=2, workers=3, batch_size=3)["contract_in"] == "rank"
     # a NaN is still caught when the workers record the contract, and the text says where it was recorded
     bad = _copy_with_nan_shard(latent_wds, tmp_path / "bad")
-    r = cli("verify", bad, "--preset", "image_latent", "--world", "2", "--workers", "2", "--contract-in", "workers")
-    assert r.returncode == 1 and "[FAIL] finite:real" in r.stdout and "contract recorded in the workers" in r.stdout
+    for mode, where in (("workers", "(batches sent to the ranks)"), ("workers-only", "(batches not sent to the ranks)")):
+        r = cli("verify", bad, "--preset", "image_latent", "--world", "2", "--workers", "2", "--contract-in", mode)
+        assert r.returncode == 1 and "[FAIL] finite:real" in r.stdout, r.stdout
+        assert f"contract recorded in the workers {where}" in r.stdout
     r = cli("verify", bad, "--contract-in", "gpu")
-    assert r.returncode != 0 and "contract_in must be 'rank' or 'workers'" in (r.stdout + r.stderr)
+    assert r.returncode != 0 and "contract_in must be one of 'auto', 'workers', 'rank', 'workers-only'" in (r.stdout + r.stderr)
+
+
+@pytest.mark.parametrize("damage", ["value", "shape"])
+def test_a_batch_changed_between_worker_and_rank_fails_verify(latent_wds, monkeypatch, damage):
+    """With the contract recorded in the workers, the rank still checks what it received: a batch
+    whose shapes differ from what the worker collated fails at once; one whose values differ fails
+    when the rank re-reads it (its first batch is always re-read)."""
+    from shardsmith.loaders.wds import WdsLoader
+    from shardsmith.verify.runner import verify
+
+    real_iter = WdsLoader.__iter__
+
+    def damaged(self):  # the ranks are forked: they run this
+        for i, batch in enumerate(real_iter(self)):
+            if i == 0 and damage == "value":
+                batch["real"] = batch["real"].clone()
+                batch["real"][0, 0, 0, 0] += 1.0
+            elif i == 0:
+                batch["real"] = batch["real"][:, :2]
+            yield batch
+
+    monkeypatch.setattr(WdsLoader, "__iter__", damaged)
+    rep = verify(latent_wds, preset="image_latent", world=2, workers=2, batch_size=3, contract_in="workers")
+    assert not rep["ok"]
+    check = {c["name"]: c for c in rep["checks"]}["rank_batches"]
+    assert not check["ok"] and check["detail"].startswith("2 batch(es) changed between the worker and the rank: batch 0 (")
+    if damage == "value":
+        assert "the values the rank got differ from those the worker recorded" in check["detail"]
+    else:
+        assert "the rank got [('Tensor', 'float32', (3, 2, 8, 8))] for ['real'], the worker collated " \
+               "[('Tensor', 'float32', (3, 4, 8, 8))]" in check["detail"]
 
 
 def test_coverage_is_linear_and_exact_on_a_million_ids():

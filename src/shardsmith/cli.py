@@ -235,10 +235,13 @@ def verify(
                                              help="Default: the preset's batch size (8 without a preset)."),
     batches: Optional[int] = typer.Option(None, help="Stop each rank after this many batches (no coverage check)."),
     image_size: Optional[int] = typer.Option(None, help="Decode images to float CHW at this size."),
-    contract_in: str = typer.Option("rank", "--contract-in",
-                                    help="rank: every batch crosses to its rank process, as in training "
-                                         "(default). workers: the workers record the batch contract and send "
-                                         "only ids and statistics (faster on large latents)."),
+    contract_in: str = typer.Option("auto", "--contract-in",
+                                    help="auto (default): workers with 4+ workers per rank, else rank. "
+                                         "workers: batches cross to their rank process as in "
+                                         "training; the workers record the value statistics, the rank checks "
+                                         "every batch's keys, dtypes and shapes and re-reads 1 in 16 in full. "
+                                         "rank: the rank records everything (slowest). workers-only: the "
+                                         "workers send only ids and statistics."),
     as_json: bool = typer.Option(False, "--json"),
     out_json: Optional[Path] = typer.Option(None, "--out-json", help="Also write the report here."),
 ):

@@ -216,6 +216,22 @@ class KeyStats:
         return d
 
 
+def batch_signature(batch: dict[str, Any]) -> dict[str, tuple]:
+    """What a training step depends on, per batch key (``__`` keys left out): arrays as
+    ``("tensor"|"ndarray", dtype, shape)``, lists as ``("list", len)``, anything else by type."""
+    sig: dict[str, tuple] = {}
+    for k, v in batch.items():
+        if k.startswith("__"):
+            continue
+        if _is_array(v):
+            sig[k] = (type(v).__name__, _dtype_name(v), tuple(int(x) for x in v.shape))
+        elif isinstance(v, (list, tuple)):
+            sig[k] = ("list", len(v))
+        else:
+            sig[k] = (type(v).__name__,)
+    return sig
+
+
 class ContractRecorder:
     """Fold batches into per-key stats; also counts batches and samples."""
 

@@ -9,7 +9,8 @@ Contract
   deterministic pass, none twice; the count equals ``shard_count.json`` (minus
   ``ignore_index.json``) and the manifest of the build that wrote it; no rank or worker
   left without samples; no sample dropped by the loader (missing member, filter, decode);
-  each tensor key has one shape; no NaN/Inf.
+  each tensor key has one shape; no NaN/Inf; with ``contract_in="workers"`` (default) every
+  batch reached its rank as the worker collated it (``rank_batches``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith import formats
-from shardsmith.verify.contract import ContractRecorder
+from shardsmith.verify.contract import ContractRecorder, batch_signature
+
+# where the batch contract is recorded (``verify(contract_in=)``), default first
+CONTRACT_MODES = ("auto", "workers", "rank", "workers-only")
+# contract_in="auto" records in the workers from this many workers per rank on
+AUTO_WORKERS = 4
+# contract_in="workers": the rank re-reads in full its first batch and every this-many-th after it
+SPOT_CHECK_EVERY = 16
 
 
 _IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
@@ -53,21 +61,60 @@ def infer_key_map(folder: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------ workers
 
 class _ContractInWorker:
-    """``WdsDataset.batch_hook`` for ``verify(contract_in="workers")``: the worker folds each
-    collated batch (constants attached as views, as the rank would see them) into a
-    :class:`ContractRecorder` and sends that and the sample ids instead of the tensors."""
+    """``WdsDataset.batch_hook`` for ``verify(contract_in="workers"|"workers-only")``: the worker
+    folds each collated batch (constants attached as views, as the rank sees them) into a
+    :class:`ContractRecorder`. ``send=True`` ("workers"): the batch still goes to the rank, with
+    that record and the batch's :func:`batch_signature` attached. ``send=False``
+    ("workers-only"): only the sample ids and the record go."""
 
-    reuses_batch = True  # nothing of the batch is kept: collate into the same buffers each time
-
-    def __init__(self, constants: dict[str, Any], constant_keys: set[str]):
-        self.constants, self.constant_keys = constants, constant_keys
+    def __init__(self, constants: dict[str, Any], constant_keys: set[str], send: bool = True):
+        self.constants, self.constant_keys, self.send = constants, constant_keys, send
+        # a batch that is not sent is not kept: collate into the same buffers each time
+        self.reuses_batch = not send
 
     def __call__(self, batch: dict) -> dict:
         from shardsmith.loaders.wds import attach_constant_views
 
+        full = attach_constant_views(dict(batch), self.constants)  # the batch itself is sent without them
         rec = ContractRecorder()
-        rec.add(attach_constant_views(batch, self.constants), self.constant_keys)
+        rec.add(full, self.constant_keys)
+        if self.send:
+            batch["__contract__"], batch["__signature__"] = rec, batch_signature(full)
+            return batch
         return {"__key__": batch["__key__"], "__shard__": batch["__shard__"], "__contract__": rec}
+
+
+def _same_record(a: ContractRecorder, b: ContractRecorder) -> bool:
+    """Two records of one batch agree exactly (NaN examples compare equal)."""
+    return json.dumps(a.to_dict(), sort_keys=True, default=str) == json.dumps(b.to_dict(), sort_keys=True, default=str)
+
+
+class _Arrivals:
+    """The rank's side of ``contract_in="workers"``: every batch that reaches the rank must have
+    the keys, dtypes and shapes the worker recorded; the first and every ``SPOT_CHECK_EVERY``-th
+    are re-read in full here and must give the worker's statistics exactly."""
+
+    def __init__(self) -> None:
+        self.batches = self.spot_checked = 0
+        self.mismatches: list[str] = []
+
+    def check(self, i: int, batch: dict, worker_rec: ContractRecorder, worker_sig: dict, constants: set[str]) -> None:
+        self.batches += 1
+        where = f"batch {i} ({batch['__shard__'][0]}/{batch['__key__'][0]} ...)"
+        sig = batch_signature(batch)
+        if sig != worker_sig:
+            diff = sorted(k for k in set(sig) | set(worker_sig) if sig.get(k) != worker_sig.get(k))
+            self.mismatches.append(f"{where}: the rank got {[sig.get(k) for k in diff]} for {diff}, the worker "
+                                   f"collated {[worker_sig.get(k) for k in diff]}")
+        elif i % SPOT_CHECK_EVERY == 0:
+            self.spot_checked += 1
+            mine = ContractRecorder()
+            mine.add(batch, constants)
+            if not _same_record(mine, worker_rec):
+                self.mismatches.append(f"{where}: the values the rank got differ from those the worker recorded")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "spot_checked": self.spot_checked, "mismatches": self.mismatches[:20]}
 
 
 def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
@@ -82,6 +129,7 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         # own busy workers spends ~8 ms per small reduction in pool barriers (0.1 ms without)
         torch.set_num_threads(1)
         rec = ContractRecorder()
+        arrivals = _Arrivals()
         seen: list[str] = []
         limit = spec["batches"]
         if spec["kind"] == "wds":
@@ -90,16 +138,20 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
             cfg = WdsLoaderConfig(**spec["config"], rank=rank, world_size=spec["world"])
             loader = WdsLoader(cfg)
             constants = set(cfg.files_map) | set(cfg.presets_map)  # the same value in every row
-            if spec.get("contract_in") == "workers":
-                loader.dataset.batch_hook = _ContractInWorker(loader.constants, constants)
+            mode = spec.get("contract_in", "rank")
+            if mode != "rank":
+                loader.dataset.batch_hook = _ContractInWorker(loader.constants, constants, send=mode == "workers")
             for i, batch in enumerate(loader):
                 if limit is not None and i >= limit:
                     break
                 seen += [f"{s}/{k}" for s, k in zip(batch["__shard__"], batch["__key__"])]
-                if "__contract__" in batch:
-                    rec.merge(batch["__contract__"])
-                else:
+                worker_rec, worker_sig = batch.pop("__contract__", None), batch.pop("__signature__", None)
+                if worker_rec is None:
                     rec.add(batch, constants)
+                    continue
+                if worker_sig is not None:
+                    arrivals.check(i, batch, worker_rec, worker_sig, constants)
+                rec.merge(worker_rec)
             stats = json.loads(json.dumps(loader.stats, default=str))
         else:
             import itertools
@@ -118,7 +170,7 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
                 rec.add(batch)
                 got += take
             stats = {"samples": got}
-        queue.put({"rank": rank, "seen": seen, "contract": rec, "stats": stats})
+        queue.put({"rank": rank, "seen": seen, "contract": rec, "stats": stats, "arrivals": arrivals.to_dict()})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
 
@@ -228,17 +280,27 @@ def coverage(expected: list[str], seen_per_rank: list[list[str]], full: bool) ->
 
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
-           image_size: int | None = None, timeout: float = 600, contract_in: str = "rank") -> dict[str, Any]:
+           image_size: int | None = None, timeout: float = 600, contract_in: str = "auto") -> dict[str, Any]:
     """``batch_size=None``: the preset's own batch size (8 without a preset).
 
-    ``contract_in="rank"`` (default): every batch crosses from the workers to its rank process,
-    as in training, and the rank records the contract. ``"workers"`` (WebDataset only): the
-    workers record it on the collated batch and send the rank only the sample ids and the
-    recorded statistics: the same sharding, decoding and collation, without moving every
-    tensor between processes (0.6x the time on 20k SDXL-size latents, BENCHMARKS §4; the
-    report says which)."""
-    if contract_in not in ("rank", "workers"):
-        raise ValueError(f"contract_in must be 'rank' or 'workers', got {contract_in!r}")
+    ``contract_in`` (WebDataset; EDM ZIPs always record in the rank), see ``CONTRACT_MODES``:
+    - ``"auto"`` (default): ``"workers"`` with ``AUTO_WORKERS`` or more workers per rank, else
+      ``"rank"``: with few workers they are the bottleneck and the rank's recording overlaps their
+      loading; with many, one core per rank cannot keep up with them (BENCHMARKS §4: 16 cores,
+      world 2 x 7 workers: "workers" 0.66x the time of "rank"; world 4 x 3: 1.10x).
+    - ``"workers"``: every batch crosses from the workers to its rank process, as in
+      training; the workers record the value statistics on the collated batch (in parallel),
+      and the rank checks that each batch it gets has the keys, dtypes and shapes the worker
+      collated, and re-reads its first batch and every ``SPOT_CHECK_EVERY``-th in full, which
+      must give the worker's statistics exactly (check ``rank_batches``).
+    - ``"rank"``: the rank records the contract from every value it gets (one core per rank
+      passes over every byte: the slowest, BENCHMARKS §4).
+    - ``"workers-only"``: the workers record it and send only sample ids and statistics: the
+      same sharding, decoding and collation, without moving the tensors between processes."""
+    if contract_in not in CONTRACT_MODES:
+        raise ValueError(f"contract_in must be one of {', '.join(repr(m) for m in CONTRACT_MODES)}, got {contract_in!r}")
+    if contract_in == "auto":
+        contract_in = "workers" if workers >= AUTO_WORKERS else "rank"
     from shardsmith.loaders.presets import get_preset, preset_config
 
     if batch_size is None:
@@ -311,6 +373,14 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                       traces=[r["trace"] for r in errors])
         return report
     check("loader_runs", True, f"{world} process(es) x {workers} worker(s) iterated the loader")
+    if report["contract_in"] == "workers":
+        arr = [r.get("arrivals") or {} for r in results]
+        bad = [m for a in arr for m in a.get("mismatches", [])]
+        n, spot = sum(a.get("batches", 0) for a in arr), sum(a.get("spot_checked", 0) for a in arr)
+        check("rank_batches", not bad,
+              f"{n} batches reached their rank with the keys, dtypes and shapes the workers collated; {spot} "
+              "re-read in full at the rank gave the workers' statistics" if not bad else
+              f"{len(bad)} batch(es) changed between the worker and the rank: " + "; ".join(bad[:3]))
 
     contract = ContractRecorder()
     per_rank = []
@@ -432,7 +502,9 @@ def _verify_precomputed(root: Path, report: dict[str, Any], check, checks: list)
 def format_verify(report: dict[str, Any]) -> str:
     lines = [f"verify {report['dataset']} ({report['kind']}): world {report['world']} x workers "
              f"{report['workers']}, batch {report['batch_size']}"
-             + (", contract recorded in the workers" if report.get("contract_in") == "workers" else "")]
+             + {"workers": ", contract recorded in the workers (batches sent to the ranks)",
+                "workers-only": ", contract recorded in the workers (batches not sent to the ranks)"}.get(
+                 report.get("contract_in"), "")]
     if report.get("key_map"):
         lines.append("  key_map: " + ", ".join(f"{k}={v}" for k, v in report["key_map"].items()))
     for ch in report["checks"]:
