@@ -61,12 +61,15 @@ class WdsSink:
         name = formats.shard_name(seq)
         with atomic_open(self.dest / name) as f:
             out = HashingWriter(f)  # hashed as written: the shard is never read back
-            tar = DeterministicTar(out)
-            for key, s in samples:
-                for suffix, data in s.members.items():
-                    tar.add(formats.member_name(key, suffix), data)
-            tar.close()
-        return name, out.size, out.sha256.hexdigest()
+            try:
+                tar = DeterministicTar(out)
+                for key, s in samples:
+                    for suffix, data in s.members.items():
+                        tar.add(formats.member_name(key, suffix), data)
+                tar.close()
+            finally:
+                out.close()
+        return name, out.size, out.hexdigest()
 
     def finalize(self, units: list[dict]) -> dict:
         """Write ``shard_count.json``; return the output's manifest block."""
