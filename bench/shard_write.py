@@ -8,6 +8,9 @@ Workloads (sizes of this project's H200 runs):
   256 MiB shard (``--text-shard-mib 256`` in bench/gpu_encode.py);
 - ``latent``: 1000 samples of a 4x32x32 float32 ``latent.pth`` (16 KiB) + small json.
 
+Then ``threads``: 6 text shards written by ``WdsSink.write_unit`` on 1 thread and on 2 (the latent
+finisher's ``WRITER_THREADS``), ABBA, ratio per pair.
+
     /work/venv/bin/python bench/shard_write.py --repeats 5 [--json OUT]
 """
 
@@ -23,6 +26,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -100,6 +104,26 @@ def main(argv=None) -> int:
         print(f"{kind:<7} shard {mb:7.1f} MB  before {row['before_s']:.3f} s ({mb / row['before_s']:.0f} MB/s)  "
               f"now {row['now_s']:.3f} s ({mb / row['now_s']:.0f} MB/s)  now/before {row['ratio_now_over_before']:.3f} "
               f"({min(ratios):.3f}..{max(ratios):.3f})", flush=True)
+    samples = workload("text")
+
+    def shards_on(threads: int, n: int = 6) -> float:
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            sink = WdsSink(WdsOutput(format="wds"), Path(d))
+            t = time.perf_counter()
+            with ThreadPoolExecutor(threads) as ex:
+                list(ex.map(lambda i: sink.write_unit(i, samples), range(n)))
+            return time.perf_counter() - t
+
+    times = {1: [], 2: []}
+    for r in range(args.repeats):
+        for k in ((1, 2) if r % 2 == 0 else (2, 1)):
+            times[k].append(shards_on(k))
+    ratios = [b / a for a, b in zip(times[1], times[2])]
+    out["threads"] = {"shards": 6, "one_thread_s": statistics.median(times[1]), "two_threads_s": statistics.median(times[2]),
+                      "ratio_two_over_one": statistics.median(ratios), "ratio_min": min(ratios),
+                      "ratio_max": max(ratios), "times": times}
+    print(f"threads 6 text shards  1 thread {statistics.median(times[1]):.2f} s  2 threads "
+          f"{statistics.median(times[2]):.2f} s  2/1 {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0
