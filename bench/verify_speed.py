@@ -12,7 +12,7 @@ reversed on odd ones), page cache warm (a plain read of every shard first):
   (other files on the machine are not touched)
 * ``verify world=W (cold)``: the first world's verify, also right after evicting our shards
 * ``verify world=W``: ``verify(path, preset="image_latent", world=W, workers=2,
-  batch_size=64)`` with its default ``contract_in="workers"`` (batches cross to the ranks; the
+  batch_size=64, contract_in="workers")`` (``auto``'s choice from 4 workers; batches cross to the ranks; the
   workers record the statistics; the ranks check every batch's structure and re-read 1 in 16);
   the report must say ok and every sample seen once
 * ``verify world=W contract-in-rank``: the same with ``contract_in="rank"`` (the rank passes over
@@ -241,45 +241,41 @@ def main(argv=None) -> int:
               lambda w, i: t[f"verify world={w} contract-in-rank"][i] / plain[i])
     ratio_row("verify --contract-in workers-only / plain read warm",
               lambda w, i: t[f"verify world={w} workers-only"][i] / plain[i])
-    ratio_row("verify (default, workers) / verify --contract-in rank",
+    ratio_row("verify (--contract-in workers) / verify --contract-in rank",
               lambda w, i: t[f"verify world={w}"][i] / t[f"verify world={w} contract-in-rank"][i])
     ratio_row("verify / plain read warm, EXCLUDING start-up (verify - tiny verify)",
               lambda w, i: (t[f"verify world={w}"][i] - t[f"verify tiny world={w}"][i]) / plain[i])
     ratio_row("start-up (tiny verify) seconds", lambda w, i: t[f"verify tiny world={w}"][i])
+    bd = None
     if args.quick:
         print("\n(--quick: no cold reads, decode floor or breakdown)")
-    if args.json and args.quick:
-        args.json.write_text(json.dumps({"machine": info, "samples": total, "bytes": nbytes, "results": res,
-                                         "ratios": rows, "loadavg_before": load0, "loadavg_after": load1,
-                                         "workers": WORKERS, "quick": True}, indent=1, default=str))
-    if args.quick:
-        return 0
-    ratio_row("verify / plain read COLD (our shards evicted first), including start-up",
-              lambda w, i: t[f"verify world={w}"][i] / t["plain read (cold)"][i])
-    ratio_row(f"verify COLD / plain read COLD (world={worlds[0]} verify in every column)",
-              lambda w, i: t[f"verify world={worlds[0]} (cold)"][i] / t["plain read (cold)"][i])
-    ratio_row("verify / decode floor (1 proc), including start-up",
-              lambda w, i: t[f"verify world={w}"][i] / t["decode floor (1 proc)"][i])
-    ratio_row("verify / decode floor (1 proc), excluding start-up",
-              lambda w, i: (t[f"verify world={w}"][i] - t[f"verify tiny world={w}"][i])
-              / t["decode floor (1 proc)"][i])
-    print()
-    print(f"start-up = the same verify call on a 1-shard, {n_tiny}-sample dataset (spawned rank processes import torch, "
-          "build the loader, fork workers). The goal should be judged on the ratio INCLUDING start-up.")
-    print()
-    print("Phase breakdown (measured once, in-process, information only):")
-    print()
-    print("| phase | wall s | CPU s |")
-    print("|---|---:|---:|")
-    bd = breakdown(folder, total)
-    for name, wall, cpu in bd:
-        print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
+    else:
+        ratio_row("verify / plain read COLD (our shards evicted first), including start-up",
+                  lambda w, i: t[f"verify world={w}"][i] / t["plain read (cold)"][i])
+        ratio_row(f"verify COLD / plain read COLD (world={worlds[0]} verify in every column)",
+                  lambda w, i: t[f"verify world={worlds[0]} (cold)"][i] / t["plain read (cold)"][i])
+        ratio_row("verify / decode floor (1 proc), including start-up",
+                  lambda w, i: t[f"verify world={w}"][i] / t["decode floor (1 proc)"][i])
+        ratio_row("verify / decode floor (1 proc), excluding start-up",
+                  lambda w, i: (t[f"verify world={w}"][i] - t[f"verify tiny world={w}"][i])
+                  / t["decode floor (1 proc)"][i])
+        print()
+        print(f"start-up = the same verify call on a 1-shard, {n_tiny}-sample dataset (spawned rank processes import "
+              "torch, build the loader, fork workers). The goal should be judged on the ratio INCLUDING start-up.")
+        print()
+        print("Phase breakdown (measured once, in-process, information only):")
+        print()
+        print("| phase | wall s | CPU s |")
+        print("|---|---:|---:|")
+        bd = breakdown(folder, total)
+        for name, wall, cpu in bd:
+            print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "samples": total, "breakdown": bd, "bytes": nbytes, "results": res,
-                                         "ratios": rows, "loadavg_before": load0, "loadavg_after": load1},
+        args.json.write_text(json.dumps({"machine": info, "samples": total, "breakdown": bd, "bytes": nbytes,
+                                         "results": res, "ratios": rows, "loadavg_before": load0,
+                                         "loadavg_after": load1, "workers": WORKERS, "quick": args.quick},
                                         indent=1, default=str))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -360,8 +360,7 @@ class EncodeStage:
         begin = time.perf_counter()
         n = host.shape[0] if n is None else n
         self._maybe_compile(host)
-        pend = PendingBatch(self, n, captions)
-        pend.rows = host.shape[0]
+        pend = PendingBatch(self, n, captions, rows=host.shape[0])
         if self.device != "cuda" or self._compile_pending is not None:
             pend.latents = self.encode_staged(host, n)
         else:
@@ -530,9 +529,9 @@ class PendingBatch:
     were given, ``(emb [L, D], mask [L])``; each item owns its memory (no view of the batch).
     ``result_batch()`` gives the latents as one ``[n, ...]`` tensor instead."""
 
-    def __init__(self, stage: EncodeStage, n: int, captions: list[str] | None):
+    def __init__(self, stage: EncodeStage, n: int, captions: list[str] | None, rows: int):
         self.stage, self.n, self.captions = stage, n, captions
-        self.rows = n  # rows on the device (items + padding); set by launch
+        self.rows = rows  # rows on the device: the n items and their padding
         self.latents: list[torch.Tensor] | None = None  # set at once by the synchronous paths
         self.z_host = self.start = self.vae_end = self.done_event = self.text_emb = None
         self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, launch queued

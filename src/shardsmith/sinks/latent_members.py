@@ -52,7 +52,7 @@ class LatentFinisher:
     """
 
     MAX_IN_FLIGHT = {"cpu": 2, "cuda": 4}
-    WRITER_THREADS = 2  # bench/shard_write.py: 6 text shards in 0.88x the time of one thread (CPU machine)
+    WRITER_THREADS = 2  # bench/shard_write.py: 6 text shards in 0.79x the time of one thread (CPU machine, BENCHMARKS §5)
 
     def __init__(self, output, stage, sources: list[SourceInfo], multi_source: bool):
         """``stage``: the :class:`~shardsmith.encode.stage.EncodeStage`, or a function giving it,
