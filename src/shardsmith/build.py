@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith import __version__, formats, report
+from shardsmith.errors import UserError
 from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
@@ -42,7 +43,7 @@ from shardsmith.split.assign import HOLDOUT, TRAIN
 from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
 
 
-class OutputExistsError(RuntimeError):
+class OutputExistsError(UserError, RuntimeError):
     """The output folder holds something this build must not overwrite."""
 
 

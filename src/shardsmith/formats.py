@@ -18,6 +18,7 @@ IGNORE_INDEX_FILE = "ignore_index.json"
 MANIFEST_FILE = "manifest.json"
 LEDGER_FILE = ".shardsmith/ledger.sqlite"
 STATE_DIR = ".shardsmith"
+LOCK_FILE = ".shardsmith/lock"  # fcntl.flock, held by a build or repair for its whole life
 ZIP_LABELS_FILE = "dataset.json"
 
 #: member suffixes the webdataset default decoders understand for images

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
+from shardsmith.errors import UserError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
-class RecipeError(ValueError):
+class RecipeError(UserError, ValueError):
     """A recipe that cannot be built; the message names the key path and the fix."""
 
 
@@ -45,6 +46,7 @@ class SourceSpec(_Strict):
     captions: Literal["sidecar", "none"] = "sidecar"
     caption_errors: Literal["fail", "replace"] = "fail"
     allow_outside_paths: bool = False
+    follow_symlinks: bool = Field(False, description="read links whose target lies outside the source folder")
 
 
 class SplitSpec(_Strict):

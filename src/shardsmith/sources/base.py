@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from shardsmith.errors import UserError
 from shardsmith.records import Item, SourceInfo
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
@@ -15,7 +16,7 @@ MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS | AUDIO_EXTENSIONS
 TABLE_EXTENSIONS = frozenset({"csv", "json", "jsonl", "parquet"})
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """A whole source cannot be read (missing folder, unreadable table): stops before writing."""
 
 

@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from shardsmith.errors import UserError
+
 __all__ = [
     "Bucket",
     "BucketError",
@@ -39,7 +41,7 @@ __all__ = [
 _TOKEN = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
-class BucketError(ValueError):
+class BucketError(UserError, ValueError):
     """A bucket spec that cannot be parsed or that the model cannot represent."""
 
 

@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from shardsmith.errors import UserError
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
@@ -39,7 +40,7 @@ BACKUP_SUFFIX = ".orig"
 CANDIDATE_SUFFIX = ".repaired"
 
 
-class RepairError(RuntimeError):
+class RepairError(UserError, RuntimeError):
     pass
 
 
