@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def _manifest(out: Path) -> dict:
     return m
 
 
-def test_sigkill_at_random_points_then_resume_is_byte_identical(tmp_path):
+def _crash_recipe(tmp_path: Path) -> Path:
     real_photos(tmp_path / "photos", 150, seed=11, min_side=60, max_side=160)
     digits_folder(tmp_path / "digits", per_class=12)
     (tmp_path / "photos" / "broken.jpg").write_bytes((tmp_path / "photos" / "photo_00003.jpg").read_bytes()[:700])
@@ -42,41 +43,86 @@ def test_sigkill_at_random_points_then_resume_is_byte_identical(tmp_path):
         "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 6, "image": {"max_side": 96}},
                     {"format": "zip", "path": "d.zip", "sources": ["digits"], "resolution": 16, "upscale": True,
                      "unit": 10}]}))
+    return recipe
 
+
+def _reference(tmp_path: Path, recipe: Path) -> tuple[float, dict[str, bytes], dict]:
+    """One uninterrupted build: (its wall seconds, its files' bytes, its manifest)."""
     ref = tmp_path / "ref"
     t0 = time.monotonic()
     p = _start(recipe, ref)
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
-    full = time.monotonic() - t0
     want = tree_bytes(ref)
     assert len([k for k in want if k.endswith(".tar")]) >= 20
+    return time.monotonic() - t0, want, _manifest(ref)
 
-    rng = random.Random(1234)
-    out = tmp_path / "crashy"
-    kills = 0
-    for _ in range(8):
-        p = _start(recipe, out)
-        # resumed runs are shorter: aim the kills at the first part of each run
-        time.sleep(rng.uniform(0.4, full * 0.45))
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            kills += 1
-        if (out / "manifest.json").exists():
-            break
-    assert kills >= 3, "the build finished before it could be killed; the test proves nothing"
+
+def _kill_at(recipe: Path, out: Path, seconds: float) -> bool:
+    """Start a build (or its resume), SIGKILL its process group after ``seconds``; True if it was
+    still running then (a real kill), False if it had finished."""
+    p = _start(recipe, out)
+    time.sleep(seconds)
+    if p.poll() is not None:
+        return False
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    return True
+
+
+def _assert_resumes_identical(recipe: Path, out: Path, want: dict[str, bytes], want_manifest: dict) -> None:
     p = _start(recipe, out)
     assert p.wait(timeout=300) == 0, p.stderr.read().decode()
-
     got = tree_bytes(out)
     assert got.keys() == want.keys()
     assert got == want
     m = _manifest(out)
-    assert m == _manifest(ref)
+    assert m == want_manifest
     assert m["counts"]["failed"] == {"truncated": 1}
     for o in m["outputs"].values():
         assert balanced(o["counts"]) and all(balanced(b) for b in o["splits"].values())
     assert not list(out.rglob("*.tmp-*"))
+
+
+def test_sigkill_at_random_points_then_resume_is_byte_identical(tmp_path):
+    """Fast lane: one output folder killed again and again, then resumed once."""
+    recipe = _crash_recipe(tmp_path)
+    full, want, want_manifest = _reference(tmp_path, recipe)
+    rng = random.Random(1234)
+    out = tmp_path / "crashy"
+    kills = 0
+    for _ in range(8):
+        # resumed runs are shorter: aim the kills at the first part of each run
+        kills += _kill_at(recipe, out, rng.uniform(0.4, full * 0.45))
+        if (out / "manifest.json").exists():
+            break
+    assert kills >= 3, "the build finished before it could be killed; the test proves nothing"
+    _assert_resumes_identical(recipe, out, want, want_manifest)
+
+
+KILL_POINTS = 20
+
+
+@pytest.mark.slow
+def test_sigkill_at_20_random_points_each_resume_is_byte_identical(tmp_path):
+    """Slow lane: each of 20 kills lands at its own random point of a fresh build (from the start
+    of planning to the manifest), a third of them followed by a second kill of the resume; after
+    every one the resumed build is byte-identical to the uninterrupted one."""
+    recipe = _crash_recipe(tmp_path)
+    full, want, want_manifest = _reference(tmp_path, recipe)
+    rng = random.Random(20261204)
+    kills = trials = 0
+    while kills < KILL_POINTS:
+        trials += 1
+        assert trials <= 3 * KILL_POINTS, f"only {kills} of {trials} kills landed before the build ended"
+        out = tmp_path / f"crash{trials}"
+        if not _kill_at(recipe, out, rng.uniform(0.1, full)):
+            shutil.rmtree(out)
+            continue
+        kills += 1
+        if rng.random() < 1 / 3 and _kill_at(recipe, out, rng.uniform(0.1, full * 0.6)):
+            kills += 1
+        _assert_resumes_identical(recipe, out, want, want_manifest)
+        shutil.rmtree(out)
 
 
 def test_a_build_killed_before_it_recorded_its_recipe_is_resumed_not_refused(tmp_path):
