@@ -58,7 +58,7 @@ def identify(data: bytes, *, name: str, max_pixels: int) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
-        raise ItemError("not_an_image", f"{name} is not an image PIL can identify (starts with {data[:8]!r}); "
+        raise ItemError("not_an_image", f"{name} is not an image PIL can identify ({len(data):,} bytes); "
                         "remove it or fix its extension") from None
     except Exception as exc:  # noqa: BLE001 - any parser error is a per-item failure
         raise ItemError("decode_error", f"{name} cannot be opened: {exc}") from None

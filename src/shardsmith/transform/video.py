@@ -149,7 +149,7 @@ def _open(path: str, name: str):
         if kind is None:
             raise ItemError(
                 "not_a_video",
-                f"{name} is not a video FFmpeg can open (starts with {head[:12]!r}); "
+                f"{name} is not a video FFmpeg can open (no known container header); "
                 "check that it is really a video file, or remove it",
             ) from None
         if kind == "mp4/mov":
