@@ -20,7 +20,9 @@ Nothing is written: no ledger, no output, no temporary file.
 Counting rules (they mirror the planner and the sample makers):
 
 - an item is a *problem* when its source already flagged it (``Item.error``: missing file,
-  caption not UTF-8 ...), its bytes cannot be read, or (images) it does not decode;
+  caption not UTF-8, a path or link leading outside the source, a link loop ...), its bytes
+  cannot be read, or (images) it does not decode; the source's path rules are the build's
+  (:mod:`shardsmith.sources.paths`), and an item refused by them is never opened;
 - ``images`` statistics cover every image that decodes, extra duplicate copies and items with
   a caption problem included (they describe the pictures that are on disk);
 - sizes and aspect ratios are of the upright picture (after EXIF rotation), as the
@@ -44,19 +46,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardsmith import formats
-from shardsmith.plan.probe import read_and_hash
+from shardsmith.plan.probe import read_and_hash, read_failure
 from shardsmith.recipe import Recipe, WdsOutput, ZipOutput
 from shardsmith.records import WRITTEN, Item, ItemError, PlannedItem, SourceInfo
 from shardsmith.sinks.wds import TAR_BLOCK, sample_tar_bytes
-from shardsmith.sources import media_kind, open_sources
+from shardsmith.sources import media_kind, open_sources, paths
 from shardsmith.split import assign
 from shardsmith.transform.image import decode_image, identify
 from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
 
 BATCH = 256
-
-#: source errors after which there are no bytes to look at
-_NO_BYTES = ("missing_file", "no_media_path", "path_outside_table_dir", "bad_row")
 
 SHORT_SIDE_BINS: tuple[tuple[str, float], ...] = (
     ("<64", 64), ("64-127", 128), ("128-255", 256), ("256-511", 512), ("512-1023", 1024),
@@ -96,14 +95,14 @@ class _Probe:
 
 def _probe(item: Item, max_pixels: int, background: tuple[int, int, int]) -> _Probe:
     pr = _Probe(kind=media_kind(item.relpath or item.path))
-    if item.error is not None and (item.error[0] in _NO_BYTES or not item.path):
-        pr.status, pr.detail = f"failed:{item.error[0]}", item.error[1]
+    if item.error is not None and (item.error[0] in paths.NO_BYTES or not item.path):
+        pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
         return pr
     data = None
     try:
         data, pr.sha256, pr.size = read_and_hash(item.path, keep=pr.kind == "image")
     except OSError as exc:
-        pr.status, pr.detail = "failed:unreadable", f"{item.item_id}: cannot read {item.path}: {exc}"
+        pr.status, pr.detail = read_failure(item, exc)
         return pr
     if data is not None:
         try:
@@ -126,7 +125,7 @@ def _probe(item: Item, max_pixels: int, background: tuple[int, int, int]) -> _Pr
     else:
         pr.plan_ok = True
     if item.error is not None:  # the source's verdict (e.g. caption_not_utf8) wins, as in the planner
-        pr.status, pr.detail, pr.plan_ok = f"failed:{item.error[0]}", item.error[1], False
+        pr.status, pr.detail, pr.plan_ok = paths.status_of(item.error[0]), item.error[1], False
     return pr
 
 

@@ -1,7 +1,8 @@
 """Probe one item once: sha256 of its bytes, size, media kind and (for images) header facts.
 
 Images are opened, not decoded (decoding is the transform's job); an empty file, a non-image
-or a decompression bomb fails here for every output at once.
+or a decompression bomb fails here for every output at once. An item its source refused
+(outside its folder, a link loop ...) is never opened, and no detail quotes a file's bytes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 from dataclasses import dataclass
 
 from shardsmith.records import Item, ItemError
+from shardsmith.sources import paths
 from shardsmith.sources.base import media_kind
 from shardsmith.transform.image import identify
 
@@ -41,19 +43,32 @@ def read_and_hash(path: str, keep: bool) -> tuple[bytes | None, str, int]:
     return None, h.hexdigest(), n
 
 
+def read_failure(item: Item, exc: OSError) -> tuple[str, str]:
+    """``(status, detail)`` for a listed file that could not be read: ``failed:vanished`` when it
+    is gone since the listing, ``failed:symlink_loop``, else ``failed:unreadable``. The detail
+    names the file and the OS reason, never any of its bytes."""
+    reason = paths.read_error_reason(exc.errno)
+    why = exc.strerror or str(exc) or type(exc).__name__
+    if reason == "vanished":
+        return f"failed:{reason}", (f"{item.item_id}: {item.path} was listed but is gone ({why}); "
+                                    "re-run once the folder is stable")
+    return f"failed:{reason}", f"{item.item_id}: cannot read {item.path} ({why})"
+
+
 def probe_item(item: Item, max_pixels: int) -> Probe:
+    """Probe one item. A source verdict that leaves no bytes to read (:data:`paths.NO_BYTES`)
+    is returned without opening the file; any other source verdict wins after the bytes are hashed."""
     pr = Probe(kind=media_kind(item.relpath or item.path))
-    if item.error is not None and item.error[0] in ("missing_file", "no_media_path", "path_outside_table_dir",
-                                                    "bad_row"):
-        pr.status, pr.detail = f"failed:{item.error[0]}", item.error[1]
+    if item.error is not None and item.error[0] in paths.NO_BYTES:
+        pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
         return pr
     try:
         data, pr.sha256, pr.size_bytes = read_and_hash(item.path, keep=pr.kind == "image")
     except OSError as exc:
-        pr.status, pr.detail = "failed:unreadable", f"{item.item_id}: cannot read {item.path}: {exc}"
+        pr.status, pr.detail = read_failure(item, exc)
         return pr
     if item.error is not None:
-        pr.status, pr.detail = f"failed:{item.error[0]}", item.error[1]
+        pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
         return pr
     if pr.kind == "image":
         try:

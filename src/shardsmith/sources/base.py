@@ -1,7 +1,9 @@
-"""Shared source helpers: media kinds by extension, sidecar captions, source resolution."""
+"""Shared source helpers: media kinds by extension, sidecar captions, symlink resolution,
+source resolution."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +32,23 @@ def media_kind(path: str) -> str:
     if ext in AUDIO_EXTENSIONS:
         return "audio"
     return "other"
+
+
+def resolve(path: str) -> tuple[str, str | None]:
+    """``(real path, problem)``: ``path`` with every symlink resolved. ``problem`` is None when
+    the target exists, ``symlink_loop`` for a link loop, ``missing`` when the target (or a
+    folder on the way) does not exist, ``unreadable`` for any other error; the real path is then
+    resolved as far as it goes."""
+    try:
+        return os.path.realpath(path, strict=True), None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            problem = "symlink_loop"
+        elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            problem = "missing"
+        else:
+            problem = "unreadable"
+        return os.path.realpath(path), problem
 
 
 def read_caption(path: Path, errors: str) -> tuple[str | None, tuple[str, str] | None]:

@@ -4,69 +4,185 @@ Walks the folder in sorted order (deterministic), skipping hidden entries and ex
 paths (the build's own output). A folder whose top level holds sub-folders with media is
 labelled: sorted sub-folder names -> contiguous ids 0..K-1 (``labels: none`` turns it off);
 media directly at the top level of a labelled folder get no label.
+
+Links are judged by where they land (:mod:`shardsmith.sources.paths`): a file or folder link
+that resolves outside the source folder is the item ``skipped:symlink_outside_source`` and is
+never opened (``follow_symlinks: true`` opts in); a link loop, a dangling media link and a
+sub-folder that cannot be listed are per-item failures, and the walk goes on. Only the
+source folder itself being unlistable stops the build (:class:`SourceError`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from shardsmith import formats
 from shardsmith.records import Item, SourceInfo
-from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption
+from shardsmith.sources import paths
+from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption, resolve
+
+Error = tuple[str, str]  # (reason, detail)
 
 
-def _listing(root: Path) -> tuple[list[str], set[str], set[str]]:
-    """Sorted names of media files and sub-folders (not hidden) of ``root``, which of them are
-    folders, and the names of the ``.txt`` files beside them (sidecar captions, found without
-    one ``stat`` per item).
+class Entry(NamedTuple):
+    """One thing the walk found: a media file, or a refused / failed entry (``error`` set).
+    ``sidecar_error`` is set when the file's sidecar caption is a link that may not be read."""
+
+    path: str
+    rel: str
+    sidecar: str | None = None
+    error: Error | None = None
+    sidecar_error: Error | None = None
+
+
+@dataclass
+class _Walk:
+    """What every level of one walk shares: the resolved source root, its exclusions and opt-ins."""
+
+    real_root: str
+    exclude: frozenset[str]
+    follow: bool
+    ancestors: set[str] = field(default_factory=set)  # resolved folders of the current branch
+
+
+@dataclass
+class _Listing:
+    """One folder's non-hidden entries, sorted: media files and folders to walk (``names``),
+    which of them are folders, sidecar ``.txt`` names, and the entries refused by a path rule."""
+
+    names: list[str] = field(default_factory=list)
+    dirs: set[str] = field(default_factory=set)
+    texts: set[str] = field(default_factory=set)
+    refused: dict[str, Error] = field(default_factory=dict)  # name -> (reason, detail); media and folders
+    refused_texts: dict[str, Error] = field(default_factory=dict)
+
+
+def _is_media(name: str) -> bool:
+    return os.path.splitext(name)[1].lower().lstrip(".") in MEDIA_EXTENSIONS
+
+
+def _link_verdict(path: str, name: str, walk: _Walk) -> tuple[str, Error | None]:
+    """Where a link entry belongs: ``("dir" | "file" | "text" | "ignore", None)`` for a usable
+    link, or ``("refused" | "refused_text" | "ignore", error)``. Only the link is resolved; the
+    target is never opened."""
+    real, problem = resolve(path)
+    if problem == "symlink_loop":
+        return "refused", ("symlink_loop", f"{path} is a symbolic link loop; fix or remove the link")
+    if problem is not None:
+        if not _is_media(name):
+            return "ignore", None
+        return "refused", ("broken_symlink", f"{path} is a symbolic link to {real}, which cannot be reached "
+                           f"({problem}); fix or remove the link")
+    is_dir = os.path.isdir(real)
+    kind = "dir" if is_dir else "file" if _is_media(name) else "text" if name.endswith(".txt") else "ignore"
+    if kind == "ignore" or walk.follow or paths.within(real, walk.real_root):
+        return kind, None
+    error = ("symlink_outside_source", f"{path} links to {real}, outside the source folder {walk.real_root}; "
+             "it is not read (set follow_symlinks: true on this source to read it)")
+    return ("refused_text" if kind == "text" else "refused"), error
+
+
+def _sort_entry(e: os.DirEntry, walk: _Walk, out: _Listing) -> None:
+    """File one directory entry into ``out`` (no ``stat`` for plain files)."""
+    name = e.name
+    error = None
+    if e.is_symlink():
+        kind, error = _link_verdict(e.path, name, walk)
+    elif e.is_dir(follow_symlinks=False):
+        kind = "dir"
+    elif _is_media(name):
+        kind = "file"
+    else:
+        kind = "text" if name.endswith(".txt") and e.is_file(follow_symlinks=False) else "ignore"
+    if kind == "file":
+        out.names.append(name)
+    elif kind == "text":
+        out.texts.add(name)
+    elif kind == "dir":
+        out.dirs.add(name)
+        out.names.append(name)
+    elif kind == "refused":
+        out.names.append(name)
+        out.refused[name] = error
+    elif kind == "refused_text":
+        out.refused_texts[name] = error
+
+
+def _listing(root: str, walk: _Walk) -> _Listing:
+    """The sorted listing of ``root``; raises ``OSError`` when the folder cannot be listed.
 
     Only names are kept (not ``DirEntry`` objects): a flat folder of 50k files costs a few MB.
     """
-    names: list[str] = []
-    dirs: set[str] = set()
-    texts: set[str] = set()
+    out = _Listing()
+    with os.scandir(root) as it:
+        for e in it:
+            if not e.name.startswith("."):
+                _sort_entry(e, walk, out)
+    out.names.sort()
+    return out
+
+
+def _sub_folder(path: str, rel: str, walk: _Walk) -> Iterator[Entry]:
+    """Walk one sub-folder, or yield the one failed entry that stands for it (a loop back to a
+    folder it sits in, a folder that cannot be listed); excluded folders yield nothing."""
+    real = os.path.realpath(path)
+    if real in walk.exclude:
+        return
+    if paths.is_loop(real, walk.ancestors):
+        yield Entry(path, rel, error=("symlink_loop", f"{path} leads back to {real}, a folder it sits in; "
+                                      "fix or remove the link"))
+        return
     try:
-        with os.scandir(root) as it:
-            for e in it:
-                if e.name.startswith("."):
-                    continue
-                if e.is_dir(follow_symlinks=True):
-                    dirs.add(e.name)
-                    names.append(e.name)
-                    continue
-                ext = os.path.splitext(e.name)[1].lower().lstrip(".")
-                if ext in MEDIA_EXTENSIONS:
-                    names.append(e.name)
-                if e.name.endswith(".txt") and e.is_file(follow_symlinks=True):
-                    texts.add(e.name)
+        listing = _listing(path, walk)
     except OSError as exc:
-        raise SourceError(f"cannot list {root}: {exc}") from None
-    names.sort()
-    return names, dirs, texts
+        yield Entry(path, rel, error=("unreadable_folder", f"folder {path} cannot be listed "
+                                      f"({exc.strerror or type(exc).__name__}); its files are not in the dataset"))
+        return
+    walk.ancestors.add(real)
+    try:
+        yield from _entries(path, listing, walk, rel + "/")
+    finally:
+        walk.ancestors.discard(real)
 
 
-def _walk(root: Path, exclude: list[Path], rel: str = "") -> Iterator[tuple[str, str, str | None]]:
-    """Sorted recursive walk yielding ``(path, relpath, sidecar path or None)`` per media file;
-    never enters excluded or hidden folders. Paths are plain strings (no pathlib per item)."""
-    names, dirs, texts = _listing(root)
-    base = str(root)
-    for name in names:
-        if name in dirs:
-            p = root / name
-            if p.resolve() not in exclude:
-                yield from _walk(p, exclude, f"{rel}{name}/")
+def _entries(base: str, listing: _Listing, walk: _Walk, rel: str) -> Iterator[Entry]:
+    """The entries of one listed folder, in sorted order, sub-folders walked where they sort."""
+    for name in listing.names:
+        path = os.path.join(base, name)
+        if name in listing.refused:
+            yield Entry(path, rel + name, error=listing.refused[name])
+        elif name in listing.dirs:
+            yield from _sub_folder(path, rel + name, walk)
         else:
             side = formats.without_suffix(name) + ".txt"  # Path.with_suffix(".txt")
-            yield os.path.join(base, name), rel + name, os.path.join(base, side) if side in texts else None
+            yield Entry(path, rel + name, sidecar=os.path.join(base, side) if side in listing.texts else None,
+                        sidecar_error=listing.refused_texts.get(side))
 
 
-def _class_names(root: Path, exclude: list[Path]) -> list[str]:
-    with os.scandir(root) as it:  # only folder names are kept, however many files sit beside them
-        dirs = [e.name for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=True)]
-    return [d for d in sorted(dirs)
-            if (root / d).resolve() not in exclude and next(_walk(root / d, exclude), None) is not None]
+def _walk(root: Path, walk: _Walk) -> Iterator[Entry]:
+    """Sorted recursive walk of the source folder ``root``; raises :class:`SourceError` when
+    ``root`` itself cannot be listed (every failure below it is an entry)."""
+    try:
+        listing = _listing(str(root), walk)
+    except OSError as exc:
+        raise SourceError(f"cannot list {root}: {exc.strerror or exc}") from None
+    walk.ancestors.add(walk.real_root)
+    yield from _entries(str(root), listing, walk, "")
+
+
+def _class_names(root: Path, walk: _Walk) -> list[str]:
+    """Sorted names of the top-level folders holding at least one usable media file."""
+    top = _listing(str(root), walk)
+    names = []
+    for d in sorted(top.dirs):
+        sub = _Walk(walk.real_root, walk.exclude, walk.follow, {walk.real_root})
+        if any(e.error is None for e in _sub_folder(str(root / d), d, sub)):
+            names.append(d)
+    return names
 
 
 class FolderSource:
@@ -75,22 +191,33 @@ class FolderSource:
         if not self.root.is_dir():
             raise SourceError(f"source {spec.name!r}: {self.root} is not a folder")
         self.spec = spec
-        self.exclude = [p.resolve() for p in exclude]
-        names = _class_names(self.root, self.exclude) if spec.labels == "auto" else []
+        self.exclude = frozenset(os.path.realpath(p) for p in exclude)
+        self.real_root = os.path.realpath(self.root)
+        try:
+            names = _class_names(self.root, self._walk_state()) if spec.labels == "auto" else []
+        except OSError as exc:
+            raise SourceError(f"source {spec.name!r}: cannot list {self.root}: {exc.strerror or exc}") from None
         self.classes = {n: i for i, n in enumerate(names)}
         self.info = SourceInfo(index=index, name=spec.name, path=str(self.root), kind="folder",
                                origin=spec.origin, license=spec.license,
                                label_names=tuple(names) if names else None)
 
+    def _walk_state(self) -> _Walk:
+        return _Walk(self.real_root, self.exclude, self.spec.follow_symlinks)
+
     def items(self) -> Iterator[Item]:
+        """One item per entry of the walk; refused and failed entries carry their ``error``."""
         sidecars = self.spec.captions == "sidecar"
-        for path, rel, side in _walk(self.root, self.exclude):
+        for e in _walk(self.root, self._walk_state()):
             label = label_name = None
-            if self.classes and "/" in rel:
-                label_name = rel.split("/", 1)[0]
+            if self.classes and "/" in e.rel:
+                label_name = e.rel.split("/", 1)[0]
                 label = self.classes.get(label_name)
-            caption, error = None, None
-            if sidecars and side is not None:
-                caption, error = read_caption(Path(side), self.spec.caption_errors)
-            yield Item(item_id=f"{self.spec.name}/{rel}", source=self.info.index, path=path, relpath=rel,
+            caption, error = None, e.error
+            if error is None and sidecars:
+                if e.sidecar_error is not None:
+                    error = e.sidecar_error
+                elif e.sidecar is not None:
+                    caption, error = read_caption(Path(e.sidecar), self.spec.caption_errors)
+            yield Item(item_id=f"{self.spec.name}/{e.rel}", source=self.info.index, path=e.path, relpath=e.rel,
                        caption=caption, label=label, label_name=label_name, error=error)

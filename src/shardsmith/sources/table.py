@@ -2,8 +2,9 @@
 
 Column roles come from ``columns:`` (or are detected: media/file/path/image/file_name,
 caption/text/prompt, label). Other columns are kept as per-sample metadata. Media paths
-resolve against the table's own folder; a path escaping that folder is refused per row
-unless ``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable
+resolve against the table's own folder; a path that lands outside that folder once symlinks are
+resolved (``..``, an absolute path, a link) is refused per row, unopened, unless
+``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable
 line) becomes that row's ``failed:<reason>``; rows are never shifted onto each other.
 """
 
@@ -12,12 +13,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from shardsmith.records import Item, SourceInfo
-from shardsmith.sources.base import SourceError
+from shardsmith.sources import paths
+from shardsmith.sources.base import SourceError, resolve
 
 MEDIA_COLUMNS = ("media", "file", "path", "image", "file_name", "filename", "video", "media_path")
 CAPTION_COLUMNS = ("caption", "text", "prompt")
@@ -105,6 +108,24 @@ class TableSource:
         self.info = SourceInfo(index=index, name=spec.name, path=str(self.path), kind="table",
                                origin=spec.origin, license=spec.license, label_names=names)
 
+    def _locate(self, rel: str, where: str) -> tuple[str, tuple[str, str] | None]:
+        """``(resolved path, error)`` of a row's media path. Absolute and relative paths follow one
+        rule: after symlinks are resolved the file must lie inside the table's folder unless the
+        source sets ``allow_outside_paths``; a refused path is never opened."""
+        root = str(self.root)
+        real, problem = resolve(paths.table_target(rel, root))
+        if not paths.within(real, root) and not self.spec.allow_outside_paths:
+            return real, ("path_outside_table_dir",
+                          f"{where} names {rel!r}, which resolves outside {root}; move the file into the "
+                          "table's folder or set allow_outside_paths: true on this source")
+        if problem == "symlink_loop":
+            return real, ("symlink_loop", f"{where} names {rel!r}, which is a symbolic link loop; fix the link "
+                          "or delete the row")
+        if problem == "missing" or (problem is None and not os.path.isfile(real)):
+            return real, ("missing_file", f"{where} names {rel!r}, but {real} does not exist; fix the path "
+                          "(relative to the table's folder) or delete the row")
+        return real, None  # an unreadable file fails when the probe reads it
+
     def items(self) -> Iterator[Item]:
         seen: set[str] = set()
         for n, row in enumerate(_rows(self.path)):
@@ -128,16 +149,7 @@ class TableSource:
             if not rel:
                 error = ("no_media_path", f"{where} has an empty {self.media_col!r}; fill it in or delete the row")
             else:
-                p = Path(rel)
-                full = (p if p.is_absolute() else self.root / p).resolve()
-                path = str(full)
-                if not p.is_absolute() and not full.is_relative_to(self.root) and not self.spec.allow_outside_paths:
-                    error = ("path_outside_table_dir",
-                             f"{where} names {rel!r}, which resolves outside {self.root}; move the file or set "
-                             "allow_outside_paths: true on this source")
-                elif not full.is_file():
-                    error = ("missing_file", f"{where} names {rel!r}, but {full} does not exist; fix the path "
-                             "(relative to the table's folder) or delete the row")
+                path, error = self._locate(rel, where)
             yield Item(item_id=item_id, source=self.info.index, path=path, relpath=rel.replace("\\", "/"),
                        caption=None if caption is None else str(caption), label=label, label_name=label_name,
                        meta=meta, error=error)
