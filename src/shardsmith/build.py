@@ -3,9 +3,20 @@
 Contract
 - ``build(recipe, out)`` writes every output of the recipe under ``out`` and returns the
   manifest dict (also written to ``out/manifest.json``).
-- An ``out`` holding anything else, or a build of a different recipe, is refused with
-  :class:`OutputExistsError` unless ``overwrite``; then the new build goes to a hidden
-  sibling folder and is swapped in only when complete.
+- An ``out`` that equals, contains or lies inside a source is refused before anything is
+  written, with or without ``overwrite`` (:mod:`shardsmith.safety.outdir`).
+- The build holds ``out``'s exclusive lock (``.shardsmith/lock``) for its whole life, swap
+  included; a second build (or repair) of the folder is refused at once, naming this PID.
+- An ``out`` holding anything no shardsmith build wrote is refused, never replaced. A build of
+  a different recipe is refused with :class:`OutputExistsError` unless ``overwrite``; then the
+  new build goes to a hidden sibling folder and is swapped in only when complete, and only the
+  files the old build's ledger recorded are removed: the user's files move into the new folder.
+  A different recipe's build that committed no unit (it stopped on an error) is reset instead.
+- Once the plan is complete and before the outputs are written past it: a holdout that leaves
+  an output no training item is refused with the counts, and a build whose estimated remaining
+  bytes exceed the free space of ``out`` is refused with a ``du``-style summary.
+- A full disk, quota or file-size limit mid-write ends in one :class:`~shardsmith.safety.space.
+  OutOfSpaceError` naming the file; re-running the same command resumes.
 - Re-running after a crash (even ``kill -9``) resumes from the last committed unit and
   yields byte-identical files. Re-running a finished build is a no-op.
 - Every planned item ends with a terminal status in every output that takes its source;
@@ -18,7 +29,9 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
+import signal
+import sqlite3
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +45,8 @@ from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
 from shardsmith.progress import Progress
+from shardsmith.safety import estimate, holdout, outdir, space, swap
+from shardsmith.safety.lock import hold
 from shardsmith.recipe import (LATENT_OUTPUTS, LatentWdsOutput, PrecomputedOutput, Recipe, WdsOutput, ZipOutput,
                                canonical, diff_recipes, fingerprint)
 from shardsmith.records import WRITTEN, SourceInfo
@@ -52,6 +67,13 @@ class InvariantError(RuntimeError):
 
 
 @dataclass
+class SpaceNeed:
+    """Bytes the outputs still need (the pre-write estimate; None until made or when not estimated)."""
+
+    needed: int | None = None
+
+
+@dataclass
 class BuildContext:
     recipe: Recipe
     root: Path  # the folder being written (``out`` or its hidden sibling)
@@ -64,6 +86,9 @@ class BuildContext:
     outputs_started: float = 0.0  # perf_counter() when the first output started
     makers: dict[str, Any] | None = None  # output name -> picklable sample maker
     timings: dict[str, Any] | None = None  # wall seconds per phase of this run (manifest "timings")
+    need: SpaceNeed | None = None  # the pre-write estimate of the bytes still to write
+    pool: Workers | None = None
+    checked: bool = False  # the complete plan was checked (holdout, free space)
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -86,23 +111,42 @@ def _labelled(recipe: Recipe, output, sources: list[SourceInfo], ledger: Ledger)
     return ledger.db.execute(q, ids).fetchone() is not None
 
 
+def _refuse_foreign(out: Path, overwrite: bool) -> None:
+    """Before anything is written or locked: a file, or a folder holding anything no shardsmith
+    build wrote, is never built into nor replaced (``--overwrite`` only replaces a build)."""
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"{out} exists and is a file, not a shardsmith build; shardsmith never replaces "
+                                "it (not even with --overwrite). Choose another --out")
+    if not out.is_dir() or outdir.is_build(out) or swap.vacant(out) or not any(out.iterdir()):
+        return
+    listed = outdir.foreign_files(out)
+    more = f" (and {len(listed) - 10} more)" if len(listed) > 10 else ""
+    raise OutputExistsError(
+        f"{out} is not empty and was not written by shardsmith (not a shardsmith build: no {formats.LEDGER_FILE}); "
+        f"refusing to write into it{', and --overwrite only ever replaces a previous shardsmith build' if overwrite else ''}. "
+        f"It holds: {', '.join(listed[:10])}{more}. Choose an empty --out")
+
+
+def _has_units(ledger_path: Path) -> bool:
+    led = Ledger(ledger_path)
+    try:
+        return led.db.execute("SELECT 1 FROM shards LIMIT 1").fetchone() is not None
+    finally:
+        led.close()
+
+
 def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
-    """Decide what to do with ``out``: 'fresh', 'resume', 'done' or 'sibling'."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    """Decide what to do with ``out`` (its lock held): 'fresh', 'resume', 'done', 'reset' (a
+    build of another recipe that committed no unit: its files go, then fresh) or 'sibling'."""
+    if swap.vacant(out) or not any(out.iterdir()):
         return "fresh"
-    if not out.is_dir():
-        if overwrite:
-            return "sibling"
-        raise OutputExistsError(f"{out} exists and is a file; choose another --out or pass --overwrite")
     ledger_path = out / formats.LEDGER_FILE
     if not ledger_path.exists():
         state = out / formats.STATE_DIR
-        if [p.name for p in out.iterdir()] == [formats.STATE_DIR] and state.is_dir() and not any(state.iterdir()):
+        if [p.name for p in out.iterdir()] == [formats.STATE_DIR] and state.is_dir() and \
+                {p.name for p in state.iterdir()} <= {Path(formats.LOCK_FILE).name}:
             return "fresh"  # killed between creating its state folder and its ledger: nothing to keep
-        if overwrite:
-            return "sibling"
-        raise OutputExistsError(f"{out} is not empty and was not written by shardsmith; refusing to write into it. "
-                                "Choose an empty --out, or pass --overwrite to replace it once the new build is complete")
+        _refuse_foreign(out, overwrite)
     old_fp, old_recipe, done = Ledger.peek(ledger_path, "fingerprint", "recipe", "complete")
     if old_fp is None and Ledger.never_started(ledger_path):
         return "resume"  # killed between creating its ledger and recording its recipe: nothing to keep
@@ -110,6 +154,8 @@ def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
         if done and overwrite:
             return "sibling"
         return "done" if done else "resume"
+    if old_fp is not None and not done and not _has_units(ledger_path):
+        return "reset"  # it stopped (a source or recipe error) before writing anything: not a build to keep
     if overwrite:
         return "sibling"
     diffs = diff_recipes(old_recipe or {}, canonical(recipe))
@@ -119,48 +165,69 @@ def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
         "or pass --overwrite to rebuild (the old output stays until the new one is complete).")
 
 
-def _finish_interrupted_swap(out: Path) -> None:
-    """A crash between the two renames of an --overwrite swap leaves out/ missing: complete it."""
-    nxt, old = out.parent / f".{out.name}.shardsmith-next", out.parent / f".{out.name}.shardsmith-old"
-    if not out.exists() and (nxt / formats.MANIFEST_FILE).exists():
-        if Ledger.peek(nxt / formats.LEDGER_FILE, "complete")[0]:
-            os.replace(nxt, out)
-            if old.exists():
-                shutil.rmtree(old)
+def _ignore_sigxfsz() -> None:
+    """A write past ``ulimit -f`` then fails with EFBIG (one message) instead of killing the process."""
+    if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
           workers: int | None = None, console=None) -> dict[str, Any]:
     t_enter = time.perf_counter()
     out = Path(out).resolve()
+    outdir.refuse_around_sources(out, [(s.name, s.path) for s in recipe.sources])
+    _refuse_foreign(out, overwrite)
+    _ignore_sigxfsz()
     fp = fingerprint(recipe)
-    _finish_interrupted_swap(out)
-    mode = _check_existing(out, fp, recipe, overwrite)
     progress = Progress(quiet=quiet, console=console)
-    if mode == "done":
-        progress.say(f"{out} already holds this build, complete; nothing to do (pass --overwrite to rebuild)")
-        return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
-    root = out if mode in ("fresh", "resume") else out.parent / f".{out.name}.shardsmith-next"
-    if mode == "sibling" and root.exists():
-        if Ledger.peek(root / formats.LEDGER_FILE, "fingerprint")[0] != fp:  # a half-built other recipe
-            shutil.rmtree(root)
-    n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
-    manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root], t_enter=t_enter)
-    if root != out:
-        old = out.parent / f".{out.name}.shardsmith-old"
-        if old.exists():
-            shutil.rmtree(old)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(root, out)
-        if old.exists():
-            shutil.rmtree(old)
-        progress.say(f"swapped the new build into {out}")
+    nxt = swap.next_sibling(out)
+    with contextlib.ExitStack() as locks:
+        # the lock of --out (and of the sibling an --overwrite builds in) for the whole build and swap
+        locks.enter_context(hold(out, "build"))
+        held_next = nxt.is_dir()
+        if held_next:
+            locks.enter_context(hold(nxt, "build"))
+        _say_carried(progress, swap.finish_interrupted(out))
+        mode = _check_existing(out, fp, recipe, overwrite)
+        if mode == "done":
+            progress.say(f"{out} already holds this build, complete; nothing to do (pass --overwrite to rebuild)")
+            return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
+        if mode == "reset":
+            progress.say(f"{out} holds a build of another recipe that stopped before writing anything; starting afresh")
+            outdir.remove_owned(out, keep_lock=True)
+            mode = "fresh"
+        root = out if mode in ("fresh", "resume") else nxt
+        if mode == "sibling":
+            if not held_next or not (nxt / formats.LOCK_FILE).exists():  # (an emptied sibling was pruned)
+                locks.enter_context(hold(nxt, "build"))
+            if outdir.is_build(root) and Ledger.peek(root / formats.LEDGER_FILE, "fingerprint")[0] != fp:
+                left = outdir.remove_owned(root, keep_lock=True)  # a half-built other recipe
+                if left:
+                    raise OutputExistsError(f"{root} (left by an earlier --overwrite) holds files shardsmith did not "
+                                            f"write: {', '.join(left[:10])}; move them away and re-run")
+        n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
+        need = SpaceNeed()
+        try:
+            manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root], t_enter=t_enter,
+                                 need=need)
+        except (OSError, sqlite3.OperationalError) as exc:
+            if not space.is_full(exc):
+                raise
+            raise space.write_failed(exc, root, root / formats.LEDGER_FILE, need.needed) from None
+        if root != out:
+            _say_carried(progress, swap.swap_in(root, out))
+            progress.say(f"swapped the new build into {out}")
     return manifest
 
 
+def _say_carried(progress: Progress, carried: list[str]) -> None:
+    if carried:
+        progress.say(f"kept {len(carried)} file(s) of yours that the replaced build did not write (moved into "
+                     f"the new build, never deleted): {', '.join(carried)}")
+
+
 def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers: int,
-              exclude: list[Path], t_enter: float) -> dict[str, Any]:
+              exclude: list[Path], t_enter: float, need: SpaceNeed) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(root / formats.LEDGER_FILE)
     try:
@@ -192,7 +259,7 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
             setup["start_workers_s"] = round(time.perf_counter() - t, 3)
             try:
                 return _plan_and_write(recipe, root, fp, progress, ledger, opened, infos, pool, setup,
-                                       plan_needed, ahead)
+                                       plan_needed, ahead, need)
             finally:
                 pool.close()
         finally:
@@ -222,12 +289,13 @@ def _start_plan_ahead(recipe: Recipe, root: Path, ledger: Ledger, opened, n_work
 
 def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
                     infos: list[SourceInfo], pool: Workers, setup: dict[str, float], plan_needed: bool,
-                    ahead=None) -> dict[str, Any]:
+                    ahead=None, need: SpaceNeed | None = None) -> dict[str, Any]:
     """Plan (when ``plan_needed``), write every output, then the manifest. With ``ahead`` (a plan
     already running in its own process) the first output starts on the plan's committed rows."""
     t0 = time.perf_counter()
     timings: dict[str, Any] = dict(setup)  # before the plan: sources opened, workers started
-    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings)
+    ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings,
+                       need=need or SpaceNeed(), pool=pool)
     preload = None
     if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
         from shardsmith.encode.preload import ModelPreload
@@ -247,6 +315,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
                     preload.planned()
         if ahead is None:
             timings["plan_s"] = round(time.perf_counter() - t0, 3)
+            _check_plan(ctx)
         # the outputs start now; the models are waited for at their first batch (the decode workers
         # work on the first items meanwhile)
         ctx.preload, ctx.plan_ahead, ctx.outputs_started = preload, ahead is not None, time.perf_counter()
@@ -256,6 +325,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
             first = ahead is not None and o is ahead.output
             if ahead is not None and not first:
                 ahead.wait()  # later outputs need the whole plan
+                _check_plan(ctx)
             blocks[o.name] = _run_output(ctx, o, pool, ahead if first else None)
             timings["outputs_s"][o.name] = round(time.perf_counter() - t, 3)
         if ahead is not None:  # complete: its output waited for it at its end
@@ -268,6 +338,38 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     for line in _summary(manifest):
         progress.say(line)
     return manifest
+
+
+def _check_plan(ctx: BuildContext) -> None:
+    """Once the plan is complete, before an output writes past it: refuse a holdout that leaves
+    no training data, then a build whose estimated remaining bytes exceed the free space."""
+    if ctx.checked:
+        return
+    ctx.checked = True
+    recipe, ledger = ctx.recipe, ctx.ledger
+    if recipe.split.holdout > 0 and not recipe.one_sample:
+        holdout.refuse_empty_train(recipe.split.holdout, [
+            holdout.SplitCounts(o.name, _eligible(ledger, TRAIN, _source_ids(recipe, o)),
+                                _eligible(ledger, HOLDOUT, _source_ids(recipe, o))) for o in recipe.outputs])
+    ests = [_estimate(ctx, o) for o in recipe.outputs]
+    known = [e.needed for e in ests if e.needed is not None]
+    if known:
+        ctx.need.needed = sum(known)
+        space.check_fits(ctx.root, ctx.need.needed, [e.describe() for e in ests])
+
+
+def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
+    """Bytes output ``o`` still has to write (see :mod:`shardsmith.safety.estimate`)."""
+    srcs = _source_ids(ctx.recipe, o)
+    committed = sum(u["bytes"] for split in _splits(ctx.recipe) for u in ctx.ledger.units(o.name, split))
+    counts = (_eligible(ctx.ledger, TRAIN, srcs), _eligible(ctx.ledger, HOLDOUT, srcs))
+    if isinstance(o, LATENT_OUTPUTS) or not sum(counts):
+        return estimate.output_estimate(o, counts, [], committed)
+    from shardsmith.scan import sample_bytes
+
+    sizes = [sample_bytes(o, res.members or {}, item.key) if res.status == WRITTEN else None
+             for item, res in ctx.pool.map(_maker(ctx, o), estimate.sample_items(ctx.ledger, srcs))]
+    return estimate.output_estimate(o, counts, sizes, committed)
 
 
 def _stage(ctx: BuildContext):
@@ -312,14 +414,13 @@ PLAN_AHEAD = True  # tests switch it off to compare with the plan-first order
 
 
 def _remove_written_ahead(root: Path, ledger: Ledger, progress: Progress) -> None:
-    """Before an unfinished plan is redone: remove what was written ahead of it (the folder of
-    the output that started early), which the redone plan rebuilds. Only a folder strictly
-    inside ``root`` that the ledger recorded before writing to it is removed."""
+    """Before an unfinished plan is redone: remove what was written ahead of it (the files of
+    the output that started early), which the redone plan rebuilds. Only the build's own files
+    strictly inside ``root``, below a folder the ledger recorded before writing to it, go."""
     for rel in ledger.get_meta("written_ahead") or []:
         path = (root / rel).resolve()
         if root.resolve() in path.parents and path.is_dir():
-            n = sum(1 for p in path.rglob("*") if p.is_file())
-            shutil.rmtree(path)
+            n = outdir.remove_owned_under(root, rel)
             progress.say(f"resuming: the plan was unfinished; removed {rel}/ ({n} file(s) written ahead of it, "
                          "rebuilt from the redone plan)")
 
@@ -350,6 +451,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
     for split in _splits(recipe):
         if ahead is not None and split != TRAIN:
             ahead.wait()
+            _check_plan(ctx)
         dest = output_dest(ctx.root, output, split)
         (dest.parent if isinstance(output, ZipOutput) else dest).mkdir(parents=True, exist_ok=True)
         finisher = None
@@ -386,6 +488,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         result["files"][split] = info
     if ahead is not None:
         ahead.wait()
+        _check_plan(ctx)
     # plan-level outcomes (unreadable, duplicate ...) are this output's outcomes too
     ledger.record_results(output.name, ledger.plan_outcomes(srcs))
     missing = ledger.missing_results(output.name, srcs)
@@ -596,5 +699,8 @@ def _summary(manifest: dict[str, Any]) -> list[str]:
         lines += report.format_block(f"output {name}", o["counts"])
         for split, blk in o["splits"].items():
             lines += ["  " + x for x in report.format_block(split, blk)[:1]]
+        if HOLDOUT in o["splits"]:
+            lines.append("  " + holdout.achieved(o["splits"].get(TRAIN, {}).get("written", 0),
+                                                 o["splits"][HOLDOUT]["written"]))
     lines += [f"warning: {w}" for w in manifest["warnings"]]
     return lines

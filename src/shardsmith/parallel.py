@@ -5,15 +5,54 @@
 process pool is paid once per chunk), so host memory stays bounded whatever the dataset
 size. ``workers <= 1`` runs inline. Makers (picklable callables) are installed once
 per worker process, keyed by name; a task is ``(maker_name, item)``.
+
+Workers never outlive the process that started them (:func:`exit_with_parent`): killed with
+``kill -9``, a build leaves no worker holding its ledger or its files open.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+PR_SET_PDEATHSIG = 1
+ORPHAN_POLL_S = 0.25  # how often a worker's watcher looks for its parent
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(ORPHAN_POLL_S)
+        if os.getppid() != parent:  # reparented: the parent is gone
+            os._exit(1)
+
+
+def exit_with_parent(parent: int, pdeathsig: bool = True) -> None:
+    """Make this (forked) process end as soon as process ``parent`` is gone, however it died.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel signals the child when the thread
+    that forked it ends, so only ask for it when that thread is the parent's main thread,
+    ``pdeathsig``); everywhere: a daemon thread that polls ``os.getppid()`` every
+    :data:`ORPHAN_POLL_S` seconds, which also covers a parent that died before the ``prctl``."""
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watcher below still ends the process
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="shardsmith-orphan-watch", daemon=True).start()
+
 
 def _noop() -> None:
     return None
@@ -46,7 +85,10 @@ class Workers:
         self.n, self.chunk = workers, chunk
         self.pool = None
         if workers > 1:
-            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+            # forked from this thread (the executor starts every worker at its first submit, below)
+            main = threading.current_thread() is threading.main_thread()
+            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
+                                            initializer=exit_with_parent, initargs=(os.getpid(), main))
             queue = getattr(self.pool, "_result_queue", None)  # private: skipped if a Python lacks it
             self.wide_pipe = bool(queue is not None and self.RESULT_PIPE_BYTES and
                                   _widen_pipe(queue._reader, self.RESULT_PIPE_BYTES))

@@ -478,6 +478,35 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
     return report
 
 
+def sample_bytes(o: WdsOutput | ZipOutput, members: dict[str, bytes], key: str) -> int:
+    """Bytes one written sample adds to output ``o`` (its tar members, or its ZIP member)."""
+    if isinstance(o, WdsOutput):
+        return sample_tar_bytes(members, key)
+    return len(members["png"]) + ZIP_MEMBER_OVERHEAD
+
+
+def output_bytes(o: WdsOutput | ZipOutput, counts: tuple[int, int], per_sample: float, *,
+                 empty_splits: bool) -> float:
+    """Bytes on disk of output ``o`` once it holds ``counts`` = (train, holdout) samples of
+    ``per_sample`` bytes each (a tar's member bytes, or a ZIP member's data + its headers), with
+    the container and index files; ``empty_splits``: a ZIP is written for a split with no image."""
+    total = sum(counts) * per_sample
+    if isinstance(o, WdsOutput):
+        for k in counts:
+            if k:
+                shards = math.ceil(k / o.samples_per_shard)
+                if o.max_shard_bytes:
+                    shards = max(shards, math.ceil(k * per_sample / o.max_shard_bytes))
+                total += shards * TAR_SHARD_OVERHEAD + 20 * (shards + 1)  # + shard_count.json
+    else:
+        for k in counts:
+            if k or empty_splits:
+                # dataset.json rows ["00000/img00000000.png", 12], plus the end-of-central-directory record
+                label_bytes = (len(formats.zip_member_name(0)) + 10) * k + 20
+                total += label_bytes + ZIP_MEMBER_OVERHEAD + len(formats.ZIP_LABELS_FILE) + 22
+    return total
+
+
 def _estimate(acc: _OutputAcc, infos: list[SourceInfo], recipe: Recipe,
               usable_by_source: list[Counter]) -> dict[str, Any]:
     """Transform + encode the output's sample with the real maker; scale to its usable count."""
@@ -500,10 +529,7 @@ def _estimate(acc: _OutputAcc, infos: list[SourceInfo], recipe: Recipe,
         with ThreadPoolExecutor(max_workers=min(len(sample), recipe.workers or os.cpu_count() or 4)) as pool:
             for it, res in zip(sample, pool.map(maker, sample)):
                 if res.status == WRITTEN:
-                    if isinstance(o, WdsOutput):
-                        sizes.append(sample_tar_bytes(res.members or {}, it.key))
-                    else:
-                        sizes.append(len(res.members["png"]) + ZIP_MEMBER_OVERHEAD)
+                    sizes.append(sample_bytes(o, res.members or {}, it.key))
                 else:
                     skipped[res.status] += 1
                 del res
@@ -516,20 +542,7 @@ def _estimate(acc: _OutputAcc, infos: list[SourceInfo], recipe: Recipe,
     per = sum(sizes) / len(sizes) if sizes else 0.0
     est_train, est_hold = round(n_train * frac), round(n_hold * frac)
     n = est_train + est_hold
-    total = n * per
-    if isinstance(o, WdsOutput):
-        for k in (est_train, est_hold):
-            if k:
-                shards = math.ceil(k / o.samples_per_shard)
-                if o.max_shard_bytes:
-                    shards = max(shards, math.ceil(k * per / o.max_shard_bytes))
-                total += shards * TAR_SHARD_OVERHEAD + 20 * (shards + 1)  # + shard_count.json
-    else:
-        for k in (est_train, est_hold):
-            if k or usable:
-                # dataset.json rows ["00000/img00000000.png", 12], plus the end-of-central-directory record
-                label_bytes = (len(formats.zip_member_name(0)) + 10) * k + 20
-                total += label_bytes + ZIP_MEMBER_OVERHEAD + len(formats.ZIP_LABELS_FILE) + 22
+    total = output_bytes(o, (est_train, est_hold), per, empty_splits=usable > 0)
     blk.update(samples=n, per_sample_bytes=round(per), bytes=round(total), human=human_bytes(total))
     return blk
 

@@ -49,14 +49,17 @@ class _Stopped(Exception):
     """Raised inside the plan process once ``close()`` asked it to stop."""
 
 
-def _plan_process(recipe, ledger_path: Path, sources, probe_workers: int, conn, stop) -> None:
+def _plan_process(recipe, ledger_path: Path, sources, probe_workers: int, conn, stop,
+                  starter_is_main: bool = True) -> None:
     """The plan process: ``make_plan`` with a ledger connection and probe workers of its own;
     reports ``("batch", next_idx, n)`` after each commit, then ``("done", seconds)`` or
     ``("error", exception)``."""
-    from shardsmith.parallel import Workers
+    from shardsmith.parallel import Workers, exit_with_parent
 
     t0 = time.perf_counter()
     parent = os.getppid()
+    # killed (kill -9), the build takes its plan process with it, and that its probe workers
+    exit_with_parent(parent, pdeathsig=starter_is_main)
     pool = ledger = None
     try:
         pool = Workers(probe_workers)
@@ -110,7 +113,7 @@ class PlanAhead:
         self._stop = ctx.Event()
         self._proc = ctx.Process(target=_plan_process, name="shardsmith-plan",
                                  args=(self.recipe, self.ledger_path, self.sources, self.probe_workers, send,
-                                       self._stop))
+                                       self._stop, threading.current_thread() is threading.main_thread()))
         self._proc.start()
         send.close()
         return self

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
+from shardsmith.safety.space import FULL_ERRNOS
+
 TMP_MARK = ".tmp-"
 
 
@@ -25,7 +27,8 @@ def fsync_dir(path: Path) -> None:
 
 @contextmanager
 def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
-    """Yield a binary file that appears at ``path`` only if the block completes."""
+    """Yield a binary file that appears at ``path`` only if the block completes. A write that
+    fails for want of space (disk full, quota, file too large) is re-raised naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
@@ -37,9 +40,15 @@ def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
         f.close()
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
-        f.close()
+    except BaseException as exc:
+        try:
+            f.close()
+        except OSError:
+            pass  # the buffered tail could not be written either: the first error is the one to report
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS and exc.filename is None:
+            # a failed write names no file: name the one being written
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
 
 

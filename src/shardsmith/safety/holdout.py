@@ -1,0 +1,47 @@
+"""A holdout must leave training data: refuse a plan whose train split would be empty.
+
+Contract
+- :func:`refuse_empty_train` raises :class:`HoldoutError` (a :class:`UserError`) for the first
+  output whose planned items all fell in the holdout split (a count at least the data, or a
+  fraction that rounds to all of it), naming the counts and the fix. An output without any
+  planned item is not refused here (there is nothing to hold out).
+- :func:`achieved` is the summary line of one output's written holdout count and fraction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardsmith.errors import UserError
+
+
+class HoldoutError(UserError):
+    """``split.holdout`` takes every planned item: the train split would be empty."""
+
+
+@dataclass(frozen=True)
+class SplitCounts:
+    output: str
+    train: int  # planned items of the output's sources in the train split
+    holdout: int
+
+
+def refuse_empty_train(holdout: float, counts: list[SplitCounts]) -> None:
+    for c in counts:
+        if c.train == 0 and c.holdout > 0:
+            total = c.holdout
+            if holdout >= 1:
+                fix = f"give a count below {total}, e.g. split.holdout: {max(1, total // 10)}"
+                what = f"a count of {holdout:g}"
+            else:
+                fix = "give a smaller fraction, e.g. split.holdout: 0.1"
+                what = f"a fraction of {holdout:g}"
+            raise HoldoutError(
+                f"split.holdout ({what}) holds out all {total} planned item(s) of output {c.output!r}: "
+                f"train 0, holdout {c.holdout} of {total}; the train split would be empty. {fix}")
+
+
+def achieved(train_written: int, holdout_written: int) -> str:
+    total = train_written + holdout_written
+    frac = 100 * holdout_written / total if total else 0.0
+    return f"holdout {holdout_written} of {total} written ({frac:.1f} %)"

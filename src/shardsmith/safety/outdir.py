@@ -1,0 +1,231 @@
+"""What a build may do with its ``--out`` folder: never write around its own sources, and on
+``--overwrite`` remove only what a previous shardsmith build of that folder wrote.
+
+Contract
+- :func:`refuse_around_sources` raises :class:`OutAroundSourceError` when ``--out`` equals,
+  contains or lies inside a source path (both resolved through symlinks); it writes nothing.
+- :func:`is_build` is True only for a folder holding a shardsmith ledger.
+- :func:`owned_files` lists the files a build's ledger accounts for, relative to its folder: its
+  ``manifest.json`` and ``.shardsmith/``; per output and split the recorded units (and
+  ``NNNNN.tar`` shards of its own folders that a kill left unrecorded), index files
+  (``shard_count.json``, ``ignore_index.json``, ``repair.json``, ``neg_prompt_emb.npy``), the
+  ZIP, the ``.precomputed/`` stamp and ``.pt`` files; the ``.orig`` backups repair keeps of them
+  and the temporary names of unfinished atomic writes. Everything else in the folder is the
+  user's (:func:`foreign_files`).
+- :func:`remove_owned` deletes owned files only (the lock file of a folder still in use is
+  kept) and prunes the folders left empty; :func:`retire` carries the user's files of a
+  replaced build into its successor (same relative path, or ``<name>.kept``, ``.kept2``...
+  when the new build has a file there), then removes the rest; nothing foreign is ever deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardsmith import formats
+from shardsmith.errors import UserError
+from shardsmith.sinks.atomic import TMP_MARK
+
+#: files an output folder's format writes beside its units (repair and latent outputs included)
+INDEX_FILES = (formats.SHARD_COUNT_FILE, formats.IGNORE_INDEX_FILE, "repair.json", "neg_prompt_emb.npy")
+PRECOMPUTED_STAMP = "shardsmith.json"  # sinks/precomputed.STAMP (that module imports torch)
+PRECOMPUTED_TREES = ("latents", "conditions")
+BACKUP_SUFFIX = ".orig"  # verify/repair keeps a rewritten file's original bytes under this suffix
+_TMP_RE = re.compile(re.escape(TMP_MARK) + r"\d+$")
+HOLDOUT_DIR = "holdout"
+
+
+class OutAroundSourceError(UserError):
+    """``--out`` equals, contains or lies inside a source: a build there could destroy its input."""
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where one output of a recorded recipe writes, relative to the build folder."""
+
+    name: str
+    format: str
+    target: str  # ``dir`` (wds, latent_wds, precomputed) or ``path`` (zip)
+
+
+def _resolved(p: str | os.PathLike) -> Path:
+    return Path(os.path.expanduser(p)).resolve()
+
+
+def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str]]) -> None:
+    """Raise unless ``out`` is disjoint from every ``(name, path)`` source (after symlinks)."""
+    o = _resolved(out)
+    for name, path in sources:
+        s = _resolved(path)
+        if o == s:
+            how = "is"
+        elif o in s.parents:
+            how = "contains"
+        elif s in o.parents:
+            how = "lies inside"
+        else:
+            continue
+        raise OutAroundSourceError(
+            f"--out {o} {how} source {name!r} ({s}); shardsmith never writes into or around its own "
+            "sources, with or without --overwrite. Choose an --out outside every source folder.")
+
+
+def is_build(folder: Path) -> bool:
+    return (Path(folder) / formats.LEDGER_FILE).is_file()
+
+
+def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, str], list[str]]]:
+    """(outputs of the recorded recipe, unit names per (output, split)) from ``folder``'s ledger;
+    empty when it recorded no recipe."""
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(Path(folder) / formats.LEDGER_FILE)
+    try:
+        recipe = led.get_meta("recipe") or {}
+        layouts = []
+        for o in recipe.get("outputs") or []:
+            if isinstance(o, dict) and isinstance(o.get("name"), str):
+                target = o.get("path") if o.get("format") == "zip" else o.get("dir")
+                if isinstance(target, str):
+                    layouts.append(OutputLayout(o["name"], str(o.get("format")), target))
+        units: dict[tuple[str, str], list[str]] = {}
+        for output, split, name in led.db.execute("SELECT output, split, name FROM shards WHERE name != ''"):
+            units.setdefault((output, split), []).append(name)
+        return layouts, units
+    finally:
+        led.close()
+
+
+def _inside(folder: Path, rel: str) -> bool:
+    p = Path(rel)
+    return bool(rel) and not p.is_absolute() and ".." not in p.parts
+
+
+def owned_files(folder: str | os.PathLike) -> set[str]:
+    """Relative paths of the files in ``folder`` that its shardsmith build wrote (see module doc)."""
+    folder = Path(folder)
+    if not is_build(folder):
+        return set()
+    layouts, units = recorded_layout(folder)
+    owned = {p.relative_to(folder).as_posix() for p in (folder / formats.STATE_DIR).rglob("*") if not p.is_dir()}
+    names: set[str] = {formats.MANIFEST_FILE}
+    for lay in layouts:
+        if not _inside(folder, lay.target):
+            continue
+        for prefix in ("", f"{HOLDOUT_DIR}/"):
+            base = f"{prefix}{lay.target}"
+            dest = folder / base
+            split = "train" if not prefix else "holdout"
+            if lay.format == "zip":
+                names.add(base)
+                continue
+            names.update(f"{base}/{n}" for n in units.get((lay.name, split), []) if "/" not in n)
+            names.update(f"{base}/{n}" for n in INDEX_FILES)
+            if not dest.is_dir():
+                continue
+            if lay.format == "precomputed":
+                names.add(f"{base}/{PRECOMPUTED_STAMP}")
+                for tree in PRECOMPUTED_TREES:
+                    names.update(p.relative_to(folder).as_posix() for p in (dest / tree).rglob("*.pt")
+                                 if p.is_file() and not p.is_symlink())
+            else:  # a shard a kill left between its rename and its record
+                for p in dest.iterdir():
+                    if p.is_file() and formats.numeric_stem(p.name) is not None and p.name.endswith(".tar"):
+                        names.add(p.relative_to(folder).as_posix())
+    for rel in names:
+        for cand in (rel, rel + BACKUP_SUFFIX):
+            p = folder / cand
+            if p.is_file() or p.is_symlink():
+                owned.add(cand)
+        parent = (folder / rel).parent
+        if parent.is_dir():
+            stem = Path(rel).name + TMP_MARK
+            owned.update(p.relative_to(folder).as_posix() for p in parent.iterdir()
+                         if p.name.startswith(stem) and _TMP_RE.search(p.name))
+    return owned
+
+
+def all_files(folder: Path) -> set[str]:
+    """Every non-directory below ``folder`` (symlinks not followed), relative."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        d = Path(dirpath)
+        out.update((d / n).relative_to(folder).as_posix() for n in filenames)
+        out.update((d / n).relative_to(folder).as_posix() for n in dirnames if (d / n).is_symlink())
+    return out
+
+
+def foreign_files(folder: str | os.PathLike) -> list[str]:
+    """Files in ``folder`` that its build did not write (all of them for a folder no build wrote)."""
+    folder = Path(folder)
+    return sorted(all_files(folder) - owned_files(folder))
+
+
+def prune_empty_dirs(folder: Path, keep_root: bool) -> None:
+    for dirpath, dirnames, filenames in sorted(os.walk(folder, topdown=False), key=lambda t: -len(t[0])):
+        d = Path(dirpath)
+        if d == folder and keep_root:
+            continue
+        try:
+            d.rmdir()  # only succeeds on an empty folder
+        except OSError:
+            pass
+
+
+def remove_owned(folder: str | os.PathLike, *, keep_lock: bool) -> list[str]:
+    """Delete the files ``folder``'s build wrote (its ledger last, its lock file only when
+    ``keep_lock`` is False) and the folders left empty; return the foreign files left."""
+    folder = Path(folder)
+    owned = owned_files(folder)
+    last = {formats.LEDGER_FILE, formats.LEDGER_FILE + "-wal", formats.LEDGER_FILE + "-shm"}
+    if keep_lock:
+        owned.discard(formats.LOCK_FILE)
+    for rel in sorted(owned - last) + sorted(owned & last):
+        (folder / rel).unlink(missing_ok=True)
+    prune_empty_dirs(folder, keep_root=keep_lock)
+    return foreign_files(folder) if folder.exists() else []
+
+
+def remove_owned_under(folder: str | os.PathLike, rel: str) -> int:
+    """Delete the files below ``folder/rel`` that ``folder``'s build wrote (the user's stay) and
+    the folders left empty; return how many were deleted."""
+    folder = Path(folder)
+    prefix = rel.rstrip("/") + "/"
+    gone = [r for r in owned_files(folder) if r.startswith(prefix)]
+    for r in gone:
+        (folder / r).unlink(missing_ok=True)
+    if (folder / rel).is_dir():
+        prune_empty_dirs(folder / rel, keep_root=False)
+    return len(gone)
+
+
+def _free_name(dest: Path) -> Path:
+    n = 1
+    cand = dest.with_name(dest.name + ".kept")
+    while cand.exists() or cand.is_symlink():
+        n += 1
+        cand = dest.with_name(f"{dest.name}.kept{n}")
+    return cand
+
+
+def retire(old: str | os.PathLike, into: str | os.PathLike) -> list[str]:
+    """Carry the user's files of the replaced build ``old`` into ``into`` (same filesystem),
+    then remove ``old``'s own files and ``old`` itself; return what was carried (``a -> b`` where
+    renamed because the new build has a file of that name)."""
+    old, into = Path(old), Path(into)
+    carried = []
+    for rel in foreign_files(old):
+        dest = into / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists() or dest.is_symlink():
+            kept = _free_name(dest)
+            os.rename(old / rel, kept)
+            carried.append(f"{rel} -> {kept.relative_to(into).as_posix()}")
+        else:
+            os.rename(old / rel, dest)
+            carried.append(rel)
+    remove_owned(old, keep_lock=False)
+    return carried
