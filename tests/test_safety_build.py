@@ -21,6 +21,7 @@ from media_factory import real_photos
 from shardsmith.build import build
 from shardsmith.errors import UserError
 from shardsmith.recipe import recipe_from_dict
+from shardsmith.safety.outdir import retire as outdir_retire
 from test_build import tree_bytes
 
 PY = sys.executable
@@ -98,6 +99,59 @@ def test_overwrite_replaces_only_what_the_old_build_recorded_and_keeps_the_users
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no sibling left behind
     r = _cli("verify", out / "wds")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_an_overwrite_cut_short_after_the_swap_is_completed_by_the_next_run(photos, tmp_path, monkeypatch, exchange):
+    """Killed between putting the new build in place and retiring the old one (with the atomic
+    exchange, or the two renames where the filesystem has none): the next run carries the user's
+    file over and removes the old build's files; nothing is lost, no sibling is left."""
+    from shardsmith.safety import swap
+
+    if not exchange:
+        monkeypatch.setattr(swap, "exchange", lambda a, b: False)
+    out = tmp_path / "out"
+    build(recipe_from_dict(_recipe(photos)), out, quiet=True, workers=1)
+    (out / "NOTES.txt").write_text("notes")
+    changed = _recipe(photos)
+    changed["outputs"][0]["samples_per_shard"] = 3
+
+    def killed(old, into):
+        raise KeyboardInterrupt("killed during the swap")
+
+    monkeypatch.setattr(swap, "retire", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build(recipe_from_dict(changed), out, quiet=True, workers=1, overwrite=True)
+    assert len(list(tmp_path.iterdir())) == 2  # the new build in place, the old one beside it
+    monkeypatch.setattr(swap, "retire", outdir_retire)
+    m = build(recipe_from_dict(changed), out, quiet=True, workers=1)  # the new recipe: done, nothing to do
+    assert m["recipe"]["outputs"][0]["samples_per_shard"] == 3
+    assert (out / "NOTES.txt").read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not (out / "c.zip.orig").exists() and (out / "c.zip").exists()
+    ref = tmp_path / "ref"
+    build(recipe_from_dict(changed), ref, quiet=True, workers=1)
+    got = tree_bytes(out)
+    assert got.pop("NOTES.txt") == b"notes" and got == tree_bytes(ref)
+
+
+def test_a_builds_own_files_are_told_from_the_users(photos, tmp_path):
+    """What ``--overwrite`` may remove: the recorded files and their repair backups and temporary
+    names, shards a kill left unrecorded; never a file of another name, even in the shard folder."""
+    from shardsmith.safety.outdir import foreign_files, owned_files
+
+    out = tmp_path / "o"
+    build(recipe_from_dict(_recipe(photos)), out, quiet=True, workers=1)
+    built = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    extra_owned = ["wds/00000.tar.orig", "wds/00099.tar", "wds/00100.tar.tmp-4242", "c.zip.tmp-77",
+                   "holdout/wds/shard_count.json.tmp-1", "manifest.json.tmp-9"]
+    users = ["NOTES.txt", "wds/my.tar", "wds/00000.tar.bak", "wds/sub/00001.tar", "holdout/notes.md",
+             "c.zip.old", "00000.tar"]
+    for rel in extra_owned + users:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(b"x")
+    assert owned_files(out) == built | set(extra_owned)
+    assert foreign_files(out) == sorted(users)
 
 
 def test_overwrite_refuses_a_folder_that_is_not_a_shardsmith_build(photos, tmp_path):
@@ -326,6 +380,7 @@ def test_plan_ahead_processes_exit_when_the_build_process_is_killed(tmp_path):
 import time, shardsmith.plan.planner as planner
 from shardsmith.build import build
 from shardsmith.recipe import recipe_from_dict
+from shardsmith.safety.outdir import retire as outdir_retire
 real = planner.probe_item
 def slow(item, max_pixels):
     time.sleep(0.2)

@@ -6,12 +6,13 @@ Contract
   contains or lies inside a source path (both resolved through symlinks); it writes nothing.
 - :func:`is_build` is True only for a folder holding a shardsmith ledger.
 - :func:`owned_files` lists the files a build's ledger accounts for, relative to its folder: its
-  ``manifest.json`` and ``.shardsmith/``; per output and split the recorded units (and
-  ``NNNNN.tar`` shards of its own folders that a kill left unrecorded), index files
-  (``shard_count.json``, ``ignore_index.json``, ``repair.json``, ``neg_prompt_emb.npy``), the
-  ZIP, the ``.precomputed/`` stamp and ``.pt`` files; the ``.orig`` backups repair keeps of them
-  and the temporary names of unfinished atomic writes. Everything else in the folder is the
-  user's (:func:`foreign_files`).
+  ``manifest.json`` and ``.shardsmith/``; in the folders of the outputs its recorded recipe names
+  (train and ``holdout/``): the recorded units (and ``NNNNN.tar`` shards a kill left between
+  their rename and their record), the index files (``shard_count.json``, ``ignore_index.json``,
+  ``repair.json``, ``neg_prompt_emb.npy``), the ZIP, the ``.precomputed/`` stamp and its
+  ``latents/`` and ``conditions/`` ``.pt`` files; each with the ``.orig`` backup repair keeps and
+  the temporary names (``.tmp-<pid>``) of an unfinished atomic write. Everything else in the
+  folder is the user's (:func:`foreign_files`).
 - :func:`remove_owned` deletes owned files only (the lock file of a folder still in use is
   kept) and prunes the folders left empty; :func:`retire` carries the user's files of a
   replaced build into its successor (same relative path, or ``<name>.kept``, ``.kept2``...
@@ -99,9 +100,25 @@ def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, s
         led.close()
 
 
-def _inside(folder: Path, rel: str) -> bool:
+def _inside(rel: str) -> bool:
     p = Path(rel)
     return bool(rel) and not p.is_absolute() and ".." not in p.parts
+
+
+def _base_name(name: str) -> str:
+    """``00003.tar.tmp-812`` -> ``00003.tar``; ``00003.tar.orig`` -> ``00003.tar``."""
+    m = _TMP_RE.search(name)
+    if m:
+        name = name[:m.start()]
+    return name[:-len(BACKUP_SUFFIX)] if name.endswith(BACKUP_SUFFIX) else name
+
+
+def _is_shard(name: str) -> bool:
+    return name.endswith(".tar") and formats.numeric_stem(name) is not None
+
+
+def _files_in(d: Path) -> list[Path]:
+    return [p for p in d.iterdir() if not p.is_dir() or p.is_symlink()] if d.is_dir() else []
 
 
 def owned_files(folder: str | os.PathLike) -> set[str]:
@@ -110,42 +127,27 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
     if not is_build(folder):
         return set()
     layouts, units = recorded_layout(folder)
-    owned = {p.relative_to(folder).as_posix() for p in (folder / formats.STATE_DIR).rglob("*") if not p.is_dir()}
-    names: set[str] = {formats.MANIFEST_FILE}
+    found: list[Path] = [p for p in (folder / formats.STATE_DIR).rglob("*") if not p.is_dir() or p.is_symlink()]
+    found += [p for p in _files_in(folder) if _base_name(p.name) == formats.MANIFEST_FILE]
     for lay in layouts:
-        if not _inside(folder, lay.target):
+        if not _inside(lay.target):
             continue
-        for prefix in ("", f"{HOLDOUT_DIR}/"):
-            base = f"{prefix}{lay.target}"
-            dest = folder / base
-            split = "train" if not prefix else "holdout"
+        for split, prefix in (("train", ""), ("holdout", f"{HOLDOUT_DIR}/")):
+            dest = folder / f"{prefix}{lay.target}"
             if lay.format == "zip":
-                names.add(base)
-                continue
-            names.update(f"{base}/{n}" for n in units.get((lay.name, split), []) if "/" not in n)
-            names.update(f"{base}/{n}" for n in INDEX_FILES)
-            if not dest.is_dir():
+                found += [p for p in _files_in(dest.parent) if _base_name(p.name) == dest.name]
                 continue
             if lay.format == "precomputed":
-                names.add(f"{base}/{PRECOMPUTED_STAMP}")
+                found += [p for p in _files_in(dest) if _base_name(p.name) == PRECOMPUTED_STAMP]
                 for tree in PRECOMPUTED_TREES:
-                    names.update(p.relative_to(folder).as_posix() for p in (dest / tree).rglob("*.pt")
-                                 if p.is_file() and not p.is_symlink())
-            else:  # a shard a kill left between its rename and its record
-                for p in dest.iterdir():
-                    if p.is_file() and formats.numeric_stem(p.name) is not None and p.name.endswith(".tar"):
-                        names.add(p.relative_to(folder).as_posix())
-    for rel in names:
-        for cand in (rel, rel + BACKUP_SUFFIX):
-            p = folder / cand
-            if p.is_file() or p.is_symlink():
-                owned.add(cand)
-        parent = (folder / rel).parent
-        if parent.is_dir():
-            stem = Path(rel).name + TMP_MARK
-            owned.update(p.relative_to(folder).as_posix() for p in parent.iterdir()
-                         if p.name.startswith(stem) and _TMP_RE.search(p.name))
-    return owned
+                    if (dest / tree).is_dir() and not (dest / tree).is_symlink():
+                        found += [p for p in (dest / tree).rglob("*") if p.is_file() and not p.is_symlink()
+                                  and _base_name(p.name).endswith(".pt")]
+                continue
+            # recorded units, and shards a kill left between their rename and their record
+            recorded = set(units.get((lay.name, split), [])) | set(INDEX_FILES)
+            found += [p for p in _files_in(dest) if _base_name(p.name) in recorded or _is_shard(_base_name(p.name))]
+    return {p.relative_to(folder).as_posix() for p in found}
 
 
 def all_files(folder: Path) -> set[str]:
