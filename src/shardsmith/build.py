@@ -71,6 +71,7 @@ class SpaceNeed:
     """Bytes the outputs still need (the pre-write estimate; None until made or when not estimated)."""
 
     needed: int | None = None
+    out: Path | None = None  # the --out folder whose contents a refusal summarises
 
 
 @dataclass
@@ -206,7 +207,7 @@ def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, qu
                     raise OutputExistsError(f"{root} (left by an earlier --overwrite) holds files shardsmith did not "
                                             f"write: {', '.join(left[:10])}; move them away and re-run")
         n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
-        need = SpaceNeed()
+        need = SpaceNeed(out=out)
         try:
             manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root], t_enter=t_enter,
                                  need=need)
@@ -355,7 +356,7 @@ def _check_plan(ctx: BuildContext) -> None:
     known = [e.needed for e in ests if e.needed is not None]
     if known:
         ctx.need.needed = sum(known)
-        space.check_fits(ctx.root, ctx.need.needed, [e.describe() for e in ests])
+        space.check_fits(ctx.root, ctx.need.needed, [e.describe() for e in ests], show=ctx.need.out or ctx.root)
 
 
 def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:

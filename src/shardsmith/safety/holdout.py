@@ -31,10 +31,10 @@ def refuse_empty_train(holdout: float, counts: list[SplitCounts]) -> None:
         if c.train == 0 and c.holdout > 0:
             total = c.holdout
             if holdout >= 1:
-                fix = f"give a count below {total}, e.g. split.holdout: {max(1, total // 10)}"
+                fix = f"Give a count below {total}, e.g. split.holdout: {max(1, total // 10)}"
                 what = f"a count of {holdout:g}"
             else:
-                fix = "give a smaller fraction, e.g. split.holdout: 0.1"
+                fix = "Give a smaller fraction, e.g. split.holdout: 0.1"
                 what = f"a fraction of {holdout:g}"
             raise HoldoutError(
                 f"split.holdout ({what}) holds out all {total} planned item(s) of output {c.output!r}: "

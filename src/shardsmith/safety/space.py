@@ -77,16 +77,16 @@ def du_summary(folder: str | os.PathLike, top: int = 10) -> list[str]:
     return [f"  {folder} holds {_human(sum(n for n, _ in sizes))}:"] + lines
 
 
-def check_fits(folder: str | os.PathLike, needed: int, what: list[str]) -> None:
+def check_fits(folder: str | os.PathLike, needed: int, what: list[str], show: str | os.PathLike | None = None) -> None:
     """Refuse a build whose estimated ``needed`` bytes (``what`` says of which outputs) exceed the
-    free space of ``folder``'s filesystem."""
+    free space of ``folder``'s filesystem, summarising what ``show`` (default ``folder``) holds."""
     free = free_bytes(folder)
     if needed <= free:
         return
     raise OutOfSpaceError(
         f"this build needs about {_amount(needed)} more but the filesystem of {folder} has "
         f"{_amount(free)} free; nothing was written to the outputs. Estimated:\n"
-        + "\n".join(f"  {w}" for w in what) + "\n" + "\n".join(du_summary(folder))
+        + "\n".join(f"  {w}" for w in what) + "\n" + "\n".join(du_summary(show or folder))
         + f"\nFree some space (or choose an --out on another disk), then {RESUME}.")
 
 
