@@ -261,7 +261,7 @@ def test_recipe_errors_name_the_key_and_the_fix(tmp_path):
     r = run_cli("build", bad, "--out", tmp_path / "o")
     assert r.returncode == 2
     assert "outputs[0]" in r.stderr and "resolution: 64" in r.stderr
-    assert "outputs[1].wds.samples_per_shrd: unknown key" in r.stderr
+    assert "outputs[1].samples_per_shrd: unknown key `samples_per_shrd`; did you mean `samples_per_shard`?" in r.stderr
     assert not (tmp_path / "o").exists()
     r = run_cli("build", "--source", tmp_path / "nope", "--to", "wds", "--out", tmp_path / "o")
     assert r.returncode == 2 and "does not exist" in r.stderr

@@ -174,6 +174,9 @@ def _ignore_sigxfsz() -> None:
 
 def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
           workers: int | None = None, console=None) -> dict[str, Any]:
+    from shardsmith.precheck import precheck
+
+    precheck(recipe)  # what needs only the recipe fails here, before any folder, plan or model
     t_enter = time.perf_counter()
     out = Path(out).resolve()
     outdir.refuse_around_sources(out, [(s.name, s.path) for s in recipe.sources])

@@ -1,41 +1,140 @@
-"""Command line: ``shardsmith build`` and ``shardsmith scan``.
+"""Command line: ``shardsmith build``, ``scan``, ``verify``, ``inspect``, ``repair``, ``register``,
+``decode``.
 
 Every recipe key has a flag: the common ones by name (``--source``, ``--to``,
 ``--resolution`` ...) and any other through ``--set key.path=value`` (YAML value). Flags
 given with a recipe file override the file's values for the first source/output.
+
+Every command is registered with :func:`command`: an error the user can cause and fix
+(:class:`~shardsmith.errors.UserError`, raised where the mistake is found) ends as one
+``error: <message>`` line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import typer
 import yaml
 
-from shardsmith.recipe import RecipeError, load_recipe, recipe_from_dict, set_key
+from shardsmith.errors import UserError
+from shardsmith.recipe import recipe_from_dict, set_key
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Compile raw media into training-ready datasets and prove they load.")
 
 
-def _fail(msg: str, code: int = 2) -> None:
+class UsageError(UserError):
+    """A flag or argument the command cannot take."""
+
+
+def _fail(msg: str) -> NoReturn:
+    raise UsageError(msg)
+
+
+def _exit(msg: str, code: int) -> NoReturn:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def _user_errors(fn: Callable, also: tuple[type[BaseException], ...]) -> Callable:
+    """``fn`` with every :class:`UserError` (and every exception of ``also``: the user errors of an
+    API that raises plain ones) ended as one message and its exit code, never a traceback."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            _exit(str(exc), exc.exit_code)
+        except also as exc:
+            _exit(str(exc).strip("'\""), UserError.exit_code)
+    return run
+
+
+def command(name: Optional[str] = None, *, also: tuple[type[BaseException], ...] = ()) -> Callable:
+    """Register a command of ``app`` whose user errors end as one message (see :func:`_user_errors`)."""
+    def register(fn: Callable) -> Callable:
+        return app.command(name)(_user_errors(fn, also))
+    return register
+
+
+def _table_hint(path: Path) -> str:
+    return (f"{path} is a dataset table (rows of media and captions), not a recipe; pass it as a source: "
+            f"shardsmith build --source {path} --to wds --out OUT (or --to zip / latent_wds / precomputed), "
+            "or write a recipe whose sources: [{path: " + str(path) + "}]")
+
+
+def _read_recipe_file(path: Path) -> dict[str, Any]:
+    """The raw recipe mapping of a YAML file, or a :class:`UsageError` saying what the file is instead."""
+    from shardsmith.recipe import Recipe
+    from shardsmith.sources.base import TABLE_EXTENSIONS
+
+    is_table = path.suffix.lower().lstrip(".") in TABLE_EXTENSIONS
+    if path.is_dir():
+        _fail(f"{path} is a folder, not a recipe file; to build from a folder of media: "
+              f"shardsmith build --source {path} --to wds --out OUT")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        _fail(f"recipe file {path} does not exist")
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        _fail(_table_hint(path) if is_table else f"recipe {path} is not valid YAML: {exc}")
+    if isinstance(data, dict) and (not is_table or set(data) & set(Recipe.model_fields)):
+        return data
+    if is_table or isinstance(data, list):
+        _fail(_table_hint(path))
+    _fail(f"recipe {path} must be a mapping with sources: and outputs:, not a {type(data).__name__}")
+
+
+def _pairs(flag: str, text: str, example: str) -> dict[str, str]:
+    """``a=b,c=d`` -> ``{"a": "b", "c": "d"}``, or a :class:`UsageError` naming the flag."""
+    pairs = [kv.split("=", 1) for kv in text.split(",")]
+    if any(len(kv) != 2 or not kv[0] for kv in pairs):
+        _fail(f"{flag} {text!r}: expected key=value,key=value (e.g. {example})")
+    return dict(pairs)
+
+
+def _ints(flag: str, text: str, sep: str, expected: str) -> list[int]:
+    """``text`` split at ``sep`` into integers, or a :class:`UsageError` saying what was ``expected``."""
+    try:
+        return [int(x) for x in text.lower().split(sep)]
+    except ValueError:
+        _fail(f"{flag} {text!r}: expected {expected}")
+
+
+def _setting(flag: str, text: str) -> tuple[str, Any]:
+    """``key=value`` of a ``--set`` flag, the value read as YAML; a :class:`UsageError` otherwise."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        _fail(f"{flag} {text!r}: expected key=value, e.g. {flag} outputs[0].image.quality=90")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        _fail(f"{flag} {text!r}: the value is not valid YAML ({exc})")
+
+
+def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]`` (created empty) to set flags in; a detached dict when the recipe holds something
+    else there, which the recipe check then names."""
+    value = data.setdefault(key, {})
+    return value if isinstance(value, dict) else {}
+
+
+def _source_dicts(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recipe's source mappings (one empty one when it has none) for the source flags."""
+    sources = data.setdefault("sources", [{}])
+    return [s for s in sources if isinstance(s, dict)] if isinstance(sources, list) else []
 
 
 def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str, Any], to: list[str],
                 sets: list[str]) -> tuple[dict[str, Any], Path]:
     """Merge a recipe file (optional) with CLI flags into one raw dict; returns (dict, base dir)."""
     if recipe_path is not None:
-        try:
-            data = yaml.safe_load(recipe_path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            _fail(f"recipe file {recipe_path} does not exist")
-        except yaml.YAMLError as exc:
-            _fail(f"recipe {recipe_path} is not valid YAML: {exc}")
+        data = _read_recipe_file(recipe_path)
         base = recipe_path.parent
     else:
         data, base = {}, Path.cwd()
@@ -47,26 +146,29 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
     src_keys = {"origin": "origin", "license": "license", "caption_errors": "caption_errors", "labels": "labels"}
     for flag, key in src_keys.items():
         if flags.get(flag) is not None:
-            for s in data.setdefault("sources", [{}]):
+            for s in _source_dicts(data):
                 s[key] = flags[flag]
     if flags.get("columns"):
-        cols = dict(kv.split("=", 1) for kv in flags["columns"].split(","))
-        for s in data.setdefault("sources", [{}]):
+        cols = _pairs("--columns", flags["columns"], "media=file,caption=text")
+        for s in _source_dicts(data):
             s["columns"] = cols
     for flag in ("holdout", "seed"):
         if flags.get(flag) is not None:
-            data.setdefault("split", {})[flag] = flags[flag]
+            _section(data, "split")[flag] = flags[flag]
     if flags.get("no_dedup"):
-        data.setdefault("split", {})["dedup"] = False
+        _section(data, "split")["dedup"] = False
     for flag in ("min_size", "max_pixels"):
         if flags.get(flag) is not None:
-            data.setdefault("images", {})[flag] = flags[flag]
+            _section(data, "images")[flag] = flags[flag]
     if flags.get("upscale"):
-        data.setdefault("images", {})["upscale"] = True
+        _section(data, "images")["upscale"] = True
     if flags.get("background"):
-        data.setdefault("images", {})["background"] = [int(c) for c in flags["background"].split(",")]
+        _section(data, "images")["background"] = _ints("--background", flags["background"], ",",
+                                                       "three integers R,G,B such as 255,255,255")
     outs = data.get("outputs") or []
-    for o in outs:
+    for o in outs if isinstance(outs, list) else []:
+        if not isinstance(o, dict):
+            continue  # the recipe check names it
         if o.get("format") in ("wds", "latent_wds"):  # shard layout
             for flag, key in (("dir", "dir"), ("samples_per_shard", "samples_per_shard"),
                               ("max_shard_bytes", "max_shard_bytes")):
@@ -82,8 +184,8 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
             if flags.get("zip_path") is not None:
                 o["path"] = flags["zip_path"]
             if flags.get("resolution") is not None:
-                r = flags["resolution"]
-                o["resolution"] = [int(x) for x in r.lower().split("x")] if "x" in r.lower() else int(r)
+                r = _ints("--resolution", flags["resolution"], "x", "one integer such as 64, or WxH such as 64x32")
+                o["resolution"] = r if len(r) > 1 else r[0]
             if flags.get("transform") is not None:
                 o["transform"] = flags["transform"]
     if flags.get("workers") is not None:
@@ -91,13 +193,7 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
     if flags.get("one_sample"):
         data["one_sample"] = True
     for s in sets:
-        if "=" not in s:
-            _fail(f"--set {s!r}: expected key.path=value")
-        k, v = s.split("=", 1)
-        try:
-            set_key(data, k.strip(), yaml.safe_load(v))
-        except RecipeError as exc:
-            _fail(str(exc))
+        set_key(data, *_setting("--set", s))
     return data, base
 
 
@@ -106,13 +202,13 @@ _SRC_HELP = "A source: image folder (class sub-folders become labels) or table (
 
 def _recipe(recipe_path, source, flags, to, sets, origin):
     data, base = _raw_recipe(recipe_path, source or [], flags, to or [], sets or [])
-    try:
-        return recipe_from_dict(data, base_dir=base, origin=origin)
-    except RecipeError as exc:
-        _fail(str(exc))
+    return recipe_from_dict(data, base_dir=base, origin=origin)
 
 
-@app.command()
+_HOLDOUT_HELP = "split.holdout: a fraction (0.1), a percentage (10%) or a count (100)."
+
+
+@command()
 def build(
     recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE.yaml]", help="Recipe file (YAML)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (created; never overwritten without --overwrite)."),
@@ -123,7 +219,7 @@ def build(
     columns: Optional[str] = typer.Option(None, help="sources[*].columns, e.g. media=file,caption=text,label=cls"),
     labels: Optional[str] = typer.Option(None, help="sources[*].labels: auto | none"),
     caption_errors: Optional[str] = typer.Option(None, help="sources[*].caption_errors: fail | replace"),
-    holdout: Optional[float] = typer.Option(None, help="split.holdout: fraction (<1) or count (>=1)."),
+    holdout: Optional[str] = typer.Option(None, help=_HOLDOUT_HELP),
     seed: Optional[int] = typer.Option(None, help="split.seed"),
     no_dedup: bool = typer.Option(False, "--no-dedup", help="split.dedup=false: keep exact duplicates."),
     min_size: Optional[int] = typer.Option(None, help="images.min_size (shorter side, pixels)."),
@@ -148,8 +244,7 @@ def build(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
 ):
     """Build every output of a recipe (or of flags) into --out, resumably and fully accounted."""
-    from shardsmith.build import InvariantError, OutputExistsError, build as run_build
-    from shardsmith.sources.base import SourceError
+    from shardsmith.build import InvariantError, build as run_build
 
     flags = dict(locals())
     if recipe_path is None and not source:
@@ -157,16 +252,14 @@ def build(
     recipe = _recipe(recipe_path, source, flags, to, set_, str(recipe_path or "<command line>"))
     try:
         manifest = run_build(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers)
-    except (OutputExistsError, SourceError) as exc:
-        _fail(str(exc))
-    except InvariantError as exc:
-        _fail(str(exc), code=3)
+    except InvariantError as exc:  # not the user's doing: a bug, exit code 3
+        _exit(str(exc), 3)
     c = manifest["counts"]
     if not quiet:
         typer.echo(f"done: {out} ({c['written']} of {c['inputs']} inputs written; see {out}/manifest.json)")
 
 
-@app.command()
+@command()
 def scan(
     source: list[str] = typer.Argument(..., help=_SRC_HELP),
     recipe_path: Optional[Path] = typer.Option(None, "--recipe", help="Take split/images/outputs from this recipe."),
@@ -179,7 +272,7 @@ def scan(
     image_format: Optional[str] = typer.Option(None),
     quality: Optional[int] = typer.Option(None),
     max_side: Optional[int] = typer.Option(None),
-    holdout: Optional[float] = typer.Option(None),
+    holdout: Optional[str] = typer.Option(None, help=_HOLDOUT_HELP),
     seed: Optional[int] = typer.Option(None),
     min_size: Optional[int] = typer.Option(None),
     batch: Optional[int] = typer.Option(None, help="Training batch size (for the repetition estimate)."),
@@ -190,7 +283,6 @@ def scan(
 ):
     """Probe sources without writing a dataset: kinds, sizes, problems, duplicates, licences, output size."""
     from shardsmith.scan import format_scan, scan as run_scan
-    from shardsmith.sources.base import SourceError
 
     flags = dict(locals())
     to = to or ([] if recipe_path else ["wds"])
@@ -198,13 +290,8 @@ def scan(
     if any(o.get("format") == "zip" and "resolution" not in o for o in data.get("outputs", [])):
         for o in data["outputs"]:
             o.setdefault("resolution", 64) if o.get("format") == "zip" else None
-    try:
-        recipe = recipe_from_dict(data, base_dir=base, origin="<scan>")
-        result = run_scan(recipe, batch=batch, updates=updates, max_repeat=max_repeat)
-    except RecipeError as exc:
-        _fail(str(exc))
-    except SourceError as exc:
-        _fail(str(exc))
+    recipe = recipe_from_dict(data, base_dir=base, origin="<scan>")
+    result = run_scan(recipe, batch=batch, updates=updates, max_repeat=max_repeat)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     else:
@@ -218,13 +305,10 @@ def main() -> None:  # pragma: no cover - console entry
 def _key_map(text: Optional[str]) -> Optional[dict[str, str]]:
     if not text:
         return None
-    try:
-        return dict(kv.split("=", 1) for kv in text.split(","))
-    except ValueError:
-        _fail(f"--key-map {text!r}: expected key=suffix,key=suffix (e.g. real=latent.pth,condition=txt_emb.pth)")
+    return _pairs("--key-map", text, "real=latent.pth,condition=txt_emb.pth")
 
 
-@app.command()
+@command(also=(ValueError, KeyError, FileNotFoundError))  # verify's API raises these for a wrong dataset or option
 def verify(
     dataset: Path = typer.Argument(..., help="A WebDataset folder (*.tar) or an EDM .zip."),
     preset: Optional[str] = typer.Option(None, help="Loader preset: image, image_latent, kd_pair, class_zip, ..."),
@@ -248,11 +332,8 @@ def verify(
     """Iterate the real loader over ranks x workers; check coverage, counts, splits and the batch contract."""
     from shardsmith.verify.runner import format_verify, verify as run_verify
 
-    try:
-        rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
-                         batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
-        _fail(str(exc).strip("'\""))
+    rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
+                     batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in)
     text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)
     if out_json:
         out_json.write_text(text + "\n", encoding="utf-8")
@@ -260,7 +341,15 @@ def verify(
     raise typer.Exit(0 if rep["ok"] else 1)
 
 
-@app.command()
+def _wds_folder(dataset: Path, command_name: str) -> None:
+    """Refuse anything but a folder (``inspect`` and ``repair`` read WebDataset shard folders)."""
+    if not dataset.is_dir():
+        what = "does not exist" if not dataset.exists() else "is a file"
+        _fail(f"{dataset} {what}; {command_name} takes a folder of .tar shards"
+              + (" (for an EDM .zip use: shardsmith verify)" if dataset.suffix.lower() == ".zip" else ""))
+
+
+@command()
 def inspect(
     dataset: Path = typer.Argument(..., help="A WebDataset folder."),
     key_map: Optional[str] = typer.Option(None, "--key-map"),
@@ -269,10 +358,9 @@ def inspect(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts."""
+    _wds_folder(dataset, "inspect")
     from shardsmith.verify.inspect import diagnose_empty, format_inspect, inspect_wds
 
-    if not dataset.is_dir():
-        _fail(f"{dataset} is not a folder of .tar shards")
     rep = inspect_wds(dataset, _key_map(key_map))
     rep["diagnosis"] = diagnose_empty(rep, world, workers)
     if as_json:
@@ -284,24 +372,22 @@ def inspect(
     raise typer.Exit(0 if rep["ok"] else 1)
 
 
-@app.command()
+@command()
 def repair(
     dataset: Path = typer.Argument(..., help="A WebDataset folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Report what would change; write nothing."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts."""
-    from shardsmith.verify.repair import RepairError, format_repair, repair_wds
+    _wds_folder(dataset, "repair")
+    from shardsmith.verify.repair import format_repair, repair_wds
 
-    try:
-        rep = repair_wds(dataset, dry_run=dry_run)
-    except RepairError as exc:
-        _fail(str(exc))
+    rep = repair_wds(dataset, dry_run=dry_run)
     typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json else format_repair(rep))
     raise typer.Exit(1 if rep.get("errors") else 0)
 
 
-@app.command()
+@command(also=(KeyError, ValueError))  # the registry and preset APIs raise these for a wrong name or override
 def register(
     dataset: Path = typer.Argument(..., help="A WebDataset folder or an EDM .zip."),
     preset: str = typer.Option(..., help="Loader preset (see shardsmith.loaders.LOADER_PRESETS)."),
@@ -315,21 +401,18 @@ def register(
     """Add DATASET to a data-config file under NAME and print the FastGen preset override to paste."""
     from shardsmith.loaders.fastgen import fastgen_snippet
     from shardsmith.loaders.presets import get_preset, preset_config
-    from shardsmith.loaders.registry import RegistryError, add_entry, config_path, portable_path
+    from shardsmith.loaders.registry import add_entry, config_path, portable_path
+    from shardsmith.verify.runner import dataset_kind
 
-    try:
-        p = get_preset(preset)
-        overrides = {}
-        for s in set_ or []:
-            k, _, v = s.partition("=")
-            overrides[k.strip()] = yaml.safe_load(v)
-        preset_config(preset, dataset, **overrides)  # validates the overrides now, not at training time
-        path, root = portable_path(dataset, root_env)
-        entry = {"preset": preset, "path": path, **({"overrides": overrides} if overrides else {})}
-        cfg_file = config_path(config)
-        add_entry(cfg_file, name, entry, replace=replace)
-    except (KeyError, RegistryError, ValueError) as exc:
-        _fail(str(exc).strip("'\""))
+    p = get_preset(preset)
+    if dataset_kind(dataset) != p.kind:
+        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {dataset_kind(dataset)} dataset")
+    overrides = dict(_setting("--set", s) for s in set_ or [])
+    preset_config(preset, dataset, **overrides)  # validates the overrides now, not at training time
+    path, root = portable_path(dataset, root_env)
+    entry = {"preset": preset, "path": path, **({"overrides": overrides} if overrides else {})}
+    cfg_file = config_path(config)
+    add_entry(cfg_file, name, entry, replace=replace)
     typer.echo(f"registered {name!r} in {cfg_file}: preset {preset}, path {path}")
     import os
 
@@ -340,21 +423,23 @@ def register(
     typer.echo(fastgen_snippet(name, p, path, dataset, root_env, overrides))
 
 
-@app.command("decode")
+@command("decode")
 def decode_cmd(
     build_dir: Path = typer.Argument(..., help="A shardsmith build folder (the --out of a build with latents)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder for the decoded PNG/MP4 files and the report."),
     output: Optional[str] = typer.Option(None, help="Which latent output (default: the first)."),
     split: str = typer.Option("train"),
     limit: Optional[int] = typer.Option(None, help="Decode at most this many samples."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier decode in --out (only the files "
+                                   "it wrote; a folder with other files is refused)."),
+    device: str = typer.Option("auto", help="auto (the GPU when there is one), cuda or cpu."),
 ):
     """Decode cached latents back to PNG/MP4 with the recorded VAE; report round-trip PSNR."""
     from shardsmith.verify.decode import decode
 
-    try:
-        rep = decode(build_dir, out, output=output, split=split, limit=limit)
-    except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+    if device not in ("auto", "cuda", "cpu"):
+        _fail(f"--device {device!r}: use auto, cuda or cpu")
+    rep = decode(build_dir, out, output=output, split=split, limit=limit, overwrite=overwrite, device=device)
     typer.echo(f"decoded {rep['samples']} sample(s) of {rep['output']}/{rep['split']} into {out}; "
                f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
     if rep["note"]:

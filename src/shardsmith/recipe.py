@@ -8,15 +8,22 @@ paths resolve against the recipe file's folder (or the working directory for CLI
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
+import re
+import types
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+
 from shardsmith.errors import UserError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from shardsmith.transform.buckets import parse_buckets
 
 
 class RecipeError(UserError, ValueError):
@@ -25,6 +32,28 @@ class RecipeError(UserError, ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _on_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare on/off/yes/no as a boolean: True means "on", False "off"."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)]
+
+
+def parse_percent(text: str) -> float:
+    """``"10%"`` -> 0.1 (exactly ``float("0.1")``); a ValueError saying how to write it otherwise."""
+    number = text.strip().removesuffix("%").strip()
+    try:
+        value = Decimal(number) / 100
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a percentage; write e.g. 10% (or the fraction 0.1)") from None
+    if not 0 <= value < 1:
+        raise ValueError(f"{text!r}: a percentage must be at least 0% and below 100%")
+    return float(value)
 
 
 class Columns(_Strict):
@@ -50,9 +79,14 @@ class SourceSpec(_Strict):
 
 
 class SplitSpec(_Strict):
-    holdout: float = Field(0, ge=0, description="fraction in [0,1) or a whole count >= 1")
+    holdout: float = Field(0, ge=0, description="fraction in [0,1), a percentage such as 10%, or a whole count >= 1")
     seed: int = 0
     dedup: bool = True
+
+    @field_validator("holdout", mode="before")
+    @classmethod
+    def _percent(cls, v: Any) -> Any:
+        return parse_percent(v) if isinstance(v, str) and v.strip().endswith("%") else v
 
     @field_validator("holdout")
     @classmethod
@@ -181,9 +215,12 @@ class Models(_Strict):
     vae: VaeModel | None = None
     text: TextModel | None = None
     batch_size: int | None = Field(None, gt=0, description="encode batch (default: automatic)")
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: OnOffAuto = Field(
         "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' compiles on a GPU "
         "once the first batches show the rest of the run repays the compile time (not part of the fingerprint)")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="where the models run: 'auto' is the GPU when torch sees one, else the CPU; 'cuda' "
+        "refuses to start without one (not part of the fingerprint)")
 
 
 class Geometry(_Strict):
@@ -191,6 +228,13 @@ class Geometry(_Strict):
 
     buckets: list[str] = Field(default_factory=list)
     fps: float | None = Field(None, gt=0, description="resample video to this frame rate (default: native)")
+
+    @field_validator("buckets")
+    @classmethod
+    def _parse(cls, v: list[str]) -> list[str]:
+        if v:
+            parse_buckets(v)  # 'WxHxF' each, no repeats (what the VAE can encode is checked in precheck)
+        return v
 
 
 class Recipe(_Strict):
@@ -244,26 +288,110 @@ class Recipe(_Strict):
         return self
 
 
-_HINTS = {
-    "holdout": "use a fraction such as 0.05 or a whole count such as 100",
-    "resolution": "use one integer such as 64, or [W, H] for center-crop-wide",
-    "format": "outputs take format: wds or format: zip",
-    "transform": "one of center-crop, center-crop-wide, center-crop-dhariwal",
+def _strip(ann: Any) -> Any:
+    """``Annotated[X, ...]`` -> X; ``X | None`` -> X (pydantic puts no tag in an error's location
+    for either)."""
+    while get_origin(ann) is Annotated:
+        ann = get_args(ann)[0]
+    if get_origin(ann) in (Union, types.UnionType):
+        members = [m for m in get_args(ann) if m is not type(None)]
+        if len(members) == 1:
+            return _strip(members[0])
+    return ann
+
+
+def _is_model(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+def _tags(union: Any) -> dict[str, Any]:
+    """Discriminator tag -> member model of a union of models with a one-value ``Literal`` field."""
+    out = {}
+    for m in get_args(union):
+        if _is_model(m):
+            for f in m.model_fields.values():
+                if get_origin(f.annotation) is Literal and len(get_args(f.annotation)) == 1:
+                    out[get_args(f.annotation)[0]] = m
+    return out
+
+
+def _walk(loc: tuple[Any, ...]) -> tuple[str, Any, Any]:
+    """A pydantic error location as the user's key path, without the union tags pydantic inserts
+    (``outputs[0].dir``, not ``outputs[0].wds.dir``); also the model holding the last key and the
+    annotation at the end (None where the path leaves the recipe's models)."""
+    path, owner, ann = "", None, Recipe
+    for part in loc:
+        ann = _strip(ann)
+        if get_origin(ann) in (Union, types.UnionType) and isinstance(part, str):
+            ann = _tags(ann).get(part)  # a union member's tag, not a key
+        elif isinstance(part, int):
+            path += f"[{part}]"
+            ann = get_args(ann)[0] if get_origin(ann) is list else None
+        else:
+            path += f".{part}" if path else part
+            owner = ann if _is_model(ann) else None
+            field = owner.model_fields.get(part) if owner is not None else None
+            ann = field.annotation if field is not None else None
+    return path, owner, _strip(ann)
+
+
+def _key_pattern(path: str) -> str:
+    """``outputs[3].resolution`` -> ``outputs[*].resolution`` (the key, whatever the list index)."""
+    return re.sub(r"\[\d+\]", "[*]", path)
+
+
+def _unknown_key(key: str, owner: Any) -> str:
+    """The message of a key the model at that location does not have: the nearest key, or the keys."""
+    keys = list(owner.model_fields) if owner is not None else []
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if near:
+        return f"unknown key `{key}`; did you mean `{near[0]}`?"
+    return f"unknown key `{key}`" + (f" (keys here: {', '.join(keys)})" if keys else "")
+
+
+def _bad_tag(e: dict[str, Any], union: Any) -> tuple[str, str]:
+    """(key, message) of a union member chosen by a key (``format``) that is missing or unknown."""
+    key = e.get("ctx", {}).get("discriminator", "format").strip("'\"")
+    tags = list(_tags(union))
+    if e["type"] == "union_tag_not_found":
+        return key, f"missing: say which {key} this is ({', '.join(tags)})"
+    tag = str(e["ctx"].get("tag"))
+    near = difflib.get_close_matches(tag, tags, n=1, cutoff=0.5)
+    return key, f"unknown {key} {tag!r}" + (f"; did you mean `{near[0]}`?" if near else f"; use one of {', '.join(tags)}")
+
+
+_HINTS = {  # by the key that failed (never an ancestor's): the fix
+    "split.holdout": "use a fraction such as 0.05, a percentage such as 5%, or a whole count such as 100",
+    "outputs[*].resolution": "use one integer such as 64, or [W, H] for center-crop-wide",
+    "outputs[*].transform": "one of center-crop, center-crop-wide, center-crop-dhariwal",
     "sources": "list at least one source: sources: [{path: photos/}]",
     "outputs": "list at least one output: outputs: [{format: wds, dir: wds}]",
+    "geometry.buckets": "a list of 'WxHxF' strings, e.g. [960x544x49, 512x512x1]",
+    "models.vae": "a mapping such as vae: {family: ltx}",
+    "models.text": "a mapping such as text: {family: minilm}",
 }
 
 
+def _error_line(e: dict[str, Any]) -> tuple[str, str]:
+    """(key path, message with the fix for that key) of one pydantic error."""
+    path, owner, ann = _walk(e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        msg = _unknown_key(str(e["loc"][-1]), owner)
+    elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        key, msg = _bad_tag(e, ann)
+        path = f"{path}.{key}"
+    hint = _HINTS.get(_key_pattern(path))
+    return path or "<root>", msg + (f"  (fix: {hint})" if hint else "")
+
+
 def _format_errors(err: ValidationError, origin: str) -> str:
-    lines = [f"recipe {origin} is not valid:"]
+    """One line per failing key (the first error where a union tried several types for it)."""
+    lines: dict[str, str] = {}
     for e in err.errors():
-        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see README 'Recipe keys')"
-        hint = next((h for k, h in _HINTS.items() if k in [str(p) for p in e["loc"]]), None)
-        lines.append(f"  - {loc or '<root>'}: {msg}" + (f"  (fix: {hint})" if hint else ""))
-    return "\n".join(lines)
+        path, msg = _error_line(e)
+        lines.setdefault(path, f"  - {path}: {msg}")
+    return "\n".join([f"recipe {origin} is not valid:", *lines.values()])
 
 
 def recipe_from_dict(data: Any, *, base_dir: str | os.PathLike = ".", origin: str = "<dict>") -> Recipe:
@@ -290,12 +418,12 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     return recipe_from_dict(data, base_dir=p.parent, origin=str(p))
 
 
-_NOT_FINGERPRINTED = {"workers": True, "models": {"compile"}}  # how to run, not what comes out
+_NOT_FINGERPRINTED = {"workers": True, "models": {"compile", "device"}}  # how to run, not what comes out
 
 
 def canonical(recipe: Recipe) -> dict[str, Any]:
-    """The part of the recipe that determines the output (everything but ``workers`` and
-    ``models.compile``)."""
+    """The part of the recipe that determines the output (everything but ``workers``,
+    ``models.compile`` and ``models.device``)."""
     return recipe.model_dump(mode="json", exclude=_NOT_FINGERPRINTED)
 
 

@@ -1,14 +1,28 @@
 """Encode stage: image / video VAEs (diffusers) and text encoders (transformers), each with
 an :class:`EncoderSpec` (what it produces) and a :class:`Provenance` (where its weights
-came from; random weights are always labelled ``"random-weights"``)."""
+came from; random weights are always labelled ``"random-weights"``).
 
-from .registry import ENCODERS, families, load_encoder
-from .spec import EncoderSpec, Provenance, check_pixel_shape, sha256_files
-from .text import TextEmbeddings, TextEncoder, load_text_encoder
-from .vae import VaeEncoder, denormalise, load_vae, normalise, vae_geometry
+The names below are imported on first use: importing a torch-free submodule such as
+:mod:`shardsmith.encode.vae_config` (the recipe precheck does) does not import torch.
+"""
 
-__all__ = [
-    "ENCODERS", "EncoderSpec", "Provenance", "TextEmbeddings", "TextEncoder", "VaeEncoder",
-    "check_pixel_shape", "denormalise", "families", "load_encoder", "load_text_encoder", "load_vae",
-    "normalise", "sha256_files", "vae_geometry",
-]
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "ENCODERS": "registry", "families": "registry", "load_encoder": "registry",
+    "EncoderSpec": "spec", "Provenance": "spec", "check_pixel_shape": "spec", "sha256_files": "spec",
+    "TextEmbeddings": "text", "TextEncoder": "text", "load_text_encoder": "text",
+    "VaeEncoder": "vae", "denormalise": "vae", "load_vae": "vae", "normalise": "vae", "vae_geometry": "vae",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """``shardsmith.encode.<name>`` for the names of ``__all__``, imported from their module on first use."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

