@@ -256,6 +256,9 @@ def test_a_near_miss_key_gets_did_you_mean_without_the_union_tag(folder, tmp_pat
      ["models.vae.confg: unknown key `confg`; did you mean `config`?"], []),
     ({"outputs": [{"format": "wds", "image": {"format": "gif"}}]},
      ["outputs[0].image.format: Input should be 'jpg', 'png' or 'webp'"], ["(fix:", "wds.image"]),
+    ({"outputs": ["wds"]}, ["outputs[0]: ", "each output is a mapping such as {format: wds"], []),
+    ({"outputs": [{"format": "zip", "resolution": [64, 32]}]},
+     ["outputs[0]: center-crop writes square images: give resolution: 64"], ["(fix:"]),
 ])
 def test_recipe_errors_name_the_key_and_a_fix_for_that_key(folder, recipe, texts, absent):
     with pytest.raises(RecipeError) as e:

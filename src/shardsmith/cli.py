@@ -50,8 +50,8 @@ def _user_errors(fn: Callable, also: tuple[type[BaseException], ...]) -> Callabl
             return fn(*args, **kwargs)
         except UserError as exc:
             _exit(str(exc), exc.exit_code)
-        except also as exc:
-            _exit(str(exc).strip("'\""), UserError.exit_code)
+        except also as exc:  # a KeyError's str() is the repr of its message
+            _exit(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc), UserError.exit_code)
     return run
 
 

@@ -367,8 +367,17 @@ _HINTS = {  # by the key that failed (never an ancestor's): the fix
     "sources": "list at least one source: sources: [{path: photos/}]",
     "outputs": "list at least one output: outputs: [{format: wds, dir: wds}]",
     "geometry.buckets": "a list of 'WxHxF' strings, e.g. [960x544x49, 512x512x1]",
+}
+_NOT_A_MAPPING = ("model_type", "model_attributes_type", "dict_type")
+_MAPPING_HINTS = {  # by the key that holds something other than a mapping: an example of one
+    "sources[*]": "each source is a mapping such as {path: photos/}",
+    "outputs[*]": "each output is a mapping such as {format: wds, dir: wds}",
+    "split": "a mapping such as split: {holdout: 0.05, seed: 0}",
+    "images": "a mapping such as images: {min_size: 64}",
+    "models": "a mapping such as models: {vae: {family: ltx}}",
     "models.vae": "a mapping such as vae: {family: ltx}",
     "models.text": "a mapping such as text: {family: minilm}",
+    "geometry": "a mapping such as geometry: {buckets: [512x512x1]}",
 }
 
 
@@ -381,7 +390,7 @@ def _error_line(e: dict[str, Any]) -> tuple[str, str]:
     elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
         key, msg = _bad_tag(e, ann)
         path = f"{path}.{key}"
-    hint = _HINTS.get(_key_pattern(path))
+    hint = (_MAPPING_HINTS if e["type"] in _NOT_A_MAPPING else _HINTS).get(_key_pattern(path))
     return path or "<root>", msg + (f"  (fix: {hint})" if hint else "")
 
 
