@@ -376,13 +376,16 @@ def inspect(
 def repair(
     dataset: Path = typer.Argument(..., help="A WebDataset folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Report what would change; write nothing."),
+    from_source: bool = typer.Option(False, "--from-source",
+                                     help="For a shardsmith build whose ledger and sources are present: rebuild "
+                                          "damaged shards from the sources, byte-identical to the build."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts."""
     _wds_folder(dataset, "repair")
     from shardsmith.verify.repair import format_repair, repair_wds
 
-    rep = repair_wds(dataset, dry_run=dry_run)
+    rep = repair_wds(dataset, dry_run=dry_run, from_source=from_source)
     typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json else format_repair(rep))
     raise typer.Exit(1 if rep.get("errors") else 0)
 
