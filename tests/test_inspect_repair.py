@@ -249,9 +249,11 @@ def test_cut_at_member_boundary_and_garbage_header(built, tmp_path):
     data = (wdir / "00003.tar").read_bytes()
     (wdir / "00003.tar").write_bytes(data[:end])
     # 00000.tar: garbage where the 4th sample's header was
+    orig0 = tar_members(wdir / "00000.tar")
     d0 = bytearray((wdir / "00000.tar").read_bytes())
     with tarfile.open(wdir / "00000.tar") as t:
-        h = [m for m in t.getmembers() if m.isreg()][6].offset
+        regs = [m for m in t.getmembers() if m.isreg()]
+        h, resume = regs[6].offset, regs[7].offset
     d0[h:h + 512] = b"\x07" * 512
     (wdir / "00000.tar").write_bytes(bytes(d0))
 
@@ -259,15 +261,20 @@ def test_cut_at_member_boundary_and_garbage_header(built, tmp_path):
     t3, t0 = rep["shards"][3]["truncated"], rep["shards"][0]["truncated"]
     assert t3["kind"] == "missing end-of-archive marker" and t3["intact_members"] == 3
     assert t3["intact_samples"] == 1 and t3["incomplete_keys"] == [keys_of(orig)[1]]
-    assert t0["kind"] == "unreadable header" and t0["break_offset"] == h and t0["intact_samples"] == 3
+    # reading resumes at the next valid header: only the 4th sample (which lost its jpg) is damaged
+    s0 = rep["shards"][0]
+    assert t0 is None and s0["damaged_headers"] == [{"offset": h, "resumed_at": resume, "name": None}]
+    assert [d["key"] for d in s0["damaged_samples"]] == [keys_of(orig0)[3]]
 
     fixed = repair_wds(wdir)
     assert fixed["shards"]["00003.tar"]["samples_after"] == 1
     assert fixed["shards"]["00003.tar"]["dropped_keys"] == [keys_of(orig)[1]]
     assert tar_members(wdir / "00003.tar") == orig[:2]
-    assert fixed["shards"]["00000.tar"]["samples_after"] == 3
+    assert fixed["shards"]["00000.tar"]["samples_after"] == 4
+    assert fixed["shards"]["00000.tar"]["dropped_keys"] == [keys_of(orig0)[3]]
+    assert tar_members(wdir / "00000.tar") == orig0[:6] + orig0[8:]
     assert inspect_wds(wdir)["ok"]
-    assert sum(1 for _ in wds.WebDataset(str(wdir / "00000.tar"), shardshuffle=False)) == 3
+    assert sum(1 for _ in wds.WebDataset(str(wdir / "00000.tar"), shardshuffle=False)) == 4
     h0 = hashlib.sha256(bytes(d0)).hexdigest()
     assert hashlib.sha256((wdir / "00000.tar.orig").read_bytes()).hexdigest() == h0
 

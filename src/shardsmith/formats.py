@@ -2,7 +2,8 @@
 
 WebDataset (FastGen flavour): ``NNNNN.tar`` shards directly in one folder, dot-free sample
 keys, member names ``<key>.<suffix>``, ``shard_count.json`` = ``{"00000.tar": N}``,
-``ignore_index.json`` = ``{"00000.tar": [key, ...]}``.
+``ignore_index.json`` = ``{"00000.tar": [key, ...]}``, ``repair.json`` = ``{"repairs": [event, ...]}``
+(one event per shard a repair changed, appended across repairs; see ``verify.repair.RepairEvent``).
 
 EDM class-conditional ZIP: uncompressed, members ``{idx[:5]}/img{idx:08d}.png`` and a
 ``dataset.json`` = ``{"labels": [[path, int], ...]}`` or ``{"labels": null}``.
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tarfile
 
 SHARD_COUNT_FILE = "shard_count.json"
 IGNORE_INDEX_FILE = "ignore_index.json"
+REPAIR_FILE = "repair.json"
 MANIFEST_FILE = "manifest.json"
 LEDGER_FILE = ".shardsmith/ledger.sqlite"
 STATE_DIR = ".shardsmith"
@@ -114,3 +117,26 @@ def sort_shard_names(names) -> tuple[list[str], bool]:
     if all(numeric_stem(n) is not None for n in names):
         return sorted(names, key=lambda n: (numeric_stem(n), n)), True
     return sorted(names), False
+
+
+def tar_header_ok(block: bytes) -> bool:
+    """True for a 512-byte tar header block whose checksum is valid (an all-zero block is the end
+    marker, not a header)."""
+    if len(block) != tarfile.BLOCKSIZE or not block.strip(b"\0"):
+        return False
+    try:
+        stored = tarfile.nti(block[148:156])
+    except (tarfile.InvalidHeaderError, ValueError):
+        return False
+    return stored in tarfile.calc_chksums(block)
+
+
+def tar_header_name(block: bytes) -> str | None:
+    """The member name in a header block's name field (ustar prefix ignored), or None when it is not
+    legible text; meant for damaged headers, whose other fields cannot be trusted."""
+    raw = block[:100].split(b"\0", 1)[0]
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return name if name and name.isprintable() else None

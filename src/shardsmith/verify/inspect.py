@@ -1,15 +1,17 @@
 """Static inspection of a WebDataset folder, as FastGen's loaders would see it.
 
-:func:`inspect_wds` reads every ``*.tar`` directly in a folder in streaming mode (the way
-``webdataset`` does) and reports, per shard: member counts by suffix, samples (grouped
-exactly like ``webdataset.tariterators.group_by_keys``: consecutive members sharing the
-part of the basename before its first dot), samples missing a ``key_map`` suffix, keys
+:func:`inspect_wds` reads every ``*.tar`` directly in a folder, member by member in order
+(as ``webdataset`` streams it), and reports, per shard: member counts by suffix, samples
+(grouped exactly like ``webdataset.tariterators.group_by_keys``: consecutive members sharing
+the part of the basename before its first dot), samples missing a ``key_map`` suffix, keys
 that probably contained a dot, non-adjacent members, duplicate members, truncated or
-unreadable tars (how many members were intact and where it broke), corrupt members
-(decoded by suffix), and how the shard relates to ``shard_count.json`` and
-``ignore_index.json``. The report is plain JSON-able data; :func:`format_inspect` renders
-it for humans and :func:`diagnose_empty` walks FastGen's "empty / short batches"
-checklist against it.
+unreadable tars (how many members were intact and where it broke), corrupt members (decoded
+by suffix), damaged member headers (reading resumes at the next block whose header checksum
+is valid, so a bad header costs one member, not the rest of the shard), unsafe members
+(``../x``, ``/abs/x``, links, device files: never extracted nor copied), and how the shard
+relates to ``shard_count.json`` and ``ignore_index.json``. The report is plain JSON-able
+data; :func:`format_inspect` renders it for humans and :func:`diagnose_empty` walks
+FastGen's "empty / short batches" checklist against it.
 
 Nothing here writes to disk.
 """
@@ -22,9 +24,10 @@ import re
 import tarfile
 import warnings
 from collections import Counter
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator, NamedTuple
 
 from shardsmith import formats
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
@@ -38,6 +41,24 @@ _META = re.compile(r"__[^/]*__($|/)")
 def split_member(name: str) -> tuple[str | None, str | None]:
     """(key, suffix) by webdataset's rule, ``(None, None)`` for a member without a suffix."""
     return formats.split_member(name) or (None, None)
+
+
+def unsafe_reason(info: tarfile.TarInfo) -> str | None:
+    """Why extracting or copying member ``info`` could touch something outside the dataset (an
+    absolute name, a ``..`` component, a link, a device or fifo), or ``None`` for a safe member."""
+    if info.name.startswith("/"):
+        return "absolute path"
+    if ".." in PurePosixPath(info.name).parts:
+        return "path with '..' (outside the folder)"
+    if info.issym():
+        return f"symbolic link to {info.linkname}"
+    if info.islnk():
+        return f"hard link to {info.linkname}"
+    if info.ischr() or info.isblk():
+        return "device file"
+    if info.isfifo():
+        return "fifo"
+    return None
 
 
 def skip_reason(name: str, data: bytes | None) -> str | None:
@@ -105,17 +126,41 @@ def check_member(suffix: str, data: bytes) -> str | None:
 # streaming scan of one shard
 
 
+class MemberRef(NamedTuple):
+    """One regular member of a sample as read: its name, suffix, size, sha256 and where its data lies."""
+
+    name: str
+    suffix: str
+    size: int
+    sha256: str
+    data_offset: int
+
+
 @dataclass
 class Run:
-    """One sample as webdataset groups it: consecutive members with the same key."""
+    """One sample as webdataset groups it: consecutive members with the same key. ``problems``
+    says why it is not intact (a damaged, cut or unsafe member); empty for an intact sample."""
 
     key: str
-    members: list[tuple[str, str, int, str]] = field(default_factory=list)  # name, suffix, size, sha256
-    complete: bool = True
+    members: list[MemberRef] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
 
     @property
     def suffixes(self) -> list[str]:
-        return [m[1] for m in self.members]
+        return [m.suffix for m in self.members]
+
+
+@dataclass(frozen=True)
+class LostSample:
+    """A sample a rewrite of its shard cannot keep: its key (None when nothing legible says
+    whose it was) and why."""
+
+    key: str | None
+    reason: str
 
 
 @dataclass
@@ -124,58 +169,194 @@ class ShardScan:
     report: dict[str, Any]
     runs: list[Run]
     kept: list[int]  # indices into runs of the complete samples (what repair keeps)
+    lost: list[LostSample] = field(default_factory=list)  # samples of which no member is left
+
+    @property
+    def dropped(self) -> list[LostSample]:
+        """Every sample a rewrite leaves out: the runs with problems, then the samples lost whole."""
+        return [LostSample(r.key, "; ".join(r.problems)) for r in self.runs if r.problems] + self.lost
+
+    @property
+    def needs_rewrite(self) -> bool:
+        """The file must be rewritten: it is cut, has a damaged header, or holds unsafe members."""
+        rep = self.report
+        return bool(rep["truncated"] or rep["damaged_headers"] or rep["unsafe_members"])
 
 
-def iter_members(path: Path, state: dict[str, Any]) -> Iterator[tuple[tarfile.TarInfo, bytes | None]]:
-    """Stream ``(tarinfo, data)``; ``data`` is None for non-regular members.
+@dataclass
+class Member:
+    """A member read intact: its header and its data (None for a non-regular member)."""
 
-    On exit ``state`` holds ``intact_members``, ``intact_bytes`` (end of the last intact
-    member), ``file_size`` and ``error`` (None, or a dict describing where reading broke).
+    info: tarfile.TarInfo
+    data: bytes | None
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A header tarfile could not read, at byte ``offset``. Reading resumed at ``resume`` (the next
+    block whose header checksum is valid), or never (None). ``name``: the member name still legible
+    in the header; ``extended``: it looks like a PAX / GNU long-name header, whose member (read at
+    ``resume``) lost its real name with it."""
+
+    offset: int
+    resume: int | None
+    name: str | None
+    extended: bool
+
+
+_SCAN_CHUNK = 1 << 20  # bytes read at a time while looking for the next header (whole blocks)
+_EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+def _next_header(f, start: int) -> int | None:
+    """Offset of the first block at or after ``start`` (in whole blocks) whose header checksum is valid."""
+    pos = start
+    f.seek(pos)
+    while chunk := f.read(_SCAN_CHUNK):
+        for i in range(0, len(chunk) - TAR_BLOCK + 1, TAR_BLOCK):
+            if formats.tar_header_ok(chunk[i:i + TAR_BLOCK]):
+                return pos + i
+        pos += len(chunk)
+    return None
+
+
+def _members_from(f, pos: int, state: dict[str, Any]) -> Generator[Member, None, int]:
+    """The members from byte ``pos`` on, until tarfile stops; returns the offset of the header it
+    stopped at. A member cut short sets ``state["error"]`` and ends the file."""
+    f.seek(pos)
+    try:
+        tar = tarfile.TarFile(fileobj=f, mode="r")
+    except tarfile.ReadError:
+        return pos
+    while True:
+        try:
+            ti = tar.next()
+        except tarfile.ReadError:
+            return tar.offset
+        if ti is None:
+            return tar.offset
+        data = None
+        if ti.isreg():
+            try:
+                data = tar.extractfile(ti).read()
+                if len(data) != ti.size:
+                    raise tarfile.ReadError("unexpected end of data")
+            except (tarfile.ReadError, EOFError, OSError) as e:
+                size = state["file_size"]
+                state["error"] = {
+                    "kind": "truncated member",
+                    "detail": f"{type(e).__name__}: {e}",
+                    "member": ti.name,
+                    "member_header_offset": ti.offset,
+                    "member_size": ti.size,
+                    "member_bytes_available": max(0, size - ti.offset_data),
+                    "break_offset": size,
+                }
+                return size
+        state["intact_members"] += 1
+        state["intact_bytes"] = tar.offset  # tarfile has moved past the member's data
+        yield Member(ti, data)
+        tar.members = []
+
+
+def _stop_error(block: bytes, stop: int, state: dict[str, Any]) -> dict[str, Any]:
+    """``state["error"]`` for a file whose bytes at ``stop`` are not a whole header block."""
+    size = state["file_size"]
+    if state["intact_members"] or stop:
+        return {"kind": "missing end-of-archive marker",
+                "detail": f"file ends {size - stop} bytes after the last intact member",
+                "member": None, "break_offset": size}
+    return {"kind": "unreadable header", "detail": "the file is too short to be a tar" if block else "empty file",
+            "member": None, "break_offset": 0}
+
+
+def iter_members(path: Path, state: dict[str, Any]) -> Iterator[Member | Damage]:
+    """Stream the members of ``path`` in order, resynchronising past damaged headers.
+
+    Yields a :class:`Member` per member read intact and a :class:`Damage` per header that could not
+    be read; reading goes on at the next block whose header checksum is valid. On exit ``state``
+    holds ``intact_members``, ``intact_bytes`` (end of the last intact member), ``file_size`` and
+    ``error``: None, or where reading stopped for good (a member cut short, a damaged header no
+    valid one follows, a file that ends without its end-of-archive marker).
     """
     size = path.stat().st_size
     state.update(intact_members=0, intact_bytes=0, file_size=size, error=None)
-    end = 0
     with open(path, "rb") as f:
-        try:
-            tar = tarfile.open(fileobj=f, mode="r|")
-            for ti in tar:
-                data = None
-                if ti.isreg():
-                    try:
-                        data = tar.extractfile(ti).read()
-                        if len(data) != ti.size:
-                            raise tarfile.ReadError("unexpected end of data")
-                    except (tarfile.ReadError, EOFError, OSError) as e:
-                        state["error"] = {
-                            "kind": "truncated member",
-                            "detail": f"{type(e).__name__}: {e}",
-                            "member": ti.name,
-                            "member_header_offset": ti.offset,
-                            "member_size": ti.size,
-                            "member_bytes_available": max(0, size - ti.offset_data),
-                            "break_offset": size,
-                        }
-                        return
-                end = ti.offset_data + -(-ti.size // TAR_BLOCK) * TAR_BLOCK
-                state["intact_members"] += 1
-                state["intact_bytes"] = end
-                yield ti, data
-                tar.members = []
-        except (tarfile.ReadError, EOFError, OSError) as e:
-            state["error"] = {"kind": "unreadable header", "detail": f"{type(e).__name__}: {e}",
-                              "member": None, "break_offset": end}
-            return
-        # tarfile stops silently at a truncated or garbled header: look for the end marker
-        f.seek(end)
-        tail = f.read(TAR_BLOCK)
-        if len(tail) < TAR_BLOCK:
-            state["error"] = {"kind": "missing end-of-archive marker",
-                              "detail": f"file ends {size - end} bytes after the last intact member",
-                              "member": None, "break_offset": size}
-        elif tail.strip(b"\0"):
-            state["error"] = {"kind": "unreadable header",
-                              "detail": "bytes after the last intact member are not a tar header",
-                              "member": None, "break_offset": end}
+        pos = 0
+        while True:
+            stop = yield from _members_from(f, pos, state)
+            if state["error"] is not None:
+                return
+            f.seek(stop)
+            block = f.read(TAR_BLOCK)
+            if len(block) < TAR_BLOCK:
+                state["error"] = _stop_error(block, stop, state)
+                return
+            if not block.strip(b"\0"):
+                return  # the end-of-archive marker
+            resume = _next_header(f, stop + TAR_BLOCK)
+            extended = not formats.tar_header_ok(block) and block[156:157] in _EXTENDED_TYPES
+            yield Damage(stop, resume, formats.tar_header_name(block), extended)
+            if resume is None:
+                state["error"] = {"kind": "unreadable header",
+                                  "detail": "no valid tar header follows the damaged one",
+                                  "member": None, "break_offset": stop}
+                return
+            pos = resume
+
+
+@dataclass
+class _Gap:
+    """A member lost at byte ``offset`` (a damaged header, or a file ending without its end
+    marker: ``certain=False``) between run ``prev`` and run ``next`` (indices; None: no such run)."""
+
+    offset: int
+    prev: int | None
+    certain: bool
+    name: str | None = None  # the lost member's legible name
+    next: int | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.certain:
+            return f"damaged tar header at byte {self.offset}"
+        return f"file ends at byte {self.offset} without an end-of-archive marker"
+
+
+def _attribute(gap: _Gap, runs: list[Run], usual: set[str] | None, lost: list[LostSample]) -> None:
+    """Mark the sample ``gap``'s member belonged to: the run on both sides of it, else the run its
+    legible name names, else the neighbours lacking a usual suffix (both when no other run tells
+    what is usual and the loss is certain); a certain loss none of them shows was a whole sample."""
+    named = split_member(gap.name)[0] if gap.name else None
+    near = [runs[i] for i in dict.fromkeys((gap.prev, gap.next)) if i is not None]
+    if gap.prev is not None and gap.prev == gap.next:
+        hit = near
+    elif named is not None and any(r.key == named for r in near):
+        hit = [r for r in near if r.key == named]
+    elif usual is None:
+        hit = near if gap.certain else []
+    else:
+        hit = [r for r in near if not usual <= set(r.suffixes)]
+    for r in hit:
+        r.problems.append(gap.reason)
+    if not hit and gap.certain:
+        lost.append(LostSample(named, f"{gap.reason} (no member of the sample is left)"))
+
+
+def _attribute_gaps(gaps: list[_Gap], runs: list[Run], lost: list[LostSample]) -> None:
+    """Attribute every gap (see :func:`_attribute`); a sample is listed once, however many of its
+    members were lost."""
+    near = {i for g in gaps for i in (g.prev, g.next) if i is not None}
+    others = [set(r.suffixes) for i, r in enumerate(runs) if i not in near and not r.problems]
+    usual = set.intersection(*others) if others else None
+    found: list[LostSample] = []
+    for g in gaps:
+        _attribute(g, runs, usual, found)
+    listed = {r.key for r in runs if r.problems}
+    for x in found:
+        if x.key is None or x.key not in listed:
+            lost.append(x)
+            listed.add(x.key)
 
 
 def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
@@ -190,15 +371,38 @@ def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
     skipped: list[str] = []
     corrupt: list[dict[str, str]] = []
     empty: list[str] = []
+    damaged: list[dict[str, Any]] = []
+    unsafe: list[dict[str, Any]] = []
+    unsafe_keys: dict[str, str] = {}
+    gaps: list[_Gap] = []
+    waiting: list[_Gap] = []  # damaged headers whose next run is not known yet
+    orphan_at: int | None = None  # offset of a member whose extended header was the damaged one
     members = 0
-    for ti, data in iter_members(path, state):
+    for ev in iter_members(path, state):
+        if isinstance(ev, Damage):
+            gaps.append(_Gap(ev.offset, len(runs) - 1 if runs else None, certain=True, name=ev.name))
+            waiting.append(gaps[-1])
+            damaged.append({"offset": ev.offset, "resumed_at": ev.resume, "name": ev.name})
+            orphan_at = ev.resume if ev.extended else None
+            continue
+        ti, data = ev.info, ev.data
         name = ti.name
+        if orphan_at is not None and ti.offset == orphan_at:
+            gaps[-1].name = name  # its own header holds only a cut name: the member went with the damage
+            damaged[-1]["orphaned_member"] = name
+            orphan_at = None
+            continue
+        key, suffix = split_member(name)
+        why_unsafe = unsafe_reason(ti)
+        if why_unsafe:
+            unsafe.append({"member": name, "key": key, "reason": why_unsafe})
+            if key is not None:
+                unsafe_keys.setdefault(key, f"unsafe member {name} ({why_unsafe})")
         why = skip_reason(name, data)
         if why:
             skipped.append(f"{name} ({why})")
             continue
         members += 1
-        key, suffix = split_member(name)
         if key is None:
             unkeyed.append(name)
             continue
@@ -213,7 +417,10 @@ def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
         run = runs[-1]
         if suffix in run.suffixes:
             duplicates.append(name)
-        run.members.append((name, suffix, len(data), hashlib.sha256(data).hexdigest()))
+        run.members.append(MemberRef(name, suffix, len(data), hashlib.sha256(data).hexdigest(), ti.offset_data))
+        for g in waiting:
+            g.next = len(runs) - 1
+        waiting = []
         if len(data) == 0:
             empty.append(name)
         err = check_member(suffix, data)
@@ -223,17 +430,18 @@ def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
     error = state["error"]
     broken = (error or {}).get("member")
     bkey = split_member(broken)[0] if broken else None
-    if error and runs:
-        last = runs[-1]
-        if bkey is not None and bkey == last.key:
-            last.complete = False  # the sample lost its partially written member
-        elif bkey is None:
-            # break at a header: the last sample may have lost members we never saw
-            others = [set(r.suffixes) for r in runs[:-1]]
-            if others:
-                usual = set.intersection(*others)
-                if not usual <= set(last.suffixes):
-                    last.complete = False
+    lost: list[LostSample] = []
+    if error and broken and runs and bkey == runs[-1].key:
+        runs[-1].problems.append(f"member {broken} cut short (file ends at byte {error['break_offset']})")
+    elif error and broken:
+        lost.append(LostSample(bkey, f"member {broken} cut short (file ends at byte {error['break_offset']}); "
+                               "no member of the sample is left"))
+    elif error and runs and not (gaps and gaps[-1].offset == error["break_offset"]):
+        gaps.append(_Gap(error["break_offset"], len(runs) - 1, certain=False))
+    _attribute_gaps(gaps, runs, lost)
+    for r in runs:
+        if r.key in unsafe_keys:
+            r.problems.append(unsafe_keys[r.key])
     kept = [i for i, r in enumerate(runs) if r.complete]
 
     missing: dict[str, list[str]] = {}
@@ -256,6 +464,9 @@ def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
         "empty_members": empty,
         "corrupt": corrupt,
         "truncated": None,
+        "damaged_headers": damaged,
+        "unsafe_members": unsafe,
+        "damaged_samples": [],
         "dotted_members": [],
         "minority_suffixes": {},
     }
@@ -269,7 +480,9 @@ def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
             "incomplete_keys": [r.key for r in runs if not r.complete],
             "broken_key": bkey,
         }
-    return ShardScan(path, rep, runs, kept)
+    scan = ShardScan(path, rep, runs, kept, lost)
+    rep["damaged_samples"] = [{"key": d.key, "reason": d.reason} for d in scan.dropped]
+    return scan
 
 
 # ----------------------------------------------------------------------------------------
@@ -326,7 +539,7 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tu
         rep = sc.report
         minority: Counter[str] = Counter()
         for r in sc.runs:
-            for name, suffix, _, _ in r.members:
+            for name, suffix, *_ in r.members:
                 if suffix in known:
                     continue
                 if "." in suffix:
@@ -423,6 +636,17 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tu
             t = rep["truncated"]
             sp.append(f"{n}: {t['kind']} at byte {t['break_offset']} ({t['intact_members']} members, "
                       f"{t['intact_samples']} complete samples intact)")
+        for d in rep["damaged_headers"]:
+            after = (f"reading resumed at byte {d['resumed_at']}" if d["resumed_at"] is not None
+                     else "no valid header follows")
+            sp.append(f"{n}: damaged tar header at byte {d['offset']}"
+                      + (f" (member {d['name']!r})" if d["name"] else "") + f"; {after}")
+        for u in rep["unsafe_members"]:
+            sp.append(f"{n}: unsafe member {u['member']!r}: {u['reason']} (never extracted; repair drops it)")
+        if rep["damaged_samples"]:
+            named = [d["key"] or "(unnamed)" for d in rep["damaged_samples"]]
+            sp.append(f"{n}: {len(named)} sample(s) not intact, a repair drops them: {', '.join(named[:10])}"
+                      + (", ..." if len(named) > 10 else ""))
         for c in rep["corrupt"]:
             sp.append(f"{n}: corrupt member {c['member']}: {c['error']}")
         for na in rep["non_adjacent"]:
@@ -461,6 +685,8 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tu
             "ignored": total_ignored,
             "usable_samples": n_samples - total_ignored,
             "truncated_shards": sum(1 for sc in scans if sc.report["truncated"]),
+            "damaged_headers": sum(len(sc.report["damaged_headers"]) for sc in scans),
+            "unsafe_members": sum(len(sc.report["unsafe_members"]) for sc in scans),
             "corrupt_members": sum(len(sc.report["corrupt"]) for sc in scans),
         },
         "problems": problems,
@@ -479,7 +705,9 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     ``duplicate_members``, ``unkeyed_members``, ``skipped_members``, ``empty_members``,
     ``corrupt`` ([{member, key, suffix, error}]), ``truncated`` (None or {kind, detail,
     member, break_offset, intact_members, intact_bytes, file_size, intact_samples,
-    incomplete_keys, ...}), ``dotted_members``, ``minority_suffixes``, ``count_file``,
+    incomplete_keys, ...}), ``damaged_headers`` ([{offset, resumed_at, name}]),
+    ``unsafe_members`` ([{member, key, reason}]), ``damaged_samples`` ([{key, reason}]: what a
+    rewrite would drop), ``dotted_members``, ``minority_suffixes``, ``count_file``,
     ``count_status``, ``ignored`` and ``problems``.
     """
     return scan_folder(folder, key_map)[0]
@@ -494,7 +722,8 @@ def format_inspect(report: dict[str, Any]) -> str:
         lines.append(f"  key_map: {report['key_map']}")
     for s in report["shards"]:
         suffixes = " ".join(f"{k}:{v}" for k, v in s["suffix_counts"].items())
-        status = "TRUNCATED" if s["truncated"] else ("PROBLEMS" if s["problems"] else "ok")
+        status = ("TRUNCATED" if s["truncated"] else "DAMAGED" if s["damaged_headers"]
+                  else "UNSAFE" if s["unsafe_members"] else "PROBLEMS" if s["problems"] else "ok")
         cnt = "" if s.get("count_file") is None else f" (count file: {s['count_file']})"
         lines.append(f"  {s['name']:<20} {s['samples']:>6} samples{cnt}  [{suffixes}]  {status}")
         for p in s["problems"]:
@@ -539,12 +768,12 @@ def diagnose_empty(
     elif t["samples"] == 0:
         add("tar_members", "problem", "the shards hold no samples (no member names of the form <key>.<suffix>)")
     else:
-        bad = [s["name"] for s in shards if s["truncated"] or s["corrupt"] or s["non_adjacent"]
-               or s["duplicate_members"] or s["dotted_members"]]
+        bad = [s["name"] for s in shards if s["truncated"] or s["damaged_headers"] or s["corrupt"]
+               or s["non_adjacent"] or s["duplicate_members"] or s["dotted_members"]]
         if bad:
             lost = sum(len(s["corrupt"]) for s in shards)
             add("tar_members", "problem",
-                f"{len(bad)} shard(s) with truncated/corrupt/split members ({', '.join(bad[:4])}); "
+                f"{len(bad)} shard(s) with truncated/damaged/corrupt/split members ({', '.join(bad[:4])}); "
                 f"{lost} corrupt member(s) are dropped silently by warn_and_continue")
         elif t["usable_samples"] == 0:
             add("tar_members", "problem", "every sample is listed in ignore_index.json")

@@ -1,47 +1,141 @@
 """Repair a WebDataset folder without ever losing data silently.
 
-* A **truncated or unreadable** shard is rewritten from its intact, complete samples (the
-  sample whose member was cut is dropped and listed), with :class:`DeterministicTar`,
-  atomically. The new tar is first written beside the shard, re-read and compared member by
-  member (name + sha256) with what was meant to be kept; only then is the original kept as
-  ``<name>.orig`` (hard link or copy; never deleted) and the new tar renamed into place.
+* A shard that is **cut short, has a damaged member header, or holds unsafe members** (``../x``,
+  ``/abs/x``, links, device files) is rewritten from its intact samples. Reading resynchronises
+  past a damaged header (at the next block whose header checksum is valid), so a bad header costs
+  only the sample whose member it was; a sample is kept iff all its members are intact, and every
+  dropped sample is listed by key and reason. Unsafe members are never copied. The new tar is
+  first written beside the shard (:class:`DeterministicTar`, each member's bytes read again by
+  offset and checked against the scan's sha256), re-read and compared member by member (name +
+  sha256) with what was meant to be kept; only then is the original kept as ``<name>.orig`` (hard
+  link or copy; never deleted) and the new tar renamed into place.
 * A shard with a **corrupt member** is not rewritten: the sample's key goes into
   ``ignore_index.json`` (merged with what is there), which FastGen's loaders honour.
 * ``shard_count.json`` is rebuilt from what a loader sees per shard, **before** ignores:
   FastGen subtracts ignored keys itself (reference/fastgen.md §2.7, §8).
+* ``from_source=True``, for a dataset a shardsmith build wrote: each shard whose bytes differ from
+  the build's is first rebuilt from the sources, byte-identical (:mod:`.from_source`); a source
+  that changed or is gone refuses the repair before anything is written.
+* Every change is appended to ``repair.json`` beside the shards (:class:`RepairEvent`: per shard,
+  the samples dropped, ignored or restored, why, when); ``verify`` reads it to account for the loss.
+* The folder's lock (the build folder's, for a dataset a shardsmith build wrote) is held for the
+  whole run: a build or another repair in progress refuses it at once.
 
 Non-adjacent members, duplicate members and dotted keys are reported but not changed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from shardsmith.errors import UserError
-from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
+from shardsmith.formats import IGNORE_INDEX_FILE, REPAIR_FILE, SHARD_COUNT_FILE
+from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
-from shardsmith.verify.inspect import (
-    ShardScan,
-    _load_json,
-    iter_members,
-    load_ignore_index,
-    scan_folder,
-    scan_shard,
-    skip_reason,
-    split_member,
-)
+from shardsmith.verify.inspect import LostSample, ShardScan, _load_json, load_ignore_index, scan_folder, scan_shard
+from shardsmith.verify.runner import BuildRef, find_build
 
 BACKUP_SUFFIX = ".orig"
 CANDIDATE_SUFFIX = ".repaired"
 
+REWRITTEN, IGNORED, RESTORED = "rewritten", "ignored_keys", "restored_from_source"
+
 
 class RepairError(UserError, RuntimeError):
     pass
+
+
+# ----------------------------------------------------------------------------------------
+# repair.json
+
+
+@dataclass
+class RepairEvent:
+    """One change a repair made to one shard: an entry of ``repair.json``.
+
+    ``dropped``: samples no longer in the shard; ``ignored``: samples added to
+    ``ignore_index.json``; ``restored``: keys rebuilt from the sources (a restore puts the shard
+    back as the build wrote it, so it cancels every earlier loss of that shard);
+    ``dropped_members``: members left out of a rewrite that were no sample (unsafe, unkeyed)."""
+
+    time: str
+    shard: str
+    action: str  # REWRITTEN | IGNORED | RESTORED
+    samples_before: int
+    samples_after: int
+    dropped: list[LostSample] = field(default_factory=list)
+    ignored: list[LostSample] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    dropped_members: list[str] = field(default_factory=list)
+    backup: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RepairEvent":
+        d = dict(d)
+        for k in ("dropped", "ignored"):
+            d[k] = [LostSample(x["key"], x["reason"]) for x in d.get(k, [])]
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class AccountedLoss:
+    """A sample a repair removed from a shard (dropped or ignored) and no later repair restored."""
+
+    shard: str
+    key: str | None
+    reason: str
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def load_repair_log(folder: str | Path) -> list[RepairEvent]:
+    """The events of ``folder``'s ``repair.json`` in order ([] without one); a file that is not one
+    raises :class:`RepairError` (it is never overwritten blindly)."""
+    path = Path(folder) / REPAIR_FILE
+    data, err = _load_json(path)
+    if err:
+        raise RepairError(f"{err}; fix or move it (repairs append to it, verify reads it)")
+    if data is None:
+        return []
+    try:
+        return [RepairEvent.from_json(e) for e in data["repairs"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RepairError(f"{path} is not {{\"repairs\": [event, ...]}} ({type(exc).__name__}: {exc}); "
+                          "fix or move it (repairs append to it, verify reads it)") from None
+
+
+def repair_losses(folder: str | Path) -> list[AccountedLoss]:
+    """The samples repairs removed from ``folder`` and never restored, in the order they were removed."""
+    lost: dict[str, list[AccountedLoss]] = {}
+    for ev in load_repair_log(folder):
+        if ev.action == RESTORED:
+            lost.pop(ev.shard, None)
+            continue
+        lost.setdefault(ev.shard, []).extend(AccountedLoss(ev.shard, x.key, x.reason) for x in ev.dropped + ev.ignored)
+    return [x for shard in lost.values() for x in shard]
+
+
+def _append_repair_log(folder: Path, events: list[RepairEvent]) -> None:
+    old = load_repair_log(folder)
+    atomic_write_json(folder / REPAIR_FILE, {"repairs": [e.to_json() for e in old + events]})
+
+
+# ----------------------------------------------------------------------------------------
+# rewriting one shard
 
 
 def _backup_name(path: Path) -> Path:
@@ -63,57 +157,176 @@ def _keep_original(path: Path, backup: Path) -> None:
     fsync_dir(backup.parent)
 
 
-def _rewrite(sc: ShardScan) -> dict[str, Any]:
-    """Write the complete samples of ``sc`` to a verified candidate and swap it in."""
-    path = sc.path
-    keep = {(i, m[0]) for i in sc.kept for m in sc.runs[i].members}
-    expected = [(m[0], m[3]) for i in sc.kept for m in sc.runs[i].members]
-    cand = path.with_name(path.name + CANDIDATE_SUFFIX)
-    # second streaming pass: copy members of kept samples verbatim, in their order
-    state: dict[str, Any] = {}
-    run_idx, cur_key = -1, None
-    written: list[tuple[str, str]] = []
-    with atomic_open(cand) as f:
+def _put_in_place(candidate: Path, path: Path) -> str | None:
+    """Keep ``path``'s bytes under a backup name (when it exists), then rename ``candidate`` to
+    ``path``; returns the backup's name."""
+    backup = None
+    if path.exists():
+        backup = _backup_name(path)
+        _keep_original(path, backup)
+    os.replace(candidate, path)
+    fsync_dir(path.parent)
+    return backup.name if backup else None
+
+
+def _write_candidate(sc: ShardScan, cand: Path) -> list[tuple[str, str]]:
+    """Write the kept samples' members of ``sc`` to ``cand``, each read again by offset and checked
+    against the scan's sha256; returns the (name, sha256) written."""
+    refs = [m for i in sc.kept for m in sc.runs[i].members]
+    with open(sc.path, "rb") as src, atomic_open(cand) as f:
         tar = DeterministicTar(f)
-        for ti, data in iter_members(path, state):
-            if skip_reason(ti.name, data):
-                continue
-            key, _ = split_member(ti.name)
-            if key is None:
-                continue
-            if run_idx < 0 or key != cur_key:  # the scan's grouping rule, so indices align
-                run_idx, cur_key = run_idx + 1, key
-            if (run_idx, ti.name) in keep:
-                tar.add(ti.name, data)
-                written.append((ti.name, hashlib.sha256(data).hexdigest()))
+        for m in refs:
+            src.seek(m.data_offset)
+            data = src.read(m.size)
+            if hashlib.sha256(data).hexdigest() != m.sha256:
+                raise RepairError(f"{sc.path.name}: {m.name} changed between two reads; nothing replaced")
+            tar.add(m.name, data)
         tar.close()
+    return [(m.name, m.sha256) for m in refs]
+
+
+def _rewrite(sc: ShardScan) -> str | None:
+    """Write the complete samples of ``sc`` to a verified candidate and swap it in; returns the
+    name the original is kept under."""
+    path = sc.path
+    cand = path.with_name(path.name + CANDIDATE_SUFFIX)
     try:
-        if written != expected:
-            raise RepairError(f"{path.name}: second read differs from the first; nothing replaced")
+        expected = _write_candidate(sc, cand)
         check = scan_shard(cand)
-        got = [(m[0], m[3]) for r in check.runs for m in r.members]
-        if check.report["truncated"] or got != expected:
+        got = [(m.name, m.sha256) for r in check.runs for m in r.members]
+        if check.needs_rewrite or got != expected:
             raise RepairError(f"{path.name}: rewritten shard did not verify; nothing replaced")
     except BaseException:
         cand.unlink(missing_ok=True)
         raise
-    backup = _backup_name(path)
-    _keep_original(path, backup)
-    os.replace(cand, path)
-    fsync_dir(path.parent)
-    return {"backup": backup.name, "members_written": len(written)}
+    return _put_in_place(cand, path)
 
 
-def repair_wds(folder: str | Path, *, dry_run: bool = False) -> dict[str, Any]:
+def _left_out_members(sc: ShardScan) -> list[str]:
+    """Members a rewrite does not copy that belong to no dropped sample: ``"name: why"``."""
+    rep = sc.report
+    out = [f"{u['member']}: {u['reason']}" for u in rep["unsafe_members"]]
+    out += [f"{n}: no suffix (webdataset skips it)" for n in rep["unkeyed_members"]]
+    unsafe = {u["member"] for u in rep["unsafe_members"]}
+    out += [s for s in rep["skipped_members"] if s.split(" (", 1)[0] not in unsafe]
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# the repair
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, dry_run: bool) -> Iterator[None]:
+    """Hold ``folder``'s lock (a dry run, which writes nothing, only checks that it is free)."""
+    if not dry_run:
+        with hold(folder, "repair"):
+            yield
+        return
+    who = holder(folder)
+    if who:
+        raise FolderLockedError(f"{folder} is in use by another shardsmith process ({who}); wait for it to finish "
+                                "and re-run this command")
+    yield
+
+
+def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool = False) -> dict[str, Any]:
     """Repair ``folder`` in place (or only report with ``dry_run``); return what changed.
 
-    Report keys: ``folder``, ``dry_run``, ``shards`` ({name: {action (rewritten |
-    ignored_keys | unchanged), samples_before, samples_after, dropped_keys, ignored_keys,
-    backup, notes}}), ``ignore_index`` ({path, added: {shard: [keys]}, written}),
-    ``shard_count`` ({path, before, after, changed, written}), ``errors`` and ``inspect``
-    (the inspect report taken before any change).
+    Report keys: ``folder``, ``dry_run``, ``from_source``, ``shards`` ({name: {action (rewritten
+    | ignored_keys | restored_from_source | unchanged), samples_before, samples_after, dropped
+    ([{key, reason}]), dropped_keys, dropped_members, ignored_keys, restored, backup, notes}}),
+    ``ignore_index`` ({path, added, removed, written}), ``shard_count`` ({path, before, after,
+    changed, written}), ``repair_log`` ({path, events, written}), ``build`` (the build folder that
+    wrote it, or None), ``errors`` and ``inspect`` (the inspect report taken before any change).
     """
     folder = Path(folder)
+    if not folder.is_dir():
+        raise RepairError(f"{folder} is not a folder; repair takes a WebDataset folder (the one holding NNNNN.tar)")
+    build = find_build(folder)
+    with _locked(build.root if build else folder, dry_run):
+        restored = _restore(folder, build, dry_run) if from_source else {}
+        report = _repair(folder, dry_run, restored)
+    report.update(from_source=from_source, build=str(build.root) if build else None)
+    return report
+
+
+def _restore(folder: Path, build: BuildRef | None, dry_run: bool) -> dict[str, RepairEvent]:
+    """Put every damaged shard back as the build wrote it (see :mod:`.from_source`); one event per shard."""
+    from shardsmith.verify.from_source import rebuild_damaged
+
+    events: dict[str, RepairEvent] = {}
+    for r in rebuild_damaged(folder, build, dry_run=dry_run):
+        path = folder / r.unit.name
+        before = scan_shard(path) if path.exists() else None
+        old = {} if before is None else {run.key: [(m.name, m.sha256) for m in run.members]
+                                         for i, run in enumerate(before.runs) if i in before.kept}
+        ev = RepairEvent(_now(), r.unit.name, RESTORED, samples_before=len(old), samples_after=r.unit.count,
+                         restored=[k for k, members in r.members.items() if old.get(k) != members])
+        if r.candidate is not None:
+            ev.backup = _put_in_place(r.candidate, path)
+        events[r.unit.name] = ev
+    return events
+
+
+def _shard_entry(sc: ShardScan) -> dict[str, Any]:
+    rep = sc.report
+    return {"action": "unchanged", "samples_before": rep["samples"], "samples_after": rep["samples"],
+            "dropped": [], "dropped_keys": [], "dropped_members": [], "ignored_keys": [], "restored": [],
+            "backup": None, "notes": []}
+
+
+def _rewrite_entry(sc: ShardScan, entry: dict[str, Any], dry_run: bool, errors: list[str]) -> None:
+    """Rewrite ``sc`` from its intact samples (or say what would be) and record it in ``entry``."""
+    rep = sc.report
+    dropped = sc.dropped
+    entry.update(action=REWRITTEN, samples_after=len(sc.kept), dropped=[dataclasses.asdict(d) for d in dropped],
+                 dropped_keys=[d.key for d in dropped if d.key is not None],
+                 dropped_members=_left_out_members(sc))
+    if isinstance(rep.get("count_file"), int) and rep["count_file"] > len(sc.kept):
+        entry["notes"].append(
+            f"{SHARD_COUNT_FILE} said {rep['count_file']} samples: {rep['count_file'] - len(sc.kept)} "
+            "are not recoverable from this file (the original bytes stay in the backup)")
+    if rep["truncated"]:
+        t = rep["truncated"]
+        entry["notes"].append(f"{t['kind']} at byte {t['break_offset']}: kept {len(sc.kept)} complete sample(s)")
+    for d in rep["damaged_headers"]:
+        entry["notes"].append(f"damaged tar header at byte {d['offset']}: "
+                              + (f"read on from byte {d['resumed_at']}" if d["resumed_at"] is not None
+                                 else "no valid header follows"))
+    if dry_run:
+        entry["backup"] = _backup_name(sc.path).name
+        return
+    try:
+        entry["backup"] = _rewrite(sc)
+    except (RepairError, OSError) as e:
+        errors.append(str(e))
+        entry.update(action="unchanged", samples_after=rep["samples"], dropped=[], dropped_keys=[],
+                     dropped_members=[])
+        entry["notes"].append(f"rewrite failed, shard left as it was: {e}")
+
+
+def _corrupt_keys(sc: ShardScan, entry: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, reason) of the samples with a corrupt member that stay in the shard."""
+    live = {sc.runs[i].key for i in sc.kept} if entry["action"] == REWRITTEN else {r.key for r in sc.runs}
+    out: dict[str, str] = {}
+    for c in sc.report["corrupt"]:
+        if c["key"] in live and c["key"] not in out:
+            out[c["key"]] = f"corrupt member {c['member']}: {c['error']}"
+    return list(out.items())
+
+
+def _event(name: str, entry: dict[str, Any], ignored: list[LostSample]) -> RepairEvent | None:
+    """The repair.json event for one shard's entry, or None when nothing changed."""
+    if entry["action"] == "unchanged" and not ignored:
+        return None
+    return RepairEvent(_now(), name, entry["action"], entry["samples_before"], entry["samples_after"],
+                       dropped=[LostSample(d["key"], d["reason"]) for d in entry["dropped"]], ignored=ignored,
+                       dropped_members=list(entry["dropped_members"]), backup=entry["backup"])
+
+
+def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent]) -> dict[str, Any]:
+    """The repair proper, after any restore from the sources."""
     before, scans = scan_folder(folder)
     errors: list[str] = []
     shards: dict[str, Any] = {}
@@ -122,102 +335,105 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False) -> dict[str, Any]:
     if ierr:
         raise RepairError(f"{ierr}; fix or move it before repairing (it is never overwritten blindly)")
     already = already or {}
+    history = load_repair_log(folder)
+    events: list[RepairEvent] = list(restored.values())
     counts_after: dict[str, int] = {}
 
     for sc in scans:
-        rep = sc.report
-        name = rep["name"]
-        kept_keys = [sc.runs[i].key for i in sc.kept]
-        entry: dict[str, Any] = {
-            "action": "unchanged",
-            "samples_before": rep["samples"],
-            "samples_after": rep["samples"],
-            "dropped_keys": [],
-            "ignored_keys": [],
-            "backup": None,
-            "notes": [],
-        }
-        if rep["truncated"]:
-            t = rep["truncated"]
-            entry["dropped_keys"] = [r.key for r in sc.runs if not r.complete]
-            if t.get("broken_key") and t["broken_key"] not in entry["dropped_keys"] \
-                    and t["broken_key"] not in kept_keys:
-                entry["dropped_keys"].append(t["broken_key"])  # its first member was the one cut
-            if isinstance(rep.get("count_file"), int) and rep["count_file"] > len(sc.kept):
-                entry["notes"].append(
-                    f"{SHARD_COUNT_FILE} said {rep['count_file']} samples: {rep['count_file'] - len(sc.kept)} "
-                    "are not recoverable from this file (the original bytes stay in the backup)")
-            entry["notes"].append(f"{t['kind']} at byte {t['break_offset']}: kept {len(sc.kept)} complete sample(s)")
-            entry["samples_after"] = len(sc.kept)
-            entry["action"] = "rewritten"
-            if dry_run:
-                entry["backup"] = _backup_name(sc.path).name
-            else:
-                try:
-                    entry["backup"] = _rewrite(sc)["backup"]
-                except (RepairError, OSError) as e:
-                    errors.append(str(e))
-                    entry.update(action="unchanged", samples_after=rep["samples"], dropped_keys=[])
-                    entry["notes"].append(f"rewrite failed, shard left as it was: {e}")
-        # corrupt members -> ignore their samples (only samples that stay in the shard)
-        live = set(kept_keys) if entry["action"] == "rewritten" else {r.key for r in sc.runs}
-        bad = []
-        for c in rep["corrupt"]:
-            if c["key"] in live and c["key"] not in bad:
-                bad.append(c["key"])
-        new = [k for k in bad if k not in already.get(name, [])]
+        name = sc.report["name"]
+        entry = _shard_entry(sc)
+        if name in restored:
+            ev = restored[name]
+            entry.update(action=RESTORED, samples_before=ev.samples_before, samples_after=ev.samples_after,
+                         restored=ev.restored, backup=ev.backup)
+            entry["notes"].append("rebuilt from the sources, byte-identical to the build" + (
+                f" ({len(ev.restored)} sample(s) restored)" if not dry_run else ""))
+        elif sc.needs_rewrite:
+            _rewrite_entry(sc, entry, dry_run, errors)
+        bad = _corrupt_keys(sc, entry) if name not in restored else []
+        new = [(k, why) for k, why in bad if k not in already.get(name, [])]
         if new:
-            add_ignore[name] = new
-            entry["ignored_keys"] = new
+            add_ignore[name] = [k for k, _ in new]
+            entry["ignored_keys"] = add_ignore[name]
             if entry["action"] == "unchanged":
-                entry["action"] = "ignored_keys"
-        already_listed = [k for k in bad if k in already.get(name, [])]
+                entry["action"] = IGNORED
+        already_listed = [k for k, _ in bad if k in already.get(name, [])]
         if already_listed:
             entry["notes"].append(f"already in {IGNORE_INDEX_FILE}: {already_listed}")
-        for label, items in (("non-adjacent members", rep["non_adjacent"]),
-                             ("duplicate members", rep["duplicate_members"]),
-                             ("dotted keys", rep["dotted_members"])):
+        for label, items in (("non-adjacent members", sc.report["non_adjacent"]),
+                             ("duplicate members", sc.report["duplicate_members"]),
+                             ("dotted keys", sc.report["dotted_members"])):
             if items:
                 entry["notes"].append(f"{len(items)} {label} reported, not changed (needs a rebuild)")
+        ev = None if name in restored else _event(name, entry, [LostSample(k, why) for k, why in new])
+        if ev is not None:
+            events.append(ev)
         counts_after[name] = entry["samples_after"]
         shards[name] = entry
 
-    # ignore_index.json: merge, never drop an existing entry
-    ign_path = folder / IGNORE_INDEX_FILE
-    merged = {k: list(v) for k, v in already.items()}
-    for shard, keys in add_ignore.items():
-        merged.setdefault(shard, [])
-        merged[shard].extend(k for k in keys if k not in merged[shard])
-    ign_written = False
-    if add_ignore and not dry_run:
-        atomic_write_json(ign_path, merged)
-        ign_written = True
-
-    # shard_count.json: samples per shard as a loader sees them, before ignores
-    cnt_path = folder / SHARD_COUNT_FILE
-    old_counts, cerr = _load_json(cnt_path)
-    if cerr or not isinstance(old_counts, (dict, type(None))):
-        old_counts = None
-    changed = old_counts != counts_after
-    cnt_written = False
-    if changed and not dry_run and scans:
-        if cnt_path.exists():
-            # the old file is kept beside the new one: never delete data silently
-            keep = _backup_name(cnt_path)
-            _keep_original(cnt_path, keep)
-        atomic_write_json(cnt_path, counts_after)
-        cnt_written = True
-
+    ign = _update_ignore_index(folder, already, add_ignore, _unignore(history, restored), dry_run)
+    cnt = _update_shard_count(folder, counts_after, dry_run, bool(scans))
+    if events and not dry_run:
+        _append_repair_log(folder, events)
     return {
         "folder": str(folder),
         "dry_run": dry_run,
         "shards": shards,
-        "ignore_index": {"path": str(ign_path), "added": add_ignore, "written": ign_written},
-        "shard_count": {"path": str(cnt_path), "before": old_counts, "after": counts_after,
-                        "changed": changed, "written": cnt_written},
+        "ignore_index": ign,
+        "shard_count": cnt,
+        "repair_log": {"path": str(folder / REPAIR_FILE), "events": [e.to_json() for e in events],
+                       "written": bool(events) and not dry_run},
         "errors": errors,
         "inspect": before,
     }
+
+
+def _unignore(history: list[RepairEvent], restored: dict[str, RepairEvent]) -> dict[str, list[str]]:
+    """Per restored shard, the keys earlier repairs put into ignore_index.json: restored, they go."""
+    out: dict[str, list[str]] = {}
+    for ev in history:
+        if ev.shard in restored and ev.ignored:
+            out.setdefault(ev.shard, []).extend(x.key for x in ev.ignored if x.key is not None)
+    return out
+
+
+def _update_ignore_index(folder: Path, already: dict[str, list[str]], add: dict[str, list[str]],
+                         remove: dict[str, list[str]], dry_run: bool) -> dict[str, Any]:
+    """Merge ``add`` into ignore_index.json and take out ``remove`` (keys repair itself added for
+    shards now restored); no other existing entry is ever dropped."""
+    path = folder / IGNORE_INDEX_FILE
+    merged = {k: list(v) for k, v in already.items()}
+    removed: dict[str, list[str]] = {}
+    for shard, keys in remove.items():
+        gone = [k for k in merged.get(shard, []) if k in keys]
+        if gone:
+            removed[shard] = gone
+            merged[shard] = [k for k in merged[shard] if k not in keys]
+    for shard, keys in add.items():
+        merged.setdefault(shard, [])
+        merged[shard].extend(k for k in keys if k not in merged[shard])
+    merged = {k: v for k, v in merged.items() if v or not already.get(k, [''])}  # (a restore can empty one)
+    written = False
+    if (add or removed) and not dry_run:
+        atomic_write_json(path, merged)
+        written = True
+    return {"path": str(path), "added": add, "removed": removed, "written": written}
+
+
+def _update_shard_count(folder: Path, counts_after: dict[str, int], dry_run: bool, any_shard: bool) -> dict[str, Any]:
+    """shard_count.json: samples per shard as a loader sees them, before ignores (the old file kept)."""
+    path = folder / SHARD_COUNT_FILE
+    old, err = _load_json(path)
+    if err or not isinstance(old, (dict, type(None))):
+        old = None
+    changed = old != counts_after
+    written = False
+    if changed and not dry_run and any_shard:
+        if path.exists():
+            _keep_original(path, _backup_name(path))  # never delete data silently
+        atomic_write_json(path, counts_after)
+        written = True
+    return {"path": str(path), "before": old, "after": counts_after, "changed": changed, "written": written}
 
 
 def format_repair(report: dict[str, Any]) -> str:
@@ -225,19 +441,31 @@ def format_repair(report: dict[str, Any]) -> str:
     head = "dry run: nothing written" if report["dry_run"] else "repair"
     lines = [f"{head}: {report['folder']}"]
     for name, e in report["shards"].items():
-        line = f"  {name:<20} {e['action']:<13} {e['samples_before']} -> {e['samples_after']} samples"
-        if e["dropped_keys"]:
-            line += f"; dropped {e['dropped_keys']}"
+        line = f"  {name:<20} {e['action']:<20} {e['samples_before']} -> {e['samples_after']} samples"
+        if e["restored"]:
+            line += f"; restored {e['restored']}"
         if e["ignored_keys"]:
             line += f"; ignored {e['ignored_keys']}"
         if e["backup"]:
             line += f"; original kept as {e['backup']}"
         lines.append(line)
+        lines.extend(f"      - dropped {d['key'] or '(unnamed sample)'}: {d['reason']}" for d in e["dropped"])
+        lines.extend(f"      - left out member {m}" for m in e["dropped_members"])
         lines.extend(f"      - {n}" for n in e["notes"])
     sc = report["shard_count"]
     if sc["changed"]:
         lines.append(f"  {SHARD_COUNT_FILE}: {sc['before']} -> {sc['after']}")
     if report["ignore_index"]["added"]:
         lines.append(f"  {IGNORE_INDEX_FILE}: added {report['ignore_index']['added']}")
+    if report["ignore_index"].get("removed"):
+        lines.append(f"  {IGNORE_INDEX_FILE}: removed {report['ignore_index']['removed']} (restored from the sources)")
+    log = report.get("repair_log") or {}
+    if log.get("events"):
+        lines.append(f"  {REPAIR_FILE}: {len(log['events'])} change(s) "
+                     + ("recorded" if log["written"] else "would be recorded"))
+    dropped = sum(len(e["dropped"]) for e in report["shards"].values())
+    if dropped and report.get("build") and not report.get("from_source"):
+        lines.append(f"  note: {report['build']} is a shardsmith build: `shardsmith repair --from-source "
+                     f"{report['folder']}` rebuilds damaged shards from its sources, byte-identical")
     lines.extend(f"  ERROR {e}" for e in report["errors"])
     return "\n".join(lines)

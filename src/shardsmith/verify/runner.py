@@ -5,9 +5,13 @@ Contract
   batch size, optional batch limit per rank.
 - Out: a JSON-able report ``{"dataset", "kind", "world", "workers", "checks": [...],
   "coverage": {...}, "contract": {...}, "empty_slots": [...], "stats": {...}, "ok": bool}``.
+- A dataset whose shardsmith build is not finished (its ledger does not mark it complete, or it
+  has a ledger but no manifest) fails at once (check ``build_finished``): "build not finished:
+  resume it with the same command".
 - Checks (each ``{"name", "ok", "detail"}``): every sample seen exactly once in a full
   deterministic pass, none twice; the count equals ``shard_count.json`` (minus
-  ``ignore_index.json``) and the manifest of the build that wrote it; no rank or worker
+  ``ignore_index.json``) and the manifest of the build that wrote it, less the samples a repair
+  removed and recorded in ``repair.json`` (shown in the report's ``repairs``); no rank or worker
   left without samples; no sample dropped by the loader (missing member, filter, decode);
   each tensor key has one shape; no NaN/Inf; with ``contract_in="workers"`` (``auto``'s choice
   from 4 workers per rank on) every batch reached its rank as the worker collated it
@@ -20,7 +24,8 @@ import json
 import multiprocessing as mp
 import traceback
 from collections import Counter
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shardsmith import formats
@@ -251,22 +256,125 @@ def _expected_wds(folder: Path) -> tuple[list[str], dict[str, int], dict[str, li
     return ids, counts, ignore
 
 
+def _manifest_entry(mpath: Path, rel: str) -> tuple[str, str, int] | None:
+    """(output, split, written) of the output the manifest at ``mpath`` writes to ``rel``
+    (relative to the manifest's folder), or None."""
+    try:
+        m = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    for name, out in m.get("outputs", {}).items():
+        for split, info in out.get("files", {}).items():
+            if rel in (info.get("dir"), info.get("path")):
+                return name, split, out["splits"][split]["written"]
+    return None
+
+
 def _manifest_count(dataset: Path) -> tuple[int | None, str | None]:
     """Written count recorded by the shardsmith build that produced ``dataset``, if any."""
     for root in [dataset.parent, *dataset.parents]:
         mpath = root / formats.MANIFEST_FILE
         if mpath.exists():
-            try:
-                m = json.loads(mpath.read_text())
-            except (OSError, json.JSONDecodeError):
+            entry = _manifest_entry(mpath, dataset.resolve().relative_to(root.resolve()).as_posix())
+            if entry is None:
                 return None, None
-            rel = dataset.resolve().relative_to(root.resolve()).as_posix()
-            for name, out in m.get("outputs", {}).items():
-                for split, info in out.get("files", {}).items():
-                    if rel in (info.get("dir"), info.get("path")):
-                        return out["splits"][split]["written"], f"{mpath} output {name} split {split}"
-            return None, None
+            name, split, written = entry
+            return written, f"{mpath} output {name} split {split}"
     return None, None
+
+
+@dataclass(frozen=True)
+class BuildRef:
+    """The shardsmith build folder that wrote a dataset, and which output and split the dataset is.
+    ``complete``: a manifest is there and the ledger (when there is one) marks the build complete."""
+
+    root: Path
+    output: str
+    split: str
+    has_ledger: bool
+    has_manifest: bool
+    complete: bool
+
+
+def _ledger_entry(root: Path, rel: str) -> tuple[str, str] | None:
+    """(output, split) of the output the ledger's recorded recipe writes to ``rel``, or None."""
+    from shardsmith.safety.outdir import HOLDOUT_DIR, recorded_layout
+    from shardsmith.split.assign import HOLDOUT, TRAIN
+
+    for lay in recorded_layout(root)[0]:
+        target = PurePosixPath(lay.target).as_posix()
+        if rel == target:
+            return lay.name, TRAIN
+        if rel == f"{HOLDOUT_DIR}/{target}":
+            return lay.name, HOLDOUT
+    return None
+
+
+def find_build(dataset: str | Path) -> BuildRef | None:
+    """The build that wrote ``dataset``: the nearest folder at or above it holding a ledger or a
+    manifest, when that build's recorded recipe (or manifest) has an output at ``dataset``."""
+    from shardsmith.plan.ledger import Ledger
+
+    dataset = Path(dataset).resolve()
+    for root in ([dataset] if dataset.is_dir() else []) + list(dataset.parents):
+        has_ledger = (root / formats.LEDGER_FILE).is_file()
+        has_manifest = (root / formats.MANIFEST_FILE).is_file()
+        if not (has_ledger or has_manifest):
+            continue
+        rel = dataset.relative_to(root).as_posix()
+        if has_ledger:
+            entry = _ledger_entry(root, rel)
+        else:
+            found = _manifest_entry(root / formats.MANIFEST_FILE, rel)
+            entry = found[:2] if found else None
+        if entry is None:
+            return None
+        done = has_manifest and (not has_ledger or bool(Ledger.peek(root / formats.LEDGER_FILE, "complete")[0]))
+        return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
+    return None
+
+
+def unfinished(build: BuildRef) -> str | None:
+    """Why ``build`` is not finished (the message verify fails with), or None when it is."""
+    from shardsmith.safety.lock import holder
+
+    if build.complete:
+        return None
+    why = (f"{build.root} has a ledger ({formats.LEDGER_FILE}) but no {formats.MANIFEST_FILE}"
+           if not build.has_manifest else f"its ledger {build.root / formats.LEDGER_FILE} does not mark it complete")
+    running = holder(build.root)
+    now = f"; a build is running on it now ({running})" if running else ""
+    return f"build not finished: resume it with the same command ({why}{now})"
+
+
+def _repair_account(dataset: Path, expected: list[str], check) -> dict[str, Any]:
+    """The samples repairs removed from ``dataset`` (recorded in repair.json, never restored) that a
+    full pass no longer holds: ``{"removed": n, "samples": [{shard, key, reason}]}``."""
+    from shardsmith.verify.repair import RepairError, repair_losses
+
+    try:
+        losses = repair_losses(dataset)
+    except RepairError as exc:
+        check("repair_log", False, str(exc))
+        return {"removed": 0, "samples": []}
+    held = set(expected)
+    gone = [x for x in losses if x.key is None or f"{x.shard}/{x.key}" not in held]
+    return {"removed": len(gone), "samples": [{"shard": x.shard, "key": x.key, "reason": x.reason} for x in gone]}
+
+
+def _manifest_check(dataset: Path, kind: str, expected: list[str], report: dict[str, Any], check) -> None:
+    """``manifest``: the build's written count equals the samples held plus those repairs removed."""
+    mcount, mwhere = _manifest_count(dataset)
+    if mcount is None:
+        return
+    acc = _repair_account(dataset, expected, check) if kind == "wds" else {"removed": 0, "samples": []}
+    if acc["removed"]:
+        report["repairs"] = acc
+    held, removed = len(expected), acc["removed"]
+    detail = f"{mwhere} says written={mcount}; dataset holds {held}"
+    if removed:
+        detail += f" + {removed} removed by repair (accounted in {formats.REPAIR_FILE})"
+    check("manifest", mcount == held + removed, detail)
 
 
 # ------------------------------------------------------------------------------------ main
@@ -313,6 +421,10 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if batch_size is None:
         batch_size = int(get_preset(preset).defaults.get("batch_size", 8)) if preset else 8
     dataset = Path(dataset).resolve()
+    build = find_build(dataset)
+    not_done = unfinished(build) if build is not None else None
+    if not_done:
+        return _unfinished_report(dataset, not_done, world, workers, batch_size, batches)
     kind = dataset_kind(dataset)
     checks: list[dict[str, Any]] = []
 
@@ -420,9 +532,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
             dropped.update(r["stats"].get("dropped", {}))
         check("no_drops", not dropped, "loader dropped nothing" if not dropped else
               "loader dropped " + ", ".join(f"{n} ({why})" for why, n in dropped.items()))
-    mcount, mwhere = _manifest_count(dataset)
-    if mcount is not None:
-        check("manifest", mcount == len(expected), f"{mwhere} says written={mcount}; dataset holds {len(expected)}")
+    _manifest_check(dataset, kind, expected, report, check)
     check("empty_splits", not report["empty_slots"],
           "every rank-worker gets samples" if not report["empty_slots"] else
           f"{len(report['empty_slots'])} rank-worker(s) get no sample ({report['empty_slots'][0]['reason']}); "
@@ -457,6 +567,19 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     report["checks"] = checks
     report["ok"] = all(ch["ok"] for ch in checks)
     return report
+
+
+def _unfinished_report(dataset: Path, why: str, world: int, workers: int, batch_size: int,
+                       batches: int | None) -> dict[str, Any]:
+    """The report of a dataset whose build is not finished: one failed check, no loader run."""
+    try:
+        kind = dataset_kind(dataset)
+    except ValueError:
+        kind = "unknown"
+    return {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers, "batch_size": batch_size,
+            "batches_per_rank": batches, "contract_in": None,
+            "checks": [{"name": "build_finished", "ok": False, "detail": why}],
+            "coverage": {}, "contract": {}, "stats": {}, "ok": False}
 
 
 def _verify_precomputed(root: Path, report: dict[str, Any], check, checks: list) -> dict[str, Any]:
@@ -536,6 +659,11 @@ def format_verify(report: dict[str, Any]) -> str:
                 return "" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
             lines.append(f"  {key:<16} {str(st.get('type')):<7} {str(st.get('dtype')):<9} {shape:<16} "
                          f"{f(lo):>10} {f(hi):>10} {f(mean):>10}  {note}")
+    rep = report.get("repairs") or {}
+    if rep.get("removed"):
+        shown = ", ".join(f"{x['shard']}/{x['key'] or '?'} ({x['reason']})" for x in rep["samples"][:5])
+        lines.append(f"repairs: {rep['removed']} sample(s) removed by repair, accounted in {formats.REPAIR_FILE}: "
+                     f"{shown}{', ...' if rep['removed'] > 5 else ''}")
     lines += [f"note: {n}" for n in report.get("notes", [])]
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
     lines.append("OK" if report["ok"] else "FAILED")
