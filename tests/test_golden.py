@@ -1,0 +1,109 @@
+"""Golden bytes: the sha256 of every output file of three reference builds.
+
+Written before the architecture redesign (issue 15) so that the redesign can prove it changed
+no byte: the quickstart (WebDataset + EDM ZIP), a latent build (tiny random-weight LTX VAE +
+the real MiniLM, three buckets, both latent outputs from clips and photos) and a precomputed
+build of a photo folder (tiny random-weight SD VAE, ``store: mean_std``). The manifests are
+compared on what they say of the data (counts, outputs, sources, models), without times and paths.
+
+The hashes live in ``tests/golden/hashes.json``. They hold on the project's machines (CPU
+torch, the pinned packages); a deliberate change of output bytes regenerates them with
+``SHARDSMITH_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`` and says why in its commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from media_factory import real_photos, write_table
+from shardsmith.build import build
+from shardsmith.recipe import load_recipe, recipe_from_dict
+from video_factory import pan_video
+
+GOLDEN = Path(__file__).parent / "golden" / "hashes.json"
+UPDATE = os.environ.get("SHARDSMITH_UPDATE_GOLDEN") == "1"
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file below ``root`` but the ledger folder and the manifest."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and ".shardsmith" not in p.parts
+            and p.name != "manifest.json"}
+
+
+def _stable_manifest(root: Path) -> dict:
+    """What the manifest says of the data (counts, splits, outputs, sources, models), without
+    what differs between runs or machines (times, paths) and without the recipe echo (a new
+    recipe key with a default adds to it without changing a byte)."""
+    m = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    for s in m["sources"]:
+        s.pop("path", None)
+    models = m.get("models") or {}
+    return {"counts": m["counts"], "splits": m["splits"], "outputs": m["outputs"], "sources": m["sources"],
+            "split": m["split"], "warnings": m["warnings"],
+            "models": {k: v for k, v in models.items() if k in ("vae", "text", "random_weights")}}
+
+
+def _check(case: str, root: Path) -> None:
+    got = {"files": _hashes(root), "manifest": _stable_manifest(root)}
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    if UPDATE:
+        golden[case] = got
+        GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+        return
+    assert case in golden, f"no golden hashes for {case}: run with SHARDSMITH_UPDATE_GOLDEN=1"
+    want = golden[case]
+    assert sorted(got["files"]) == sorted(want["files"]), "the set of output files changed"
+    changed = [k for k in want["files"] if got["files"][k] != want["files"][k]]
+    assert not changed, f"output bytes changed: {changed}"
+    assert got["manifest"] == want["manifest"], "the manifest (counts, recipe, models) changed"
+
+
+def test_quickstart_bytes_are_golden(example_recipe, tmp_path):
+    out = tmp_path / "qs"
+    build(load_recipe(example_recipe), out, quiet=True, workers=2)
+    _check("quickstart", out)
+
+
+@pytest.mark.slow
+def test_latent_build_with_both_latent_outputs_is_golden(tmp_path):
+    (tmp_path / "media").mkdir()
+    pan_video(tmp_path / "media" / "pan_long.mp4", frames=20, fps=24, size=(96, 64))
+    pan_video(tmp_path / "media" / "pan_short.mp4", frames=5, fps=24, size=(64, 64), photo="chelsea")
+    pan_video(tmp_path / "media" / "pan_mid.mp4", frames=12, fps=24, size=(64, 64), photo="coffee")
+    photos = real_photos(tmp_path / "media", 3, seed=5, min_side=70, max_side=100)
+    rows = [{"media": "media/pan_long.mp4", "caption": "a slow pan across an astronaut"},
+            {"media": "media/pan_short.mp4", "caption": "a cat, far too short"},
+            {"media": "media/pan_mid.mp4", "caption": "a cup of coffee seen from above"},
+            *({"media": f"media/{p.name}", "caption": f"still photo {p.stem}"} for p in photos)]
+    table = write_table(tmp_path, rows, "jsonl")
+    recipe = recipe_from_dict({
+        "sources": [{"path": str(table)}],
+        "split": {"holdout": 1, "seed": 3},
+        "geometry": {"buckets": ["64x64x1", "64x64x9", "96x64x17"]},
+        "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}},
+        "outputs": [{"format": "precomputed"},
+                    {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2, "negative_prompt": "blurry"}]})
+    out = tmp_path / "out"
+    build(recipe, out, quiet=True, workers=2)
+    _check("latent_both_outputs", out)
+
+
+@pytest.mark.slow
+def test_precomputed_build_of_photos_is_golden(tmp_path):
+    real_photos(tmp_path / "photos", 6, seed=21, min_side=60, max_side=120)
+    for i, p in enumerate(sorted((tmp_path / "photos").glob("*.jpg"))):
+        p.with_suffix(".txt").write_text(f"photo number {i}", encoding="utf-8")
+    recipe = recipe_from_dict({
+        "sources": [{"path": str(tmp_path / "photos")}],
+        "geometry": {"buckets": ["64x64x1", "64x48x1"]},
+        "models": {"vae": {"family": "sd", "store": "mean_std"}, "text": {"family": "minilm"}},
+        "outputs": [{"format": "precomputed", "unit": 4}]})
+    out = tmp_path / "out"
+    build(recipe, out, quiet=True, workers=2)
+    _check("precomputed_photos", out)
