@@ -18,6 +18,9 @@ import tarfile
 SHARD_COUNT_FILE = "shard_count.json"
 IGNORE_INDEX_FILE = "ignore_index.json"
 REPAIR_FILE = "repair.json"
+NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embedding beside the shards
+PRECOMPUTED_STAMP = "shardsmith.json"  # .precomputed/: the encoders and buckets its caches were made with
+HOLDOUT_DIR = "holdout"  # the held-out split's outputs, below the build folder
 MANIFEST_FILE = "manifest.json"
 LEDGER_FILE = ".shardsmith/ledger.sqlite"
 STATE_DIR = ".shardsmith"

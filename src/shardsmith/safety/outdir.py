@@ -31,12 +31,10 @@ from shardsmith.errors import UserError
 from shardsmith.sinks.atomic import TMP_MARK
 
 #: files an output folder's format writes beside its units (repair and latent outputs included)
-INDEX_FILES = (formats.SHARD_COUNT_FILE, formats.IGNORE_INDEX_FILE, "repair.json", "neg_prompt_emb.npy")
-PRECOMPUTED_STAMP = "shardsmith.json"  # sinks/precomputed.STAMP (that module imports torch)
+INDEX_FILES = (formats.SHARD_COUNT_FILE, formats.IGNORE_INDEX_FILE, formats.REPAIR_FILE, formats.NEG_PROMPT_FILE)
 PRECOMPUTED_TREES = ("latents", "conditions")
 BACKUP_SUFFIX = ".orig"  # verify/repair keeps a rewritten file's original bytes under this suffix
 _TMP_RE = re.compile(re.escape(TMP_MARK) + r"\d+$")
-HOLDOUT_DIR = "holdout"
 
 
 class OutAroundSourceError(UserError):
@@ -132,13 +130,13 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
     for lay in layouts:
         if not _inside(lay.target):
             continue
-        for split, prefix in (("train", ""), ("holdout", f"{HOLDOUT_DIR}/")):
+        for split, prefix in (("train", ""), ("holdout", f"{formats.HOLDOUT_DIR}/")):
             dest = folder / f"{prefix}{lay.target}"
             if lay.format == "zip":
                 found += [p for p in _files_in(dest.parent) if _base_name(p.name) == dest.name]
                 continue
             if lay.format == "precomputed":
-                found += [p for p in _files_in(dest) if _base_name(p.name) == PRECOMPUTED_STAMP]
+                found += [p for p in _files_in(dest) if _base_name(p.name) == formats.PRECOMPUTED_STAMP]
                 for tree in PRECOMPUTED_TREES:
                     if (dest / tree).is_dir() and not (dest / tree).is_symlink():
                         found += [p for p in (dest / tree).rglob("*") if p.is_file() and not p.is_symlink()

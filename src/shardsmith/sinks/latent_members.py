@@ -25,6 +25,7 @@ from concurrent.futures import wait
 import numpy as np
 import torch
 
+from shardsmith import formats
 from shardsmith.encode.host_threads import one_intra_op_thread
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
@@ -247,7 +248,7 @@ def _pth_size(shape: tuple[int, ...], dtype: str) -> int:
     return len(pt_bytes(torch.zeros(shape, dtype=_DTYPES[dtype])))
 
 
-NEG_PROMPT_FILE = "neg_prompt_emb.npy"
+NEG_PROMPT_FILE = formats.NEG_PROMPT_FILE
 
 
 def write_negative_prompt(path, stage, prompt: str) -> None:

@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
+from shardsmith import formats
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.pt_write import pt_bytes_fast
 
 LATENTS, CONDITIONS = "latents", "conditions"
-STAMP = "shardsmith.json"
+STAMP = formats.PRECOMPUTED_STAMP
 
 
 def mirrored(relpath: str, source_name: str | None) -> str:

@@ -298,14 +298,14 @@ class BuildRef:
 
 def _ledger_entry(root: Path, rel: str) -> tuple[str, str] | None:
     """(output, split) of the output the ledger's recorded recipe writes to ``rel``, or None."""
-    from shardsmith.safety.outdir import HOLDOUT_DIR, recorded_layout
+    from shardsmith.safety.outdir import recorded_layout
     from shardsmith.split.assign import HOLDOUT, TRAIN
 
     for lay in recorded_layout(root)[0]:
         target = PurePosixPath(lay.target).as_posix()
         if rel == target:
             return lay.name, TRAIN
-        if rel == f"{HOLDOUT_DIR}/{target}":
+        if rel == f"{formats.HOLDOUT_DIR}/{target}":
             return lay.name, HOLDOUT
     return None
 
