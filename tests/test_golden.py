@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from media_factory import real_photos, write_table
+from media_factory import real_photos
 from shardsmith.build import build
 from shardsmith.recipe import load_recipe, recipe_from_dict
-from video_factory import pan_video
+from video_factory import captioned_clips_table
 
 GOLDEN = Path(__file__).parent / "golden" / "hashes.json"
 UPDATE = os.environ.get("SHARDSMITH_UPDATE_GOLDEN") == "1"
@@ -72,16 +72,7 @@ def test_quickstart_bytes_are_golden(example_recipe, tmp_path):
 
 @pytest.mark.slow
 def test_latent_build_with_both_latent_outputs_is_golden(tmp_path):
-    (tmp_path / "media").mkdir()
-    pan_video(tmp_path / "media" / "pan_long.mp4", frames=20, fps=24, size=(96, 64))
-    pan_video(tmp_path / "media" / "pan_short.mp4", frames=5, fps=24, size=(64, 64), photo="chelsea")
-    pan_video(tmp_path / "media" / "pan_mid.mp4", frames=12, fps=24, size=(64, 64), photo="coffee")
-    photos = real_photos(tmp_path / "media", 3, seed=5, min_side=70, max_side=100)
-    rows = [{"media": "media/pan_long.mp4", "caption": "a slow pan across an astronaut"},
-            {"media": "media/pan_short.mp4", "caption": "a cat, far too short"},
-            {"media": "media/pan_mid.mp4", "caption": "a cup of coffee seen from above"},
-            *({"media": f"media/{p.name}", "caption": f"still photo {p.stem}"} for p in photos)]
-    table = write_table(tmp_path, rows, "jsonl")
+    table, _ = captioned_clips_table(tmp_path, photos=3)
     recipe = recipe_from_dict({
         "sources": [{"path": str(table)}],
         "split": {"holdout": 1, "seed": 3},

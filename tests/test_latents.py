@@ -13,13 +13,13 @@ import pytest
 import torch
 import yaml
 
-from media_factory import real_photos, write_table
+from media_factory import real_photos
 from shardsmith.build import OutputExistsError, build
 from shardsmith.loaders import WdsLoader, preset_config
 from shardsmith.loaders.precomputed import PrecomputedDataset
 from shardsmith.recipe import RecipeError, recipe_from_dict
 from test_build import tree_bytes
-from video_factory import pan_video
+from video_factory import captioned_clips_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PY = sys.executable
@@ -28,17 +28,7 @@ PY = sys.executable
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
     """A table of real clips + photos, a too-short clip in the middle, every row captioned."""
-    root = tmp_path_factory.mktemp("clips")
-    (root / "media").mkdir()
-    pan_video(root / "media" / "pan_long.mp4", frames=20, fps=24, size=(96, 64))
-    pan_video(root / "media" / "pan_short.mp4", frames=5, fps=24, size=(64, 64), photo="chelsea")
-    pan_video(root / "media" / "pan_mid.mp4", frames=12, fps=24, size=(64, 64), photo="coffee")
-    photos = real_photos(root / "media", 2, seed=5, min_side=70, max_side=100)
-    rows = [{"media": "media/pan_long.mp4", "caption": "a slow pan across an astronaut"},
-            {"media": "media/pan_short.mp4", "caption": "a cat, far too short"},
-            {"media": "media/pan_mid.mp4", "caption": "a cup of coffee seen from above"},
-            *({"media": f"media/{p.name}", "caption": f"still photo {p.stem}"} for p in photos)]
-    return write_table(root, rows, "jsonl"), rows
+    return captioned_clips_table(tmp_path_factory.mktemp("clips"))
 
 
 def _recipe(table, **extra):
@@ -152,6 +142,7 @@ def test_image_vae_latent_shards_read_by_the_fastgen_preset(tmp_path):
     assert (tmp_path / "o/holdout/lat/neg_prompt_emb.npy").exists()
 
 
+@pytest.mark.slow
 def test_one_sample_mode_writes_exactly_one_item(clips, tmp_path):
     table, rows = clips
     r = subprocess.run([PY, "-m", "shardsmith", "build", "--source", str(table), "--to", "precomputed",
@@ -166,6 +157,7 @@ def test_one_sample_mode_writes_exactly_one_item(clips, tmp_path):
     assert torch.load(lat[0], weights_only=True)["latents"].shape == (128, 3, 2, 3)  # full target resolution
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_identical_caches(clips, ltx_build, tmp_path):
     table, _ = clips
     out_ref, _, _ = ltx_build
@@ -215,6 +207,7 @@ def test_a_cache_from_other_encoders_is_refused_with_what_differs(clips, tmp_pat
     assert "vae.store: \"mean\" -> \"sample\"" in str(e.value) and ".precomputed-v2" in str(e.value)
 
 
+@pytest.mark.slow
 def test_decode_writes_pictures_and_round_trip_psnr(ltx_build, tmp_path):
     from PIL import Image
 
@@ -245,6 +238,7 @@ def test_scan_with_latent_outputs_says_what_it_cannot_estimate(clips):
     assert "not estimated" in format_scan(rep)
 
 
+@pytest.mark.slow
 def test_verify_reads_a_precomputed_tree_like_the_trainer(ltx_build, tmp_path):
     import shutil
 
@@ -320,6 +314,7 @@ def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monk
     assert tree_bytes(tmp_path / "r") == tree_bytes(tmp_path / "o")
 
 
+@pytest.mark.slow
 def test_shard_layout_flags_apply_to_latent_shards(tmp_path):
     real_photos(tmp_path / "p", 5, seed=43, min_side=40, max_side=90)
     r = subprocess.run([PY, "-m", "shardsmith", "build", "--source", str(tmp_path / "p"), "--to", "latent_wds",

@@ -183,6 +183,7 @@ def test_corrupt_or_wrong_video_bytes_are_decode_errors(media):
 
 # ----------------------------------------------------------------------------- verify
 
+@pytest.mark.slow
 def test_verify_cli_passes_with_the_video_preset(media):
     d = media["dir"]
     # the preset's own geometry (81 frames, 480x832: ~400 MB of float32 per clip, ~2 s to resize on

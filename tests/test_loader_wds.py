@@ -189,6 +189,7 @@ def _spawn_rank(rank, world, folder, out_dir):
     (Path(out_dir) / f"{rank}.json").write_text(json.dumps(keys_of(loader)))
 
 
+@pytest.mark.slow
 def test_real_processes_two_ranks_two_workers(photos_wds, global_order, tmp_path):
     tmp_mp.spawn(_spawn_rank, args=(2, str(photos_wds), str(tmp_path)), nprocs=2, join=True)
     per_rank = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]

@@ -45,6 +45,7 @@ def _run(maker, items, workers=4):
         pool.close()
 
 
+@pytest.mark.slow
 def test_heavy_items_travel_alone_and_results_keep_input_order():
     items = [Item(i, "video" if i % 3 else "image") for i in range(12)]  # 8 clips, 4 images
     t0, out = _run(SlowClips(), items)

@@ -78,6 +78,7 @@ def _wait_for(path, timeout=60):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_planning_ahead_writes_the_bytes_of_a_plan_first_build(photos, tmp_path, slow_plan, monkeypatch):
     early = []
     commit = Ledger.commit_unit
@@ -100,6 +101,7 @@ def test_planning_ahead_writes_the_bytes_of_a_plan_first_build(photos, tmp_path,
     assert m["outputs"] == ref["outputs"] and m["splits"] == ref["splits"]
 
 
+@pytest.mark.slow
 def test_a_build_killed_while_planning_ahead_resumes_over_changed_sources(photos, tmp_path, slow_plan, monkeypatch):
     """The plan dies after units were committed ahead of it; then three photos are deleted. The
     resume redoes the plan, removes what was written ahead (and says so) and gives the bytes of
@@ -209,6 +211,7 @@ def test_an_error_in_the_plan_process_reaches_the_build_with_its_traceback(photo
     assert any("in the plan process" in n and "broken" in n for n in getattr(e.value, "__notes__", []))
 
 
+@pytest.mark.slow
 def test_the_plan_process_stops_when_the_build_process_is_killed(photos, tmp_path):
     """kill -9 of the build process alone (not its group): the plan process must not plan on into
     the ledger, where the next run's own plan would meet its rows."""

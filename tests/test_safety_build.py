@@ -352,6 +352,7 @@ def _children_of(pid: int) -> list[psutil.Process]:
         return []
 
 
+@pytest.mark.slow
 def test_workers_exit_when_the_build_process_is_killed(tmp_path):
     recipe = _slow_recipe(tmp_path, n=160)
     p = subprocess.Popen([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(tmp_path / "o"), "--quiet",

@@ -72,6 +72,7 @@ def _copy_with_nan_shard(src, bad):
     return bad
 
 
+@pytest.mark.slow
 def test_verify_reports_coverage_contract_and_empty_worker_splits(photos_wds, tmp_path):
     out = tmp_path / "rep.json"
     r = cli("verify", photos_wds, "--world", "2", "--workers", "2", "--batch-size", "3", "--out-json", out)
@@ -100,6 +101,7 @@ def test_verify_reports_coverage_contract_and_empty_worker_splits(photos_wds, tm
     assert jpg["shape"] == [3, 32, 32] and jpg["dtype"] == "float32" and -1 <= jpg["min"] and jpg["max"] <= 1
 
 
+@pytest.mark.slow
 def test_verify_latents_with_preset_ignore_index_and_nan(latent_wds):
     r = cli("verify", latent_wds, "--preset", "image_latent", "--world", "3", "--workers", "1", "--json")
     rep = json.loads(r.stdout)
@@ -115,6 +117,7 @@ def test_verify_latents_with_preset_ignore_index_and_nan(latent_wds):
     assert r.returncode == 1 and "[FAIL] finite:real" in r.stdout and "NaN" in r.stdout
 
 
+@pytest.mark.slow
 def test_inspect_and_repair_cli_on_a_truncated_shard(photos_wds, tmp_path):
     d = tmp_path / "w"
     d.mkdir()
@@ -135,6 +138,7 @@ def test_inspect_and_repair_cli_on_a_truncated_shard(photos_wds, tmp_path):
     assert cli("inspect", d).returncode == 0
 
 
+@pytest.mark.slow
 def test_register_then_from_config_builds_the_loader(photos_wds, tmp_path):
     cfg = tmp_path / "data.yaml"
     env = {"DATA_ROOT_DIR": str(photos_wds.parent.parent)}
@@ -258,6 +262,7 @@ def test_contract_reads_a_loader_constant_from_its_first_row_but_counts_every_sa
     assert b["mean"] == pytest.approx(a["mean"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_contract_recorded_in_the_workers_equals_the_rank_side_contract(latent_wds, tmp_path):
     from shardsmith.verify.runner import verify
 

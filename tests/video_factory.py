@@ -331,3 +331,21 @@ def raw_h264_video(path: str | os.PathLike, frames: int = 20, fps: int = 24, siz
         vs = _open_video_stream(c, "libx264", fps, size)
         _write_frames(c, vs, pix[:frames])
     return path
+
+
+def captioned_clips_table(root: Path, photos: int = 2) -> tuple[Path, list[dict]]:
+    """A JSONL table under ``root`` of three real clips (20, 5 and 12 frames: the middle one too
+    short for a 9-frame bucket) and ``photos`` real photos, every row captioned; returns
+    (table path, rows)."""
+    from media_factory import real_photos, write_table
+
+    (root / "media").mkdir(parents=True, exist_ok=True)
+    pan_video(root / "media" / "pan_long.mp4", frames=20, fps=24, size=(96, 64))
+    pan_video(root / "media" / "pan_short.mp4", frames=5, fps=24, size=(64, 64), photo="chelsea")
+    pan_video(root / "media" / "pan_mid.mp4", frames=12, fps=24, size=(64, 64), photo="coffee")
+    shots = real_photos(root / "media", photos, seed=5, min_side=70, max_side=100)
+    rows = [{"media": "media/pan_long.mp4", "caption": "a slow pan across an astronaut"},
+            {"media": "media/pan_short.mp4", "caption": "a cat, far too short"},
+            {"media": "media/pan_mid.mp4", "caption": "a cup of coffee seen from above"},
+            *({"media": f"media/{p.name}", "caption": f"still photo {p.stem}"} for p in shots)]
+    return write_table(root, rows, "jsonl"), rows
