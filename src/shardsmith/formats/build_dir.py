@@ -1,0 +1,14 @@
+"""The files a shardsmith build keeps in its output folder besides the datasets.
+
+``manifest.json`` (counts, provenance, batch contract), ``.shardsmith/ledger.sqlite`` (every
+item's status), ``.shardsmith/lock`` (held by a build or repair for its whole life) and the
+held-out split's outputs below ``holdout/``.
+"""
+
+from __future__ import annotations
+
+MANIFEST_FILE = "manifest.json"
+STATE_DIR = ".shardsmith"
+LEDGER_FILE = ".shardsmith/ledger.sqlite"
+LOCK_FILE = ".shardsmith/lock"  # fcntl.flock, held by a build or repair for its whole life
+HOLDOUT_DIR = "holdout"  # the held-out split's outputs, below the build folder

@@ -1,0 +1,51 @@
+"""What kind of dataset a path is, and whether a folder is a shardsmith build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.formats.precomputed import MARKER_DIRS
+from shardsmith.formats.wds import is_shard_file_name
+from shardsmith.formats.zip import is_zip_file_name
+
+DatasetKind = Literal["zip", "precomputed", "wds"]
+
+
+def dataset_kind(path: Path) -> DatasetKind:
+    """``zip`` for a ``.zip`` file, ``precomputed`` for a folder holding ``latents/``,
+    ``conditions/`` or ``audio_latents/``, ``wds`` for a folder with a ``*.tar`` entry;
+    ``ValueError`` for anything else."""
+    path = Path(path)
+    if path.is_file() and is_zip_file_name(path.name):
+        return "zip"
+    if path.is_dir() and any((path / d).is_dir() for d in MARKER_DIRS):
+        return "precomputed"
+    if path.is_dir() and any(is_shard_file_name(p.name) for p in path.iterdir()):
+        return "wds"
+    raise ValueError(f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
+
+
+def is_build(folder: Path) -> bool:
+    """True for a folder holding a shardsmith ledger."""
+    return (Path(folder) / LEDGER_FILE).is_file()
+
+
+class BuildFolder(NamedTuple):
+    """A folder holding a ledger, a manifest or both."""
+
+    root: Path
+    has_ledger: bool
+    has_manifest: bool
+
+
+def enclosing_build(dataset: Path) -> BuildFolder | None:
+    """The nearest folder at or above ``dataset`` (resolved) holding a ledger or a manifest."""
+    dataset = Path(dataset).resolve()
+    for root in ([dataset] if dataset.is_dir() else []) + list(dataset.parents):
+        has_ledger = (root / LEDGER_FILE).is_file()
+        has_manifest = (root / MANIFEST_FILE).is_file()
+        if has_ledger or has_manifest:
+            return BuildFolder(root, has_ledger, has_manifest)
+    return None

@@ -1,0 +1,216 @@
+"""The WebDataset layout (FastGen flavour), as written by the sinks and read by loaders, verify,
+inspect and repair.
+
+``NNNNN.tar`` shards directly in one folder, dot-free sample keys, member names
+``<key>.<suffix>`` (webdataset splits a name at the first dot of its basename), and beside the
+shards ``shard_count.json`` = ``{"00000.tar": N}``, ``ignore_index.json`` =
+``{"00000.tar": [key, ...]}``, ``repair.json`` = ``{"repairs": [event, ...]}`` (one event per
+shard a repair changed, appended across repairs; see ``verify.repair.RepairEvent``) and, for
+latent outputs, ``neg_prompt_emb.npy``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+SHARD_COUNT_FILE = "shard_count.json"
+IGNORE_INDEX_FILE = "ignore_index.json"
+REPAIR_FILE = "repair.json"
+NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embedding beside the shards
+SHARD_EXT = ".tar"
+
+# member suffixes (FastGen's key_map values)
+JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"
+LATENT = "latent.pth"  # cached latents
+TEXT_EMB = "txt_emb.pth"  # text-encoder embeddings
+NOISE = "noise.pth"  # KD pair: the noise a teacher trajectory started from
+PATH = "path.pth"  # KD path: the teacher's trajectory
+
+#: member suffixes the webdataset default decoders understand for images
+IMAGE_SUFFIXES = ("jpg", "png", "webp")
+
+_MEMBER_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")  # webdataset's base_plus_ext split
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_-]+")
+MAX_KEY_LEN = 96
+
+MemberRef = tuple[int, int]  # (data offset, size) of one member inside its shard
+
+
+# ---------------------------------------------------------------------------- names
+
+def shard_name(index: int) -> str:
+    """``3 -> "00003.tar"``; refuses negative indices."""
+    if index < 0:
+        raise ValueError(f"shard index must be >= 0, got {index}")
+    return f"{index:05d}.tar"
+
+
+def shard_index(name: str) -> int:
+    """Inverse of :func:`shard_name`; raises ``ValueError`` for any other name."""
+    m = re.fullmatch(r"(\d{5,})\.tar", name)
+    if not m:
+        raise ValueError(f"not a shard name: {name!r} (expected NNNNN.tar)")
+    return int(m.group(1))
+
+
+def is_shard_file_name(name: str) -> bool:
+    """The one rule for what counts as a shard: a name ending in ``.tar``, any case (FastGen's
+    local ``get_shards``); the caller checks that it is a regular file directly in the folder."""
+    return name.lower().endswith(SHARD_EXT)
+
+
+def sanitize_key(text: str) -> str:
+    """Turn a relative path (without extension) into a dot-free WebDataset key.
+
+    Anything outside ``[A-Za-z0-9_-]`` becomes ``_``; the result is never empty and at most
+    ``MAX_KEY_LEN`` characters. Uniqueness is the caller's job (see :func:`unique_key`).
+    """
+    key = _KEY_BAD.sub("_", text).strip("_")
+    if not key:
+        key = "item"
+    return key[:MAX_KEY_LEN]
+
+
+def without_suffix(path: str) -> str:
+    """``path`` (``/``-separated) without its last name's suffix, exactly as
+    ``str(PurePosixPath(path).with_suffix(""))`` but on the string (the planner calls it per item):
+    ``"a/b.c.jpg"`` -> ``"a/b.c"``; a leading or trailing dot is not a suffix (``".x"``, ``"a."``)."""
+    name = path.rpartition("/")[2]
+    dot = name.rfind(".")
+    return path[:len(path) - len(name) + dot] if 0 < dot < len(name) - 1 else path
+
+
+def key_base(source_name: str, relpath: str, item_id: str) -> str:
+    """The sample key the planner gives an item before uniqueness: ``<source>_<relpath without
+    its suffix>`` (or the item id's part after the source), sanitised."""
+    stem = without_suffix(relpath) if relpath else item_id.split("/", 1)[-1]
+    return sanitize_key(f"{source_name}_{stem}")
+
+
+def unique_key(base: str, item_id: str) -> str:
+    """A collision-proof variant of ``base``: appends 8 hex chars of sha1(item_id)."""
+    digest = hashlib.sha1(item_id.encode("utf-8")).hexdigest()[:8]
+    return f"{base[: MAX_KEY_LEN - 9]}_{digest}"
+
+
+def member_name(key: str, suffix: str) -> str:
+    """Tar member name for one sample member; refuses keys that webdataset would split."""
+    if "." in key or "/" in key:
+        raise ValueError(f"sample key {key!r} contains '.' or '/', which splits the sample")
+    return f"{key}.{suffix}"
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """webdataset's rule: ``"a/b.latent.pth" -> ("a/b", "latent.pth")``; None without a suffix.
+
+    The key ends at the first dot of the basename, which is why keys must be dot-free.
+    """
+    m = _MEMBER_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def group_members(members: list[tuple[str, int, int]]) -> list[tuple[str, dict[str, MemberRef]]]:
+    """Consecutive ``(name, data offset, size)`` members with the same key ->
+    ``[(key, {suffix: (offset, size)})]``, grouped as webdataset groups them (members without a
+    suffix are skipped)."""
+    split = split_member
+    out: list[tuple[str, dict[str, MemberRef]]] = []
+    key, cur = None, None
+    for name, off, size in members:
+        parts = split(name)
+        if parts is None:
+            continue
+        k, suffix = parts
+        if k != key:
+            key, cur = k, {}
+            out.append((k, cur))
+        cur[suffix] = (off, size)
+    return out
+
+
+# ---------------------------------------------------------------------------- shard order and listing
+
+def numeric_stem(name: str) -> int | None:
+    """``"00012.tar"`` -> 12; None when the stem is not all digits."""
+    stem = name[:-4] if name.lower().endswith(".tar") else name
+    return int(stem) if stem.isdigit() else None
+
+
+def sort_shard_names(names) -> tuple[list[str], bool]:
+    """FastGen's shard order: by ``int(stem)`` when every stem is numeric, else by name.
+
+    Returns (sorted names, whether the order was numeric).
+    """
+    names = list(names)
+    if all(numeric_stem(n) is not None for n in names):
+        return sorted(names, key=lambda n: (numeric_stem(n), n)), True
+    return sorted(names), False
+
+
+class ShardListing(NamedTuple):
+    """The shards of a folder in FastGen order; ``unnumbered``: the stems that are not numeric
+    (when there are any, the order is by name)."""
+
+    names: list[str]
+    unnumbered: list[str]
+
+
+def list_shards(folder: str | Path) -> ShardListing:
+    """Regular files directly inside ``folder`` whose name ends in ``.tar`` (any case), in FastGen
+    order. Raises ``FileNotFoundError`` when ``folder`` is not a folder; an empty listing is the
+    caller's to judge."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"WebDataset folder not found: {folder}")
+    names = [p.name for p in folder.iterdir() if is_shard_file_name(p.name) and p.is_file()]
+    ordered, numeric = sort_shard_names(names)
+    unnumbered = [] if numeric else sorted(n[:-4] for n in names if numeric_stem(n) is None)
+    return ShardListing(ordered, unnumbered)
+
+
+# ---------------------------------------------------------------------------- index files
+
+def load_index_file(path: Path) -> tuple[Any, str | None]:
+    """``(parsed JSON, None)``; ``(None, None)`` when the file is absent; ``(None, error)`` when it
+    is not JSON."""
+    if not path.exists():
+        return None, None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, ValueError) as e:
+        return None, f"{path.name} is not valid JSON: {e}"
+
+
+def load_ignore_index(folder: str | Path) -> tuple[dict[str, list[str]] | None, str | None]:
+    """``ignore_index.json`` of ``folder`` as ``({shard: [key, ...]}, None)``; ``(None, None)``
+    without one; ``(None, error)`` for a file that is not JSON or not of that shape."""
+    data, err = load_index_file(Path(folder) / IGNORE_INDEX_FILE)
+    if data is None:
+        return None, err
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v) for k, v in data.items()
+    ):
+        return None, f"{IGNORE_INDEX_FILE} is not {{shard: [key, ...]}}"
+    return data, None
+
+
+def read_ignore_index(folder: str | Path) -> dict[str, list[str]]:
+    """``ignore_index.json`` of ``folder`` (``{}`` without one); raises ``ValueError`` for a file
+    that :func:`load_ignore_index` refuses."""
+    data, err = load_ignore_index(folder)
+    if err:
+        raise ValueError(f"{Path(folder) / IGNORE_INDEX_FILE}: {err}")
+    return {k: list(v) for k, v in (data or {}).items()}
+
+
+def load_shard_counts(folder: str | Path) -> tuple[dict[str, int] | None, str | None]:
+    """``shard_count.json`` of ``folder`` as ``({shard: count}, None)``; ``(None, None)`` without
+    one; ``(None, error)`` for a file that is not JSON or not ``{shard: int}``."""
+    data, err = load_index_file(Path(folder) / SHARD_COUNT_FILE)
+    if data is not None and not (isinstance(data, dict) and all(isinstance(v, int) for v in data.values())):
+        return None, f"{SHARD_COUNT_FILE} is not {{shard: int}}"
+    return data, err
