@@ -14,7 +14,8 @@ from media_factory import real_photos
 from shardsmith.build import build
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
 from shardsmith.recipe import recipe_from_dict
-from shardsmith.verify.inspect import diagnose_empty, format_inspect, inspect_wds, list_shards
+from shardsmith.formats.wds import list_shards
+from shardsmith.verify.inspect import diagnose_empty, format_inspect, inspect_wds
 from shardsmith.verify.repair import format_repair, repair_wds
 
 
@@ -137,7 +138,7 @@ def test_repair_rewrites_truncated_and_ignores_corrupt(damaged):
     samples = list(wds.WebDataset(str(wdir / "00001.tar"), shardshuffle=False).decode("pil"))
     assert [s["__key__"] for s in samples] == keys_of(damaged["orig1"])[:2]
     assert all(s["jpg"].size[0] > 0 for s in samples)
-    assert [p.name for p in list_shards(wdir)[0]] == [f"{i:05d}.tar" for i in range(4)]  # .orig not a shard
+    assert list_shards(wdir).names == [f"{i:05d}.tar" for i in range(4)]  # .orig not a shard
 
     after = inspect_wds(wdir)
     assert after["shards"][1]["truncated"] is None and after["shards"][1]["count_status"] == "ok"

@@ -22,7 +22,7 @@ from shardsmith.build import build
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, shard_name
 from shardsmith.loaders import PRESETS, WdsLoader, WdsLoaderConfig, empty_slots, plan_slots
 from shardsmith.loaders import decoders as dec
-from shardsmith.loaders.wds import slot_sample_counts
+from shardsmith.loaders.slots import slot_sample_counts
 from shardsmith.recipe import recipe_from_dict
 
 COUNTS = {"00000.tar": 5, "00001.tar": 5, "00002.tar": 5, "00003.tar": 5, "00004.tar": 3}
@@ -476,7 +476,8 @@ def _write_format(path, members, fmt):
 def test_fast_tar_reader_matches_tarfile(tmp_path):
     import webdataset as wds_mod
 
-    from shardsmith.loaders import wds as W
+    from shardsmith.formats import tar as T
+    from shardsmith.loaders import shard_reader as W
     from shardsmith.sinks.tar import DeterministicTar
 
     members = _odd_members()
@@ -499,23 +500,23 @@ def test_fast_tar_reader_matches_tarfile(tmp_path):
         ref = _tarfile_listing(p)
         fd = os.open(p, os.O_RDONLY)
         try:
-            assert W._scan_fast(fd, os.fstat(fd).st_size) == ref, p.name  # no tarfile fallback needed
+            assert T._scan_fast(fd, os.fstat(fd).st_size) == ref, p.name  # no tarfile fallback needed
         finally:
             os.close(fd)
-        assert W.tar_members(p) == ref
+        assert T.tar_members(p) == ref
         assert W.shard_samples(p) == _tarfile_samples(p), p.name
         assert W.count_tar_samples(p) == len(_tarfile_samples(p))
     # the member bytes read at the listed offsets are the members
     fd = os.open(paths[0], os.O_RDONLY)
     try:
-        got = [(n, W.read_member(fd, (o, s))) for n, o, s in W.tar_members(paths[0])]
+        got = [(n, W.read_member(fd, (o, s))) for n, o, s in T.tar_members(paths[0])]
     finally:
         os.close(fd)
     assert got == members
 
 
 def test_fast_tar_reader_broken_shards_behave_like_tarfile(tmp_path):
-    from shardsmith.loaders import wds as W
+    from shardsmith.formats import tar as T
     from shardsmith.sinks.tar import DeterministicTar
 
     with open(tmp_path / "good.tar", "wb") as f:
@@ -543,7 +544,7 @@ def test_fast_tar_reader_broken_shards_behave_like_tarfile(tmp_path):
     for name, blob in variants.items():
         p = tmp_path / f"{name}.tar"
         p.write_bytes(blob)
-        assert outcome(W.tar_members, p) == outcome(_tarfile_listing, p), name
+        assert outcome(T.tar_members, p) == outcome(_tarfile_listing, p), name
 
 
 def test_training_decodes_only_what_it_delivers(photos_wds, global_order, monkeypatch):
@@ -597,7 +598,7 @@ def test_training_counts_drops_when_samples_leave_the_buffer(tmp_path):
 
 
 def test_stats_records_are_not_sent_before_every_batch(photos_wds):
-    from shardsmith.loaders import wds as W
+    from shardsmith.loaders import wds_dataset as W
 
     loader = WdsLoader(cfg(photos_wds, batch_size=1, key_map={"label": "cls"}))
     items = list(loader.dataset)  # num_workers=0: the dataset's own stream
@@ -615,7 +616,7 @@ def test_a_shard_is_listed_once_per_process_tree_and_again_when_it_changes(tmp_p
     """Deterministic mode splits by sample: every worker reads every shard. The rank lists each
     shard's headers once; forked workers (and the next pass) reuse the listing; a rewritten shard
     is listed again."""
-    import shardsmith.loaders.wds as W
+    import shardsmith.loaders.shard_reader as W
 
     monkeypatch.setattr(W, "_INDEX", W._MemberIndex())
     log = tmp_path / "listed.txt"

@@ -80,7 +80,7 @@ def test_handed_over_memory_is_used_in_place_and_read_only_memory_is_copied(tmp_
     and hands it over: the tensor uses it without a copy. Read-only bytes are copied first."""
     import numpy as np
 
-    from shardsmith.loaders.wds import read_member
+    from shardsmith.loaders.shard_reader import read_member
 
     want = torch.randn(4, 8, 8, generator=g)
     data = saved(want)

@@ -405,7 +405,7 @@ def register(
     from shardsmith.loaders.fastgen import fastgen_snippet
     from shardsmith.loaders.presets import get_preset, preset_config
     from shardsmith.loaders.registry import add_entry, config_path, portable_path
-    from shardsmith.verify.runner import dataset_kind
+    from shardsmith.formats.detect import dataset_kind
 
     p = get_preset(preset)
     if dataset_kind(dataset) != p.kind:

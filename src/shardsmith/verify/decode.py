@@ -33,14 +33,15 @@ import numpy as np
 import torch
 
 from shardsmith import formats
+from shardsmith.formats import wds as wds_layout
+from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
 from shardsmith.encode.vae import load_vae
 from shardsmith.errors import UserError
-from shardsmith.loaders.wds import read_member, shard_samples
+from shardsmith.loaders.shard_reader import read_member, shard_samples
 from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import resolve_device
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.sinks.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
-from shardsmith.sinks.precomputed import LATENTS, mirrored
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
 
@@ -111,7 +112,7 @@ def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[s
     files = output["files"][split]
     folder = root / files["dir"]
     if output["format"] == "precomputed":
-        for p in sorted((folder / LATENTS).rglob("*.pt")):
+        for p in sorted((folder / LATENTS).rglob(f"*{CACHE_EXT}")):  # in path order (by component)
             d = torch.load(p, map_location="cpu", weights_only=True)
             yield p.relative_to(folder / LATENTS).as_posix(), d["latents"], float(d["fps"])
         return
@@ -120,10 +121,10 @@ def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[s
         fd = os.open(path, os.O_RDONLY)
         try:
             for _key, refs in shard_samples(path, fd):
-                meta = json.loads(read_member(fd, refs["json"], str(path)))
-                z = torch.load(io.BytesIO(read_member(fd, refs["latent.pth"], str(path))), map_location="cpu",
+                meta = json.loads(read_member(fd, refs[wds_layout.JSON], str(path)))
+                z = torch.load(io.BytesIO(read_member(fd, refs[wds_layout.LATENT], str(path))), map_location="cpu",
                                weights_only=True)
-                yield PurePosixPath(meta["path"]).with_suffix(".pt").as_posix(), z, float(meta["fps"])
+                yield PurePosixPath(meta["path"]).with_suffix(CACHE_EXT).as_posix(), z, float(meta["fps"])
         finally:
             os.close(fd)
 

@@ -19,7 +19,6 @@ Nothing here writes to disk.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import tarfile
 import warnings
@@ -29,18 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, NamedTuple
 
-from shardsmith import formats
-from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
+from shardsmith.formats import wds as wds_layout
+from shardsmith.formats.tar import BLOCK, EXTENDED_TYPES, tar_header_name, tar_header_ok
+from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, load_ignore_index, load_shard_counts
 from shardsmith.loaders import decoders
-from shardsmith.loaders.wds import fastgen_validation_empty
-from shardsmith.sinks.wds import TAR_BLOCK
+from shardsmith.loaders.slots import fastgen_validation_empty
 
 _META = re.compile(r"__[^/]*__($|/)")
 
 
 def split_member(name: str) -> tuple[str | None, str | None]:
     """(key, suffix) by webdataset's rule, ``(None, None)`` for a member without a suffix."""
-    return formats.split_member(name) or (None, None)
+    return wds_layout.split_member(name) or (None, None)
 
 
 def unsafe_reason(info: tarfile.TarInfo) -> str | None:
@@ -68,27 +67,6 @@ def skip_reason(name: str, data: bytes | None) -> str | None:
     if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
         return "metadata member"
     return None
-
-
-# ----------------------------------------------------------------------------------------
-# shard listing (FastGen get_shards, local)
-
-
-def list_shards(folder: str | Path) -> tuple[list[Path], str | None]:
-    """Regular ``*.tar`` files (case-insensitive) directly in ``folder``, in FastGen order.
-
-    FastGen sorts by ``int(stem)`` when every stem is numeric; otherwise it logs an error and
-    sorts by name. Returns the list and that error note (``None`` when the order is numeric).
-    """
-    folder = Path(folder)
-    names = [p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".tar"]
-    ordered, numeric = formats.sort_shard_names(names)
-    note = None
-    if not numeric:
-        bad = sorted(n[:-4] for n in names if formats.numeric_stem(n) is None)
-        note = (f"non-numeric shard names ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): "
-                "FastGen logs an error and sorts shards by name")
-    return [folder / n for n in ordered], note
 
 
 # ----------------------------------------------------------------------------------------
@@ -205,7 +183,6 @@ class Damage:
 
 
 _SCAN_CHUNK = 1 << 20  # bytes read at a time while looking for the next header (whole blocks)
-_EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 
 
 def _next_header(f, start: int) -> int | None:
@@ -213,8 +190,8 @@ def _next_header(f, start: int) -> int | None:
     pos = start
     f.seek(pos)
     while chunk := f.read(_SCAN_CHUNK):
-        for i in range(0, len(chunk) - TAR_BLOCK + 1, TAR_BLOCK):
-            if formats.tar_header_ok(chunk[i:i + TAR_BLOCK]):
+        for i in range(0, len(chunk) - BLOCK + 1, BLOCK):
+            if tar_header_ok(chunk[i:i + BLOCK]):
                 return pos + i
         pos += len(chunk)
     return None
@@ -288,15 +265,15 @@ def iter_members(path: Path, state: dict[str, Any]) -> Iterator[Member | Damage]
             if state["error"] is not None:
                 return
             f.seek(stop)
-            block = f.read(TAR_BLOCK)
-            if len(block) < TAR_BLOCK:
+            block = f.read(BLOCK)
+            if len(block) < BLOCK:
                 state["error"] = _stop_error(block, stop, state)
                 return
             if not block.strip(b"\0"):
                 return  # the end-of-archive marker
-            resume = _next_header(f, stop + TAR_BLOCK)
-            extended = not formats.tar_header_ok(block) and block[156:157] in _EXTENDED_TYPES
-            yield Damage(stop, resume, formats.tar_header_name(block), extended)
+            resume = _next_header(f, stop + BLOCK)
+            extended = not tar_header_ok(block) and block[156:157] in EXTENDED_TYPES
+            yield Damage(stop, resume, tar_header_name(block), extended)
             if resume is None:
                 state["error"] = {"kind": "unreadable header",
                                   "detail": "no valid tar header follows the damaged one",
@@ -489,26 +466,6 @@ def scan_shard(path: Path, key_map: dict[str, str] | None = None) -> ShardScan:
 # index files
 
 
-def _load_json(path: Path) -> tuple[Any, str | None]:
-    if not path.exists():
-        return None, None
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except (OSError, ValueError) as e:
-        return None, f"{path.name} is not valid JSON: {e}"
-
-
-def load_ignore_index(folder: Path) -> tuple[dict[str, list[str]] | None, str | None]:
-    data, err = _load_json(folder / IGNORE_INDEX_FILE)
-    if data is None:
-        return None, err
-    if not isinstance(data, dict) or not all(
-        isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v) for k, v in data.items()
-    ):
-        return None, f"{IGNORE_INDEX_FILE} is not {{shard: [key, ...]}}"
-    return data, None
-
-
 # ----------------------------------------------------------------------------------------
 # the report
 
@@ -518,10 +475,15 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tu
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"not a folder: {folder}")
-    shards, order_note = list_shards(folder)
+    listing = wds_layout.list_shards(folder)
+    shards = [folder / n for n in listing.names]
     scans = [scan_shard(p, key_map) for p in shards]
     problems: list[str] = []
-    if order_note:
+    order_note = None
+    if listing.unnumbered:
+        bad = listing.unnumbered
+        order_note = (f"non-numeric shard names ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): "
+                      "FastGen logs an error and sorts shards by name")
         problems.append(order_note)
     if not shards:
         problems.append(f"no *.tar shards directly in {folder} (FastGen raises ValueError)")
@@ -569,12 +531,9 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tu
                 owner[k] = sc.path.name
 
     # shard_count.json
-    counts, cerr = _load_json(folder / SHARD_COUNT_FILE)
+    counts, cerr = load_shard_counts(folder)
     count_rep: dict[str, Any] = {"present": (folder / SHARD_COUNT_FILE).exists(), "error": cerr,
                                  "missing_entries": [], "extra_entries": [], "mismatches": {}}
-    if counts is not None and not (isinstance(counts, dict) and all(isinstance(v, int) for v in counts.values())):
-        count_rep["error"] = f"{SHARD_COUNT_FILE} is not {{shard: int}}"
-        counts = None
     names = [sc.path.name for sc in scans]
     for sc in scans:
         rep = sc.report

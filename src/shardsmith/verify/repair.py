@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from shardsmith.errors import UserError
-from shardsmith.formats import IGNORE_INDEX_FILE, REPAIR_FILE, SHARD_COUNT_FILE
+from shardsmith.formats.wds import IGNORE_INDEX_FILE, REPAIR_FILE, SHARD_COUNT_FILE, load_ignore_index, load_index_file
 from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
-from shardsmith.verify.inspect import LostSample, ShardScan, _load_json, load_ignore_index, scan_folder, scan_shard
+from shardsmith.verify.inspect import LostSample, ShardScan, scan_folder, scan_shard
 from shardsmith.verify.runner import BuildRef, find_build
 
 BACKUP_SUFFIX = ".orig"
@@ -106,7 +106,7 @@ def load_repair_log(folder: str | Path) -> list[RepairEvent]:
     """The events of ``folder``'s ``repair.json`` in order ([] without one); a file that is not one
     raises :class:`RepairError` (it is never overwritten blindly)."""
     path = Path(folder) / REPAIR_FILE
-    data, err = _load_json(path)
+    data, err = load_index_file(path)
     if err:
         raise RepairError(f"{err}; fix or move it (repairs append to it, verify reads it)")
     if data is None:
@@ -423,7 +423,7 @@ def _update_ignore_index(folder: Path, already: dict[str, list[str]], add: dict[
 def _update_shard_count(folder: Path, counts_after: dict[str, int], dry_run: bool, any_shard: bool) -> dict[str, Any]:
     """shard_count.json: samples per shard as a loader sees them, before ignores (the old file kept)."""
     path = folder / SHARD_COUNT_FILE
-    old, err = _load_json(path)
+    old, err = load_index_file(path)
     if err or not isinstance(old, (dict, type(None))):
         old = None
     changed = old != counts_after

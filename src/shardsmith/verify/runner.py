@@ -29,6 +29,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shardsmith import formats
+from shardsmith.formats import precomputed as precomputed_layout
+from shardsmith.formats.detect import dataset_kind, enclosing_build
+from shardsmith.formats.wds import load_index_file, read_ignore_index
 from shardsmith.verify.contract import ContractRecorder, batch_signature
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
@@ -42,19 +45,9 @@ SPOT_CHECK_EVERY = 16
 _IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 
 
-def dataset_kind(path: Path) -> str:
-    if path.is_file() and path.suffix.lower() == ".zip":
-        return "zip"
-    if path.is_dir() and any((path / d).is_dir() for d in ("latents", "conditions", "audio_latents")):
-        return "precomputed"
-    if path.is_dir() and any(p.suffix.lower() == ".tar" for p in path.iterdir()):
-        return "wds"
-    raise ValueError(f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
-
-
 def infer_key_map(folder: Path) -> dict[str, str]:
     """Batch keys = the member suffixes of the first shard's samples (``latent.pth`` -> ``latent``)."""
-    from shardsmith.loaders.wds import list_shards, shard_samples
+    from shardsmith.loaders.shard_reader import list_shards, shard_samples
 
     counts: Counter = Counter()
     n = 0
@@ -79,7 +72,7 @@ class _ContractInWorker:
         self.reuses_batch = not send
 
     def __call__(self, batch: dict) -> dict:
-        from shardsmith.loaders.wds import attach_constant_views
+        from shardsmith.loaders.collate import attach_constant_views
 
         full = attach_constant_views(dict(batch), self.constants)  # the batch itself is sent without them
         rec = ContractRecorder()
@@ -145,7 +138,8 @@ def _rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         seen: list[str] = []
         limit = spec["batches"]
         if spec["kind"] == "wds":
-            from shardsmith.loaders.wds import WdsLoader, WdsLoaderConfig
+            from shardsmith.loaders.wds import WdsLoader
+            from shardsmith.loaders.wds_config import WdsLoaderConfig
 
             cfg = WdsLoaderConfig(**spec["config"], rank=rank, world_size=spec["world"])
             loader = WdsLoader(cfg)
@@ -244,15 +238,17 @@ def _run_ranks(spec: dict[str, Any], world: int, timeout: float) -> list[dict[st
 
 def _expected_wds(folder: Path) -> tuple[list[str], dict[str, int], dict[str, list[str]]]:
     """All sample ids ``shard/key`` a full pass must yield, plus the count and ignore files."""
-    from shardsmith.loaders.wds import list_shards, read_ignore_index, shard_samples
+    from shardsmith.loaders.shard_reader import list_shards, shard_samples
 
     ignore = read_ignore_index(folder)
     ids: list[str] = []
     for shard in list_shards(folder):
         skip = set(ignore.get(shard, ()))
         ids += [f"{shard}/{k}" for k, _ in shard_samples(folder / shard) if k not in skip]
-    counts_path = folder / formats.SHARD_COUNT_FILE
-    counts = json.loads(counts_path.read_text()) if counts_path.exists() else {}
+    counts, err = load_index_file(folder / formats.SHARD_COUNT_FILE)
+    if err:
+        raise ValueError(err)
+    counts = counts if counts is not None else {}
     return ids, counts, ignore
 
 
@@ -315,23 +311,20 @@ def find_build(dataset: str | Path) -> BuildRef | None:
     manifest, when that build's recorded recipe (or manifest) has an output at ``dataset``."""
     from shardsmith.plan.ledger import Ledger
 
-    dataset = Path(dataset).resolve()
-    for root in ([dataset] if dataset.is_dir() else []) + list(dataset.parents):
-        has_ledger = (root / formats.LEDGER_FILE).is_file()
-        has_manifest = (root / formats.MANIFEST_FILE).is_file()
-        if not (has_ledger or has_manifest):
-            continue
-        rel = dataset.relative_to(root).as_posix()
-        if has_ledger:
-            entry = _ledger_entry(root, rel)
-        else:
-            found = _manifest_entry(root / formats.MANIFEST_FILE, rel)
-            entry = found[:2] if found else None
-        if entry is None:
-            return None
-        done = has_manifest and (not has_ledger or bool(Ledger.peek(root / formats.LEDGER_FILE, "complete")[0]))
-        return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
-    return None
+    found = enclosing_build(dataset)
+    if found is None:
+        return None
+    root, has_ledger, has_manifest = found
+    rel = Path(dataset).resolve().relative_to(root).as_posix()
+    if has_ledger:
+        entry = _ledger_entry(root, rel)
+    else:
+        written = _manifest_entry(root / formats.MANIFEST_FILE, rel)
+        entry = written[:2] if written else None
+    if entry is None:
+        return None
+    done = has_manifest and (not has_ledger or bool(Ledger.peek(root / formats.LEDGER_FILE, "complete")[0]))
+    return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
 
 
 def unfinished(build: BuildRef) -> str | None:
@@ -453,7 +446,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
             cfg = cfg.model_copy(update={"image_size": image_size})
         spec_cfg = cfg.model_dump(mode="json", exclude={"rank", "world_size"})
         report["key_map"] = cfg.key_map
-        from shardsmith.loaders.wds import empty_slots, list_shards, read_ignore_index, read_shard_counts
+        from shardsmith.loaders.shard_reader import list_shards, read_shard_counts
+        from shardsmith.loaders.slots import empty_slots
 
         shards = list_shards(dataset)
         ignore = read_ignore_index(dataset)
@@ -538,7 +532,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
           f"{len(report['empty_slots'])} rank-worker(s) get no sample ({report['empty_slots'][0]['reason']}); "
           "use fewer ranks x workers")
     if kind == "wds":
-        from shardsmith.loaders.wds import fastgen_validation_empty
+        from shardsmith.loaders.slots import fastgen_validation_empty
 
         n_shards, slots = len(shards), world * max(workers, 1)
         empty_val = fastgen_validation_empty(n_shards, world, workers)
@@ -589,8 +583,7 @@ def _verify_precomputed(root: Path, report: dict[str, Any], check, checks: list)
 
     from shardsmith.loaders.precomputed import PrecomputedDataset
 
-    dirs = [d for d in ("latents", "conditions", "audio_latents", "reference_latents", "video_masks", "audio_masks")
-            if (root / d).is_dir()]
+    dirs = precomputed_layout.present_dirs(root)
     ds = PrecomputedDataset(root, dirs)
     report.update(world=1, workers=0, dirs=dirs)
     check("pairing", not ds.unmatched, f"{len(ds)} sample(s) present in every folder {dirs}" if not ds.unmatched else
@@ -603,10 +596,10 @@ def _verify_precomputed(root: Path, report: dict[str, Any], check, checks: list)
         for d in dirs:
             for k, v in it[d].items():
                 flat[f"{d}.{k}"] = v.unsqueeze(0) if torch.is_tensor(v) else [v]
-        lat = it.get("latents")
+        lat = it.get(precomputed_layout.LATENTS)
         if lat is not None and tuple(lat["latents"].shape[1:]) != (lat["num_frames"], lat["height"], lat["width"]):
             bad_grid.append(it["path"])
-        cond = it.get("conditions")
+        cond = it.get(precomputed_layout.CONDITIONS)
         if cond is not None and cond["prompt_attention_mask"].dtype != torch.int64:
             bad_mask.append(it["path"])
         flat["__key__"] = [it["path"]]
