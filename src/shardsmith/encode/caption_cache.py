@@ -1,0 +1,43 @@
+"""Captions to text embeddings with a bounded cache, so a caption repeated across a build is
+encoded once.
+
+Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used:
+``text_encoder``, ``batch_size``, ``seconds``, ``_text_cache``)
+- ``text(captions)``: ``(emb [L, D], mask [L])`` per caption, in order; each distinct caption not
+  cached is encoded once, in chunks of ``4 * batch_size``.
+- Past ``TEXT_CACHE_BYTES`` (or 4096 entries) the cache keeps only the captions of the current
+  call or batch, so host memory stays bounded on runs of unique captions.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class CaptionCache:
+    TEXT_CACHE_BYTES = 512 << 20  # a T5-XXL embedding at 512 tokens is 4 MiB: ~128 of them
+
+    def _prune_text_cache(self, keep: list[str]) -> None:
+        """Bounded host memory on long runs with unique captions: past ``TEXT_CACHE_BYTES`` (or
+        4096 entries) only the captions of the current batch stay."""
+        nbytes = sum(e.nbytes + m.nbytes for e, m in self._text_cache.values())
+        if nbytes > self.TEXT_CACHE_BYTES or len(self._text_cache) > 4096:
+            k = set(keep)
+            self._text_cache = {c: v for c, v in self._text_cache.items() if c in k}
+
+    def text(self, captions: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.text_encoder is None:
+            raise RuntimeError("no text encoder configured (models.text)")
+        t0 = time.perf_counter()
+        todo = sorted({c for c in captions if c not in self._text_cache})
+        bs = max(1, self.batch_size * 4)
+        for i in range(0, len(todo), bs):
+            chunk = todo[i:i + bs]
+            te = self.text_encoder.encode(chunk, device="cpu")  # one device->host copy per chunk
+            for j, c in enumerate(chunk):
+                self._text_cache[c] = (te.emb[j].clone(), te.mask[j].clone())
+        self._prune_text_cache(captions)
+        self.seconds["text"] += time.perf_counter() - t0
+        return [self._text_cache[c] for c in captions]

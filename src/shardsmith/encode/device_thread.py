@@ -1,0 +1,85 @@
+"""The one thread that runs an encode stage's model work, and the warm-up run on it.
+
+Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used)
+- ``device_thread()`` / ``submit(fn, *args)``: every model call of the stage (warm-up, launched
+  batches) runs on one thread, started on first use with the stage's intra-op thread count pinned;
+  ``close()`` stops it once its queued work is done.
+- ``warm_up(buckets, stop)``: one padded batch of zeros per bucket shape on that thread before the
+  real batches; books nothing, changes no output, never raises for a model error (it is logged and
+  returned in the info dict, ``warm_up_info``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from shardsmith.encode.host_threads import pin_intra_op_threads
+
+log = logging.getLogger(__name__)
+
+
+class DeviceThread:
+    def device_thread(self):
+        """The one thread that runs this stage's model work: the warm-up and every launched batch
+        (``submit``). cuDNN's autotuned plans are kept per thread in torch (its execution plans are
+        not thread-safe), so a warm-up on another thread, or a thread per output or split, would
+        tune again at its first batch (BENCHMARKS.md has the cost)."""
+        if self._thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode",
+                                              initializer=pin_intra_op_threads, initargs=(self._threads,))
+        return self._thread
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args)`` on the device thread; returns its future."""
+        return self.device_thread().submit(fn, *args)
+
+    def close(self) -> None:
+        """Stop the device thread once its queued work is done (a later submit starts a new one)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    def warm_up(self, buckets, stop=None) -> dict[str, Any]:
+        """One padded batch of zeros per bucket shape through the VAE, so that cuDNN's autotuning,
+        the compiled graph's build or cache load (``models.compile="on"``) and the device's first
+        allocations happen before the first real batch, e.g. while the build plans. Runs on the
+        device thread (waited for here), where the batches will run. Nothing is
+        booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
+        shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
+        memory) is logged and left to the real batches, which retry; returns what was done."""
+        return self.submit(self._warm_up, buckets, stop).result()
+
+    def _warm_up(self, buckets, stop=None) -> dict[str, Any]:
+        info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
+        stopped = stop.is_set if stop is not None else (lambda: False)
+        t0 = time.perf_counter()
+        try:
+            for b in buckets:
+                host = torch.zeros((self.batch_size, b.frames, b.height, b.width, 3), dtype=torch.uint8,
+                                   pin_memory=self.device == "cuda")
+                self._maybe_compile(host)  # "on" compiles now; "auto" needs eager batches first
+                t = time.perf_counter()
+                self.vae.encode(self._to_input(host)).detach().to("cpu")
+                dt = time.perf_counter() - t
+                if self._compile_pending is not None:
+                    self._compiled_first_batch(dt)
+                info["shapes"].append(str(b))
+                if stopped():
+                    break
+            if self.text_encoder is not None and not stopped():
+                self.text_encoder.encode(["warm-up"], device="cpu")
+                info["text"] = True
+        except Exception as exc:  # noqa: BLE001 - the real batches handle (and report) what failed here
+            log.warning("encoder warm-up stopped: %s", exc)
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+        info["seconds"] = round(time.perf_counter() - t0, 3)
+        self.warm_up_info = info
+        return info

@@ -1,0 +1,51 @@
+"""What an encode stage reports of its own speed, from the batches it booked.
+
+Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used:
+``batches``, ``timeline``, ``created``)
+- ``steady_state()``: None before three batches; else the throughput between the first and the
+  last batch, the median encode time of the largest batches, the first launched batch's times
+  and the device's idle time (:func:`~shardsmith.encode.idle.gpu_idle`), all counted from
+  ``created`` (``mark_start``). Read by the manifest only: no output byte depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardsmith.encode.idle import gpu_idle
+
+
+class Throughput:
+    def steady_state(self) -> dict[str, Any] | None:
+        """Throughput between the first and the last encoded batch (model load, planning and the
+        first batch's autotuning left out), and the median encode time of the largest batches
+        (units smaller than a batch, e.g. shards bounded by bytes, make every batch partial)."""
+        if len(self.batches) < 3:
+            return None
+        largest = max(n for _, n, *_ in self.batches)
+        full = [b for b in self.batches if b[1] == largest]
+        t_first, t_last = self.batches[0][0], self.batches[-1][0]
+        items = sum(n for _, n, *_ in self.batches[1:])
+        times = sorted(dt for _, _, dt, _ in full)
+        return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
+                "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
+                "last_batch_done_s": round(t_last - self.created, 3),
+                "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches),
+                "first_batch": self._first_batch(), "gpu_idle": gpu_idle(self.timeline),
+                "median_batch_gpu_s": self._median_gpu_s()}
+
+    def _median_gpu_s(self) -> float | None:
+        """Median device time of a launched batch, the text encoder's part included (the encode time
+        above is the VAE's alone)."""
+        spans = sorted(end - start for *_, start, end in self.timeline)
+        return round(spans[len(spans) // 2], 4) if spans else None
+
+    def _first_batch(self) -> dict[str, float] | None:
+        """When the first launched batch was staged, queued and started on the device, counted like
+        ``first_batch_done_s`` from the start of the outputs (pixels late, or models late?). A batch
+        run synchronously right after a compile is not a launched one."""
+        if not self.timeline:
+            return None
+        staged, begin, end, start, _ = min(self.timeline, key=lambda r: r[3])
+        return {k: round(v - self.created, 3) for k, v in
+                (("staged_s", staged), ("launch_begun_s", begin), ("queued_s", end), ("gpu_start_s", start))}
