@@ -696,7 +696,7 @@ def main() -> int:
         if args.ab_plan_ahead:  # the same build with the whole plan before the first batch (the previous order)
             import shardsmith.build as build_mod
 
-            from shardsmith.sinks.latent_members import LatentFinisher
+            from shardsmith.encode.finisher import LatentFinisher
 
             import shardsmith.encode.stage as stage_mod
 

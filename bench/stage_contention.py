@@ -11,7 +11,8 @@ from shardsmith.encode.stage import EncodeStage
 sys.setswitchinterval(0.0001)
 torch.set_num_threads(1)
 frames = [np.random.randint(0, 255, (1, 256, 256, 3), dtype=np.uint8) for _ in range(64)]
-st = types.SimpleNamespace(device="cpu", batch_size=64, seconds={"prepare": 0.0})
+st = EncodeStage.__new__(EncodeStage)  # only what stage() reads
+st.device, st.batch_size, st.seconds = "cpu", 64, {"prepare": 0.0}
 
 def new():
     return EncodeStage.stage(st, frames)
@@ -44,16 +45,16 @@ print("alone old/new:", statistics.median(res[("old", False)]) / statistics.medi
 # the rest of a batch's main-thread work, same conditions, for 64 [4,32,32] bf16 latents: before, a
 # tensor per item (``EncodeStage._complete``: one clone each), then its latent.pth and json (the member
 # code of before); now, every latent.pth rendered straight from the batch (``pt_bytes_rows``) and the
-# json (``LatentFinisher._wds_members``)
+# json (``LatentMembers._wds_members``)
 import types  # noqa: E402
 
 from shardsmith.recipe import LatentWdsOutput  # noqa: E402
 from shardsmith.records import PlannedItem, SampleResult  # noqa: E402
-from shardsmith.sinks.latent_members import LatentFinisher  # noqa: E402
+from shardsmith.sinks.latent_members import LatentMembers  # noqa: E402
 from shardsmith.sinks.pt_write import pt_bytes_fast, pt_bytes_rows  # noqa: E402
 
 z = torch.randn(64, 4, 32, 32).to(torch.bfloat16)
-fin = LatentFinisher.__new__(LatentFinisher)
+fin = LatentMembers.__new__(LatentMembers)
 fin.o, fin.multi = LatentWdsOutput(format="latent_wds", latent_dtype="bfloat16"), False
 fin.sources = [types.SimpleNamespace(name="p", license=None, origin=None)]
 fin.models = {"vae": {"family": "sd", "weights": "random-weights", "path_or_repo": None}}

@@ -260,11 +260,12 @@ def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monk
     """``max_shard_bytes`` on latent shards: the members' sizes are known before encoding (exact),
     so every shard stays within the bound, holds as many samples as fit, and a resumed build
     closes its shards at the same samples (same bytes)."""
-    from shardsmith.sinks.latent_members import LatentFinisher
+    from shardsmith.encode.finisher import LatentFinisher
+    from shardsmith.sinks.latent_members import LatentMembers
     from shardsmith.sinks.wds import TAR_END, WdsSink
 
     predicted, made = {}, {}
-    sizes, members = LatentFinisher.member_sizes, LatentFinisher._wds_members
+    sizes, members = LatentFinisher.member_sizes, LatentMembers._wds_members
 
     def spy_sizes(self, item, res):
         predicted[item.key] = sorted(sizes(self, item, res))
@@ -276,7 +277,7 @@ def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monk
         return out
 
     monkeypatch.setattr(LatentFinisher, "member_sizes", spy_sizes)
-    monkeypatch.setattr(LatentFinisher, "_wds_members", spy_members)
+    monkeypatch.setattr(LatentMembers, "_wds_members", spy_members)
 
     real_photos(tmp_path / "p", 9, seed=41, min_side=40, max_side=90)
     spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},

@@ -460,7 +460,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         (dest.parent if isinstance(output, ZipOutput) else dest).mkdir(parents=True, exist_ok=True)
         finisher = None
         if isinstance(output, LATENT_OUTPUTS):
-            from shardsmith.sinks.latent_members import NEG_PROMPT_FILE, LatentFinisher, write_negative_prompt
+            from shardsmith.encode.finisher import LatentFinisher
+            from shardsmith.sinks.latent_members import NEG_PROMPT_FILE, LatentMembers, write_negative_prompt
             from shardsmith.sinks.precomputed import PrecomputedSink
         if isinstance(output, (WdsOutput, LatentWdsOutput)):
             sink = WdsSink(output, dest)
@@ -471,7 +472,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
             sink = PrecomputedSink(output, dest)
             sink.check_stamp(_stage(ctx).stamp(recipe))  # refused before anything is written
         if isinstance(output, LATENT_OUTPUTS):
-            finisher = LatentFinisher(output, lambda: _stage(ctx), ctx.sources, multi_source=len(srcs) > 1)
+            members = LatentMembers(output, ctx.sources, multi_source=len(srcs) > 1)
+            finisher = LatentFinisher(members, lambda: _stage(ctx))
         try:
             _run_units(ctx, output, split, srcs, sink, pool, finisher, ahead if split == TRAIN else None)
         finally:
