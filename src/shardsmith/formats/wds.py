@@ -22,6 +22,9 @@ IGNORE_INDEX_FILE = "ignore_index.json"
 REPAIR_FILE = "repair.json"
 NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embedding beside the shards
 SHARD_EXT = ".tar"
+BACKUP_SUFFIX = ".orig"  # repair keeps a rewritten file's original bytes under its name plus this
+#: files a WebDataset output folder holds beside its shards (repair's and latent outputs' included)
+INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE)
 
 # member suffixes (FastGen's key_map values)
 JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"
@@ -61,6 +64,11 @@ def is_shard_file_name(name: str) -> bool:
     """The one rule for what counts as a shard: a name ending in ``.tar``, any case (FastGen's
     local ``get_shards``); the caller checks that it is a regular file directly in the folder."""
     return name.lower().endswith(SHARD_EXT)
+
+
+def is_numbered_shard(name: str) -> bool:
+    """A shard name shardsmith could have written: ``<digits>.tar`` (lower-case suffix)."""
+    return name.endswith(SHARD_EXT) and numeric_stem(name) is not None
 
 
 def sanitize_key(text: str) -> str:

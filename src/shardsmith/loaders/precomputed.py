@@ -1,9 +1,7 @@
 """Loader for the LTX-style ``.precomputed/`` tree, with the trainer's matching rule made loud.
 
 ``PrecomputedDataset(root, dirs)`` pairs files across sub-folders by relative path, like
-LTX's ``PrecomputedDataset``: the primary folder is ``latents`` if listed, else the first;
-a primary ``.pt`` is kept only when the same relative path exists in every other folder.
-Unlike the trainer (a DEBUG line per miss), unmatched files are listed in ``.unmatched``
+LTX's ``PrecomputedDataset`` (the rule: :mod:`shardsmith.formats.precomputed`). Unlike the trainer (a DEBUG line per miss), unmatched files are listed in ``.unmatched``
 with the folders they lack, and a folder that does not exist is an error at once.
 Every ``.pt`` is read with ``torch.load(weights_only=True)`` semantics (the fast reader of
 :mod:`shardsmith.loaders.pth_fast` for plain files).
@@ -16,9 +14,8 @@ from typing import Any
 
 import torch
 
+from shardsmith.formats.precomputed import DEFAULT_DIRS, cache_files, primary_dir
 from shardsmith.loaders.pth_fast import load_pth_bytes
-
-DEFAULT_DIRS = ("latents", "conditions")
 
 
 class PrecomputedDataset(torch.utils.data.Dataset):
@@ -29,11 +26,9 @@ class PrecomputedDataset(torch.utils.data.Dataset):
             raise FileNotFoundError(f"{self.root} lacks {missing}; every listed folder must exist "
                                     "(LTX trainers refuse to start without them)")
         self.dirs = list(dirs)
-        primary = "latents" if "latents" in self.dirs else self.dirs[0]
-        self.primary = primary
-        rels = sorted(p.relative_to(self.root / primary).as_posix() for p in (self.root / primary).rglob("*.pt"))
-        others = {d: {p.relative_to(self.root / d).as_posix() for p in (self.root / d).rglob("*.pt")}
-                  for d in self.dirs if d != primary}
+        self.primary = primary = primary_dir(self.dirs)
+        rels = cache_files(self.root, primary)
+        others = {d: set(cache_files(self.root, d)) for d in self.dirs if d != primary}
         self.items: list[str] = []
         self.unmatched: list[tuple[str, list[str]]] = []
         for rel in rels:

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardsmith.formats.wds import JPG, LATENT, MP4, NEG_PROMPT_FILE, NOISE, PATH, TEXT_EMB, TXT
 from shardsmith.loaders import registry
-from shardsmith.loaders.wds import WdsLoader, WdsLoaderConfig
+from shardsmith.loaders.wds import WdsLoader
+from shardsmith.loaders.wds_config import WdsLoaderConfig
 from shardsmith.loaders.zip import ZipLoaderConfig
 
 
@@ -26,26 +28,26 @@ class Preset:
     note: str = ""
 
 
-_LATENT = {"key_map": {"real": "latent.pth", "condition": "txt_emb.pth"},
-           "files_map": {"neg_condition": "neg_prompt_emb.npy"}}
+_LATENT = {"key_map": {"real": LATENT, "condition": TEXT_EMB},
+           "files_map": {"neg_condition": NEG_PROMPT_FILE}}
 
 PRESETS: dict[str, Preset] = {
     "image": Preset("wds", "ImageLoaderConfig",
-                    {"key_map": {"real": "jpg", "condition": "txt"}, "presets_map": {"neg_condition": "empty_string"},
+                    {"key_map": {"real": JPG, "condition": TXT}, "presets_map": {"neg_condition": "empty_string"},
                      "image_size": 512, "batch_size": 32}),
     "image_latent": Preset("wds", "ImageLatentLoaderConfig", {**_LATENT, "batch_size": 32},
                            "neg_condition comes from neg_prompt_emb.npy beside the shards"),
     "video": Preset("wds", "VideoLoaderConfig",
-                    {"key_map": {"real": "mp4", "condition": "txt"}, "presets_map": {"neg_condition": "neg_prompt_wan"},
+                    {"key_map": {"real": MP4, "condition": TXT}, "presets_map": {"neg_condition": "neg_prompt_wan"},
                      "num_frames": 81, "video_size": (480, 832), "batch_size": 2, "num_workers": 2},
                     "real is float32 [B, 3, 81, 480, 832] in [-1, 1] (FastGen sequence_length=81, "
                     "img_size=(832, 480) as (W, H); our video_size is (H, W)); clips under 81 frames are dropped"),
     "video_latent": Preset("wds", "VideoLatentLoaderConfig", {**_LATENT, "batch_size": 2, "num_workers": 2}),
     "kd_pair": Preset("wds", "PairLoaderConfig",
-                      {"key_map": {"real": "latent.pth", "noise": "noise.pth", "condition": "txt_emb.pth"},
+                      {"key_map": {"real": LATENT, "noise": NOISE, "condition": TEXT_EMB},
                        "batch_size": 2, "shuffle_size": 100}),
     "kd_path": Preset("wds", "PathLoaderConfig",
-                      {"key_map": {"real": "latent.pth", "path": "path.pth", "condition": "txt_emb.pth"},
+                      {"key_map": {"real": LATENT, "path": PATH, "condition": TEXT_EMB},
                        "batch_size": 2, "shuffle_size": 100}),
     "class_zip": Preset("zip", "ImageNet64_Loader_Config", {"batch_size": 32, "use_labels": True, "shuffle": True}),
 }

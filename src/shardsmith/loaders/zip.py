@@ -18,7 +18,6 @@ Contract
 from __future__ import annotations
 
 import io
-import json
 import os
 import zipfile
 from collections.abc import Iterator
@@ -30,9 +29,7 @@ import torch
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from shardsmith import formats
-
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+from shardsmith.formats.zip import is_sample_member, read_labels
 
 
 class ZipImageDataset(torch.utils.data.Dataset):
@@ -42,12 +39,11 @@ class ZipImageDataset(torch.utils.data.Dataset):
         self._zip: zipfile.ZipFile | None = None
         self._pid = None
         with zipfile.ZipFile(self.path) as z:
-            names = z.namelist()
-            self.members = sorted(n for n in names if n.lower().endswith(IMAGE_EXTS + (".npy",)))
-            meta = json.loads(z.read(formats.ZIP_LABELS_FILE)) if formats.ZIP_LABELS_FILE in names else None
+            self.members = sorted(n for n in z.namelist() if is_sample_member(n))
+            labels = read_labels(z)
         if not self.members:
             raise ValueError(f"{self.path} holds no images or .npy arrays")
-        labels = (meta or {}).get("labels") if use_labels else None
+        labels = labels if use_labels else None
         if labels is not None:
             table = {p: int(c) for p, c in labels}
             missing = [m for m in self.members if m not in table]

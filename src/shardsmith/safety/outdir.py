@@ -28,12 +28,11 @@ from pathlib import Path
 
 from shardsmith import formats
 from shardsmith.errors import UserError
+from shardsmith.formats.detect import is_build
+from shardsmith.formats.precomputed import CACHE_EXT, WRITTEN_DIRS
+from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_numbered_shard
 from shardsmith.sinks.atomic import TMP_MARK
 
-#: files an output folder's format writes beside its units (repair and latent outputs included)
-INDEX_FILES = (formats.SHARD_COUNT_FILE, formats.IGNORE_INDEX_FILE, formats.REPAIR_FILE, formats.NEG_PROMPT_FILE)
-PRECOMPUTED_TREES = ("latents", "conditions")
-BACKUP_SUFFIX = ".orig"  # verify/repair keeps a rewritten file's original bytes under this suffix
 _TMP_RE = re.compile(re.escape(TMP_MARK) + r"\d+$")
 
 
@@ -72,10 +71,6 @@ def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str]]
             "sources, with or without --overwrite. Choose an --out outside every source folder.")
 
 
-def is_build(folder: Path) -> bool:
-    return (Path(folder) / formats.LEDGER_FILE).is_file()
-
-
 def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, str], list[str]]]:
     """(outputs of the recorded recipe, unit names per (output, split)) from ``folder``'s ledger;
     empty when it recorded no recipe."""
@@ -111,10 +106,6 @@ def _base_name(name: str) -> str:
     return name[:-len(BACKUP_SUFFIX)] if name.endswith(BACKUP_SUFFIX) else name
 
 
-def _is_shard(name: str) -> bool:
-    return name.endswith(".tar") and formats.numeric_stem(name) is not None
-
-
 def _files_in(d: Path) -> list[Path]:
     return [p for p in d.iterdir() if not p.is_dir() or p.is_symlink()] if d.is_dir() else []
 
@@ -137,14 +128,14 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
                 continue
             if lay.format == "precomputed":
                 found += [p for p in _files_in(dest) if _base_name(p.name) == formats.PRECOMPUTED_STAMP]
-                for tree in PRECOMPUTED_TREES:
+                for tree in WRITTEN_DIRS:
                     if (dest / tree).is_dir() and not (dest / tree).is_symlink():
                         found += [p for p in (dest / tree).rglob("*") if p.is_file() and not p.is_symlink()
-                                  and _base_name(p.name).endswith(".pt")]
+                                  and _base_name(p.name).endswith(CACHE_EXT)]
                 continue
             # recorded units, and shards a kill left between their rename and their record
             recorded = set(units.get((lay.name, split), [])) | set(INDEX_FILES)
-            found += [p for p in _files_in(dest) if _base_name(p.name) in recorded or _is_shard(_base_name(p.name))]
+            found += [p for p in _files_in(dest) if _base_name(p.name) in recorded or is_numbered_shard(_base_name(p.name))]
     return {p.relative_to(folder).as_posix() for p in found}
 
 

@@ -1,10 +1,5 @@
-"""The LTX-trainer ``.precomputed/`` tree (shared/reference/ltx-trainer.md §2.5).
-
-Layout, names mirroring each media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``)::
-
-    latents/clips/a.pt     {"latents": [C, F', H', W'], "num_frames": F', "height": H', "width": W', "fps": float}
-    conditions/clips/a.pt  {"video_prompt_embeds": [L, D], "prompt_attention_mask": [L] int64
-                            (+ "audio_prompt_embeds": [L, D_a] when the text encoder gives one)}
+"""Sink of the LTX-trainer ``.precomputed/`` tree (layout: :mod:`shardsmith.formats.precomputed`):
+``latents/`` and ``conditions/`` records, names mirroring each media path.
 
 A unit of work is a group of items; each ``.pt`` is written atomically, and the unit is
 committed to the ledger after all its files are in place (re-running a unit rewrites the
@@ -17,26 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from shardsmith import formats
+from shardsmith.formats.precomputed import CACHE_EXT, CONDITIONS, LATENTS, PRECOMPUTED_STAMP, WRITTEN_DIRS, mirrored
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.pt_write import pt_bytes_fast
 
-LATENTS, CONDITIONS = "latents", "conditions"
-STAMP = formats.PRECOMPUTED_STAMP
-
-
-def mirrored(relpath: str, source_name: str | None) -> str:
-    """``clips/a.mp4`` -> ``clips/a.pt`` (prefixed by the source name when several sources feed it)."""
-    p = PurePosixPath(relpath).with_suffix(".pt")
-    if ".." in p.parts or p.is_absolute():
-        raise ValueError(f"media path {relpath!r} cannot be mirrored inside .precomputed/")
-    return str(PurePosixPath(source_name) / p) if source_name else str(p)
+__all__ = ["CONDITIONS", "LATENTS", "PrecomputedSink", "condition_record", "latent_record", "mirrored", "pt_bytes"]
 
 
 def pt_bytes(obj: dict[str, Any]) -> bytes:
@@ -74,7 +60,7 @@ class PrecomputedSink:
 
     def check_stamp(self, stamp: dict[str, Any]) -> None:
         """Refuse a tree built with other encoders/buckets; write the stamp for a new tree."""
-        path = self.dest / STAMP
+        path = self.dest / PRECOMPUTED_STAMP
         if path.exists():
             old = json.loads(path.read_text(encoding="utf-8"))
             if old != stamp:
@@ -98,6 +84,6 @@ class PrecomputedSink:
         return f"unit{seq:05d}", total, h.hexdigest()
 
     def finalize(self, units: list[dict]) -> dict[str, Any]:
-        counts = {sub: sum(1 for p in (self.dest / sub).rglob("*.pt")) if (self.dest / sub).exists() else 0
-                  for sub in (LATENTS, CONDITIONS)}
+        counts = {sub: sum(1 for p in (self.dest / sub).rglob(f"*{CACHE_EXT}")) if (self.dest / sub).exists() else 0
+                  for sub in WRITTEN_DIRS}
         return {"dir": str(self.dest), "files": counts, "bytes": sum(u["bytes"] for u in units)}

@@ -12,6 +12,8 @@ import tarfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
+from shardsmith.formats.tar import padding
+
 FIXED_MTIME = 946684800  # 2000-01-01T00:00:00Z
 
 
@@ -77,7 +79,7 @@ class DeterministicTar:
         info.uname = info.gname = ""
         t = self.tar
         header = info.tobuf(t.format, t.encoding, t.errors)
-        pad = -len(data) % tarfile.BLOCKSIZE
+        pad = padding(len(data))
         t.fileobj.write(header)
         if data:
             t.fileobj.write(data)

@@ -10,26 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from shardsmith import formats
+from shardsmith.formats.tar import BLOCK as TAR_BLOCK  # noqa: F401 - scan.py imports it from here
+from shardsmith.formats.tar import END_BYTES as TAR_END
+from shardsmith.formats.tar import member_bytes
+from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, shard_name
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json
 from shardsmith.sinks.tar import DeterministicTar, HashingWriter
 
-TAR_BLOCK = 512
-
-
-TAR_END = 20 * TAR_BLOCK  # worst case of end-of-archive blocks plus record padding
-
 
 def tar_bytes(sizes: Iterable[tuple[str, int]], key: str) -> int:
     """Upper bound of the bytes a sample adds to a tar, from its ``(suffix, size)`` members:
     header(s) + padded data per member."""
-    total = 0
-    for suffix, n in sizes:
-        pax = 3 * TAR_BLOCK if len(formats.member_name(key, suffix)) > 99 else 0
-        total += pax + TAR_BLOCK + -(-n // TAR_BLOCK) * TAR_BLOCK
-    return total
+    return sum(member_bytes(member_name(key, suffix), n) for suffix, n in sizes)
 
 
 def sample_tar_bytes(members: dict[str, bytes], key: str) -> int:
@@ -58,14 +52,14 @@ class WdsSink:
 
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
         """Write shard ``seq`` atomically; returns (name, bytes, sha256)."""
-        name = formats.shard_name(seq)
+        name = shard_name(seq)
         with atomic_open(self.dest / name) as f:
             out = HashingWriter(f)  # hashed as written: the shard is never read back
             try:
                 tar = DeterministicTar(out)
                 for key, s in samples:
                     for suffix, data in s.members.items():
-                        tar.add(formats.member_name(key, suffix), data)
+                        tar.add(member_name(key, suffix), data)
                 tar.close()
             finally:
                 out.close()
@@ -75,7 +69,7 @@ class WdsSink:
         """Write ``shard_count.json``; return the output's manifest block."""
         counts = {u["name"]: u["count"] for u in units if u["count"] > 0}
         self.dest.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.dest / formats.SHARD_COUNT_FILE, counts)
+        atomic_write_json(self.dest / SHARD_COUNT_FILE, counts)
         return {"dir": str(self.dest), "shards": [
             {"name": u["name"], "count": u["count"], "bytes": u["bytes"], "sha256": u["sha256"]}
             for u in units if u["count"] > 0]}

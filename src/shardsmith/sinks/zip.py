@@ -9,27 +9,16 @@ then renames the ZIP into place. Re-running finalize gives the same bytes.
 from __future__ import annotations
 
 import hashlib
-import json
 import tarfile
 import zipfile
 from pathlib import Path
 
-from shardsmith import formats
+from shardsmith.formats.wds import PNG
+from shardsmith.formats.zip import ZIP_LABELS_FILE, labels_document, zip_entry, zip_member_name
 from shardsmith.recipe import ZipOutput
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_open
 from shardsmith.sinks.tar import DeterministicTar
-
-_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-def _zinfo(name: str) -> zipfile.ZipInfo:
-    zi = zipfile.ZipInfo(name, date_time=_DATE)
-    zi.compress_type = zipfile.ZIP_STORED
-    zi.create_system = 3
-    zi.external_attr = 0o644 << 16
-    return zi
-
 
 class ZipSink:
     kind = "zip"
@@ -48,7 +37,7 @@ class ZipSink:
         with atomic_open(path) as f:
             tar = DeterministicTar(f)
             for i, (_key, s) in enumerate(samples):
-                tar.add(formats.zip_member_name(self.first_index + i), s.members["png"])
+                tar.add(zip_member_name(self.first_index + i), s.members[PNG])
             tar.close()
         self.first_index += len(samples)
         return name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
@@ -64,14 +53,13 @@ class ZipSink:
                         continue
                     with tarfile.open(self.stage / u["name"]) as tar:
                         for m in tar:
-                            if m.name != formats.zip_member_name(index):
+                            if m.name != zip_member_name(index):
                                 raise RuntimeError(f"staged unit {u['name']} is out of order at {m.name}; "
                                                    "re-run with --overwrite")
-                            zf.writestr(_zinfo(m.name), tar.extractfile(m).read())
+                            zf.writestr(zip_entry(m.name), tar.extractfile(m).read())
                             label_rows.append([m.name, labels[index]])
                             index += 1
-                meta = {"labels": label_rows if self.labelled else None}
-                zf.writestr(_zinfo(formats.ZIP_LABELS_FILE), json.dumps(meta))
+                zf.writestr(zip_entry(ZIP_LABELS_FILE), labels_document(label_rows if self.labelled else None))
         h = hashlib.sha256()
         with open(self.dest, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardsmith import formats
+from shardsmith.formats.wds import member_name
 from shardsmith.errors import UserError
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import Recipe, WdsOutput, recipe_from_dict
@@ -136,7 +137,7 @@ def _make_samples(maker, items: list[PlannedItem], shard: str) -> list[tuple[str
 
 
 def _members(samples: list[tuple[str, SampleResult]]) -> dict[str, list[tuple[str, str]]]:
-    return {key: [(formats.member_name(key, suffix), hashlib.sha256(data).hexdigest())
+    return {key: [(member_name(key, suffix), hashlib.sha256(data).hexdigest())
                   for suffix, data in s.members.items()] for key, s in samples}
 
 

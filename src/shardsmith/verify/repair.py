@@ -37,14 +37,20 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from shardsmith.errors import UserError
-from shardsmith.formats.wds import IGNORE_INDEX_FILE, REPAIR_FILE, SHARD_COUNT_FILE, load_ignore_index, load_index_file
+from shardsmith.formats.wds import (
+    BACKUP_SUFFIX,
+    IGNORE_INDEX_FILE,
+    REPAIR_FILE,
+    SHARD_COUNT_FILE,
+    load_ignore_index,
+    load_index_file,
+)
 from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import LostSample, ShardScan, scan_folder, scan_shard
 from shardsmith.verify.runner import BuildRef, find_build
 
-BACKUP_SUFFIX = ".orig"
 CANDIDATE_SUFFIX = ".repaired"
 
 REWRITTEN, IGNORED, RESTORED = "rewritten", "ignored_keys", "restored_from_source"
