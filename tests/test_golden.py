@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from media_factory import real_photos
-from shardsmith.build import build
-from shardsmith.recipe import load_recipe, recipe_from_dict
 from video_factory import captioned_clips_table
 
 GOLDEN = Path(__file__).parent / "golden" / "hashes.json"
@@ -49,6 +50,17 @@ def _stable_manifest(root: Path) -> dict:
             "models": {k: v for k, v in models.items() if k in ("vae", "text", "random_weights")}}
 
 
+def _build(recipe: Path | dict, out: Path, tmp_path: Path) -> None:
+    """Build as a user does, through the CLI in a process of its own (no state left by other tests)."""
+    if isinstance(recipe, dict):
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+        recipe = path
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--quiet",
+                        "--workers", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+
+
 def _check(case: str, root: Path) -> None:
     got = {"files": _hashes(root), "manifest": _stable_manifest(root)}
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
@@ -66,22 +78,22 @@ def _check(case: str, root: Path) -> None:
 
 def test_quickstart_bytes_are_golden(example_recipe, tmp_path):
     out = tmp_path / "qs"
-    build(load_recipe(example_recipe), out, quiet=True, workers=2)
+    _build(example_recipe, out, tmp_path)
     _check("quickstart", out)
 
 
 @pytest.mark.slow
 def test_latent_build_with_both_latent_outputs_is_golden(tmp_path):
     table, _ = captioned_clips_table(tmp_path, photos=3)
-    recipe = recipe_from_dict({
+    recipe = {
         "sources": [{"path": str(table)}],
         "split": {"holdout": 1, "seed": 3},
         "geometry": {"buckets": ["64x64x1", "64x64x9", "96x64x17"]},
         "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}},
         "outputs": [{"format": "precomputed"},
-                    {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2, "negative_prompt": "blurry"}]})
+                    {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2, "negative_prompt": "blurry"}]}
     out = tmp_path / "out"
-    build(recipe, out, quiet=True, workers=2)
+    _build(recipe, out, tmp_path)
     _check("latent_both_outputs", out)
 
 
@@ -90,11 +102,11 @@ def test_precomputed_build_of_photos_is_golden(tmp_path):
     real_photos(tmp_path / "photos", 6, seed=21, min_side=60, max_side=120)
     for i, p in enumerate(sorted((tmp_path / "photos").glob("*.jpg"))):
         p.with_suffix(".txt").write_text(f"photo number {i}", encoding="utf-8")
-    recipe = recipe_from_dict({
+    recipe = {
         "sources": [{"path": str(tmp_path / "photos")}],
         "geometry": {"buckets": ["64x64x1", "64x48x1"]},
         "models": {"vae": {"family": "sd", "store": "mean_std"}, "text": {"family": "minilm"}},
-        "outputs": [{"format": "precomputed", "unit": 4}]})
+        "outputs": [{"format": "precomputed", "unit": 4}]}
     out = tmp_path / "out"
-    build(recipe, out, quiet=True, workers=2)
+    _build(recipe, out, tmp_path)
     _check("precomputed_photos", out)

