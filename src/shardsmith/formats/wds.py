@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -110,6 +111,13 @@ def member_name(key: str, suffix: str) -> str:
     if "." in key or "/" in key:
         raise ValueError(f"sample key {key!r} contains '.' or '/', which splits the sample")
     return f"{key}.{suffix}"
+
+
+def media_suffix(path: str) -> str:
+    """The member suffix a media file is stored under: its extension in lower case, ``jpeg`` as
+    ``jpg`` (webdataset's image decoders), ``bin`` without one."""
+    ext = os.path.splitext(path)[1].lower().lstrip(".") or "bin"
+    return JPG if ext == "jpeg" else ext
 
 
 def split_member(name: str) -> tuple[str, str] | None:

@@ -21,7 +21,9 @@ import os
 import numpy as np
 import torch
 
-from shardsmith import formats
+from shardsmith.formats.precomputed import cache_member
+from shardsmith.formats.wds import NEG_PROMPT_FILE  # noqa: F401 - build.py imports it from here
+from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_bytes
@@ -65,20 +67,20 @@ class LatentMembers:
     def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes, shape: tuple[int, ...],
                      text) -> dict[str, bytes]:
         """A ``latent_wds`` sample's members: ``latent`` is its ``latent.pth`` bytes already."""
-        out = {"latent.pth": latent}
+        out = {LATENT: latent}
         if text is not None:
-            out["txt_emb.pth"] = pt_bytes(text[0].to(_DTYPES[self.o.text_dtype]).contiguous())
-        out["json"] = self._json(item, res, shape)
+            out[TEXT_EMB] = pt_bytes(text[0].to(_DTYPES[self.o.text_dtype]).contiguous())
+        out[JSON] = self._json(item, res, shape)
         if self.o.include_media:
             with open(item.path, "rb") as f:
-                out[_media_suffix(item.path)] = f.read()
+                out[media_suffix(item.path)] = f.read()
         return out
 
     def _precomputed_members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
         rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
-        out = {f"{LATENTS}/{rel}": pt_bytes(latent_record(z, res.info["fps"]))}
+        out = {cache_member(LATENTS, rel): pt_bytes(latent_record(z, res.info["fps"]))}
         if text is not None:
-            out[f"{CONDITIONS}/{rel}"] = pt_bytes(condition_record(text[0].to(_DTYPES[self.o.text_dtype]), text[1]))
+            out[cache_member(CONDITIONS, rel)] = pt_bytes(condition_record(text[0].to(_DTYPES[self.o.text_dtype]), text[1]))
         return out
 
     def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:
@@ -95,28 +97,20 @@ class LatentMembers:
         frames = res.pixels.shape  # [F, H, W, 3]
         pixel = (3, *frames[1:3]) if stage.vae.spec.kind == "image_vae" else (3, *frames[:3])
         shape = stage.vae.spec.latent_shape(pixel)
-        out = [("latent.pth", _pth_size(shape, self.o.latent_dtype))]
+        out = [(LATENT, _pth_size(shape, self.o.latent_dtype))]
         if stage.text_encoder is not None:
             ts = stage.text_encoder.spec
-            out.append(("txt_emb.pth", _pth_size((ts.max_length, ts.dim), self.o.text_dtype)))
-        out.append(("json", len(self._json(item, res, shape))))
+            out.append((TEXT_EMB, _pth_size((ts.max_length, ts.dim), self.o.text_dtype)))
+        out.append((JSON, len(self._json(item, res, shape))))
         if self.o.include_media:
-            out.append((_media_suffix(item.path), os.path.getsize(item.path)))
+            out.append((media_suffix(item.path), os.path.getsize(item.path)))
         return out
-
-
-def _media_suffix(path: str) -> str:
-    ext = os.path.splitext(path)[1].lower().lstrip(".") or "bin"
-    return "jpg" if ext == "jpeg" else ext
 
 
 @functools.lru_cache(maxsize=64)
 def _pth_size(shape: tuple[int, ...], dtype: str) -> int:
     """Bytes of ``torch.save`` of a contiguous tensor of ``shape`` and ``dtype`` (values do not change it)."""
     return len(pt_bytes(torch.zeros(shape, dtype=_DTYPES[dtype])))
-
-
-NEG_PROMPT_FILE = formats.NEG_PROMPT_FILE
 
 
 def write_negative_prompt(path, stage, prompt: str) -> None:
