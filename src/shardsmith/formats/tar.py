@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 BLOCK = tarfile.BLOCKSIZE  # 512
 ZERO_BLOCK = bytes(BLOCK)
 END_BYTES = 20 * BLOCK  # worst case of end-of-archive blocks plus record padding
-PAX_LONG_NAME_BYTES = 3 * BLOCK  # the PAX header a member name over 99 bytes adds
+PAX_LONG_NAME_BYTES = 3 * BLOCK  # bound of what a PAX long-name header and record add
 MAX_USTAR_NAME = 99  # longer member names need a PAX record
 EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 
@@ -44,8 +44,9 @@ def padding(n: int) -> int:
 
 
 def member_bytes(name: str, size: int) -> int:
-    """Bytes one regular-file member of ``size`` bytes takes in a PAX-format tar written by
-    ``tarfile``: its header (plus a PAX record for a long name) and its padded data."""
+    """Upper bound of the bytes one regular-file member of ``size`` bytes takes in a PAX-format tar
+    written by ``tarfile``: its header (plus, for a long name, a PAX header and record bounded by
+    three blocks) and its padded data; exact for names of at most 99 bytes."""
     pax = PAX_LONG_NAME_BYTES if len(name) > MAX_USTAR_NAME else 0
     return pax + BLOCK + padded(size)
 
