@@ -61,6 +61,12 @@ def test_member_rules():
     assert wds.media_suffix("x/a.JPEG") == "jpg" and wds.media_suffix("a.mp4") == "mp4" and wds.media_suffix("a") == "bin"
     assert wds.is_numbered_shard("00003.tar") and not wds.is_numbered_shard("00003.TAR")
     assert not wds.is_numbered_shard("a.tar")
+    assert wds.is_metadata_member("__key__") and wds.is_metadata_member("__meta__/a.txt")
+    assert not wds.is_metadata_member("a/__x__") and not wds.is_metadata_member("__a.txt")
+    events = [{"shard": "00000.tar"}]
+    assert wds.repair_log_events(json.loads(json.dumps(wds.repair_log_document(events)))) == events
+    with pytest.raises(KeyError):
+        wds.repair_log_events({})
 
 
 def test_tar_arithmetic_matches_tarfile():

@@ -37,6 +37,7 @@ PATH = "path.pth"  # KD path: the teacher's trajectory
 #: member suffixes the webdataset default decoders understand for images
 IMAGE_SUFFIXES = ("jpg", "png", "webp")
 
+_META_RE = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (``__key__``, ``__x__/y``)
 _MEMBER_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")  # webdataset's base_plus_ext split
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_-]+")
 MAX_KEY_LEN = 96
@@ -129,6 +130,12 @@ def split_member(name: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
+def is_metadata_member(name: str) -> bool:
+    """webdataset's tar iterator skips these before grouping: ``__name__`` at the top level, or a
+    name starting with a ``__...__`` component."""
+    return ("/" not in name and name.startswith("__") and name.endswith("__")) or bool(_META_RE.match(name))
+
+
 def group_members(members: list[tuple[str, int, int]]) -> list[tuple[str, dict[str, MemberRef]]]:
     """Consecutive ``(name, data offset, size)`` members with the same key ->
     ``[(key, {suffix: (offset, size)})]``, grouped as webdataset groups them (members without a
@@ -212,6 +219,17 @@ def load_ignore_index(folder: str | Path) -> tuple[dict[str, list[str]] | None, 
     ):
         return None, f"{IGNORE_INDEX_FILE} is not {{shard: [key, ...]}}"
     return data, None
+
+
+def repair_log_document(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """``repair.json``'s content for its events (JSON-able dicts), oldest first."""
+    return {"repairs": events}
+
+
+def repair_log_events(data: Any) -> list[dict[str, Any]]:
+    """The events of a parsed ``repair.json``; ``KeyError`` / ``TypeError`` when it is not
+    ``{"repairs": [event, ...]}``."""
+    return list(data["repairs"])
 
 
 def read_ignore_index(folder: str | Path) -> dict[str, list[str]]:

@@ -19,7 +19,6 @@ Nothing here writes to disk.
 from __future__ import annotations
 
 import hashlib
-import re
 import tarfile
 import warnings
 from collections import Counter
@@ -34,7 +33,6 @@ from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, load_ign
 from shardsmith.loaders import decoders
 from shardsmith.loaders.slots import fastgen_validation_empty
 
-_META = re.compile(r"__[^/]*__($|/)")
 
 
 def split_member(name: str) -> tuple[str | None, str | None]:
@@ -64,7 +62,7 @@ def skip_reason(name: str, data: bytes | None) -> str | None:
     """Why webdataset's tar iterator skips a member before grouping, or ``None``."""
     if data is None:
         return "not a regular file"
-    if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
+    if wds_layout.is_metadata_member(name):
         return "metadata member"
     return None
 

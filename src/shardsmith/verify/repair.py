@@ -44,6 +44,8 @@ from shardsmith.formats.wds import (
     SHARD_COUNT_FILE,
     load_ignore_index,
     load_index_file,
+    repair_log_document,
+    repair_log_events,
 )
 from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
@@ -118,7 +120,7 @@ def load_repair_log(folder: str | Path) -> list[RepairEvent]:
     if data is None:
         return []
     try:
-        return [RepairEvent.from_json(e) for e in data["repairs"]]
+        return [RepairEvent.from_json(e) for e in repair_log_events(data)]
     except (KeyError, TypeError, ValueError) as exc:
         raise RepairError(f"{path} is not {{\"repairs\": [event, ...]}} ({type(exc).__name__}: {exc}); "
                           "fix or move it (repairs append to it, verify reads it)") from None
@@ -137,7 +139,7 @@ def repair_losses(folder: str | Path) -> list[AccountedLoss]:
 
 def _append_repair_log(folder: Path, events: list[RepairEvent]) -> None:
     old = load_repair_log(folder)
-    atomic_write_json(folder / REPAIR_FILE, {"repairs": [e.to_json() for e in old + events]})
+    atomic_write_json(folder / REPAIR_FILE, repair_log_document([e.to_json() for e in old + events]))
 
 
 # ----------------------------------------------------------------------------------------

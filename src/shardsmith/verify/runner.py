@@ -42,7 +42,6 @@ AUTO_WORKERS = 4
 SPOT_CHECK_EVERY = 16
 
 
-_IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 
 
 def infer_key_map(folder: Path) -> dict[str, str]:
@@ -545,7 +544,9 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                 "deterministic mode (split by sample) is unaffected")
     c = contract.to_dict()
     report["contract"] = c
-    image_keys = {k for k, v in report.get("key_map", {}).items() if v.rsplit(".", 1)[-1] in _IMAGE_SUFFIXES}
+    from shardsmith.loaders.decoders import IMAGE_EXTS
+
+    image_keys = {k for k, v in report.get("key_map", {}).items() if v.rsplit(".", 1)[-1] in IMAGE_EXTS}
     for key, st in c["keys"].items():
         if st.get("type") == "tensor":
             if len(st.get("shapes", {})) > 1 and key in image_keys and image_size is None:
