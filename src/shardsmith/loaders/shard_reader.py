@@ -114,15 +114,16 @@ def count_tar_samples(path) -> int:
 
 def read_shard_counts(folder, shards: list[str]) -> dict[str, int]:
     """Counts from ``shard_count.json``; shards it lacks (or the whole file, when absent)
-    are counted once from their tar headers, with a logged warning."""
+    are counted once from their tar headers, with a logged warning. A file that is not
+    ``{shard: int}`` raises ``ValueError``."""
     folder = Path(folder)
     path = folder / SHARD_COUNT_FILE
     counts: dict[str, int] = {}
     if path.is_file():
-        data, err = wds_layout.load_index_file(path)
+        data, err = wds_layout.load_shard_counts(folder)
         if err:
             raise ValueError(f"{path}: {err}")
-        counts = {k: int(v) for k, v in data.items() if k in shards}
+        counts = {k: v for k, v in data.items() if k in shards}
         extra = sorted(set(data) - set(shards))
         if extra:
             log.warning("%s lists %d shard(s) not in %s (ignored): %s", path, len(extra), folder, extra[:5])

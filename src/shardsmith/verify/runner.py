@@ -31,7 +31,7 @@ from typing import Any
 from shardsmith import formats
 from shardsmith.formats import precomputed as precomputed_layout
 from shardsmith.formats.detect import dataset_kind, enclosing_build
-from shardsmith.formats.wds import load_index_file, read_ignore_index
+from shardsmith.formats.wds import load_shard_counts, read_ignore_index
 from shardsmith.verify.contract import ContractRecorder, batch_signature
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
@@ -244,9 +244,9 @@ def _expected_wds(folder: Path) -> tuple[list[str], dict[str, int], dict[str, li
     for shard in list_shards(folder):
         skip = set(ignore.get(shard, ()))
         ids += [f"{shard}/{k}" for k, _ in shard_samples(folder / shard) if k not in skip]
-    counts, err = load_index_file(folder / formats.SHARD_COUNT_FILE)
+    counts, err = load_shard_counts(folder)
     if err:
-        raise ValueError(err)
+        raise ValueError(f"{folder / formats.SHARD_COUNT_FILE}: {err}")
     counts = counts if counts is not None else {}
     return ids, counts, ignore
 
