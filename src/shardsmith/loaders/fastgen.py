@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardsmith import formats
+from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
 from shardsmith.loaders.decoders import size_hw
 
 
@@ -48,12 +48,12 @@ def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: s
         lines.append(f"{var}.dataset.path = {_expr(portable, root_env)}")
     else:
         lines.append(f'{var}.datatags = ["WDS:" + {_expr(portable, root_env)}]')
-        if (dataset / formats.SHARD_COUNT_FILE).exists():
+        if (dataset / SHARD_COUNT_FILE).exists():
             lines += [f"{var}.deterministic = True  # exact resume from the trainer's image count",
                       f"{var}.sampler_start_idx = None",
-                      f"{var}.shard_count_file = {_expr(portable, root_env, formats.SHARD_COUNT_FILE)}"]
-        if (dataset / formats.IGNORE_INDEX_FILE).exists():
-            lines.append(f"{var}.ignore_index_paths = [{_expr(portable, root_env, formats.IGNORE_INDEX_FILE)}]")
+                      f"{var}.shard_count_file = {_expr(portable, root_env, SHARD_COUNT_FILE)}"]
+        if (dataset / IGNORE_INDEX_FILE).exists():
+            lines.append(f"{var}.ignore_index_paths = [{_expr(portable, root_env, IGNORE_INDEX_FILE)}]")
         for key, rel in preset.defaults.get("files_map", {}).items():
             lines.append(f'{var}.files_map = {{"{key}": {_expr(portable, root_env, rel)}}}')
     for k, v in fastgen_fields(overrides).items():

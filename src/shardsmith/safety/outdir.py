@@ -26,10 +26,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardsmith import formats
 from shardsmith.errors import UserError
+from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, STATE_DIR
 from shardsmith.formats.detect import is_build
-from shardsmith.formats.precomputed import CACHE_EXT, WRITTEN_DIRS
+from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_numbered_shard
 from shardsmith.sinks.atomic import TMP_MARK
 
@@ -76,7 +76,7 @@ def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, s
     empty when it recorded no recipe."""
     from shardsmith.plan.ledger import Ledger
 
-    led = Ledger(Path(folder) / formats.LEDGER_FILE)
+    led = Ledger(Path(folder) / LEDGER_FILE)
     try:
         recipe = led.get_meta("recipe") or {}
         layouts = []
@@ -116,18 +116,18 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
     if not is_build(folder):
         return set()
     layouts, units = recorded_layout(folder)
-    found: list[Path] = [p for p in (folder / formats.STATE_DIR).rglob("*") if not p.is_dir() or p.is_symlink()]
-    found += [p for p in _files_in(folder) if _base_name(p.name) == formats.MANIFEST_FILE]
+    found: list[Path] = [p for p in (folder / STATE_DIR).rglob("*") if not p.is_dir() or p.is_symlink()]
+    found += [p for p in _files_in(folder) if _base_name(p.name) == MANIFEST_FILE]
     for lay in layouts:
         if not _inside(lay.target):
             continue
-        for split, prefix in (("train", ""), ("holdout", f"{formats.HOLDOUT_DIR}/")):
+        for split, prefix in (("train", ""), ("holdout", f"{HOLDOUT_DIR}/")):
             dest = folder / f"{prefix}{lay.target}"
             if lay.format == "zip":
                 found += [p for p in _files_in(dest.parent) if _base_name(p.name) == dest.name]
                 continue
             if lay.format == "precomputed":
-                found += [p for p in _files_in(dest) if _base_name(p.name) == formats.PRECOMPUTED_STAMP]
+                found += [p for p in _files_in(dest) if _base_name(p.name) == PRECOMPUTED_STAMP]
                 for tree in WRITTEN_DIRS:
                     if (dest / tree).is_dir() and not (dest / tree).is_symlink():
                         found += [p for p in (dest / tree).rglob("*") if p.is_file() and not p.is_symlink()
@@ -171,9 +171,9 @@ def remove_owned(folder: str | os.PathLike, *, keep_lock: bool) -> list[str]:
     ``keep_lock`` is False) and the folders left empty; return the foreign files left."""
     folder = Path(folder)
     owned = owned_files(folder)
-    last = {formats.LEDGER_FILE, formats.LEDGER_FILE + "-wal", formats.LEDGER_FILE + "-shm"}
+    last = {LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm"}
     if keep_lock:
-        owned.discard(formats.LOCK_FILE)
+        owned.discard(LOCK_FILE)
     for rel in sorted(owned - last) + sorted(owned & last):
         (folder / rel).unlink(missing_ok=True)
     prune_empty_dirs(folder, keep_root=keep_lock)

@@ -32,11 +32,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from shardsmith import formats
-from shardsmith.formats import wds as wds_layout
-from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
 from shardsmith.encode.vae import load_vae
 from shardsmith.errors import UserError
+from shardsmith.formats import wds as wds_layout
+from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
 from shardsmith.loaders.shard_reader import read_member, shard_samples
 from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import resolve_device
@@ -183,9 +183,9 @@ def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
-    mpath = root / formats.MANIFEST_FILE
+    mpath = root / MANIFEST_FILE
     if not mpath.is_file():
-        raise DecodeError(f"{root} has no {formats.MANIFEST_FILE}; decode reads the models a shardsmith "
+        raise DecodeError(f"{root} has no {MANIFEST_FILE}; decode reads the models a shardsmith "
                           "build recorded (point it at the build's --out folder)")
     manifest = json.loads(mpath.read_text(encoding="utf-8"))
     if not manifest.get("models"):
@@ -253,7 +253,7 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
     vae, random = _vae_from_manifest(manifest, recipe, device)
     maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
-    ledger = Ledger(root / formats.LEDGER_FILE)
+    ledger = Ledger(root / LEDGER_FILE)
     try:
         sources = _items_by_path(ledger, recipe, name, block["format"], split)
     finally:

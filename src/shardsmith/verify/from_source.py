@@ -21,15 +21,15 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardsmith import formats
-from shardsmith.formats.wds import member_name
 from shardsmith.errors import UserError
+from shardsmith.formats.build_dir import LEDGER_FILE, STATE_DIR
+from shardsmith.formats.wds import member_name
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import Recipe, WdsOutput, recipe_from_dict
 from shardsmith.records import WRITTEN, PlannedItem, SampleResult
 from shardsmith.verify.runner import BuildRef
 
-STAGING = f"{formats.STATE_DIR}/repair"  # below the build folder: same file system as its shards
+STAGING = f"{STATE_DIR}/repair"  # below the build folder: same file system as its shards
 
 
 class FromSourceError(UserError):
@@ -59,7 +59,7 @@ class Rebuilt:
 
 
 def _no_build(folder: Path, why: str) -> FromSourceError:
-    return FromSourceError(f"{folder}: {why}; --from-source needs the ledger ({formats.LEDGER_FILE}) and the "
+    return FromSourceError(f"{folder}: {why}; --from-source needs the ledger ({LEDGER_FILE}) and the "
                            f"sources of the shardsmith build that wrote it. Run `shardsmith repair {folder}` without "
                            "--from-source to keep every intact sample instead")
 
@@ -69,8 +69,8 @@ def _open(folder: Path, build: BuildRef | None) -> tuple[Ledger, Recipe, WdsOutp
     if build is None:
         raise _no_build(folder, "not written by a shardsmith build (no ledger in it or in a folder above it)")
     if not build.has_ledger:
-        raise _no_build(folder, f"the build folder {build.root} has a manifest but no {formats.LEDGER_FILE}")
-    ledger = Ledger(build.root / formats.LEDGER_FILE)
+        raise _no_build(folder, f"the build folder {build.root} has a manifest but no {LEDGER_FILE}")
+    ledger = Ledger(build.root / LEDGER_FILE)
     try:
         recipe = recipe_from_dict(ledger.get_meta("recipe"), origin=f"{build.root} (recorded recipe)")
         output = next(o for o in recipe.outputs if o.name == build.output)

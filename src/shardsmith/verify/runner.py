@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from shardsmith import formats
 from shardsmith.formats import precomputed as precomputed_layout
+from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, MANIFEST_FILE
 from shardsmith.formats.detect import dataset_kind, enclosing_build
-from shardsmith.formats.wds import load_shard_counts, read_ignore_index
+from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts, read_ignore_index
 from shardsmith.verify.contract import ContractRecorder, batch_signature
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
@@ -246,7 +246,7 @@ def _expected_wds(folder: Path) -> tuple[list[str], dict[str, int], dict[str, li
         ids += [f"{shard}/{k}" for k, _ in shard_samples(folder / shard) if k not in skip]
     counts, err = load_shard_counts(folder)
     if err:
-        raise ValueError(f"{folder / formats.SHARD_COUNT_FILE}: {err}")
+        raise ValueError(f"{folder / SHARD_COUNT_FILE}: {err}")
     counts = counts if counts is not None else {}
     return ids, counts, ignore
 
@@ -268,7 +268,7 @@ def _manifest_entry(mpath: Path, rel: str) -> tuple[str, str, int] | None:
 def _manifest_count(dataset: Path) -> tuple[int | None, str | None]:
     """Written count recorded by the shardsmith build that produced ``dataset``, if any."""
     for root in [dataset.parent, *dataset.parents]:
-        mpath = root / formats.MANIFEST_FILE
+        mpath = root / MANIFEST_FILE
         if mpath.exists():
             entry = _manifest_entry(mpath, dataset.resolve().relative_to(root.resolve()).as_posix())
             if entry is None:
@@ -300,7 +300,7 @@ def _ledger_entry(root: Path, rel: str) -> tuple[str, str] | None:
         target = PurePosixPath(lay.target).as_posix()
         if rel == target:
             return lay.name, TRAIN
-        if rel == f"{formats.HOLDOUT_DIR}/{target}":
+        if rel == f"{HOLDOUT_DIR}/{target}":
             return lay.name, HOLDOUT
     return None
 
@@ -318,11 +318,11 @@ def find_build(dataset: str | Path) -> BuildRef | None:
     if has_ledger:
         entry = _ledger_entry(root, rel)
     else:
-        written = _manifest_entry(root / formats.MANIFEST_FILE, rel)
+        written = _manifest_entry(root / MANIFEST_FILE, rel)
         entry = written[:2] if written else None
     if entry is None:
         return None
-    done = has_manifest and (not has_ledger or bool(Ledger.peek(root / formats.LEDGER_FILE, "complete")[0]))
+    done = has_manifest and (not has_ledger or bool(Ledger.peek(root / LEDGER_FILE, "complete")[0]))
     return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
 
 
@@ -332,8 +332,8 @@ def unfinished(build: BuildRef) -> str | None:
 
     if build.complete:
         return None
-    why = (f"{build.root} has a ledger ({formats.LEDGER_FILE}) but no {formats.MANIFEST_FILE}"
-           if not build.has_manifest else f"its ledger {build.root / formats.LEDGER_FILE} does not mark it complete")
+    why = (f"{build.root} has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}"
+           if not build.has_manifest else f"its ledger {build.root / LEDGER_FILE} does not mark it complete")
     running = holder(build.root)
     now = f"; a build is running on it now ({running})" if running else ""
     return f"build not finished: resume it with the same command ({why}{now})"
@@ -365,7 +365,7 @@ def _manifest_check(dataset: Path, kind: str, expected: list[str], report: dict[
     held, removed = len(expected), acc["removed"]
     detail = f"{mwhere} says written={mcount}; dataset holds {held}"
     if removed:
-        detail += f" + {removed} removed by repair (accounted in {formats.REPAIR_FILE})"
+        detail += f" + {removed} removed by repair (accounted in {REPAIR_FILE})"
     check("manifest", mcount == held + removed, detail)
 
 
@@ -518,7 +518,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                   f"shard_count.json says {sum(count_file.values())} - {n_ignored} ignored = {total}; "
                   f"the tars hold {len(expected)}")
         else:
-            check("shard_count", False, f"no {formats.SHARD_COUNT_FILE}: deterministic resume in FastGen needs it "
+            check("shard_count", False, f"no {SHARD_COUNT_FILE}: deterministic resume in FastGen needs it "
                   "(shardsmith repair writes it)")
         dropped: Counter = Counter()
         for r in results:
@@ -656,7 +656,7 @@ def format_verify(report: dict[str, Any]) -> str:
     rep = report.get("repairs") or {}
     if rep.get("removed"):
         shown = ", ".join(f"{x['shard']}/{x['key'] or '?'} ({x['reason']})" for x in rep["samples"][:5])
-        lines.append(f"repairs: {rep['removed']} sample(s) removed by repair, accounted in {formats.REPAIR_FILE}: "
+        lines.append(f"repairs: {rep['removed']} sample(s) removed by repair, accounted in {REPAIR_FILE}: "
                      f"{shown}{', ...' if rep['removed'] > 5 else ''}")
     lines += [f"note: {n}" for n in report.get("notes", [])]
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
