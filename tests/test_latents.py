@@ -262,7 +262,8 @@ def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monk
     closes its shards at the same samples (same bytes)."""
     from shardsmith.encode.finisher import LatentFinisher
     from shardsmith.sinks.latent_members import LatentMembers
-    from shardsmith.sinks.wds import TAR_END, WdsSink
+    from shardsmith.formats.tar import END_BYTES as TAR_END
+    from shardsmith.sinks.wds import WdsSink
 
     predicted, made = {}, {}
     sizes, members = LatentFinisher.member_sizes, LatentMembers._wds_members
@@ -358,7 +359,7 @@ def test_members_are_rendered_on_one_intra_op_thread(tmp_path, monkeypatch):
 def test_steady_state_is_reported_when_shards_bounded_by_bytes_cut_every_batch_short(tmp_path):
     """Shards bounded by bytes can hold fewer samples than a batch (T5-XXL: 63 a 256 MiB shard, batch
     64), so every batch is partial: the manifest still gives the steady state, from the largest batches."""
-    from shardsmith.sinks.wds import TAR_END
+    from shardsmith.formats.tar import END_BYTES as TAR_END
 
     real_photos(tmp_path / "p", 12, seed=43, min_side=40, max_side=90)
     spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},

@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from shardsmith.formats.tar import BLOCK as TAR_BLOCK  # noqa: F401 - scan.py imports it from here
-from shardsmith.formats.tar import END_BYTES as TAR_END
-from shardsmith.formats.tar import member_bytes
+from shardsmith.formats.tar import END_BYTES, member_bytes
 from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, shard_name
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
@@ -47,7 +45,7 @@ class WdsSink:
         if limit is not None and count > 0:
             if next_bytes is None:
                 next_bytes = sample_tar_bytes(next_sample.members or {}, key)
-            return nbytes + next_bytes + TAR_END > limit
+            return nbytes + next_bytes + END_BYTES > limit
         return False
 
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
