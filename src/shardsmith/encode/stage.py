@@ -111,11 +111,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                                      dtype=t.dtype, device=device)
         return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile)
 
-    def mark_start(self, at: float | None = None) -> None:
-        """The build started encoding at ``at`` (``perf_counter()``; default now):
-        ``steady_state``'s times count from there."""
-        self.created = time.perf_counter() if at is None else at
-
+    # ---------------------------------------------------------------- pixels -> latents
     def encode_staged(self, host: torch.Tensor, n: int | None = None) -> list[torch.Tensor]:
         """Latents of a staged batch (its first ``n`` items: the rest is padding)."""
         n = host.shape[0] if n is None else n
@@ -237,6 +233,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             chunk = frames[i:i + self.batch_size]
             out += self.encode_staged(self.stage(chunk), len(chunk))
         return out
+
     # ---------------------------------------------------------------- manifest
     def describe(self) -> dict[str, Any]:
         def prov(p) -> dict[str, Any]:

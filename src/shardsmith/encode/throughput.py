@@ -5,17 +5,24 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 - ``steady_state()``: None before three batches; else the throughput between the first and the
   last batch, the median encode time of the largest batches, the first launched batch's times
   and the device's idle time (:func:`~shardsmith.encode.idle.gpu_idle`), all counted from
-  ``created`` (``mark_start``). Read by the manifest only: no output byte depends on it.
+  ``created``, which ``mark_start(at)`` sets to when the build started encoding. Read by the
+  manifest only: no output byte depends on it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from shardsmith.encode.idle import gpu_idle
 
 
 class Throughput:
+    def mark_start(self, at: float | None = None) -> None:
+        """The build started encoding at ``at`` (``perf_counter()``; default now):
+        ``steady_state``'s times count from there."""
+        self.created = time.perf_counter() if at is None else at
+
     def steady_state(self) -> dict[str, Any] | None:
         """Throughput between the first and the last encoded batch (model load, planning and the
         first batch's autotuning left out), and the median encode time of the largest batches
