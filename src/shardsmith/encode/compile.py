@@ -9,8 +9,7 @@ Contract
   :func:`cache_key` / :func:`is_warm` / :func:`mark_warm` remember which (model, input shape,
   dtype, torch, GPU) were compiled there, so a later run knows its compile will be cheap.
 
-Numbers (issue 4, H200, SD-VAE encoder at 256², batch 64): eager 746 img/s, compiled with
-``max-autotune-no-cudagraphs`` 1,598 img/s (2.1x), about 4 minutes to compile cold.
+The speed-up and compile times these constants assume are measured in BENCHMARKS.md §5.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 COMPILE_MODE = "max-autotune-no-cudagraphs"
-EXPECTED_SPEEDUP = 2.0  # measured 2.1x (see above); a little under, to stay on the safe side
+EXPECTED_SPEEDUP = 2.0  # a little under the measured speed-up (BENCHMARKS.md §5), to stay on the safe side
 COST_S = {"cold": 300.0, "warm": 45.0}  # compile seconds: empty cache / cache holding this graph
 DECIDE_AFTER_BATCHES = 3  # full eager batches measured (after the first, autotuning one)
 _MARKER = "shardsmith-compiled.json"

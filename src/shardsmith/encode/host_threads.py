@@ -25,8 +25,7 @@ def one_intra_op_thread():
     """torch's intra-op parallelism off in this block, then set back. For host copies made while
     every core is busy with decode workers: torch.stack splits a batch's copy into one parallel
     region per frame, and each region's barrier waits for threads the busy cores do not schedule
-    (on the H200, 16 threads beside 14 decode workers: 86 ms a batch of 64 256² frames; 3 ms on
-    one thread, in the same build). One thread copies a batch at memory speed, the GIL released once.
+    (BENCHMARKS.md §5 has the cost). One thread copies a batch at memory speed, the GIL released once.
     Other threads keep their own setting (OpenMP's thread count is per thread)."""
     n = torch.get_num_threads()
     if n == 1 or not _OPENMP:

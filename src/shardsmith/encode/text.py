@@ -301,7 +301,7 @@ def _contiguous_position_bias(model) -> int:
     """Make T5 / umT5 relative position biases contiguous. transformers computes them as
     ``[L, L, H]`` permuted to ``[1, H, L, L]`` (last-dim stride H), and SDPA's fused CUDA
     kernels refuse an ``attn_mask`` whose last stride is not 1: every layer then ran SDPA's
-    math backend, in float32 (H200, T5-XXL at [64, 512]: 1242 ms a batch). The values are
+    math backend, in float32 (BENCHMARKS.md §5 has the cost). The values are
     unchanged. Returns how many attention modules were patched."""
     n = 0
     for mod in model.modules():
