@@ -2,12 +2,15 @@
 
 Why from the ledger: the plan already probed every item once; this estimate reads no item a
 second time except a small deterministic sample (``SAMPLE`` per output, spread over plan order)
-that is transformed and encoded with the output's own sample maker, exactly as ``scan`` does,
-and scaled with :func:`shardsmith.scan.output_bytes` to the output's planned counts.
+that is transformed and encoded with the output's own sample maker, as ``scan`` does, and
+scaled with :func:`scale_sample` (scan's too) to the output's planned counts.
 
 Contract
 - :func:`sample_items` picks at most ``k`` planned ``ok`` items of ``sources``, spread over plan
   order, with one indexed query each (no scan of every row in Python).
+- :func:`sample_bytes`, :func:`output_bytes` and :func:`scale_sample` are pure: the bytes one
+  sample adds to an image output, the output's bytes for given counts and sample size, and
+  both scaled from a sample to planned counts.
 - :func:`output_estimate` is pure: the bytes an image output occupies once complete (a ZIP
   twice: its staged units stay beside it), minus what committed units already hold.
 - Latent outputs are not estimated (their sizes depend on the model): ``bytes`` is None.
@@ -15,13 +18,21 @@ Contract
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from shardsmith import formats
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import WdsOutput, ZipOutput
 from shardsmith.records import PlannedItem
+from shardsmith.sinks.wds import sample_tar_bytes
 
 SAMPLE = 16
+
+#: bytes a stored ZIP member costs beyond its data: local header (30) + central entry (46) + name twice
+ZIP_MEMBER_OVERHEAD = 30 + 46 + 2 * len(formats.zip_member_name(0))
+#: tar end-of-archive (2 blocks) plus, on average, half a 10 KiB record of padding per shard
+TAR_SHARD_OVERHEAD = 2 * formats.tar.BLOCK + 10 * formats.tar.BLOCK
 
 
 @dataclass(frozen=True)
@@ -55,18 +66,59 @@ def sample_items(ledger: Ledger, sources: list[int], k: int = SAMPLE) -> list[Pl
     return [picked[i] for i in sorted(picked)]
 
 
+def sample_bytes(o: WdsOutput | ZipOutput, members: dict[str, bytes], key: str) -> int:
+    """Bytes one written sample adds to output ``o`` (its tar members, or its ZIP member)."""
+    if isinstance(o, WdsOutput):
+        return sample_tar_bytes(members, key)
+    return len(members["png"]) + ZIP_MEMBER_OVERHEAD
+
+
+def output_bytes(o: WdsOutput | ZipOutput, counts: tuple[int, int], per_sample: float, *,
+                 empty_splits: bool) -> float:
+    """Bytes on disk of output ``o`` once it holds ``counts`` = (train, holdout) samples of
+    ``per_sample`` bytes each (a tar's member bytes, or a ZIP member's data + its headers), with
+    the container and index files; ``empty_splits``: a ZIP is written for a split with no image."""
+    total = sum(counts) * per_sample
+    if isinstance(o, WdsOutput):
+        for k in counts:
+            if k:
+                shards = math.ceil(k / o.samples_per_shard)
+                if o.max_shard_bytes:
+                    shards = max(shards, math.ceil(k * per_sample / o.max_shard_bytes))
+                total += shards * TAR_SHARD_OVERHEAD + 20 * (shards + 1)  # + shard_count.json
+    else:
+        for k in counts:
+            if k or empty_splits:
+                # dataset.json rows ["00000/img00000000.png", 12], plus the end-of-central-directory record
+                label_bytes = (len(formats.zip_member_name(0)) + 10) * k + 20
+                total += label_bytes + ZIP_MEMBER_OVERHEAD + len(formats.ZIP_LABELS_FILE) + 22
+    return total
+
+
+@dataclass(frozen=True)
+class Scaled:
+    samples: tuple[int, int]  # (train, holdout) samples expected to be written
+    per_sample: float  # mean bytes of a written sample
+    total: float  # bytes of the complete output
+
+
+def scale_sample(o: WdsOutput | ZipOutput, counts: tuple[int, int], sample_sizes: list[int | None]) -> Scaled:
+    """``counts``: the (train, holdout) items the output will try to write; ``sample_sizes``:
+    bytes of each sampled item's sample (None where it would not be written). The written share
+    and mean size of the sample, applied to ``counts``."""
+    sizes = [n for n in sample_sizes if n is not None]
+    frac = len(sizes) / len(sample_sizes) if sample_sizes else 0.0
+    per = sum(sizes) / len(sizes) if sizes else 0.0
+    est = (round(counts[0] * frac), round(counts[1] * frac))
+    return Scaled(est, per, output_bytes(o, est, per, empty_splits=sum(counts) > 0))
+
+
 def output_estimate(o, counts: tuple[int, int], sample_sizes: list[int | None], committed: int) -> OutputEstimate:
     """``counts``: the planned (train, holdout) items the output will try to write;
     ``sample_sizes``: bytes of each sampled item's sample (None where it would not be written)."""
     if not isinstance(o, (WdsOutput, ZipOutput)):
         return OutputEstimate(o.name, None, committed)
-    from shardsmith.scan import output_bytes
-
-    sizes = [n for n in sample_sizes if n is not None]
-    frac = len(sizes) / len(sample_sizes) if sample_sizes else 0.0
-    per = sum(sizes) / len(sizes) if sizes else 0.0
-    est = (round(counts[0] * frac), round(counts[1] * frac))
-    total = output_bytes(o, est, per, empty_splits=sum(counts) > 0)
+    total = scale_sample(o, counts, sample_sizes).total
     if isinstance(o, ZipOutput):
         total *= 2  # the staged units (.shardsmith/stage) and the ZIP assembled from them
     return OutputEstimate(o.name, round(total), committed)

@@ -1,0 +1,104 @@
+"""Estimated bytes on disk of each image output, from a sample run through the build's makers.
+
+Contract: :func:`estimate_output` takes up to ``size_sample`` usable items of the output's
+sources (the same items whatever the batch or thread count: the smallest sha256 of the item
+id, then plan order), makes each sample with the output's own maker (a ZIP is
+class-conditional when any item of its sources has a label, as in a build) and scales the
+written share and mean size to the output's usable (train, holdout) counts with
+:func:`shardsmith.safety.estimate.scale_sample`. It returns the report's block and the warnings
+it found. Latent outputs are not estimated (their sizes depend on the model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardsmith.plan.ledger import Ledger
+from shardsmith.recipe import Recipe, WdsOutput, ZipOutput
+from shardsmith.records import WRITTEN, PlannedItem, SourceInfo
+from shardsmith.safety.estimate import sample_bytes, scale_sample
+from shardsmith.scan.format import human_bytes
+from shardsmith.split.assign import HOLDOUT, TRAIN
+from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
+
+NOT_ESTIMATED = ("latent sizes depend on the model: run `shardsmith build ... --one-sample` "
+                 "and look at that item's files")
+
+
+@dataclass
+class OutputEstimate:
+    block: dict[str, Any]  # the report's ``estimate[<output>]``
+    warnings: list[str] = field(default_factory=list)
+
+
+def _in(srcs: list[int]) -> str:
+    return f"source IN ({','.join(str(int(s)) for s in srcs)})"
+
+
+def _sample_rank(item_id: str) -> bytes:
+    return hashlib.sha256(item_id.encode("utf-8")).digest()[:8]
+
+
+def _sample(ledger: Ledger, srcs: list[int], k: int) -> list[PlannedItem]:
+    ledger.db.create_function("sample_rank", 1, _sample_rank, deterministic=True)
+    idxs = [r[0] for r in ledger.db.execute(
+        f"SELECT idx FROM usable WHERE {_in(srcs)} ORDER BY sample_rank(item_id), idx LIMIT ?", (k,))]
+    return [next(ledger.items(idx_range=(i, i + 1))) for i in idxs]
+
+
+def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], size_sample: int,
+                    workers: int) -> OutputEstimate:
+    """The report's estimate block for output ``o`` (see the module)."""
+    if not isinstance(o, (WdsOutput, ZipOutput)):
+        return OutputEstimate({"format": o.format, "not_estimated": NOT_ESTIMATED})
+    db = ledger.db
+    names = [s.name for s in recipe.sources]
+    srcs = [names.index(n) for n in o.sources] if o.sources else list(range(len(names)))
+    per_split = dict(db.execute(f"SELECT split, COUNT(*) FROM usable WHERE {_in(srcs)} GROUP BY split"))
+    counts = (per_split.get(TRAIN, 0), per_split.get(HOLDOUT, 0))
+    usable = sum(counts)
+    out = OutputEstimate({"format": o.format, "target": o.dir if isinstance(o, WdsOutput) else o.path,
+                          "usable": usable, "sampled": 0, "written_in_sample": 0, "skipped_in_sample": {},
+                          "samples": 0, "per_sample_bytes": 0, "bytes": 0, "human": human_bytes(0)})
+    labelled = db.execute(f"SELECT 1 FROM items WHERE label IS NOT NULL AND {_in(srcs)} LIMIT 1").fetchone() is not None
+    unlabelled = 0
+    if isinstance(o, ZipOutput) and labelled:
+        unlabelled = db.execute(f"SELECT COUNT(*) FROM usable WHERE label IS NULL AND label_name IS NULL "
+                                f"AND {_in(srcs)}").fetchone()[0]
+        if unlabelled:
+            out.warnings.append(f"output {o.name}: {unlabelled} usable image(s) have no class label and this "
+                                "ZIP is class-conditional; they would be skipped:no_label")
+
+    sample = _sample(ledger, srcs, size_sample) if size_sample > 0 else []
+    maker = WdsSampleMaker(o, recipe.images, infos) if isinstance(o, WdsOutput) else \
+        ZipSampleMaker(o, recipe.images, infos, labelled)
+    sizes: list[int | None] = []
+    skipped: Counter = Counter()
+    if sample:
+        with ThreadPoolExecutor(max_workers=min(len(sample), workers)) as pool:
+            for it, res in zip(sample, pool.map(maker, sample)):
+                if res.status == WRITTEN:
+                    sizes.append(sample_bytes(o, res.members or {}, it.key))
+                else:
+                    sizes.append(None)
+                    skipped[res.status] += 1
+    blk = out.block
+    blk.update(sampled=len(sample), written_in_sample=len(sample) - sum(skipped.values()),
+               skipped_in_sample=dict(skipped.most_common()))
+    if sample:
+        s = scale_sample(o, counts, sizes)
+        blk.update(samples=sum(s.samples), per_sample_bytes=round(s.per_sample), bytes=round(s.total),
+                   human=human_bytes(s.total))
+
+    reported = {k: v for k, v in skipped.items() if not (unlabelled and k == "skipped:no_label")}
+    if reported:
+        by = ", ".join(f"{k} {v}" for k, v in skipped.most_common() if k in reported)
+        out.warnings.append(f"output {o.name}: {sum(reported.values())} of {len(sample)} sampled image(s) would "
+                            f"not be written ({by}); the estimate assumes the same share of all {usable} usable")
+    elif usable == 0:
+        out.warnings.append(f"output {o.name}: no usable image would be written")
+    return out

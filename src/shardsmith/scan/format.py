@@ -1,0 +1,150 @@
+"""The scan report as plain, aligned text; and :func:`human_bytes`.
+
+Contract: :func:`format_scan` renders any report :func:`shardsmith.scan.scan` returns (sections,
+histogram bars with counts, at most ``MAX_PROBLEM_LINES`` problems and 20 duplicate groups,
+every warning); it reads only the report.
+"""
+
+from __future__ import annotations
+
+MAX_PROBLEM_LINES = 50
+
+
+def human_bytes(n: float | None) -> str:
+    """``123 B``, ``1.5 KiB`` ... ``2.0 TiB``; ``-`` for None."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _bar(n: int, top: int, width: int = 30) -> str:
+    if not n or not top:
+        return ""
+    return "#" * max(1, round(width * n / top))
+
+
+def _table(rows: list[list[str]], indent: str = "  ", right: set[int] = frozenset()) -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+def _hist(title: str, hist: dict[str, int]) -> list[str]:
+    top = max(hist.values(), default=0)
+    lab = max((len(k) for k in hist), default=0)
+    num = max((len(str(v)) for v in hist.values()), default=1)
+    return [f"  {title}"] + [f"    {k.ljust(lab)}  {str(v).rjust(num)}  {_bar(v, top)}".rstrip()
+                             for k, v in hist.items()]
+
+
+def _counts(d: dict[str, int] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (d or {}).items()) or "-"
+
+
+def format_scan(report: dict) -> str:
+    """The scan report as plain, aligned text (sections, histogram bars with counts)."""
+    L: list[str] = []
+    srcs = report.get("sources", {})
+    L.append(f"scan: {len(srcs)} source(s), {report.get('items', 0)} item(s), {human_bytes(report.get('bytes', 0))}; "
+             f"{report.get('usable', 0)} usable image(s)")
+
+    L += ["", "sources"]
+    rows = [["name", "kind", "items", "bytes", "licence", "origin", "labels", "path"]]
+    for name, s in srcs.items():
+        rows.append([name, s["kind"], str(s["items"]), human_bytes(s["bytes"]), s["license"] or "UNDECLARED",
+                     s["origin"] or "-", str(len(s["labels"])) if s["labels"] else "-", s["path"]])
+    L += _table(rows, right={2, 3})
+
+    L += ["", "licences"]
+    L += _table([[k, str(v)] for k, v in report.get("licenses", {}).items()], right={1})
+    if "undeclared" in report.get("licenses", {}):
+        L.append(f"  WARNING: {report['licenses']['undeclared']} item(s) have no declared licence")
+
+    L += ["", "media kinds"]
+    L += _table([[k, str(v)] for k, v in report.get("kinds", {}).items()], right={1})
+
+    im = report.get("images", {})
+    L += ["", f"images ({im.get('count', 0)} decoded)"]
+    if im.get("count"):
+        L += _hist("shorter side (px)", im["short_side"])
+        L += _hist("aspect ratio (w/h)", im["aspect"])
+        L += _table([["", "min", "median", "max"],
+                     ["width", *(str(im["width"][k]) for k in ("min", "median", "max"))],
+                     ["height", *(str(im["height"][k]) for k in ("min", "median", "max"))]],
+                    indent="    ", right={1, 2, 3})
+        L.append(f"  modes:   {_counts(im['modes'])}")
+        L.append(f"  formats: {_counts(im['formats'])}")
+        L.append(f"  decode notes: {_counts(im['notes'])}")
+        if im.get("min_size"):
+            L.append(f"  below images.min_size={im['min_size']}: {im['below_min_size']}")
+
+    labels = report.get("labels")
+    if labels:
+        usable = report.get("labels_usable") or {}
+        L += ["", f"labels ({len(labels)} classes)"]
+        top = max(usable.values(), default=0)
+        L += _table([["class", "items", "usable", ""]] +
+                    [[k, str(v), str(usable.get(k, 0)), _bar(usable.get(k, 0), top)] for k, v in labels.items()],
+                    right={1, 2})
+
+    cap = report.get("captions", {})
+    L += ["", "captions",
+          f"  with caption: {cap.get('with_caption', 0)} (empty: {cap.get('empty', 0)}); "
+          f"without: {cap.get('without', 0)}"]
+
+    probs = report.get("problems", [])
+    L += ["", f"problems ({len(probs)})"]
+    if probs:
+        L += _table([[k, str(v)] for k, v in report.get("problem_counts", {}).items()], right={1})
+        L.append("")
+        for p in probs[:MAX_PROBLEM_LINES]:
+            L.append(f"  {p['status']}  {p['id']}")
+            if p.get("detail"):
+                L.append(f"      {p['detail']}")
+        if len(probs) > MAX_PROBLEM_LINES:
+            L.append(f"  ... and {len(probs) - MAX_PROBLEM_LINES} more (see --json)")
+    else:
+        L.append("  none")
+
+    dup = report.get("duplicates", {})
+    groups = dup.get("groups", [])
+    L += ["", f"exact duplicates ({len(groups)} group(s), {dup.get('duplicate_items', 0)} extra copies)"]
+    for g in groups[:20]:
+        L.append(f"  {human_bytes(g['bytes'])}  {g['sha256'][:12]}  " + ", ".join(g["items"]))
+    if len(groups) > 20:
+        L.append(f"  ... and {len(groups) - 20} more groups (see --json)")
+
+    est = report.get("estimate", {})
+    L += ["", "estimated output size"]
+    rows = [["output", "format", "samples", "per sample", "total", "sampled"]]
+    notes = []
+    for name, e in est.items():
+        if "not_estimated" in e:
+            notes.append(f"  {name} ({e['format']}): not estimated: {e['not_estimated']}")
+            continue
+        rows.append([name, e["format"], str(e["samples"]), human_bytes(e["per_sample_bytes"]), e["human"],
+                     f"{e['written_in_sample']}/{e['sampled']} written"])
+    L += _table(rows, right={2, 3, 4}) + notes
+
+    en = report.get("enough_data", {})
+    L += ["", "enough data?",
+          f"  usable {en.get('usable', 0)} = train {en.get('usable', 0) - en.get('holdout', 0)} "
+          f"+ holdout {en.get('holdout', 0)}; unique training samples: {en.get('unique', 0)}"]
+    if en.get("samples_seen") is not None:
+        rep = en.get("repetition")
+        L.append(f"  batch {en['batch']} x updates {en['updates']} = {en['samples_seen']:,} samples seen; "
+                 f"repetition {'- (no unique samples)' if rep is None else f'{rep:,.1f}x'} (max_repeat {en['max_repeat']:g})")
+
+    warns = report.get("warnings", [])
+    L += ["", f"warnings ({len(warns)})"]
+    L += [f"  warning: {w}" for w in warns] or ["  none"]
+    return "\n".join(L)

@@ -1,0 +1,67 @@
+"""What the scan figures mean for a build and for training: warnings and the enough-data verdict.
+
+Contract: :func:`data_warnings` turns the report's sections into warnings (undeclared licences,
+problems, duplicates, non-image items, images below ``images.min_size``, classes without a
+usable image), in that order. :func:`enough_data` compares the distinct usable training
+samples with ``batch * updates`` samples seen (when both are given): more than ``max_repeat``
+views of each is memorisation; fewer than ``TINY`` unique samples validates plumbing only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_REPEAT_DEFAULT = 20.0
+TINY = 1000
+
+
+def data_warnings(report: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    srcs, licenses = report["sources"], report["licenses"]
+    undeclared = [n for n, s in srcs.items() if not s["license"]]
+    if undeclared:
+        out.append(f"{licenses.get('undeclared', 0)} item(s) have no declared licence (source(s) "
+                   f"{', '.join(undeclared)}): check the terms and set sources[].license "
+                   "(or --license) before training on or sharing a dataset built from them")
+    problems, counts = report["problems"], report["problem_counts"]
+    if problems:
+        by = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        out.append(f"{len(problems)} item(s) cannot be used ({by}); see problems for each file and the fix")
+    dup = report["duplicates"]
+    if dup["duplicate_items"]:
+        what = "only the first copy is used" if dup["dedup"] else "all copies are kept (split.dedup is off)"
+        out.append(f"{dup['duplicate_items']} item(s) are exact copies of others ({len(dup['groups'])} group(s)); "
+                   f"{what}")
+    others = {k: v for k, v in report["kinds"].items() if k != "image" and v}
+    if others:
+        out.append(f"{sum(others.values())} non-image item(s) ({', '.join(f'{k} {v}' for k, v in others.items())}):"
+                   " the image outputs skip them")
+    im = report["images"]
+    if im["below_min_size"]:
+        out.append(f"{im['below_min_size']} image(s) have a shorter side below images.min_size={im['min_size']} "
+                   "and would be skipped:too_small")
+    for name in sorted(set(report["labels"] or ()) - set(report["labels_usable"] or ())):
+        out.append(f"class {name!r} has no usable image; class-conditional loaders size labels as "
+                   "max(label)+1, so fix or drop that class")
+    return out
+
+
+def enough_data(usable: int, holdout: int, unique: int, batch: int | None, updates: int | None,
+                max_repeat: float) -> dict[str, Any]:
+    """The report's ``enough_data`` section; its ``warnings`` are also the report's last ones."""
+    enough: dict[str, Any] = {"usable": usable, "holdout": holdout, "unique": unique,
+                              "batch": batch, "updates": updates, "max_repeat": max_repeat}
+    warn: list[str] = []
+    if batch is not None and updates is not None:
+        seen = batch * updates
+        enough["samples_seen"] = seen
+        enough["repetition"] = round(seen / unique, 1) if unique else None
+        if not unique:
+            warn.append(f"no usable training samples for {seen:,} samples seen: nothing to train on")
+        elif seen / unique > max_repeat:
+            warn.append(f"each sample would be seen ~{seen / unique:,.1f} times (> max_repeat {max_repeat:g}): "
+                        "expect memorisation; add data or train shorter")
+    if unique < TINY:
+        warn.append(f"tiny dataset ({unique} unique training sample(s)): validates plumbing only, not model quality")
+    enough["warnings"] = warn
+    return enough
