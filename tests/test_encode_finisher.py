@@ -1,0 +1,81 @@
+"""The encoder's scheduler (``encode/finisher.py``) on its own: it batches results per bucket in the
+order they come, hands each finished batch to whatever renders members (no sink needed), and encode/
+and sinks/ do not import each other (the finisher reaches the sinks only through the renderer)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+
+from shardsmith.encode.finisher import LatentFinisher
+from shardsmith.encode.stage import EncodeStage
+from shardsmith.encode.vae import load_vae
+from shardsmith.records import PlannedItem, SampleResult
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "shardsmith"
+
+
+def _imports(folder: str) -> set[str]:
+    out = set()
+    for path in (SRC / folder).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+    return out
+
+
+def test_encode_and_sinks_do_not_import_each_other():
+    assert not {m for m in _imports("sinks") if m.startswith("shardsmith.encode")}
+    assert not {m for m in _imports("encode") if m.startswith("shardsmith.sinks")}
+
+
+class _Recorder:
+    def __init__(self):
+        self.started, self.batches = 0, []
+
+    def start(self, stage) -> None:
+        self.started += 1
+
+    def render(self, batch, z, texts) -> None:
+        self.batches.append(([item.key for item, _ in batch], tuple(z.shape), texts))
+        for _, res in batch:
+            res.members = {"latent": b""}
+
+    def sizes(self, item, res, stage):
+        return []
+
+
+def _entry(i: int, bucket: str, width: int) -> tuple[PlannedItem, SampleResult]:
+    item = PlannedItem(idx=i, item_id=f"p/{i}.jpg", key=f"k{i}", source=0, path=f"/x/{i}.jpg", relpath=f"{i}.jpg",
+                       caption=None, label=None, label_name=None, meta={}, sha256=None, size_bytes=1, kind="image",
+                       width=width, height=32, image_format="JPEG", mode="RGB", split="train", plan_status="ok")
+    pixels = np.random.default_rng(i).integers(0, 256, (1, 32, width, 3), dtype=np.uint8)
+    return item, SampleResult(idx=i, status="written", info={"bucket": bucket}, pixels=pixels)
+
+
+def test_batches_form_per_bucket_in_order_and_go_to_the_renderer():
+    stage = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu")
+    rec = _Recorder()
+    fin = LatentFinisher(rec, lambda: stage)
+    fin.expect(5)
+    entries = [_entry(0, "32x32x1", 32), _entry(1, "32x32x1", 32), _entry(2, "48x32x1", 48),
+               _entry(3, "32x32x1", 32), _entry(4, "48x32x1", 48)]
+    try:
+        for item, res in entries:
+            fin.add(item, res)
+        tag = fin.seal()  # on a CPU the unit's short batch ([k3]) goes now
+        fin.finish_through(tag)
+        assert fin.ready(tag)
+    finally:
+        fin.close()
+    c, s = stage.vae.spec.latent_channels, stage.vae.spec.spatial
+    assert rec.started == 1
+    assert rec.batches == [(["k0", "k1"], (2, c, 32 // s, 32 // s), None),
+                           (["k2", "k4"], (2, c, 32 // s, 48 // s), None),
+                           (["k3"], (1, c, 32 // s, 32 // s), None)]
+    assert all(res.members == {"latent": b""} and res.pixels is None for _, res in entries)
+    assert stage.launched == 5 and stage.remaining == 0
