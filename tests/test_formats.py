@@ -58,7 +58,8 @@ def test_shard_counts_shape(tmp_path):
 def test_member_rules():
     assert wds.group_members([("a.jpg", 512, 3), ("a.latent.pth", 1536, 9), ("noext", 0, 0), ("b.txt", 2560, 1)]) == [
         ("a", {"jpg": (512, 3), "latent.pth": (1536, 9)}), ("b", {"txt": (2560, 1)})]
-    assert wds.media_suffix("x/a.JPEG") == "jpg" and wds.media_suffix("a.mp4") == "mp4" and wds.media_suffix("a") == "bin"
+    assert wds.media_suffix("x/a.JPEG") == "jpg" and wds.media_suffix("a.mp4") == "mp4"
+    assert wds.media_suffix("a") == "bin"
     assert wds.is_numbered_shard("00003.tar") and not wds.is_numbered_shard("00003.TAR")
     assert not wds.is_numbered_shard("a.tar")
     assert wds.is_metadata_member("__key__") and wds.is_metadata_member("__meta__/a.txt")

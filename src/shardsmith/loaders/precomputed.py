@@ -1,8 +1,9 @@
 """Loader for the LTX-style ``.precomputed/`` tree, with the trainer's matching rule made loud.
 
 ``PrecomputedDataset(root, dirs)`` pairs files across sub-folders by relative path, like
-LTX's ``PrecomputedDataset`` (the rule: :mod:`shardsmith.formats.precomputed`). Unlike the trainer (a DEBUG line per miss), unmatched files are listed in ``.unmatched``
-with the folders they lack, and a folder that does not exist is an error at once.
+LTX's ``PrecomputedDataset`` (the rule: :mod:`shardsmith.formats.precomputed`). Unlike the
+trainer (a DEBUG line per miss), unmatched files are listed in ``.unmatched`` with the folders
+they lack, and a folder that does not exist is an error at once.
 Every ``.pt`` is read with ``torch.load(weights_only=True)`` semantics (the fast reader of
 :mod:`shardsmith.loaders.pth_fast` for plain files).
 """

@@ -1,7 +1,13 @@
 """WebDataset loader (FastGen flavour): ``NNNNN.tar`` shards in one folder, read inside a
 torch ``IterableDataset`` and batched per worker. Shards are listed from their tar headers
-by a small ustar/pax header reader (:func:`tar_members`; ``tarfile`` for anything unusual)
-and only the members a worker uses are read, with ``os.pread``.
+by a small ustar/pax header reader (:func:`shardsmith.formats.tar.tar_members`; ``tarfile``
+for anything unusual) and only the members a worker uses are read, with ``os.pread``.
+
+The jobs live in their own modules: the config in :mod:`~shardsmith.loaders.wds_config`,
+shard listing and reads in :mod:`~shardsmith.loaders.shard_reader`, the deterministic plan in
+:mod:`~shardsmith.loaders.slots`, collation in :mod:`~shardsmith.loaders.collate`, the dataset
+(both modes) in :mod:`~shardsmith.loaders.wds_dataset`; this module holds :class:`WdsLoader`
+and the contract they share (below).
 
 Two modes
 ---------
@@ -18,7 +24,7 @@ sample exactly once across ``world_size × num_workers`` rank-workers.
   ``g >= start_index`` and sample ``g`` goes to slot ``(g - start_index) % S``, so the
   sample at ``start_index`` is the very first sample of slot 0 (FastGen's
   ``slice(start + offset, ∞, S)``). Samples before ``start_index`` are not in this pass.
-* :func:`plan_slots` computes, from ``shard_count.json`` alone, for each slot the list of
+* :func:`~shardsmith.loaders.slots.plan_slots` computes, from ``shard_count.json`` alone, for each slot the list of
   ``(shard, skip_n)`` it must read: only shards that hold at least one of its samples, and
   ``skip_n`` = the number of (non-ignored) samples of that shard to pass over before the
   slot's first one; after it the slot takes every ``S``-th sample of the shard. Shards that
@@ -188,8 +194,8 @@ class WdsLoader:
         """Deterministic mode splits by sample, so each worker of this rank usually reads every
         shard and would list every shard's headers itself. When the workers' shard lists overlap
         (together more than 1.5x the distinct shards) the rank lists each shard once before
-        forking them; the forked workers find the listings in :data:`_INDEX` (and so does the
-        next pass)."""
+        forking them; the forked workers find the listings in the process's header cache
+        (:mod:`shardsmith.loaders.shard_reader`; so does the next pass)."""
         c = self.config
         plan = self.dataset.plan or {}
         mine = [shards for (r, _), shards in plan.items() if r == c.rank]

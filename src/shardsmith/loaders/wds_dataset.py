@@ -39,9 +39,9 @@ def new_delta() -> dict:
 
 
 class WdsDataset(torch.utils.data.IterableDataset):
-    """Yields collated batches (and ``{"__stats__": delta}`` records that :class:`WdsLoader`
+    """Yields collated batches (and ``{"__stats__": delta}`` records that :class:`~shardsmith.loaders.wds.WdsLoader`
     consumes: one every ``STATS_EVERY_BATCHES`` batches or ``STATS_EVERY_S`` seconds, and one at
-    the end of a pass). Use :class:`WdsLoader` unless you bring your own DataLoader (then pass
+    the end of a pass). Use :class:`~shardsmith.loaders.wds.WdsLoader` unless you bring your own DataLoader (then pass
     ``batch_size=None`` and handle the ``__stats__`` records)."""
 
     def __init__(self, config: WdsLoaderConfig, shards: list[str], constants: dict[str, Any],

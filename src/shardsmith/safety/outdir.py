@@ -135,7 +135,8 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
                 continue
             # recorded units, and shards a kill left between their rename and their record
             recorded = set(units.get((lay.name, split), [])) | set(INDEX_FILES)
-            found += [p for p in _files_in(dest) if _base_name(p.name) in recorded or is_numbered_shard(_base_name(p.name))]
+            found += [p for p in _files_in(dest)
+                      if _base_name(p.name) in recorded or is_numbered_shard(_base_name(p.name))]
     return {p.relative_to(folder).as_posix() for p in found}
 
 

@@ -80,7 +80,8 @@ class LatentMembers:
         rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
         out = {cache_member(LATENTS, rel): pt_bytes(latent_record(z, res.info["fps"]))}
         if text is not None:
-            out[cache_member(CONDITIONS, rel)] = pt_bytes(condition_record(text[0].to(_DTYPES[self.o.text_dtype]), text[1]))
+            cond = condition_record(text[0].to(_DTYPES[self.o.text_dtype]), text[1])
+            out[cache_member(CONDITIONS, rel)] = pt_bytes(cond)
         return out
 
     def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:
