@@ -211,7 +211,7 @@ def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> d
     for it in ledger.items(split=split, status="ok"):
         by_path[mirrored(it.relpath, names[it.source] if multi else None)] = it
         if fmt == "latent_wds":
-            by_path[PurePosixPath(it.relpath).with_suffix(".pt").as_posix()] = it
+            by_path[PurePosixPath(it.relpath).with_suffix(CACHE_EXT).as_posix()] = it
     return by_path
 
 
