@@ -17,7 +17,6 @@ from shardsmith.formats.precomputed import PRECOMPUTED_STAMP
 from shardsmith.formats.tar import tar_header_name, tar_header_ok
 from shardsmith.formats.wds import (
     IGNORE_INDEX_FILE,
-    IMAGE_SUFFIXES,
     MAX_KEY_LEN,
     NEG_PROMPT_FILE,
     REPAIR_FILE,
@@ -36,7 +35,7 @@ from shardsmith.formats.wds import (
 from shardsmith.formats.zip import ZIP_LABELS_FILE, zip_member_name
 
 __all__ = [
-    "HOLDOUT_DIR", "IGNORE_INDEX_FILE", "IMAGE_SUFFIXES", "LEDGER_FILE", "LOCK_FILE", "MANIFEST_FILE",
+    "HOLDOUT_DIR", "IGNORE_INDEX_FILE", "LEDGER_FILE", "LOCK_FILE", "MANIFEST_FILE",
     "MAX_KEY_LEN", "NEG_PROMPT_FILE", "PRECOMPUTED_STAMP", "REPAIR_FILE", "SHARD_COUNT_FILE", "STATE_DIR",
     "ZIP_LABELS_FILE", "key_base", "member_name", "numeric_stem", "sanitize_key", "shard_index", "shard_name",
     "sort_shard_names", "split_member", "tar_header_name", "tar_header_ok", "unique_key", "without_suffix",

@@ -34,9 +34,6 @@ TEXT_EMB = "txt_emb.pth"  # text-encoder embeddings
 NOISE = "noise.pth"  # KD pair: the noise a teacher trajectory started from
 PATH = "path.pth"  # KD path: the teacher's trajectory
 
-#: member suffixes the webdataset default decoders understand for images
-IMAGE_SUFFIXES = ("jpg", "png", "webp")
-
 _META_RE = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (``__key__``, ``__x__/y``)
 _MEMBER_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")  # webdataset's base_plus_ext split
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_-]+")
