@@ -86,9 +86,21 @@ class Ledger:
     """Thin typed wrapper over the SQLite file; one instance per process."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path: Path | None = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), isolation_level=None)
+        self._open(str(self.path))
+
+    @classmethod
+    def temporary(cls) -> Ledger:
+        """A ledger with no file name (SQLite's temporary database: in memory while small, then in
+        an unlinked file), gone when closed; ``path`` is None. For dry runs that leave nothing."""
+        led = cls.__new__(cls)
+        led.path = None
+        led._open("")
+        return led
+
+    def _open(self, name: str) -> None:
+        self.db = sqlite3.connect(name, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)

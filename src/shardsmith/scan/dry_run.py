@@ -2,29 +2,23 @@
 
 Contract: :func:`planned` opens the recipe's sources and runs :func:`~shardsmith.plan.planner.make_plan`
 (the build's probe, statuses and reasons, keys, dedup and split assignment, count holdouts
-included) into a ledger in a fresh temporary folder, outside the sources and any output, and
-yields it with the sources' :class:`~shardsmith.records.SourceInfo`. The ledger's files and
-the folder are removed on exit, whatever happened; nothing else is written. A file rather than
-``:memory:`` keeps host memory bounded whatever the dataset size.
+included) into a :meth:`~shardsmith.plan.ledger.Ledger.temporary` ledger and yields it with the
+sources' :class:`~shardsmith.records.SourceInfo`. That ledger has no file name (nothing appears
+in any folder, a scanned one included), keeps host memory bounded (SQLite spills it to an
+unlinked file as it grows) and is gone when the block ends, whatever happened.
 """
 
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
 from shardsmith.recipe import Recipe
 from shardsmith.records import SourceInfo
 from shardsmith.sources import open_sources
-
-LEDGER = "ledger.sqlite"
-#: the files SQLite may keep beside a WAL-mode database (listed, not walked: nothing else is there)
-SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True)
@@ -37,17 +31,9 @@ class DryRun:
 def planned(recipe: Recipe) -> Iterator[DryRun]:
     """Plan ``recipe`` as a build would, into a ledger deleted when the block ends."""
     opened = open_sources(recipe)
-    folder = Path(tempfile.mkdtemp(prefix="shardsmith-scan-"))
-    path = folder / LEDGER
+    ledger = Ledger.temporary()
     try:
-        ledger = Ledger(path)
-        try:
-            make_plan(recipe, ledger, opened)
-            ledger.db.execute("PRAGMA synchronous=OFF")  # what scan adds is thrown away with the file
-            yield DryRun(ledger, [info for info, _ in opened])
-        finally:
-            ledger.close()
+        make_plan(recipe, ledger, opened)
+        yield DryRun(ledger, [info for info, _ in opened])
     finally:
-        for suffix in SQLITE_SUFFIXES:
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        folder.rmdir()
+        ledger.close()
