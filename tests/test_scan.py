@@ -19,7 +19,9 @@ import pytest
 from PIL import Image
 from skimage import data as skdata
 
+from shardsmith import formats
 from shardsmith.build import build
+from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.scan import ASPECT_BINS, SHORT_SIDE_BINS, format_scan, human_bytes, scan
 
@@ -272,3 +274,16 @@ def test_splits_match_a_real_build(media, tmp_path):
     assert en["usable"] == splits["train"]["written"] + splits["holdout"]["written"] == 7
     assert en["holdout"] == splits["holdout"]["written"] == 2
     assert en["unique"] == 4  # 5 written to train, one of them a byte-identical copy
+
+
+def test_problems_are_what_a_build_records(media, report, tmp_path):
+    # scan runs the build's planner and the transform's decode: each problem is the status and detail the
+    # build's ledger gives that item (skipped duplicates are not problems)
+    build(_recipe(media), tmp_path / "out", quiet=True, workers=1)
+    ledger = Ledger(tmp_path / "out" / formats.LEDGER_FILE)
+    try:
+        recorded = {i: (st, det) for _, i, st, det in ledger.status_rows("wds", written=False)
+                    if st != "skipped:duplicate"}
+    finally:
+        ledger.close()
+    assert {p["id"]: (p["status"], p["detail"]) for p in report["problems"]} == recorded
