@@ -69,7 +69,7 @@ class CompileDecision:
         """Sorted encode seconds of the batches after the first (which autotunes) that ran
         ``batch_size`` rows on the device: full ones, and short ones padded to that shape (a GPU's
         only batches when units, e.g. shards bounded by bytes, are smaller than a batch)."""
-        return sorted(dt for _, _, dt, rows in self.batches[1:] if rows == self.batch_size)
+        return sorted(b.encode_s for b in self.batches[1:] if b.rows == self.batch_size)
 
     def _compile_key(self, host: torch.Tensor, cc) -> str:
         dev = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"

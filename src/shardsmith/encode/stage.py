@@ -35,7 +35,7 @@ from shardsmith.encode.model_identity import clean_config, model_identity
 from shardsmith.encode.pending import PendingBatch
 from shardsmith.encode.staging import HostStaging
 from shardsmith.encode.text import load_text_encoder, to_pinned
-from shardsmith.encode.throughput import Throughput
+from shardsmith.encode.throughput import BatchRecord, LaunchRecord, Throughput
 from shardsmith.encode.vae import load_vae
 from shardsmith.precheck import resolve_device
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
@@ -72,9 +72,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
-        # per batch: (finished at, items, encode seconds, rows on the device: items + padding)
-        self.batches: list[tuple[float, int, float, int]] = []
-        self.timeline: list[tuple[float, ...]] = []  # launched batches, for encode.idle.gpu_idle
+        self.batches: list[BatchRecord] = []  # every encoded batch
+        self.timeline: list[LaunchRecord] = []  # launched batches, for encode.idle.gpu_idle
         self._thread = None  # the device thread (device_thread())
         self._threads = torch.get_num_threads()  # its intra-op threads (see pin_intra_op_threads)
         self.created = time.perf_counter()
@@ -123,7 +122,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             self.seconds["encode"] += t2 - t1
             if self._compile_pending is not None:
                 self._compiled_first_batch(t2 - t1)
-            self.batches.append((t2, n, t2 - t1, host.shape[0]))
+            self.batches.append(BatchRecord(t2, n, t2 - t1, host.shape[0]))
             self.launched += n
             return [t.clone() for t in z[:n].unbind(0)]
         except Exception as exc:  # noqa: BLE001 - only OOM is retried
@@ -209,10 +208,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             ref, ref_wall = self._ref
             done_at = ref_wall + ref.elapsed_time(p.vae_end) / 1e3
             self.seconds["encode"] += gpu_s
-            self.batches.append((done_at, p.n, gpu_s, p.rows))
+            self.batches.append(BatchRecord(done_at, p.n, gpu_s, p.rows))
             gpu_start = ref_wall + ref.elapsed_time(p.start) / 1e3
             gpu_end = ref_wall + ref.elapsed_time(p.done_event) / 1e3  # text encoder included
-            self.timeline.append((*p.host_times, gpu_start, gpu_end))
+            self.timeline.append(LaunchRecord(*p.host_times, gpu_start, gpu_end))
             p.latents, p.z_host = p.z_host, None  # the batch (page-locked); result() cuts it per item
         if p.captions is None:
             return p.latents, None

@@ -2,6 +2,8 @@
 
 Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used:
 ``batches``, ``timeline``, ``created``)
+- ``batches`` holds a :class:`BatchRecord` per encoded batch, ``timeline`` a :class:`LaunchRecord`
+  per batch launched ahead on a GPU (the rows :func:`~shardsmith.encode.idle.gpu_idle` reads).
 - ``steady_state()``: None before three batches; else the throughput between the first and the
   last batch, the median encode time of the largest batches, the first launched batch's times
   and the device's idle time (:func:`~shardsmith.encode.idle.gpu_idle`), all counted from
@@ -12,9 +14,28 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardsmith.encode.idle import gpu_idle
+
+
+class BatchRecord(NamedTuple):
+    """One encoded batch, as the stage books it."""
+
+    done_at: float  # perf_counter when its latents were done (a launched batch: its end event, mapped)
+    items: int
+    encode_s: float  # the VAE's seconds
+    rows: int  # rows on the device: the items and their padding
+
+
+class LaunchRecord(NamedTuple):
+    """A batch launched ahead on a GPU, on the host clock (``perf_counter``)."""
+
+    staged_at: float  # the main thread had its pixels stacked
+    launch_begin: float  # the encoder thread began queueing its work
+    launch_end: float  # ... and had queued it
+    gpu_start: float  # the device ran it, from its first kernel
+    gpu_end: float  # to the end of its last, text encoder included
 
 
 class Throughput:
@@ -29,11 +50,11 @@ class Throughput:
         (units smaller than a batch, e.g. shards bounded by bytes, make every batch partial)."""
         if len(self.batches) < 3:
             return None
-        largest = max(n for _, n, *_ in self.batches)
-        full = [b for b in self.batches if b[1] == largest]
-        t_first, t_last = self.batches[0][0], self.batches[-1][0]
-        items = sum(n for _, n, *_ in self.batches[1:])
-        times = sorted(dt for _, _, dt, _ in full)
+        largest = max(b.items for b in self.batches)
+        full = [b for b in self.batches if b.items == largest]
+        t_first, t_last = self.batches[0].done_at, self.batches[-1].done_at
+        items = sum(b.items for b in self.batches[1:])
+        times = sorted(b.encode_s for b in full)
         return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
                 "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
                 "last_batch_done_s": round(t_last - self.created, 3),
@@ -44,7 +65,7 @@ class Throughput:
     def _median_gpu_s(self) -> float | None:
         """Median device time of a launched batch, the text encoder's part included (the encode time
         above is the VAE's alone)."""
-        spans = sorted(end - start for *_, start, end in self.timeline)
+        spans = sorted(r.gpu_end - r.gpu_start for r in self.timeline)
         return round(spans[len(spans) // 2], 4) if spans else None
 
     def _first_batch(self) -> dict[str, float] | None:
@@ -53,6 +74,6 @@ class Throughput:
         run synchronously right after a compile is not a launched one."""
         if not self.timeline:
             return None
-        staged, begin, end, start, _ = min(self.timeline, key=lambda r: r[3])
+        staged, begin, end, start, _ = min(self.timeline, key=lambda r: r.gpu_start)
         return {k: round(v - self.created, 3) for k, v in
                 (("staged_s", staged), ("launch_begun_s", begin), ("queued_s", end), ("gpu_start_s", start))}
