@@ -50,6 +50,21 @@ def _sample(ledger: Ledger, srcs: list[int], k: int) -> list[PlannedItem]:
     return [next(ledger.items(idx_range=(i, i + 1))) for i in idxs]
 
 
+def _made(o, maker, sample: list[PlannedItem], workers: int) -> tuple[list[int | None], Counter]:
+    """Bytes of each sample ``maker`` makes (None where it would not be written) and the statuses
+    of those it would not write."""
+    sizes: list[int | None] = []
+    skipped: Counter = Counter()
+    if sample:
+        with ThreadPoolExecutor(max_workers=min(len(sample), workers)) as pool:
+            for it, res in zip(sample, pool.map(maker, sample)):
+                written = res.status == WRITTEN
+                sizes.append(sample_bytes(o, res.members or {}, it.key) if written else None)
+                if not written:
+                    skipped[res.status] += 1
+    return sizes, skipped
+
+
 def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], size_sample: int,
                     workers: int) -> OutputEstimate:
     """The report's estimate block for output ``o`` (see the module)."""
@@ -64,7 +79,9 @@ def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
     out = OutputEstimate({"format": o.format, "target": o.dir if isinstance(o, WdsOutput) else o.path,
                           "usable": usable, "sampled": 0, "written_in_sample": 0, "skipped_in_sample": {},
                           "samples": 0, "per_sample_bytes": 0, "bytes": 0, "human": human_bytes(0)})
-    labelled = db.execute(f"SELECT 1 FROM items WHERE label IS NOT NULL AND {_in(srcs)} LIMIT 1").fetchone() is not None
+    # as a build decides: a ZIP is class-conditional when any item of its sources has a label
+    labelled = db.execute(f"SELECT 1 FROM items WHERE label IS NOT NULL AND {_in(srcs)} LIMIT 1").fetchone() \
+        is not None
     unlabelled = 0
     if isinstance(o, ZipOutput) and labelled:
         unlabelled = db.execute(f"SELECT COUNT(*) FROM usable WHERE label IS NULL AND label_name IS NULL "
@@ -76,16 +93,7 @@ def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
     sample = _sample(ledger, srcs, size_sample) if size_sample > 0 else []
     maker = WdsSampleMaker(o, recipe.images, infos) if isinstance(o, WdsOutput) else \
         ZipSampleMaker(o, recipe.images, infos, labelled)
-    sizes: list[int | None] = []
-    skipped: Counter = Counter()
-    if sample:
-        with ThreadPoolExecutor(max_workers=min(len(sample), workers)) as pool:
-            for it, res in zip(sample, pool.map(maker, sample)):
-                if res.status == WRITTEN:
-                    sizes.append(sample_bytes(o, res.members or {}, it.key))
-                else:
-                    sizes.append(None)
-                    skipped[res.status] += 1
+    sizes, skipped = _made(o, maker, sample, workers)
     blk = out.block
     blk.update(sampled=len(sample), written_in_sample=len(sample) - sum(skipped.values()),
                skipped_in_sample=dict(skipped.most_common()))
