@@ -6,11 +6,11 @@ Contract
 - ``add(item, res)`` queues a result in its bucket and submits a batch as soon as one is full
   (host memory holds at most one batch of pixels per bucket); batches are formed in plan order,
   so a resumed run encodes exactly the same batches.
-- ``seal()`` ends a unit; ``ready(tag)`` / ``finish_through(tag)`` say when, and make sure that,
-  every item of units up to ``tag`` has its members (``res.members``, rendered by
-  ``members.render(batch, latents, texts)`` on the calling thread, on one intra-op thread);
-  ``flush()`` does so for everything queued; ``close()`` waits for the device thread's batches
-  and for the units being written on ``writer``.
+- ``seal()`` ends a unit and returns its tag; ``ready(tag)`` says whether every item of units up
+  to ``tag`` is encoded; ``finish_through(tag)`` makes sure each of them has its members
+  (``res.members``, rendered by ``members.render(batch, latents, texts)`` on the calling thread,
+  on one intra-op thread); ``flush()`` does so for everything queued; ``close()`` waits for the
+  device thread's batches and for the units being written on ``writer``.
 - ``member_sizes(item, res)``: the exact sizes of an item's members before it is encoded.
 - ``expect(items)`` passes the number of items still to encode to the stage
   (``models.compile=auto``).
