@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from shardsmith.build import build
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.scan import ASPECT_BINS, SHORT_SIDE_BINS, format_scan, human_bytes, scan
+from shardsmith.scan.histograms import binned, stats
 
 PY = "/work/venv/bin/python" if Path("/work/venv/bin/python").exists() else sys.executable
 
@@ -287,3 +289,19 @@ def test_problems_are_what_a_build_records(media, report, tmp_path):
     finally:
         ledger.close()
     assert {p["id"]: (p["status"], p["detail"]) for p in report["problems"]} == recorded
+
+
+@pytest.mark.parametrize("values, median", [([], None), ([5], 5), ([4, 1, 3], 3), ([1, 2, 4, 3], 2.5), ([2, 4], 3)])
+def test_histogram_stats_in_sql(values, median):
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (v INTEGER)")
+    db.executemany("INSERT INTO t VALUES (?)", [(v,) for v in values])
+    assert stats(db, "t", "1", "v") == {"min": min(values, default=None), "median": median,
+                                        "max": max(values, default=None)}
+    assert isinstance(stats(db, "t", "1", "v")["median"], type(median))
+    # a bin holds values below its upper bound; the last bin takes the rest
+    db.executemany("INSERT INTO t VALUES (?)", [(63,), (64,), (2047,), (2048,), (99999,)])
+    hist = binned(db, "t", "v >= 63", "v", SHORT_SIDE_BINS)
+    assert list(hist) == [b for b, _ in SHORT_SIDE_BINS]
+    assert (hist["<64"], hist["64-127"], hist["1024-2047"], hist[">=2048"]) == (1, 1, 1, 2)
+    assert binned(db, "t", "v = 64", "v * 1.0 / 58", ASPECT_BINS)["1.1-1.33"] == 1  # 64/58 = 1.103
