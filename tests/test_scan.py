@@ -221,6 +221,11 @@ def test_enough_data_without_batch_and_with_holdout(media):
     assert rep["estimate"]["wds"]["bytes"] == 0 and rep["estimate"]["wds"]["sampled"] == 0
 
 
+def test_one_sample_recipe_still_scans_everything(media, report):
+    rep = scan(_recipe(media, one_sample=True), batch=8, updates=100)
+    assert rep["items"] == 12 and rep["problem_counts"] == report["problem_counts"] and rep["usable"] == 6
+
+
 def test_no_dedup_and_min_size(media):
     rep = scan(_recipe(media, split={"dedup": False}, images={"min_size": 200}), size_sample=0)
     # below 200: wide (150) and tall (120) -> too small; x is a problem anyway (its 200 is not below)

@@ -5,7 +5,8 @@ Contract: :func:`planned` opens the recipe's sources and runs :func:`~shardsmith
 included) into a :meth:`~shardsmith.plan.ledger.Ledger.temporary` ledger and yields it with the
 sources' :class:`~shardsmith.records.SourceInfo`. That ledger has no file name (nothing appears
 in any folder, a scanned one included), keeps host memory bounded (SQLite spills it to an
-unlinked file as it grows) and is gone when the block ends, whatever happened.
+unlinked file as it grows) and is gone when the block ends, whatever happened. Every item is
+planned, whatever ``one_sample`` says (scan describes all the data).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def planned(recipe: Recipe) -> Iterator[DryRun]:
     opened = open_sources(recipe)
     ledger = Ledger.temporary()
     try:
-        make_plan(recipe, ledger, opened)
+        make_plan(recipe.model_copy(update={"one_sample": False}), ledger, opened)
         yield DryRun(ledger, [info for info, _ in opened])
     finally:
         ledger.close()
