@@ -3,8 +3,8 @@
 ``scan(recipe, batch=..., updates=...)`` is a dry run of the build's own steps and returns a
 plain, JSON-serialisable report:
 
-1. :mod:`~shardsmith.scan.dry_run`: the build's planner fills a throwaway ledger (deleted
-   afterwards): the same probe, statuses and reasons, keys, exact-duplicate groups and splits
+1. :mod:`~shardsmith.scan.dry_run`: the build's planner fills a throwaway ledger (no file
+   name, gone afterwards): the same probe, statuses and reasons, keys, exact-duplicate groups and splits
    a build records;
 2. :mod:`~shardsmith.scan.decode_check`: the transform's full decode of every image the plan
    read, so truncated or corrupt files are found now and pictures are measured upright;
@@ -43,7 +43,7 @@ __all__ = ["ASPECT_BINS", "SHORT_SIDE_BINS", "format_scan", "human_bytes", "outp
 
 def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None,
          max_repeat: float = MAX_REPEAT_DEFAULT, size_sample: int = 32, workers: int | None = None) -> dict:
-    """Dry-run ``recipe``'s plan (writing nothing that stays) and return the scan report (a plain dict).
+    """Dry-run ``recipe``'s plan and decode (writing nothing) and return the scan report (a plain dict).
     ``size_sample``: items made per image output for its size estimate; ``workers``: decode threads."""
     threads = workers or recipe.workers or min(32, (os.cpu_count() or 4) * 2)
     with planned(recipe) as run:
