@@ -21,13 +21,13 @@ import os
 import numpy as np
 import torch
 
-from shardsmith.formats.precomputed import cache_member
+from shardsmith.formats.precomputed import CONDITIONS, LATENTS, cache_member, mirrored
 from shardsmith.formats.wds import NEG_PROMPT_FILE  # noqa: F401 - build.py imports it from here
 from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_bytes
-from shardsmith.sinks.precomputed import CONDITIONS, LATENTS, condition_record, latent_record, mirrored, pt_bytes
+from shardsmith.sinks.precomputed import condition_record, latent_record, pt_bytes
 from shardsmith.sinks.pt_write import pt_bytes_rows
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -17,13 +17,10 @@ from typing import Any
 
 import torch
 
-from shardsmith.formats.precomputed import CACHE_EXT, CONDITIONS, LATENTS, PRECOMPUTED_STAMP, WRITTEN_DIRS, mirrored
+from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.pt_write import pt_bytes_fast
-
-__all__ = ["CONDITIONS", "LATENTS", "PrecomputedSink", "condition_record", "latent_record", "mirrored", "pt_bytes"]
-
 
 def pt_bytes(obj: dict[str, Any]) -> bytes:
     """``torch.save`` to bytes (loadable with ``weights_only=True``): the very same bytes, from a
