@@ -352,6 +352,15 @@ def _children_of(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _kill_the_build_process_alone(p) -> tuple[list, list]:
+    """SIGKILL the build process alone (not its group); (its children before, those alive 5 s after)."""
+    kids = _children_of(p.pid)
+    assert p.poll() is None, "the build ended before it could be killed"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    return kids, psutil.wait_procs(kids, timeout=5)[1]
+
+
 @pytest.mark.slow
 def test_workers_exit_when_the_build_process_is_killed(tmp_path):
     recipe = _slow_recipe(tmp_path, n=160)
@@ -361,11 +370,8 @@ def test_workers_exit_when_the_build_process_is_killed(tmp_path):
         assert _wait(lambda: len(_children_of(p.pid)) >= 2 and
                      (tmp_path / "o" / ".shardsmith" / "ledger.sqlite").exists())
         time.sleep(1.0)
-        kids = _children_of(p.pid)
-        assert len(kids) >= 2 and p.poll() is None
-        p.send_signal(signal.SIGKILL)  # the build process alone, not its group
-        p.wait()
-        gone, alive = psutil.wait_procs(kids, timeout=5)
+        kids, alive = _kill_the_build_process_alone(p)
+        assert len(kids) >= 2
         assert not alive, f"{len(alive)} worker(s) still alive 5 s after their parent was killed"
     finally:
         for k in _children_of(p.pid):
@@ -381,7 +387,6 @@ def test_plan_ahead_processes_exit_when_the_build_process_is_killed(tmp_path):
 import time, shardsmith.plan.planner as planner
 from shardsmith.build import build
 from shardsmith.recipe import recipe_from_dict
-from shardsmith.safety.outdir import retire as outdir_retire
 real = planner.probe_item
 def slow(item, max_pixels):
     time.sleep(0.2)
@@ -396,10 +401,7 @@ build(recipe_from_dict({{"sources": [{{"path": {str(src)!r}}}], "geometry": {{"b
         # the build's 8 workers, the plan process and its 2 probe workers
         assert _wait(lambda: len(_children_of(p.pid)) >= 11, timeout=120)
         time.sleep(0.5)
-        kids = _children_of(p.pid)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        gone, alive = psutil.wait_procs(kids, timeout=5)
+        kids, alive = _kill_the_build_process_alone(p)
         assert not alive, f"{[k.pid for k in alive]} still alive 5 s after the build process was killed"
     finally:
         for k in _children_of(p.pid):

@@ -51,7 +51,8 @@ from shardsmith.recipe import (LATENT_OUTPUTS, LatentWdsOutput, PrecomputedOutpu
                                canonical, diff_recipes, fingerprint)
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.sinks.atomic import atomic_write_json, remove_stale_tmp
-from shardsmith.sinks.wds import WdsSink, sample_tar_bytes, tar_bytes
+from shardsmith.formats.wds import sample_tar_bytes, tar_bytes
+from shardsmith.sinks.wds import WdsSink
 from shardsmith.sinks.zip import ZipSink
 from shardsmith.sources import open_sources
 from shardsmith.split.assign import HOLDOUT, TRAIN

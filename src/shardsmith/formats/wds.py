@@ -16,7 +16,10 @@ import json
 import os
 import re
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, NamedTuple
+
+from shardsmith.formats.tar import member_bytes
 
 SHARD_COUNT_FILE = "shard_count.json"
 IGNORE_INDEX_FILE = "ignore_index.json"
@@ -245,3 +248,14 @@ def load_shard_counts(folder: str | Path) -> tuple[dict[str, int] | None, str | 
     if data is not None and not (isinstance(data, dict) and all(isinstance(v, int) for v in data.values())):
         return None, f"{SHARD_COUNT_FILE} is not {{shard: int}}"
     return data, err
+
+
+def tar_bytes(sizes: Iterable[tuple[str, int]], key: str) -> int:
+    """Upper bound of the bytes a sample adds to a tar, from its ``(suffix, size)`` members:
+    header(s) + padded data per member (the shard-size bound that closes a shard)."""
+    return sum(member_bytes(member_name(key, suffix), n) for suffix, n in sizes)
+
+
+def sample_tar_bytes(members: dict[str, bytes], key: str) -> int:
+    """:func:`tar_bytes` of a sample whose members exist."""
+    return tar_bytes(((s, len(v)) for s, v in members.items()), key)

@@ -25,7 +25,7 @@ from shardsmith import formats
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import WdsOutput, ZipOutput
 from shardsmith.records import PlannedItem
-from shardsmith.sinks.wds import sample_tar_bytes
+from shardsmith.formats.wds import sample_tar_bytes
 
 SAMPLE = 16
 

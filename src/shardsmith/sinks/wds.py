@@ -7,26 +7,14 @@ shard of its own). Shards are written atomically; the caller commits them to the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
-from shardsmith.formats.tar import END_BYTES, member_bytes
-from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, shard_name
+from shardsmith.formats.tar import END_BYTES
+from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, sample_tar_bytes, shard_name
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json
 from shardsmith.sinks.tar import DeterministicTar, HashingWriter
-
-
-def tar_bytes(sizes: Iterable[tuple[str, int]], key: str) -> int:
-    """Upper bound of the bytes a sample adds to a tar, from its ``(suffix, size)`` members:
-    header(s) + padded data per member."""
-    return sum(member_bytes(member_name(key, suffix), n) for suffix, n in sizes)
-
-
-def sample_tar_bytes(members: dict[str, bytes], key: str) -> int:
-    """:func:`tar_bytes` of a sample whose members exist."""
-    return tar_bytes(((s, len(v)) for s, v in members.items()), key)
 
 
 class WdsSink:
