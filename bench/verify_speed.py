@@ -90,7 +90,8 @@ def breakdown(folder: Path, total: int) -> list[tuple[str, float, float]]:
     from shardsmith.loaders.presets import preset_config
     from shardsmith.loaders.wds import WdsLoader
     from shardsmith.verify.contract import ContractRecorder
-    from shardsmith.verify.runner import _expected_wds, _rank_main
+    from shardsmith.verify.accounting import expected_wds as _expected_wds
+    from shardsmith.verify.ranks import rank_main as _rank_main
 
     out = []
     import torch

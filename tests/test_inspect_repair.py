@@ -15,7 +15,8 @@ from shardsmith.build import build
 from shardsmith.formats import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.formats.wds import list_shards
-from shardsmith.verify.inspect import diagnose_empty, format_inspect, inspect_wds
+from shardsmith.verify.empty_batches import diagnose_empty
+from shardsmith.verify.inspect import format_inspect, inspect_wds
 from shardsmith.verify.repair import format_repair, repair_wds
 
 

@@ -214,7 +214,8 @@ def test_contract_stats_computed_on_tensors_match_a_float64_reference():
 def test_verify_gnu_longname_shards_and_expected_list(tmp_path):
     """Shards the fast header reader parses (GNU longnames, dirs) give the same expected list as
     tarfile, and verify covers them."""
-    from shardsmith.verify.runner import _expected_wds, verify
+    from shardsmith.verify.accounting import expected_wds as _expected_wds
+    from shardsmith.verify.runner import verify
 
     root = tmp_path / "gnu"
     root.mkdir()
@@ -337,7 +338,7 @@ def test_coverage_is_linear_and_exact_on_a_million_ids():
     (hours at 1M); this one is a few set operations."""
     import time
 
-    from shardsmith.verify.runner import coverage
+    from shardsmith.verify.accounting import coverage
 
     expected = [f"{i // 1000:05d}.tar/{i:08d}" for i in range(1_000_000)]
     ranks = [expected[0::3], expected[1::3], expected[2::3]]

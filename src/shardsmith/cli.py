@@ -359,7 +359,8 @@ def inspect(
 ):
     """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts."""
     _wds_folder(dataset, "inspect")
-    from shardsmith.verify.inspect import diagnose_empty, format_inspect, inspect_wds
+    from shardsmith.verify.empty_batches import diagnose_empty
+    from shardsmith.verify.inspect import format_inspect, inspect_wds
 
     rep = inspect_wds(dataset, _key_map(key_map))
     rep["diagnosis"] = diagnose_empty(rep, world, workers)

@@ -27,7 +27,7 @@ from shardsmith.formats.wds import member_name
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import Recipe, WdsOutput, recipe_from_dict
 from shardsmith.records import WRITTEN, PlannedItem, SampleResult
-from shardsmith.verify.runner import BuildRef
+from shardsmith.verify.owning_build import BuildRef
 
 STAGING = f"{STATE_DIR}/repair"  # below the build folder: same file system as its shards
 

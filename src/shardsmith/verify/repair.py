@@ -50,8 +50,9 @@ from shardsmith.formats.wds import (
 from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
-from shardsmith.verify.inspect import LostSample, ShardScan, scan_folder, scan_shard
-from shardsmith.verify.runner import BuildRef, find_build
+from shardsmith.verify.inspect import scan_folder
+from shardsmith.verify.owning_build import BuildRef, find_build
+from shardsmith.verify.shard_scan import LostSample, ShardScan, scan_shard
 
 CANDIDATE_SUFFIX = ".repaired"
 
