@@ -102,17 +102,6 @@ def output_dest(root: Path, output, split: str) -> Path:
     return root / rel if split == TRAIN else root / HOLDOUT / rel
 
 
-def _source_ids(recipe: Recipe, output) -> list[int]:
-    names = [s.name for s in recipe.sources]
-    return [names.index(n) for n in output.sources] if output.sources else list(range(len(names)))
-
-
-def _labelled(recipe: Recipe, output, sources: list[SourceInfo], ledger: Ledger) -> bool:
-    ids = _source_ids(recipe, output)
-    q = f"SELECT 1 FROM items WHERE label IS NOT NULL AND source IN ({','.join('?' * len(ids))}) LIMIT 1"
-    return ledger.db.execute(q, ids).fetchone() is not None
-
-
 def _refuse_foreign(out: Path, overwrite: bool) -> None:
     """Before anything is written or locked: a file, or a folder holding anything no shardsmith
     build wrote, is never built into nor replaced (``--overwrite`` only replaces a build)."""
@@ -354,8 +343,8 @@ def _check_plan(ctx: BuildContext) -> None:
     recipe, ledger = ctx.recipe, ctx.ledger
     if recipe.split.holdout > 0 and not recipe.one_sample:
         holdout.refuse_empty_train(recipe.split.holdout, [
-            holdout.SplitCounts(o.name, _eligible(ledger, TRAIN, _source_ids(recipe, o)),
-                                _eligible(ledger, HOLDOUT, _source_ids(recipe, o))) for o in recipe.outputs])
+            holdout.SplitCounts(o.name, _eligible(ledger, TRAIN, recipe.source_ids(o)),
+                                _eligible(ledger, HOLDOUT, recipe.source_ids(o))) for o in recipe.outputs])
     ests = [_estimate(ctx, o) for o in recipe.outputs]
     known = [e.needed for e in ests if e.needed is not None]
     if known:
@@ -365,7 +354,7 @@ def _check_plan(ctx: BuildContext) -> None:
 
 def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
     """Bytes output ``o`` still has to write (see :mod:`shardsmith.safety.estimate`)."""
-    srcs = _source_ids(ctx.recipe, o)
+    srcs = ctx.recipe.source_ids(o)
     committed = sum(u["bytes"] for split in _splits(ctx.recipe) for u in ctx.ledger.units(o.name, split))
     counts = (_eligible(ctx.ledger, TRAIN, srcs), _eligible(ctx.ledger, HOLDOUT, srcs))
     if isinstance(o, LATENT_OUTPUTS) or not sum(counts):
@@ -437,7 +426,7 @@ def _maker(ctx: BuildContext, o):
         if isinstance(o, WdsOutput):
             ctx.makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
         elif isinstance(o, ZipOutput):
-            ctx.makers[o.name] = ZipSampleMaker(o, recipe.images, infos, _labelled(recipe, o, infos, ctx.ledger))
+            ctx.makers[o.name] = ZipSampleMaker(o, recipe.images, infos, ctx.ledger.any_labelled(recipe.source_ids(o)))
         else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
             from shardsmith.transform.buckets import parse_buckets
             from shardsmith.transform.latent_pixels import LatentPixelMaker
@@ -451,7 +440,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
     """Write every split of ``output``; with ``ahead`` (a plan still running) the train split
     takes the plan's rows as they are committed, and the rest waits for the whole plan."""
     ledger, recipe = ctx.ledger, ctx.recipe
-    srcs = _source_ids(recipe, output)
+    srcs = recipe.source_ids(output)
     result: dict[str, Any] = {"format": output.format, "files": {}}
     for split in _splits(recipe):
         if ahead is not None and split != TRAIN:
@@ -468,7 +457,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
             sink = WdsSink(output, dest)
         elif isinstance(output, ZipOutput):
             staging = ctx.root / formats.STATE_DIR / "stage" / output.name / split
-            sink = ZipSink(output, dest, staging, labelled=_labelled(recipe, output, ctx.sources, ledger))
+            sink = ZipSink(output, dest, staging, labelled=ledger.any_labelled(srcs))
         else:
             sink = PrecomputedSink(output, dest)
             sink.check_stamp(_stage(ctx).stamp(recipe))  # refused before anything is written
@@ -643,7 +632,7 @@ def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, A
             if not report.balanced(block):
                 raise InvariantError(f"output {o.name} split {name}: counts do not reconcile: {block}")
         outputs[o.name] = {**blocks[o.name], "counts": total, "splits": splits}
-    taken = sorted({i for o in recipe.outputs for i in _source_ids(recipe, o)})
+    taken = sorted({i for o in recipe.outputs for i in recipe.source_ids(o)})
     counts, splits = report.tally(_overall_rows(ledger, taken), ledger.written_counts(None, taken))
     sources = []
     for info in ctx.sources:

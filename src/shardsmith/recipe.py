@@ -247,6 +247,11 @@ class Recipe(_Strict):
     one_sample: bool = Field(False, description="plan only the first usable item (sanity check before a full run)")
     workers: int | None = Field(None, ge=1, description="CPU worker processes (not part of the fingerprint)")
 
+    def source_ids(self, output) -> list[int]:
+        """Indices into ``sources`` of the sources that feed ``output`` (all of them by default)."""
+        names = [s.name for s in self.sources]
+        return [names.index(n) for n in output.sources] if output.sources else list(range(len(names)))
+
     @model_validator(mode="after")
     def _names(self) -> "Recipe":
         seen: set[str] = set()

@@ -230,6 +230,12 @@ class Ledger:
     def count_items(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
+    def any_labelled(self, sources: list[int]) -> bool:
+        """Whether any planned item of ``sources`` has a class label (a ZIP of them is then
+        class-conditional)."""
+        return self.db.execute(f"SELECT 1 FROM items WHERE label IS NOT NULL AND source IN "
+                               f"({','.join('?' * len(sources))}) LIMIT 1", sources).fetchone() is not None
+
     # -- shards and results -------------------------------------------------------------
     def transaction(self):
         return _Tx(self.db)

@@ -71,8 +71,7 @@ def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
     if not isinstance(o, (WdsOutput, ZipOutput)):
         return OutputEstimate({"format": o.format, "not_estimated": NOT_ESTIMATED})
     db = ledger.db
-    names = [s.name for s in recipe.sources]
-    srcs = [names.index(n) for n in o.sources] if o.sources else list(range(len(names)))
+    srcs = recipe.source_ids(o)
     per_split = dict(db.execute(f"SELECT split, COUNT(*) FROM usable WHERE {_in(srcs)} GROUP BY split"))
     counts = (per_split.get(TRAIN, 0), per_split.get(HOLDOUT, 0))
     usable = sum(counts)
@@ -80,8 +79,7 @@ def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
                           "usable": usable, "sampled": 0, "written_in_sample": 0, "skipped_in_sample": {},
                           "samples": 0, "per_sample_bytes": 0, "bytes": 0, "human": human_bytes(0)})
     # as a build decides: a ZIP is class-conditional when any item of its sources has a label
-    labelled = db.execute(f"SELECT 1 FROM items WHERE label IS NOT NULL AND {_in(srcs)} LIMIT 1").fetchone() \
-        is not None
+    labelled = ledger.any_labelled(srcs)
     unlabelled = 0
     if isinstance(o, ZipOutput) and labelled:
         unlabelled = db.execute(f"SELECT COUNT(*) FROM usable WHERE label IS NULL AND label_name IS NULL "
