@@ -451,7 +451,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         finisher = None
         if isinstance(output, LATENT_OUTPUTS):
             from shardsmith.encode.finisher import LatentFinisher
-            from shardsmith.sinks.latent_members import NEG_PROMPT_FILE, LatentMembers, write_negative_prompt
+            from shardsmith.sinks.latent_members import LatentMembers, write_negative_prompt
             from shardsmith.sinks.precomputed import PrecomputedSink
         if isinstance(output, (WdsOutput, LatentWdsOutput)):
             sink = WdsSink(output, dest)
@@ -476,8 +476,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         else:
             info = sink.finalize(units)
         if isinstance(output, LatentWdsOutput) and _stage(ctx).text_encoder is not None:
-            write_negative_prompt(dest / NEG_PROMPT_FILE, ctx.stage, output.negative_prompt)
-            info["neg_prompt_emb"] = NEG_PROMPT_FILE
+            write_negative_prompt(dest / formats.NEG_PROMPT_FILE, ctx.stage, output.negative_prompt)
+            info["neg_prompt_emb"] = formats.NEG_PROMPT_FILE
         for k in ("path", "dir"):
             if k in info:  # relative to the output root: the folder may be swapped into place
                 info[k] = Path(info[k]).relative_to(ctx.root).as_posix()

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from shardsmith.formats.precomputed import CONDITIONS, LATENTS, cache_member, mirrored
-from shardsmith.formats.wds import NEG_PROMPT_FILE  # noqa: F401 - build.py imports it from here
 from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
