@@ -23,6 +23,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       model_validator)
 
 from shardsmith.errors import UserError
+from shardsmith.records import PARTNER_ROLES
 from shardsmith.transform.buckets import parse_buckets
 
 
@@ -57,11 +58,48 @@ def parse_percent(text: str) -> float:
 
 
 class Columns(_Strict):
-    """Column roles of a metadata table; other columns are kept as per-sample metadata."""
+    """Column roles of a metadata table; other columns are kept as per-sample metadata.
 
-    media: str | None = Field(None, description="column holding the media path (auto: media/file/path/image/file_name)")
+    Each media role (``target``, ``source``, ``reference``, ``mask``, ``audio``, ``camera``)
+    names the column holding that role's file path; ``media`` is a synonym of ``target`` (give
+    one of them). A column plays at most one role.
+    """
+
+    media: str | None = Field(None, description="column holding the media path, the target "
+                              "(auto: media/file/path/image/file_name); a synonym of target")
+    target: str | None = Field(None, description="column holding the target media path (same as media)")
+    source: str | None = Field(None, description="column holding the paired source media (e.g. an edit's input)")
+    reference: str | None = Field(None, description="column holding a reference image or clip")
+    mask: str | None = Field(None, description="column holding a mask aligned with the target")
+    audio: str | None = Field(None, description="column holding an audio track")
+    camera: str | None = Field(None, description="column holding a camera-data file")
     caption: str | None = Field(None, description="caption column (auto: caption/text/prompt)")
     label: str | None = Field(None, description="class label column (int ids or names)")
+
+    @model_validator(mode="after")
+    def _one_role_each(self) -> Columns:
+        if self.media is not None and self.target is not None:
+            raise ValueError(f"both columns.media ({self.media!r}) and columns.target ({self.target!r}) are set; "
+                             "they name the same role (the target media): keep one")
+        seen: dict[str, str] = {}
+        for role in ("target", "media", *PARTNER_ROLES, "caption", "label"):
+            col = getattr(self, role)
+            if col is None:
+                continue
+            if col in seen:
+                raise ValueError(f"column {col!r} is given to both columns.{seen[col]} and columns.{role}; "
+                                 "a column plays one role")
+            seen[col] = role
+        return self
+
+    @property
+    def target_column(self) -> str | None:
+        """The target's column as given (``target`` or its synonym ``media``), None to detect it."""
+        return self.target if self.target is not None else self.media
+
+    def partners(self) -> dict[str, str]:
+        """role -> column of every partner role given (not the target), in role order."""
+        return {r: getattr(self, r) for r in PARTNER_ROLES if getattr(self, r) is not None}
 
 
 class SourceSpec(_Strict):

@@ -7,12 +7,22 @@ the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 WRITTEN = "written"
 
 MEDIA_KINDS = ("image", "video", "audio", "other")
+
+#: the roles an item's media can play; ``target`` is the item's own media (what ``Item.path`` names)
+ROLES = ("target", "source", "reference", "mask", "audio", "camera")
+TARGET = "target"
+PARTNER_ROLES = ROLES[1:]  # every role but the target
+#: the planned kind of an item that has a caption and no media (a captions-only table row)
+TEXT_KIND = "text"
+#: the reason of a captions-only row whose caption is empty (it has nothing else)
+NO_CAPTION = "no_caption"
 
 
 class ItemError(Exception):
@@ -47,8 +57,47 @@ class SourceInfo:
 
 
 @dataclass
+class MediaRef:
+    """One media file of an item, in one role: where it is and what the planner's probe learnt.
+
+    ``path`` is absolute (symlinks resolved), ``relpath`` as the source names it. The probed facts
+    (``kind`` from the extension, then ``size_bytes`` / ``sha256`` of the bytes and, for images,
+    the header's ``width`` / ``height`` / ``image_format`` / ``mode``) are None until probed.
+    """
+
+    path: str
+    relpath: str
+    kind: str = "other"
+    size_bytes: int | None = None
+    sha256: str | None = None
+    width: int | None = None
+    height: int | None = None
+    image_format: str | None = None
+    mode: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MediaRef:
+        return cls(**d)
+
+
+def media_to_json(media: dict[str, MediaRef]) -> str:
+    """The ledger's ``media`` column: ``{role: MediaRef fields}`` in role order."""
+    return json.dumps({r: media[r].to_json() for r in ROLES if r in media}, ensure_ascii=False)
+
+
+def media_from_json(text: str) -> dict[str, MediaRef]:
+    return {r: MediaRef.from_json(d) for r, d in json.loads(text).items()}
+
+
+@dataclass
 class Item:
     """One input as a source yields it, before probing.
+
+    ``path`` / ``relpath`` are the target's (``""`` for a captions-only row); ``media`` holds the
+    file of every role the source gave (see :data:`ROLES`).
 
     ``error`` is set when the source already knows the item is unusable (missing file,
     undecodable caption); such items are still planned and accounted for.
@@ -63,11 +112,22 @@ class Item:
     label_name: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     error: tuple[str, str] | None = None  # (reason, detail)
+    media: dict[str, MediaRef] = field(default_factory=dict)  # role -> file; the target is ``path``
+
+    def __post_init__(self) -> None:
+        """``path`` and ``media["target"]`` name the same file: an item built with only a
+        ``path`` gets its target ref here. An item with neither has no media (a caption only)."""
+        if self.path and TARGET not in self.media:
+            self.media = {TARGET: MediaRef(self.path, self.relpath), **self.media}
 
 
 @dataclass
 class PlannedItem:
-    """An item after probing and split assignment: one row of the ledger's ``items`` table."""
+    """An item after probing and split assignment: one row of the ledger's ``items`` table.
+
+    ``path`` and the flat probe fields (``sha256`` ... ``mode``) are the target's; ``media``
+    holds every role's file with its probed facts (empty for a captions-only item, whose
+    ``kind`` is ``text``)."""
 
     idx: int  # position in plan order
     item_id: str
@@ -90,6 +150,7 @@ class PlannedItem:
     plan_status: str  # "ok" | "skipped:<reason>" | "failed:<reason>"
     detail: str | None = None
     dup_of: str | None = None
+    media: dict[str, MediaRef] = field(default_factory=dict)  # role -> probed file; the flat fields are the target's
 
 
 @dataclass

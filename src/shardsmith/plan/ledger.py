@@ -2,7 +2,8 @@
 
 Tables
 - ``meta(key, value)``: recipe fingerprint and canonical recipe, version, plan completion.
-- ``items``: one row per planned input (see :class:`~shardsmith.records.PlannedItem`).
+- ``items``: one row per planned input (see :class:`~shardsmith.records.PlannedItem`); its
+  ``media`` column is the JSON of every role's probed file (added to older ledgers on open).
 - ``results(output, idx, status, detail, shard)``: terminal status of each item per output,
   written in the same transaction that commits the shard holding it.
 - ``shards(output, split, seq, name, first_pos, next_pos, count, bytes, sha256)``: committed
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shardsmith.records import PlannedItem
+from shardsmith.records import TARGET, MediaRef, PlannedItem, media_from_json, media_to_json
 from shardsmith.split.assign import TRAIN
 
 _SCHEMA = """
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS items (
     split TEXT NOT NULL,
     plan_status TEXT NOT NULL,
     detail TEXT,
-    dup_of TEXT
+    dup_of TEXT,
+    media TEXT
 );
 CREATE INDEX IF NOT EXISTS items_sha ON items(sha256);
 CREATE INDEX IF NOT EXISTS items_split ON items(split, idx);
@@ -78,7 +80,7 @@ _NOT_WRITTEN = "SELECT idx FROM results WHERE status != 'written'"
 
 _ITEM_COLS = (
     "idx item_id key source path relpath caption label label_name meta sha256 size_bytes kind "
-    "width height image_format mode split plan_status detail dup_of"
+    "width height image_format mode split plan_status detail dup_of media"
 ).split()
 
 
@@ -104,6 +106,18 @@ class Ledger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
+        self._add_media_column()
+
+    def _add_media_column(self) -> None:
+        """A ledger written before roles has no ``items.media``: add it (NULL in old rows, which
+        read back with their target rebuilt from the flat columns)."""
+        cols = {r[1] for r in self.db.execute("PRAGMA table_info(items)")}
+        if "media" not in cols:
+            try:
+                self.db.execute("ALTER TABLE items ADD COLUMN media TEXT")
+            except sqlite3.OperationalError as exc:  # another connection added it first
+                if "duplicate column" not in str(exc):
+                    raise
 
     def close(self) -> None:
         self.db.close()
@@ -163,8 +177,9 @@ class Ledger:
         for it in items:
             d = it.__dict__.copy()
             d["meta"] = json.dumps(d["meta"], sort_keys=True, ensure_ascii=False)
+            d["media"] = media_to_json(d["media"])
             rows.append(tuple(d[c] for c in _ITEM_COLS))
-        self.db.executemany(f"INSERT INTO items VALUES ({','.join('?' * len(_ITEM_COLS))})", rows)
+        self.db.executemany(f"INSERT INTO items ({','.join(_ITEM_COLS)}) VALUES ({','.join('?' * len(_ITEM_COLS))})", rows)
 
     def _select_in(self, sql: str, values: Iterable[Any]) -> Iterator[tuple]:
         """Rows of ``sql``, whose ``{}`` is an ``IN`` list, over ``values``: one query per 500."""
@@ -191,6 +206,13 @@ class Ledger:
     def _item(row: tuple) -> PlannedItem:
         d = dict(zip(_ITEM_COLS, row))
         d["meta"] = json.loads(d["meta"])
+        if d["media"] is not None:
+            d["media"] = media_from_json(d["media"])
+        elif d["path"]:  # a row planned before roles: its target, from the flat columns
+            d["media"] = {TARGET: MediaRef(d["path"], d["relpath"], d["kind"], d["size_bytes"], d["sha256"],
+                                           d["width"], d["height"], d["image_format"], d["mode"])}
+        else:
+            d["media"] = {}
         return PlannedItem(**d)
 
     def items(self, *, split: str | None = None, sources: list[int] | None = None,

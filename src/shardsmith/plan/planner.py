@@ -1,6 +1,10 @@
 """Plan: enumerate every source, probe every item once, give it a key and a split, and
 record it in the ledger. Nothing is derived yet.
 
+Every role of an item is probed (:func:`~shardsmith.plan.probe.probe_item`) and recorded in
+the row's ``media``; the key, the dedup and the flat probe fields are the target's. A
+captions-only item (no media) is planned ``ok`` with kind ``text`` and no sha256.
+
 Items stream through in batches (bounded memory); probing keeps source order and runs on
 the build's worker processes when it has them (identifying an image header is Python work
 that a thread pool would serialise on the GIL), else on a thread pool (hashing and file reads
@@ -91,7 +95,7 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                             relpath=item.relpath, caption=item.caption, label=item.label, label_name=item.label_name,
                             meta=item.meta, sha256=pr.sha256, size_bytes=pr.size_bytes, kind=pr.kind, width=pr.width,
                             height=pr.height, image_format=pr.image_format, mode=pr.mode, split=sp, plan_status=status,
-                            detail=detail, dup_of=dup_of))
+                            detail=detail, dup_of=dup_of, media=pr.media))
                         idx += 1
                         on_item()
                     if recipe.one_sample:  # the first usable item only, always in train

@@ -1,4 +1,5 @@
-"""Probe one item once: sha256 of its bytes, size, media kind and (for images) header facts.
+"""Probe one item once: sha256 of its bytes, size, media kind and (for images) header facts,
+for the target and for every partner role (mask, source, reference ...) of the item.
 
 Images are opened, not decoded (decoding is the transform's job); an empty file, a non-image
 or a decompression bomb fails here for every output at once. An item its source refused
@@ -8,9 +9,9 @@ or a decompression bomb fails here for every output at once. An item its source 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from shardsmith.records import Item, ItemError
+from shardsmith.records import NO_CAPTION, TARGET, TEXT_KIND, Item, ItemError, MediaRef
 from shardsmith.sources import paths
 from shardsmith.sources.base import media_kind
 from shardsmith.transform.image import identify
@@ -27,6 +28,7 @@ class Probe:
     mode: str | None = None
     status: str = "ok"
     detail: str | None = None
+    media: dict[str, MediaRef] = field(default_factory=dict)  # role -> probed file, the target first
 
 
 def read_and_hash(path: str, keep: bool) -> tuple[bytes | None, str, int]:
@@ -56,20 +58,44 @@ def read_failure(item: Item, exc: OSError) -> tuple[str, str]:
 
 
 def probe_item(item: Item, max_pixels: int) -> Probe:
-    """Probe one item. A source verdict that leaves no bytes to read (:data:`paths.NO_BYTES`)
-    is returned without opening the file; any other source verdict wins after the bytes are hashed."""
+    """Probe one item: its target as the flat fields, then every partner role (only while the
+    item is still ok), each role's facts in ``media``. A source verdict that leaves no bytes to
+    read (:data:`paths.NO_BYTES`) is returned without opening the file; any other source verdict
+    wins after the target's bytes are hashed. An item with no media (a captions-only row) has
+    kind ``text``, opens nothing and is ``ok`` (``failed:no_caption`` when its caption is empty).
+    A partner that cannot be read is ``failed:<role>_<reason>``."""
+    if not item.media and not item.path and (item.error is None or item.error[0] == NO_CAPTION):
+        pr = Probe(kind=TEXT_KIND)
+        if item.error is not None:
+            pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
+        return pr
     pr = Probe(kind=media_kind(item.relpath or item.path))
+    _target(item, pr, max_pixels)
+    target = item.media.get(TARGET)
+    if target is not None:
+        pr.media[TARGET] = MediaRef(target.path, target.relpath, pr.kind, pr.size_bytes, pr.sha256, pr.width,
+                                    pr.height, pr.image_format, pr.mode)
+    for role, ref in item.media.items():
+        if role == TARGET or pr.status != "ok":
+            continue
+        pr.media[role], failure = probe_partner(item, role, ref, max_pixels)
+        if failure is not None:
+            pr.status, pr.detail = failure
+    return pr
+
+
+def _target(item: Item, pr: Probe, max_pixels: int) -> None:
     if item.error is not None and item.error[0] in paths.NO_BYTES:
         pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
-        return pr
+        return
     try:
         data, pr.sha256, pr.size_bytes = read_and_hash(item.path, keep=pr.kind == "image")
     except OSError as exc:
         pr.status, pr.detail = read_failure(item, exc)
-        return pr
+        return
     if item.error is not None:
         pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
-        return pr
+        return
     if pr.kind == "image":
         try:
             img = identify(data, name=item.item_id, max_pixels=max_pixels)
@@ -77,4 +103,25 @@ def probe_item(item: Item, max_pixels: int) -> Probe:
             pr.image_format, pr.mode = img.format, img.mode
         except ItemError as e:
             pr.status, pr.detail = e.status, e.detail
-    return pr
+
+
+def probe_partner(item: Item, role: str, ref: MediaRef, max_pixels: int) -> tuple[MediaRef, tuple[str, str] | None]:
+    """``(ref with its probed facts, failure)``: the same probe as the target's (bytes hashed, an
+    image's header screened). ``failure`` is ``(failed:<role>_<reason>, detail)`` naming the item,
+    the role and the file, or None."""
+    kind = media_kind(ref.relpath or ref.path)
+    out = MediaRef(ref.path, ref.relpath, kind)
+    try:
+        data, out.sha256, out.size_bytes = read_and_hash(ref.path, keep=kind == "image")
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return out, (f"failed:{role}_{paths.read_error_reason(exc.errno)}",
+                     f"{item.item_id}: cannot read its {role} {ref.path} ({why})")
+    if kind == "image":
+        try:
+            img = identify(data, name=f"{item.item_id}: its {role} {ref.relpath}", max_pixels=max_pixels)
+        except ItemError as e:
+            return out, (f"failed:{role}_{e.reason}", e.detail)
+        out.width, out.height = img.size
+        out.image_format, out.mode = img.format, img.mode
+    return out, None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from shardsmith import formats
-from shardsmith.records import Item, SourceInfo
+from shardsmith.records import TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
 from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption, resolve
 
@@ -220,4 +220,5 @@ class FolderSource:
                 elif e.sidecar is not None:
                     caption, error = read_caption(Path(e.sidecar), self.spec.caption_errors)
             yield Item(item_id=f"{self.spec.name}/{e.rel}", source=self.info.index, path=e.path, relpath=e.rel,
-                       caption=caption, label=label, label_name=label_name, error=error)
+                       caption=caption, label=label, label_name=label_name, error=error,
+                       media={TARGET: MediaRef(e.path, e.rel)})

@@ -1,11 +1,21 @@
 """Metadata table source: CSV, JSON (list of objects), JSONL or Parquet.
 
-Column roles come from ``columns:`` (or are detected: media/file/path/image/file_name,
-caption/text/prompt, label). Other columns are kept as per-sample metadata. Media paths
-resolve against the table's own folder; a path that lands outside that folder once symlinks are
-resolved (``..``, an absolute path, a link) is refused per row, unopened, unless
-``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable
-line) becomes that row's ``failed:<reason>``; rows are never shifted onto each other.
+Column roles come from ``columns:`` (or are detected: media/file/path/image/file_name for the
+target, caption/text/prompt, label). Partner roles (``source``, ``reference``, ``mask``,
+``audio``, ``camera``) are only taken from ``columns:``; each row's partner files land in
+``Item.media`` by role. Other columns are kept as per-sample metadata. Every media path (target
+and partners) resolves against the table's own folder; a path that lands outside that folder
+once symlinks are resolved (``..``, an absolute path, a link) is refused per row, unopened,
+unless ``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable line)
+becomes that row's ``failed:<reason>``; a partner that is missing or empty is
+``failed:missing_<role>``, one the path rules refuse ``failed:<role>_<reason>``; rows are never
+shifted onto each other.
+
+A table with a caption column and no target column (none given, none of the auto names present)
+and no partner columns is captions-only: each row is an item with no media, its caption and its
+row number as id (``<source>/#row<n>``); an empty caption is ``failed:no_caption``. When the
+caption column was detected, not given, and another column holds media file names, the table is
+refused instead (a media column was forgotten).
 """
 
 from __future__ import annotations
@@ -18,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from shardsmith.records import Item, SourceInfo
+from shardsmith.records import NO_CAPTION, TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
-from shardsmith.sources.base import SourceError, resolve
+from shardsmith.sources.base import SourceError, media_kind, resolve
 
 MEDIA_COLUMNS = ("media", "file", "path", "image", "file_name", "filename", "video", "media_path")
 CAPTION_COLUMNS = ("caption", "text", "prompt")
@@ -87,10 +97,23 @@ class TableSource:
         if first is None:
             raise SourceError(f"table {self.path} has no rows")
         cols = list(first.keys())
-        self.media_col = _detect(cols, spec.columns.media, MEDIA_COLUMNS, "media", self.path)
+        given = spec.columns
+        target_key = "target" if given.target is not None else "media"
+        self.media_col = _detect(cols, given.target_column, MEDIA_COLUMNS, target_key, self.path)
+        self.partner_cols = {role: _detect(cols, col, (), role, self.path) for role, col in given.partners().items()}
+        self.caption_col = _detect(cols, given.caption, CAPTION_COLUMNS, "caption", self.path)
         if self.media_col is None:
-            raise SourceError(f"table {self.path}: no media column among {cols}; set columns.media")
-        self.caption_col = _detect(cols, spec.columns.caption, CAPTION_COLUMNS, "caption", self.path)
+            if self.partner_cols or self.caption_col is None:
+                need = (f"columns.{', columns.'.join(self.partner_cols)} need a target" if self.partner_cols
+                        else "and no caption column")
+                raise SourceError(f"table {self.path}: no media column among {cols} ({need}); set "
+                                  "columns.target (or columns.media), or columns.caption for a captions-only table")
+            looks = [c for c, v in first.items() if c != self.caption_col and isinstance(v, str)
+                     and media_kind(v.strip()) != "other"]
+            if looks and given.caption is None:  # a forgotten media column, not a captions-only table
+                raise SourceError(f"table {self.path}: no media column is set, but column {looks[0]!r} holds media "
+                                  f"paths such as {str(first[looks[0]]).strip()!r}; set columns.target: {looks[0]}, "
+                                  f"or columns.caption: {self.caption_col} to read the table as captions only")
         self.label_col = _detect(cols, spec.columns.label, ("label",), "label", self.path)
         self.labels: dict[Any, int] | None = None
         names: tuple[str, ...] | None = None
@@ -126,15 +149,33 @@ class TableSource:
                           "(relative to the table's folder) or delete the row")
         return real, None  # an unreadable file fails when the probe reads it
 
+    def _partners(self, row: dict[str, Any], where: str) -> tuple[dict[str, MediaRef], tuple[str, str] | None]:
+        """The row's partner files by role and the first problem among them: an empty cell or a
+        file that is not there is ``missing_<role>``; a path the rules refuse is ``<role>_<reason>``."""
+        media: dict[str, MediaRef] = {}
+        for role, col in self.partner_cols.items():
+            raw = _plain(row.get(col))
+            rel = str(raw).strip() if raw is not None else ""
+            if not rel:
+                return media, (f"missing_{role}", f"{where} has an empty {col!r} (its {role}); fill it in or "
+                               "delete the row")
+            path, error = self._locate(rel, f"{where}, column {col!r} ({role}),")
+            if error is not None:
+                reason = f"missing_{role}" if error[0] == "missing_file" else f"{role}_{error[0]}"
+                return media, (reason, error[1])
+            media[role] = MediaRef(path, rel.replace("\\", "/"))
+        return media, None
+
     def items(self) -> Iterator[Item]:
         seen: set[str] = set()
+        role_cols = {c for c in self.partner_cols.values()}
         for n, row in enumerate(_rows(self.path)):
             where = f"row {n} of {self.path.name}"
             if isinstance(row, Exception):
                 yield Item(item_id=f"{self.spec.name}/#row{n}", source=self.info.index, path="", relpath="",
                            error=("bad_row", f"{where}: {row}; fix or delete that row"))
                 continue
-            raw = _plain(row.get(self.media_col))
+            raw = _plain(row.get(self.media_col)) if self.media_col else None
             rel = str(raw).strip() if raw is not None else ""
             item_id = f"{self.spec.name}/{rel}" if rel and rel not in seen else f"{self.spec.name}/{rel}#row{n}"
             seen.add(rel)
@@ -142,14 +183,23 @@ class TableSource:
             label_raw = _plain(row.get(self.label_col)) if self.label_col else None
             label = self.labels.get(label_raw) if self.labels is not None and label_raw not in (None, "") else None
             label_name = str(label_raw) if label is not None else None
-            meta = {k: _plain(v) for k, v in row.items() if k not in (self.media_col, self.caption_col, self.label_col)}
+            meta = {k: _plain(v) for k, v in row.items()
+                    if k not in (self.media_col, self.caption_col, self.label_col) and k not in role_cols}
             meta = json.loads(json.dumps(meta, default=str))
             error = None
             path = ""
-            if not rel:
+            partners: dict[str, MediaRef] = {}
+            if self.media_col is None:  # a captions-only table: the caption is the item
+                if caption is None or not str(caption).strip():
+                    error = (NO_CAPTION, f"{where} has an empty {self.caption_col!r}, and this table has no "
+                             "media column; fill the caption in or delete the row")
+            elif not rel:
                 error = ("no_media_path", f"{where} has an empty {self.media_col!r}; fill it in or delete the row")
             else:
                 path, error = self._locate(rel, where)
+                partners, partner_error = self._partners(row, where)
+                error = error or partner_error
+            media = {TARGET: MediaRef(path, rel.replace("\\", "/"))} if path else {}
             yield Item(item_id=item_id, source=self.info.index, path=path, relpath=rel.replace("\\", "/"),
                        caption=None if caption is None else str(caption), label=label, label_name=label_name,
-                       meta=meta, error=error)
+                       meta=meta, error=error, media={**media, **partners})

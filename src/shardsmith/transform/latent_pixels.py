@@ -7,16 +7,17 @@ videos take the bucket with the closest aspect ratio, then the most frames the c
 - metadata over-stated the frames -> ``skipped:too_short`` at decode, never a crash;
 - an image with no ``WxHx1`` bucket -> ``skipped:no_image_bucket``; a source smaller than
   its bucket -> ``skipped:too_small`` unless ``images.upscale``.
-The result carries the pixels plus ``info`` (bucket, fps, crop, source frames) for the
-encoder stage and the manifests.
+Each item's geometry is one :class:`~shardsmith.transform.geometry.Geometry` (bucket, resize,
+crop, frame indices, fps) decided from the target's size. The result carries the pixels plus
+``info`` (bucket, fps, crop, source frames) for the encoder stage and the manifests.
 """
 
 from __future__ import annotations
 
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.recipe import ImageRules
-from shardsmith.transform.buckets import (Bucket, available_frames, choose_bucket, effective_fps, frame_indices,
-                                          resize_crop)
+from shardsmith.transform.buckets import Bucket, available_frames, choose_bucket, effective_fps, frame_indices
+from shardsmith.transform.geometry import Geometry, decide
 from shardsmith.transform.image import decode_image
 from shardsmith.transform.samples import read_checked
 from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames, resize_crop_image
@@ -29,10 +30,11 @@ class LatentPixelMaker:
         self.buckets, self.rules, self.target_fps = buckets, rules, target_fps
         self.image_buckets = [b for b in buckets if b.frames == 1]
 
-    def _fit(self, item: PlannedItem, w: int, h: int, bucket: Bucket) -> None:
+    def _fit(self, item: PlannedItem, geom: Geometry) -> None:
+        """Refuse (``skipped:too_small``) a target its geometry would enlarge, unless ``images.upscale``."""
+        (w, h), bucket = geom.source_size, geom.bucket
         if not self.rules.upscale and (w < bucket.width or h < bucket.height):
-            rc = resize_crop(w, h, bucket.width, bucket.height)
-            if rc.resize_w > w or rc.resize_h > h:
+            if geom.resize[0] > w or geom.resize[1] > h:
                 raise ItemError("too_small", f"{item.item_id} is {w}x{h}, smaller than its bucket {bucket}; "
                                 "set images.upscale: true to enlarge it", skip=True)
 
@@ -59,12 +61,12 @@ class LatentPixelMaker:
         dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
                            background=self.rules.background)
         w, h = dec.image.size
-        bucket = choose_bucket(w, h, 1, self.image_buckets)
-        self._fit(item, w, h, bucket)
-        rc = resize_crop(w, h, bucket.width, bucket.height)
-        frames = resize_crop_image(dec.image, rc)[None]  # decode_image gives RGB
+        geom = decide(w, h, choose_bucket(w, h, 1, self.image_buckets), fps=IMAGE_FPS)
+        self._fit(item, geom)
+        frames = resize_crop_image(dec.image, geom)[None]  # decode_image gives RGB
         return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info={
-            "bucket": str(bucket), "fps": IMAGE_FPS, "crop": rc.as_dict(), "source_size": [w, h], "source_frames": 1})
+            "bucket": str(geom.bucket), "fps": IMAGE_FPS, "crop": geom.resize_crop.as_dict(), "source_size": [w, h],
+            "source_frames": 1})
 
     def _video(self, item: PlannedItem) -> SampleResult:
         read_checked(item)  # same bytes as planned (and readable)
@@ -77,13 +79,16 @@ class LatentPixelMaker:
             raise ItemError("too_short", f"{item.item_id} has {pr.frames} frames at {pr.fps:g} fps "
                             f"({n_avail} usable{' at %g fps' % self.target_fps if self.target_fps else ''}), fewer "
                             f"than the smallest bucket's {shortest}; add a shorter bucket to keep it", skip=True)
-        self._fit(item, pr.width, pr.height, bucket)
         idx = frame_indices(pr.frames, pr.fps, bucket.frames, self.target_fps)
+        fps = effective_fps(pr.fps, self.target_fps)
+        geom = decide(pr.width, pr.height, bucket, frame_indices=idx, fps=fps)
+        self._fit(item, geom)
         if idx is None:
             raise ItemError("too_short", f"{item.item_id}: {pr.frames} frames cannot fill {bucket}", skip=True)
-        frames = decode_frames(item.path, idx, item.item_id)
-        rc = resize_crop(frames.shape[2], frames.shape[1], bucket.width, bucket.height)
-        out = resize_crop_frames(frames, rc)
+        frames = decode_frames(item.path, list(geom.frame_indices), item.item_id)
+        if (frames.shape[2], frames.shape[1]) != geom.source_size:  # the decoder's size wins over the probe's
+            geom = decide(frames.shape[2], frames.shape[1], bucket, frame_indices=idx, fps=fps)
+        out = resize_crop_frames(frames, geom)
         return SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info={
-            "bucket": str(bucket), "fps": effective_fps(pr.fps, self.target_fps), "crop": rc.as_dict(),
+            "bucket": str(bucket), "fps": fps, "crop": geom.resize_crop.as_dict(),
             "source_size": [pr.width, pr.height], "source_frames": pr.frames, "source_fps": pr.fps})
