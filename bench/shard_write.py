@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from shardsmith import formats  # noqa: E402
 from shardsmith.records import SampleResult  # noqa: E402
 from shardsmith.recipe import WdsOutput  # noqa: E402
-from shardsmith.sinks.atomic import atomic_open  # noqa: E402
+from shardsmith.atomic import atomic_open  # noqa: E402
 from shardsmith.sinks.tar import FIXED_MTIME  # noqa: E402
 from shardsmith.sinks.wds import WdsSink  # noqa: E402
 

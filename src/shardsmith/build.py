@@ -26,45 +26,36 @@ Contract
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from shardsmith import __version__, formats, report
-from shardsmith.errors import UserError
+from shardsmith import __version__, formats
+from shardsmith.distribute import local
+from shardsmith.manifest import InvariantError, make_manifest, summary
+from shardsmith.outputs import OutputContext, kind_of, needs_encoders
 from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
 from shardsmith.progress import Progress
-from shardsmith.safety import estimate, holdout, outdir, space, swap
-from shardsmith.safety.lock import hold
-from shardsmith.recipe import (LATENT_OUTPUTS, LatentWdsOutput, PrecomputedOutput, Recipe, WdsOutput, ZipOutput,
-                               canonical, diff_recipes, fingerprint)
+from shardsmith.recipe import Recipe, canonical, fingerprint
 from shardsmith.records import WRITTEN, SourceInfo
-from shardsmith.sinks.atomic import atomic_write_json, remove_stale_tmp
-from shardsmith.formats.wds import sample_tar_bytes, tar_bytes
-from shardsmith.sinks.wds import WdsSink
-from shardsmith.sinks.zip import ZipSink
+from shardsmith.safety import estimate, holdout, outdir, space, swap
+from shardsmith.safety.existing import OutputExistsError, check_existing, refuse_foreign
+from shardsmith.safety.lock import hold
+from shardsmith.atomic import atomic_write_json, remove_stale_tmp
 from shardsmith.sources import open_sources
 from shardsmith.split.assign import HOLDOUT, TRAIN
-from shardsmith.transform.samples import WdsSampleMaker, ZipSampleMaker
 
-
-class OutputExistsError(UserError, RuntimeError):
-    """The output folder holds something this build must not overwrite."""
-
-
-class InvariantError(RuntimeError):
-    """inputs != written + skipped + failed: a sample was lost. Always a bug; never ignored."""
+__all__ = ["InvariantError", "OutputExistsError", "build", "output_dest"]
 
 
 @dataclass
@@ -91,6 +82,7 @@ class BuildContext:
     need: SpaceNeed | None = None  # the pre-write estimate of the bytes still to write
     pool: Workers | None = None
     checked: bool = False  # the complete plan was checked (holdout, free space)
+    memo: Any = None  # EncodedMemo when several outputs need the encoders (each item encoded once)
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -98,62 +90,7 @@ def _splits(recipe: Recipe) -> list[str]:
 
 
 def output_dest(root: Path, output, split: str) -> Path:
-    rel = output.path if isinstance(output, ZipOutput) else output.dir
-    return root / rel if split == TRAIN else root / HOLDOUT / rel
-
-
-def _refuse_foreign(out: Path, overwrite: bool) -> None:
-    """Before anything is written or locked: a file, or a folder holding anything no shardsmith
-    build wrote, is never built into nor replaced (``--overwrite`` only replaces a build)."""
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"{out} exists and is a file, not a shardsmith build; shardsmith never replaces "
-                                "it (not even with --overwrite). Choose another --out")
-    if not out.is_dir() or outdir.is_build(out) or swap.vacant(out) or not any(out.iterdir()):
-        return
-    listed = outdir.foreign_files(out)
-    more = f" (and {len(listed) - 10} more)" if len(listed) > 10 else ""
-    raise OutputExistsError(
-        f"{out} is not empty and was not written by shardsmith (not a shardsmith build: no {formats.LEDGER_FILE}); "
-        f"refusing to write into it{', and --overwrite only ever replaces a previous shardsmith build' if overwrite else ''}. "
-        f"It holds: {', '.join(listed[:10])}{more}. Choose an empty --out")
-
-
-def _has_units(ledger_path: Path) -> bool:
-    led = Ledger(ledger_path)
-    try:
-        return led.db.execute("SELECT 1 FROM shards LIMIT 1").fetchone() is not None
-    finally:
-        led.close()
-
-
-def _check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
-    """Decide what to do with ``out`` (its lock held): 'fresh', 'resume', 'done', 'reset' (a
-    build of another recipe that committed no unit: its files go, then fresh) or 'sibling'."""
-    if swap.vacant(out) or not any(out.iterdir()):
-        return "fresh"
-    ledger_path = out / formats.LEDGER_FILE
-    if not ledger_path.exists():
-        state = out / formats.STATE_DIR
-        if [p.name for p in out.iterdir()] == [formats.STATE_DIR] and state.is_dir() and \
-                {p.name for p in state.iterdir()} <= {Path(formats.LOCK_FILE).name}:
-            return "fresh"  # killed between creating its state folder and its ledger: nothing to keep
-        _refuse_foreign(out, overwrite)
-    old_fp, old_recipe, done = Ledger.peek(ledger_path, "fingerprint", "recipe", "complete")
-    if old_fp is None and Ledger.never_started(ledger_path):
-        return "resume"  # killed between creating its ledger and recording its recipe: nothing to keep
-    if old_fp == fp:
-        if done and overwrite:
-            return "sibling"
-        return "done" if done else "resume"
-    if old_fp is not None and not done and not _has_units(ledger_path):
-        return "reset"  # it stopped (a source or recipe error) before writing anything: not a build to keep
-    if overwrite:
-        return "sibling"
-    diffs = diff_recipes(old_recipe or {}, canonical(recipe))
-    raise OutputExistsError(
-        f"{out} holds a build of a different recipe; refusing to mix versions. Differences:\n  "
-        + "\n  ".join(diffs[:20]) + "\nUse another --out, re-run the original recipe to resume it, "
-        "or pass --overwrite to rebuild (the old output stays until the new one is complete).")
+    return kind_of(output).dest(root, output, split)
 
 
 def _ignore_sigxfsz() -> None:
@@ -170,7 +107,7 @@ def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, qu
     t_enter = time.perf_counter()
     out = Path(out).resolve()
     outdir.refuse_around_sources(out, [(s.name, s.path) for s in recipe.sources])
-    _refuse_foreign(out, overwrite)
+    refuse_foreign(out, overwrite)
     _ignore_sigxfsz()
     fp = fingerprint(recipe)
     progress = Progress(quiet=quiet, console=console)
@@ -182,7 +119,7 @@ def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, qu
         if held_next:
             locks.enter_context(hold(nxt, "build"))
         _say_carried(progress, swap.finish_interrupted(out))
-        mode = _check_existing(out, fp, recipe, overwrite)
+        mode = check_existing(out, fp, recipe, overwrite)
         if mode == "done":
             progress.say(f"{out} already holds this build, complete; nothing to do (pass --overwrite to rebuild)")
             return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
@@ -243,6 +180,7 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         plan_needed = not ledger.get_meta("plan_complete")
         if plan_needed:
             _remove_written_ahead(root, ledger, progress)
+            shutil.rmtree(root / formats.ENCODED_DIR, ignore_errors=True)  # kept by plan position
             ledger.reset_plan()
             t = time.perf_counter()
             ahead = _start_plan_ahead(recipe, root, ledger, opened, n_workers)  # forks: before any thread
@@ -291,7 +229,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings,
                        need=need or SpaceNeed(), pool=pool)
     preload = None
-    if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+    if needs_encoders(recipe):
         from shardsmith.encode.preload import ModelPreload
 
         preload = ModelPreload(recipe).start()  # models load and warm up while the plan runs
@@ -326,10 +264,12 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
             timings["plan_s"], timings["plan_ahead"] = ahead.seconds, True
         _stage(ctx)  # (the manifest describes the models even when no batch needed them)
     timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part
-    manifest = _manifest(ctx, fp, blocks)
+    manifest = make_manifest(ctx, _octx(ctx), fp, blocks)
     atomic_write_json(root / formats.MANIFEST_FILE, manifest)
     ledger.set_meta("complete", True)
-    for line in _summary(manifest):
+    if ctx.memo is not None:  # every output is written: the kept encoder results are not needed
+        ctx.memo.remove()
+    for line in summary(manifest):
         progress.say(line)
     return manifest
 
@@ -357,7 +297,7 @@ def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
     srcs = ctx.recipe.source_ids(o)
     committed = sum(u["bytes"] for split in _splits(ctx.recipe) for u in ctx.ledger.units(o.name, split))
     counts = (_eligible(ctx.ledger, TRAIN, srcs), _eligible(ctx.ledger, HOLDOUT, srcs))
-    if isinstance(o, LATENT_OUTPUTS) or not sum(counts):
+    if kind_of(o).encoders or not sum(counts):
         return estimate.output_estimate(o, counts, [], committed)
     from shardsmith.scan import sample_bytes
 
@@ -398,7 +338,7 @@ def _ahead_output(recipe: Recipe, root: Path):
     from shardsmith.plan.ahead import can_plan_ahead
 
     first = recipe.outputs[0] if recipe.outputs else None
-    if not PLAN_AHEAD or not isinstance(first, LATENT_OUTPUTS) or not can_plan_ahead(recipe):
+    if not PLAN_AHEAD or first is None or not kind_of(first).encoders or not can_plan_ahead(recipe):
         return None
     dest = output_dest(root, first, TRAIN).resolve()
     return first if root.resolve() in dest.parents else None
@@ -419,27 +359,30 @@ def _remove_written_ahead(root: Path, ledger: Ledger, progress: Progress) -> Non
                          "rebuilt from the redone plan)")
 
 
+def _octx(ctx: BuildContext) -> OutputContext:
+    return OutputContext(ctx.recipe, ctx.root, ctx.ledger, ctx.sources, lambda: _stage(ctx))
+
+
+def _memo(ctx: BuildContext):
+    """The encoded-results memo, when more than one output needs the encoders; else None."""
+    if ctx.memo is None and sum(1 for o in ctx.recipe.outputs if kind_of(o).encoders) > 1:
+        from shardsmith.encode.memo import EncodedMemo
+
+        ctx.memo = EncodedMemo(ctx.root / formats.ENCODED_DIR)
+    return ctx.memo
+
+
 def _maker(ctx: BuildContext, o):
     """The picklable sample maker of output ``o`` (made once the rows it reads are planned)."""
     if o.name not in ctx.makers:
-        infos, recipe = ctx.sources, ctx.recipe
-        if isinstance(o, WdsOutput):
-            ctx.makers[o.name] = WdsSampleMaker(o, recipe.images, infos)
-        elif isinstance(o, ZipOutput):
-            ctx.makers[o.name] = ZipSampleMaker(o, recipe.images, infos, ctx.ledger.any_labelled(recipe.source_ids(o)))
-        else:  # latent outputs pull in torch and PyAV: imported only when a recipe has one
-            from shardsmith.transform.buckets import parse_buckets
-            from shardsmith.transform.latent_pixels import LatentPixelMaker
-
-            ctx.makers[o.name] = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images,
-                                                  recipe.geometry.fps)
+        ctx.makers[o.name] = kind_of(o).maker(o, _octx(ctx))
     return ctx.makers[o.name]
 
 
 def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[str, Any]:
     """Write every split of ``output``; with ``ahead`` (a plan still running) the train split
     takes the plan's rows as they are committed, and the rest waits for the whole plan."""
-    ledger, recipe = ctx.ledger, ctx.recipe
+    ledger, recipe, kind, octx = ctx.ledger, ctx.recipe, kind_of(output), _octx(ctx)
     srcs = recipe.source_ids(output)
     result: dict[str, Any] = {"format": output.format, "files": {}}
     for split in _splits(recipe):
@@ -447,37 +390,24 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
             ahead.wait()
             _check_plan(ctx)
         dest = output_dest(ctx.root, output, split)
-        (dest.parent if isinstance(output, ZipOutput) else dest).mkdir(parents=True, exist_ok=True)
+        (dest.parent if dest.suffix else dest).mkdir(parents=True, exist_ok=True)
+        sink = kind.sink(output, octx, dest, split)
         finisher = None
-        if isinstance(output, LATENT_OUTPUTS):
+        renderer = kind.renderer(output, octx)
+        if renderer is not None:
             from shardsmith.encode.finisher import LatentFinisher
-            from shardsmith.sinks.latent_members import LatentMembers, write_negative_prompt
-            from shardsmith.sinks.precomputed import PrecomputedSink
-        if isinstance(output, (WdsOutput, LatentWdsOutput)):
-            sink = WdsSink(output, dest)
-        elif isinstance(output, ZipOutput):
-            staging = ctx.root / formats.STATE_DIR / "stage" / output.name / split
-            sink = ZipSink(output, dest, staging, labelled=ledger.any_labelled(srcs))
-        else:
-            sink = PrecomputedSink(output, dest)
-            sink.check_stamp(_stage(ctx).stamp(recipe))  # refused before anything is written
-        if isinstance(output, LATENT_OUTPUTS):
-            members = LatentMembers(output, ctx.sources, multi_source=len(srcs) > 1)
-            finisher = LatentFinisher(members, lambda: _stage(ctx))
+
+            finisher = LatentFinisher(renderer, lambda: _stage(ctx), memo=_memo(ctx))
+        run = local.SplitRun(output, split, srcs, ledger, _maker(ctx, output), sink, kind.per_unit(output),
+                             kind.byte_bounded(output), ctx.progress, finisher,
+                             ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {})
+        check = ctx.preload.raise_if_failed if ctx.preload is not None else None
         try:
-            _run_units(ctx, output, split, srcs, sink, pool, finisher, ahead if split == TRAIN else None)
+            local.run_split(run, pool, ahead if split == TRAIN else None, check=check)
         finally:
             if finisher is not None:
                 finisher.close()
-        units = ledger.units(output.name, split)
-        if isinstance(sink, ZipSink):
-            labels = [lab for _, _, lab in ledger.written(output.name, split)]
-            info = sink.finalize(units, labels)
-        else:
-            info = sink.finalize(units)
-        if isinstance(output, LatentWdsOutput) and _stage(ctx).text_encoder is not None:
-            write_negative_prompt(dest / formats.NEG_PROMPT_FILE, ctx.stage, output.negative_prompt)
-            info["neg_prompt_emb"] = formats.NEG_PROMPT_FILE
+        info = kind.finalize(output, octx, sink, split, dest)
         for k in ("path", "dir"):
             if k in info:  # relative to the output root: the folder may be swapped into place
                 info[k] = Path(info[k]).relative_to(ctx.root).as_posix()
@@ -499,204 +429,3 @@ def _eligible(ledger: Ledger, split: str, srcs: list[int]) -> int:
     return ledger.db.execute(
         f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
         [split, *srcs]).fetchone()[0]
-
-
-MAX_SEALED_UNITS = 2  # latent outputs: units encoded but not yet written, at most (bounds host memory)
-MAX_WRITING_UNITS = 1  # latent outputs: units being written on the writer thread besides the newest
-
-
-def _done(value: Any):
-    from concurrent.futures import Future
-
-    f: Future = Future()
-    f.set_result(value)
-    return f
-
-
-def _run_units(ctx: BuildContext, output, split: str, srcs: list[int], sink, pool: Workers,
-               finisher=None, ahead=None) -> None:
-    ledger = ctx.ledger
-    last = ledger.last_unit(output.name, split)
-    seq, pos = (last[0] + 1, last[1]) if last else (0, 0)
-    if isinstance(sink, ZipSink):
-        sink.first_index = sum(u["count"] for u in ledger.units(output.name, split))
-    if ahead is None:
-        total = _eligible(ledger, split, srcs)
-        items = ledger.items(split=split, sources=srcs, status="ok", start_pos=pos)
-    else:  # the plan is still running: its rows as they are committed (a fresh plan: no unit yet)
-        total = None
-        # a model that cannot load stops the build while it waits for rows, not at the first batch
-        items = ahead.items(ledger, split=split, sources=srcs,
-                            check=ctx.preload.raise_if_failed if ctx.preload is not None else None)
-    label = f"{output.name}/{split}"
-    samples: list[tuple[str, Any]] = []
-    others: list[tuple[int, str, str | None]] = []
-    nbytes, first = 0, pos
-
-    def record(written: tuple[str, int, str], seq_: int, samples_: list, others_: list, first_: int,
-               next_pos: int) -> None:
-        name, size, sha = written
-        res = [(s.idx, WRITTEN, None) for _, s in samples_] + others_
-        ledger.commit_unit(output=output.name, split=split, seq=seq_, name=name, first_pos=first_, next_pos=next_pos,
-                           count=len(samples_), nbytes=size, sha256=sha, results=res)
-
-    def write(seq_: int, samples_: list, others_: list, first_: int, next_pos: int) -> None:
-        record(sink.write_unit(seq_, samples_) if samples_ else ("", 0, ""), seq_, samples_, others_, first_, next_pos)
-
-    # latent outputs: a sealed unit waits here for its last batches while the encoder goes on
-    # with the next unit's (no pipeline drain at every shard); its file is then written (and
-    # fsynced) on a writer thread while this one goes on taking results, and the ledger records
-    # units in order, each once its file is in place
-    sealed: deque = deque()
-    writing: deque = deque()  # (future of sink.write_unit, seq, samples, others, first, next_pos)
-
-    # seconds this thread was blocked on shard writes before the last unit (the disk keeping up?)
-    waits = ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {}
-    waited = waits.get(output.name, 0.0)  # unrounded (an earlier split of this output included)
-    ending = False
-
-    def record_written(block_over: int) -> None:
-        nonlocal waited
-        while writing and (len(writing) > block_over or writing[0][0].done()):
-            fut, *unit = writing.popleft()
-            t = time.perf_counter()
-            written = fut.result()
-            if not ending:  # (at the end of the output, waiting for the last shards is expected)
-                waited += time.perf_counter() - t
-                waits[output.name] = round(waited, 3)
-            record(written, *unit)
-
-    def write_ready(block_over: int) -> None:
-        while sealed and (len(sealed) > block_over or finisher.ready(sealed[0][0])):
-            tag, seq_, samples_, *rest = sealed.popleft()
-            finisher.finish_through(tag)
-            fut = writer.submit(sink.write_unit, seq_, samples_) if samples_ else _done(("", 0, ""))
-            writing.append((fut, seq_, samples_, *rest))
-            record_written(MAX_WRITING_UNITS)
-        record_written(MAX_WRITING_UNITS)
-
-    def commit(next_pos: int) -> None:
-        nonlocal seq, samples, others, nbytes, first
-        if finisher is None:
-            write(seq, samples, others, first, next_pos)
-        else:
-            sealed.append((finisher.seal(), seq, samples, others, first, next_pos))
-            write_ready(MAX_SEALED_UNITS)
-        seq, samples, others, nbytes, first = seq + 1, [], [], 0, next_pos
-
-    bounded = getattr(output, "max_shard_bytes", None) is not None
-    if finisher is not None:
-        if total is not None:
-            finisher.expect(total - pos)  # models.compile=auto weighs the items still to encode
-        writer = finisher.writer
-    with ctx.progress.task(label, total=total, completed=pos) as tick:
-        for item, res in pool.map(_maker(ctx, output), items):
-            if total is None and ahead.done:  # the plan has just completed: the total is known now
-                total = _eligible(ledger, split, srcs)
-                tick.set_total(total)
-                if finisher is not None:
-                    finisher.expect(total)
-            if res.status == WRITTEN:
-                if finisher is None:
-                    size = sample_tar_bytes(res.members, item.key)
-                else:  # members made after encoding: their exact sizes, when shards are bounded by bytes
-                    size = tar_bytes(finisher.member_sizes(item, res), item.key) if bounded else 0
-                if samples and sink.unit_full(len(samples), nbytes, res, item.key, size):
-                    commit(pos)
-                samples.append((item.key, res))
-                nbytes += size
-                if finisher is not None:
-                    finisher.add(item, res)
-                    if sealed:
-                        write_ready(MAX_SEALED_UNITS)
-            else:
-                others.append((res.idx, res.status, res.detail))
-            pos += 1
-            tick()
-        if total is None:  # the plan ended after the last row was taken
-            tick.set_total(pos)
-        if samples or others:
-            commit(pos)
-        if finisher is not None:
-            ending = True
-            write_ready(0)
-            record_written(0)
-
-
-def _manifest(ctx: BuildContext, fp: str, blocks: dict[str, Any]) -> dict[str, Any]:
-    ledger, recipe = ctx.ledger, ctx.recipe
-    outputs: dict[str, Any] = {}
-    for o in recipe.outputs:
-        total, splits = report.tally(ledger.status_rows(o.name, written=False), ledger.written_counts(o.name))
-        for name, block in [("all", total), *splits.items()]:
-            if not report.balanced(block):
-                raise InvariantError(f"output {o.name} split {name}: counts do not reconcile: {block}")
-        outputs[o.name] = {**blocks[o.name], "counts": total, "splits": splits}
-    taken = sorted({i for o in recipe.outputs for i in recipe.source_ids(o)})
-    counts, splits = report.tally(_overall_rows(ledger, taken), ledger.written_counts(None, taken))
-    sources = []
-    for info in ctx.sources:
-        n, nbytes = ledger.db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes),0) FROM items WHERE source=?",
-                                      (info.index,)).fetchone()
-        # the item hashes in plan order, concatenated and hashed once
-        shas = ledger.db.execute("SELECT COALESCE(sha256,'-') FROM items WHERE source=? ORDER BY idx", (info.index,))
-        h = hashlib.sha256("".join(r[0] for r in shas).encode())
-        sources.append({"name": info.name, "kind": info.kind, "path": info.path, "origin": info.origin,
-                        "license": info.license, "items": n, "bytes": nbytes,
-                        "labels": list(info.label_names) if info.label_names else None,
-                        "sha256_of_item_hashes": h.hexdigest()})
-    warnings = []
-    if ctx.stage is not None and ctx.stage.describe()["random_weights"]:
-        warnings.append(f"models with random weights ({', '.join(ctx.stage.describe()['random_weights'])}): "
-                        "latents and embeddings are for checking plumbing, not model-space data")
-    for o in recipe.outputs:
-        if o.format == "zip":
-            for split, blk in outputs[o.name]["files"].items():
-                if blk.get("labelled"):
-                    present = {lab for _, _, lab in ledger.written(o.name, split)}
-                    if present and present != set(range(max(present) + 1)):
-                        warnings.append(f"{o.name}/{split}: class ids {sorted(set(range(max(present) + 1)) - present)} "
-                                        "have no image; EDM loaders size one-hot labels as max(label)+1")
-    return {
-        "shardsmith_version": __version__,
-        "recipe_fingerprint": fp,
-        "recipe": canonical(recipe),
-        "created": ledger.get_meta("started"),
-        "split": {"seed": recipe.split.seed, "holdout": recipe.split.holdout, "dedup": recipe.split.dedup},
-        "sources": sources,
-        "counts": counts,
-        "splits": splits,
-        "outputs": outputs,
-        "models": ctx.stage.describe() if ctx.stage is not None else None,
-        "timings": ctx.timings,
-        "warnings": warnings,
-    }
-
-
-def _overall_rows(ledger: Ledger, taken: list[int]):
-    """(split, item_id, status, detail) of each item that some output did not write: its worst
-    status across the outputs taking it (the written ones are counted by ``written_counts``)."""
-    rows = ledger.not_all_written(taken)
-    cur, head, statuses = None, None, []
-    for idx, split, item_id, status, detail in rows:
-        if idx != cur:
-            if cur is not None:
-                yield (*head, *report.worst(statuses))
-            cur, head, statuses = idx, (split, item_id), []
-        statuses.append((status, detail) if status else
-                        ("skipped:not_in_any_output", "no output of the recipe takes this item's source"))
-    if cur is not None:
-        yield (*head, *report.worst(statuses))
-
-
-def _summary(manifest: dict[str, Any]) -> list[str]:
-    lines = report.format_block("all outputs (per item)", manifest["counts"])
-    for name, o in manifest["outputs"].items():
-        lines += report.format_block(f"output {name}", o["counts"])
-        for split, blk in o["splits"].items():
-            lines += ["  " + x for x in report.format_block(split, blk)[:1]]
-        if HOLDOUT in o["splits"]:
-            lines.append("  " + holdout.achieved(o["splits"].get(TRAIN, {}).get("written", 0),
-                                                 o["splits"][HOLDOUT]["written"]))
-    lines += [f"warning: {w}" for w in manifest["warnings"]]
-    return lines

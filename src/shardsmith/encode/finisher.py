@@ -14,6 +14,9 @@ Contract
 - ``member_sizes(item, res)``: the exact sizes of an item's members before it is encoded.
 - ``expect(items)`` passes the number of items still to encode to the stage
   (``models.compile=auto``).
+- With a ``memo`` (:class:`~shardsmith.encode.memo.EncodedMemo`: several outputs need the same
+  encoders), an item the memo holds is rendered at ``add`` from the kept results and never sent to
+  the encoder; every batch encoded here is put in the memo.
 """
 
 from __future__ import annotations
@@ -62,13 +65,14 @@ class LatentFinisher:
     MAX_IN_FLIGHT = {"cpu": 2, "cuda": 4}
     WRITER_THREADS = 2  # bench/shard_write.py (BENCHMARKS.md §5, shard writes)
 
-    def __init__(self, members: MemberRenderer, stage):
+    def __init__(self, members: MemberRenderer, stage, memo=None):
         """``members``: renders each finished batch's members. ``stage``: the
         :class:`~shardsmith.encode.stage.EncodeStage`, or a function giving it, called at the first
         batch (the models may still be loading while the first items decode)."""
         from concurrent.futures import ThreadPoolExecutor
 
         self.members = members
+        self.memo = memo
         self._get_stage = stage if callable(stage) else (lambda: stage)
         self._stage = None
         self._expected: int | None = None  # items this finisher will encode, when known (expect())
@@ -126,9 +130,20 @@ class LatentFinisher:
         the cores, and a parallel copy would wait at barriers for threads they leave no room for."""
         _tag, batch, fut = entry
         with one_intra_op_thread():
-            self.members.render(batch, *fut.result().result_batch())
+            z, texts = fut.result().result_batch()
+            if self.memo is not None:
+                self.memo.put([item for item, _ in batch], z, texts)
+            self.members.render(batch, z, texts)
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
+        kept = self.memo.get(item) if self.memo is not None else None
+        if kept is not None:  # encoded for another output already: rendered now, not encoded again
+            _ = self.stage  # (the renderer takes the models' identities at the first batch)
+            z, text = kept
+            res.pixels = None
+            with one_intra_op_thread():
+                self.members.render([(item, res)], z[None], [text] if text is not None else None)
+            return
         q = self.pending.setdefault(res.info["bucket"], [])
         q.append((item, res, self.unit))
         if len(q) >= self.stage.batch_size:

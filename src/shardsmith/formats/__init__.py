@@ -12,7 +12,8 @@ nothing from sinks, loaders or verify.
 The names below are re-exported for ``from shardsmith import formats; formats.X``.
 """
 
-from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, STATE_DIR
+from shardsmith.formats.build_dir import (ENCODED_DIR, HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, STATE_DIR,
+                                          ZIP_STAGE_DIR)
 from shardsmith.formats.precomputed import PRECOMPUTED_STAMP
 from shardsmith.formats.tar import tar_header_name, tar_header_ok
 from shardsmith.formats.wds import (
@@ -35,9 +36,9 @@ from shardsmith.formats.wds import (
 from shardsmith.formats.zip import ZIP_LABELS_FILE, zip_member_name
 
 __all__ = [
-    "HOLDOUT_DIR", "IGNORE_INDEX_FILE", "LEDGER_FILE", "LOCK_FILE", "MANIFEST_FILE",
+    "ENCODED_DIR", "HOLDOUT_DIR", "IGNORE_INDEX_FILE", "LEDGER_FILE", "LOCK_FILE", "MANIFEST_FILE",
     "MAX_KEY_LEN", "NEG_PROMPT_FILE", "PRECOMPUTED_STAMP", "REPAIR_FILE", "SHARD_COUNT_FILE", "STATE_DIR",
-    "ZIP_LABELS_FILE", "key_base", "member_name", "numeric_stem", "sanitize_key", "shard_index", "shard_name",
+    "ZIP_LABELS_FILE", "ZIP_STAGE_DIR", "key_base", "member_name", "numeric_stem", "sanitize_key", "shard_index", "shard_name",
     "sort_shard_names", "split_member", "tar_header_name", "tar_header_ok", "unique_key", "without_suffix",
     "zip_member_name",
 ]

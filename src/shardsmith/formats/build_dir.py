@@ -12,3 +12,5 @@ STATE_DIR = ".shardsmith"
 LEDGER_FILE = ".shardsmith/ledger.sqlite"
 LOCK_FILE = ".shardsmith/lock"  # fcntl.flock, held by a build or repair for its whole life
 HOLDOUT_DIR = "holdout"  # the held-out split's outputs, below the build folder
+ENCODED_DIR = ".shardsmith/encoded"  # encoder results kept while several outputs need them (encode/memo.py)
+ZIP_STAGE_DIR = ".shardsmith/stage"  # a ZIP output's staged units, per output and split

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from shardsmith.sinks.atomic import atomic_write_bytes
+from shardsmith.atomic import atomic_write_bytes
 
 DEFAULT_ENV = "DATA_ROOT_DIR"
 

@@ -31,7 +31,7 @@ from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MA
 from shardsmith.formats.detect import is_build
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_numbered_shard
-from shardsmith.sinks.atomic import TMP_MARK
+from shardsmith.atomic import TMP_MARK
 
 _TMP_RE = re.compile(re.escape(TMP_MARK) + r"\d+$")
 

@@ -25,7 +25,7 @@ from shardsmith.formats.precomputed import CONDITIONS, LATENTS, cache_member, mi
 from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
-from shardsmith.sinks.atomic import atomic_write_bytes
+from shardsmith.atomic import atomic_write_bytes
 from shardsmith.sinks.precomputed import condition_record, latent_record, pt_bytes
 from shardsmith.sinks.pt_write import pt_bytes_rows
 

@@ -19,7 +19,7 @@ import torch
 
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.records import SampleResult
-from shardsmith.sinks.atomic import atomic_write_bytes, atomic_write_json
+from shardsmith.atomic import atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.pt_write import pt_bytes_fast
 
 def pt_bytes(obj: dict[str, Any]) -> bytes:

@@ -13,7 +13,7 @@ from shardsmith.formats.tar import END_BYTES
 from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, sample_tar_bytes, shard_name
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
-from shardsmith.sinks.atomic import atomic_open, atomic_write_json
+from shardsmith.atomic import atomic_open, atomic_write_json
 from shardsmith.sinks.tar import DeterministicTar, HashingWriter
 
 

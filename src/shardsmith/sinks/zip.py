@@ -1,9 +1,10 @@
 """Class-conditional ZIP sink in the EDM ``dataset_tool`` layout.
 
-Units of ``output.unit`` images are staged as deterministic tars under the build's state folder
-(members already carry their final names ``00000/img00000000.png``); ``finalize`` copies
-them, in order, into an uncompressed ZIP with fixed timestamps and writes ``dataset.json``,
-then renames the ZIP into place. Re-running finalize gives the same bytes.
+Units of ``output.unit`` images are staged as deterministic tars under the build's state folder,
+each numbering its images from 0 (units may be written in any order); ``finalize`` copies them,
+in unit order, into an uncompressed ZIP under their final names ``00000/img00000000.png``, with
+fixed timestamps, writes ``dataset.json``, then renames the ZIP into place. Re-running finalize
+gives the same bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from shardsmith.formats.wds import PNG
 from shardsmith.formats.zip import ZIP_LABELS_FILE, labels_document, zip_entry, zip_member_name
 from shardsmith.recipe import ZipOutput
 from shardsmith.records import SampleResult
-from shardsmith.sinks.atomic import atomic_open
+from shardsmith.atomic import atomic_open
 from shardsmith.sinks.tar import DeterministicTar
 
 class ZipSink:
@@ -25,7 +26,6 @@ class ZipSink:
 
     def __init__(self, output: ZipOutput, dest: Path, stage: Path, labelled: bool):
         self.o, self.dest, self.stage, self.labelled = output, dest, stage, labelled
-        self.first_index = 0  # running image index; set by the builder from committed units
 
     def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str,
                   next_bytes: int | None = None) -> bool:
@@ -36,10 +36,9 @@ class ZipSink:
         path = self.stage / name
         with atomic_open(path) as f:
             tar = DeterministicTar(f)
-            for i, (_key, s) in enumerate(samples):
-                tar.add(zip_member_name(self.first_index + i), s.members[PNG])
+            for i, (_key, s) in enumerate(samples):  # numbered within the unit; finalize numbers them all
+                tar.add(zip_member_name(i), s.members[PNG])
             tar.close()
-        self.first_index += len(samples)
         return name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
 
     def finalize(self, units: list[dict], labels: list[int | None]) -> dict:
@@ -52,12 +51,13 @@ class ZipSink:
                     if u["count"] == 0:
                         continue
                     with tarfile.open(self.stage / u["name"]) as tar:
-                        for m in tar:
-                            if m.name != zip_member_name(index):
-                                raise RuntimeError(f"staged unit {u['name']} is out of order at {m.name}; "
-                                                   "re-run with --overwrite")
-                            zf.writestr(zip_entry(m.name), tar.extractfile(m).read())
-                            label_rows.append([m.name, labels[index]])
+                        for i, m in enumerate(tar):
+                            if m.name != zip_member_name(i) or i >= u["count"]:
+                                raise RuntimeError(f"staged unit {u['name']} does not hold images 0..{u['count'] - 1} "
+                                                   f"in order (found {m.name}); re-run with --overwrite")
+                            name = zip_member_name(index)
+                            zf.writestr(zip_entry(name), tar.extractfile(m).read())
+                            label_rows.append([name, labels[index]])
                             index += 1
                 zf.writestr(zip_entry(ZIP_LABELS_FILE), labels_document(label_rows if self.labelled else None))
         h = hashlib.sha256()

@@ -41,7 +41,7 @@ from shardsmith.loaders.shard_reader import read_member, shard_samples
 from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import resolve_device
 from shardsmith.recipe import recipe_from_dict
-from shardsmith.sinks.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
+from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
 

@@ -48,7 +48,7 @@ from shardsmith.formats.wds import (
     repair_log_events,
 )
 from shardsmith.safety.lock import FolderLockedError, hold, holder
-from shardsmith.sinks.atomic import atomic_open, atomic_write_json, fsync_dir
+from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import scan_folder
 from shardsmith.verify.owning_build import BuildRef, find_build

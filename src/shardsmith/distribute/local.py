@@ -1,0 +1,215 @@
+"""The ``local`` distributor: the unit jobs of one output's split on this machine.
+
+Contract
+- ``run_split(run, pool, jobs=..., ahead=...)`` writes every unit of ``run`` not yet in the ledger
+  and records each (``units.job.commit``) once its file is in place; returns when all are.
+- Units planned ahead (every output without a byte budget) run in the order ``jobs`` gives
+  (:data:`ORDER` may reorder them: any order gives the same files and the same ledger); items
+  stream to the decode workers across unit boundaries, so the pool never drains at a shard end.
+- A plan still running (``ahead``) gives its rows as they are committed: units are taken in plan
+  order as the rows arrive, exactly the units :func:`~shardsmith.units.plan.plan_units` gives
+  once the plan is complete.
+- An output with a byte budget (``max_shard_bytes``) cuts its units as its samples are written,
+  in order: where a unit ends depends on the sizes of the samples before it.
+- With an encoder (``run.finisher``), a sealed unit waits for its last batches while the encoder
+  goes on with the next unit's; its file is written on a writer thread, and the ledger records
+  units in the order they were sealed, each once its file is in place. At most
+  :data:`MAX_SEALED_UNITS` units wait for the encoder and :data:`MAX_WRITING_UNITS` + 1 are being
+  written, which bounds host memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardsmith.formats.wds import sample_tar_bytes, tar_bytes
+from shardsmith.parallel import Workers
+from shardsmith.plan.ledger import Ledger
+from shardsmith.records import WRITTEN
+from shardsmith.units.job import commit, record_of, unit_items
+from shardsmith.units.plan import UnitJob, plan_units
+
+MAX_SEALED_UNITS = 2  # units encoded but not yet written, at most
+MAX_WRITING_UNITS = 1  # units being written on the writer thread besides the newest
+
+# The order the pending units of a split run in (tests shuffle it: the output must not change).
+ORDER: Callable[[list[UnitJob]], list[UnitJob]] = lambda jobs: jobs  # noqa: E731
+
+
+@dataclass
+class SplitRun:
+    """One output's split to write, with everything the distributor needs."""
+
+    output: Any  # the recipe output
+    split: str
+    sources: list[int]  # source ids the output takes
+    ledger: Ledger
+    maker: Any  # picklable sample maker
+    sink: Any
+    per_unit: int
+    byte_bounded: bool
+    progress: Any
+    finisher: Any = None  # the encoder's scheduler (outputs that need encoders)
+    waits: dict[str, float] = field(default_factory=dict)  # output -> seconds blocked on shard writes
+
+    @property
+    def name(self) -> str:
+        return self.output.name
+
+    def eligible(self) -> int:
+        """Planned items of this split from these sources that the output will try to write."""
+        srcs = self.sources
+        return self.ledger.db.execute(
+            f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
+            [self.split, *srcs]).fetchone()[0]
+
+
+def pending_jobs(run: SplitRun) -> tuple[list[UnitJob], int]:
+    """The planned units not yet recorded, and the positions already done."""
+    done = {u["seq"]: u for u in run.ledger.units(run.name, run.split)}
+    jobs = plan_units(run.name, run.split, run.eligible(), run.per_unit)
+    return [j for j in jobs if j.seq not in done], sum(u["next_pos"] - u["first_pos"] for u in done.values())
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None] | None = None) -> None:
+    """Write every unit of ``run`` not yet recorded (see the module contract). ``check``: called
+    while waiting for a plan's rows (a model that cannot load stops the build there)."""
+    ledger = run.ledger
+    if run.byte_bounded:
+        last = ledger.last_unit(run.name, run.split)
+        seq0, pos0 = (last[0] + 1, last[1]) if last else (0, 0)
+    else:
+        seq0 = pos0 = 0
+    if ahead is not None:  # the plan is still running: its rows as they are committed (a fresh plan)
+        total, completed = None, 0
+        rows = ahead.items(ledger, split=run.split, sources=run.sources, check=check)
+        per = None if run.byte_bounded else run.per_unit
+        stream: Iterable = ((None if per is None else pos // per, pos, it) for pos, it in enumerate(rows))
+    elif run.byte_bounded:
+        total, completed = run.eligible(), pos0
+        rows = ledger.items(split=run.split, sources=run.sources, status="ok", start_pos=pos0)
+        stream = ((None, pos, it) for pos, it in enumerate(rows, pos0))
+    else:
+        jobs, completed = pending_jobs(run)
+        total = run.eligible()
+        stream = ((j.seq, j.first_pos + k, it) for j in ORDER(jobs)
+                  for k, it in enumerate(unit_items(ledger, j, run.sources)))
+    _Writer(run, seq0, pos0, total, completed, ahead).run(pool, stream)
+
+
+class _Writer:
+    """The loop of :func:`run_split`: results in, units out (see the module contract)."""
+
+    def __init__(self, run: SplitRun, seq: int, first: int, total: int | None, completed: int, ahead):
+        self.run_, self.ahead = run, ahead
+        self.total, self.completed = total, completed
+        self.seq, self.first, self.last = seq, first, first  # the unit being filled; next position
+        self.samples: list = []
+        self.others: list = []
+        self.nbytes = 0
+        self.sealed: deque = deque()
+        self.writing: deque = deque()  # (future of sink.write_unit, job, samples, others)
+        self.ending = False
+        fin = run.finisher
+        self.waited = run.waits.get(run.name, 0.0) if fin is not None else 0.0
+
+    # ------------------------------------------------------------------ units out
+    def _record(self, written: tuple[str, int, str], job: UnitJob, samples: list, others: list) -> None:
+        commit(self.run_.ledger, record_of(job, written, samples, others))
+
+    def _record_written(self, block_over: int) -> None:
+        while self.writing and (len(self.writing) > block_over or self.writing[0][0].done()):
+            fut, *unit = self.writing.popleft()
+            t = time.perf_counter()
+            written = fut.result()
+            if not self.ending:  # (at the end of the output, waiting for the last shards is expected)
+                self.waited += time.perf_counter() - t
+                self.run_.waits[self.run_.name] = round(self.waited, 3)
+            self._record(written, *unit)
+
+    def _write_ready(self, block_over: int) -> None:
+        fin, sink = self.run_.finisher, self.run_.sink
+        while self.sealed and (len(self.sealed) > block_over or fin.ready(self.sealed[0][0])):
+            tag, job, samples, others = self.sealed.popleft()
+            fin.finish_through(tag)
+            fut = fin.writer.submit(sink.write_unit, job.seq, samples) if samples else _done(("", 0, ""))
+            self.writing.append((fut, job, samples, others))
+            self._record_written(MAX_WRITING_UNITS)
+        self._record_written(MAX_WRITING_UNITS)
+
+    def _commit(self) -> None:
+        """End the unit being filled (positions ``[first, last)``)."""
+        r = self.run_
+        job = UnitJob(r.name, r.split, self.seq, self.first, self.last)
+        if r.finisher is None:
+            written = r.sink.write_unit(job.seq, self.samples) if self.samples else ("", 0, "")
+            self._record(written, job, self.samples, self.others)
+        else:
+            self.sealed.append((r.finisher.seal(), job, self.samples, self.others))
+            self._write_ready(MAX_SEALED_UNITS)
+        self.seq, self.first, self.samples, self.others, self.nbytes = self.seq + 1, self.last, [], [], 0
+
+    # ------------------------------------------------------------------ results in
+    def run(self, pool: Workers, stream: Iterable[tuple[int | None, int, Any]]) -> None:
+        r, fin = self.run_, self.run_.finisher
+        bounded = getattr(r.output, "max_shard_bytes", None) is not None
+        tags: deque = deque()
+
+        def feed() -> Iterator[Any]:
+            for seq, pos, it in stream:
+                tags.append((seq, pos))
+                yield it
+
+        if fin is not None and self.total is not None:
+            fin.expect(self.total - self.completed)  # models.compile=auto weighs the items still to encode
+        started = False
+        with r.progress.task(f"{r.name}/{r.split}", total=self.total, completed=self.completed) as tick:
+            for item, res in pool.map(r.maker, feed()):
+                seq, pos = tags.popleft()
+                if self.total is None and self.ahead.done:  # the plan has just completed: the total is known
+                    self.total = r.eligible()
+                    tick.set_total(self.total)
+                    if fin is not None:
+                        fin.expect(self.total)
+                if seq is not None and (not started or seq != self.seq):
+                    if started and (self.samples or self.others):
+                        self._commit()
+                    self.seq, self.first, self.last = seq, pos, pos  # a planned unit starts
+                started = True
+                if res.status == WRITTEN:
+                    if fin is None:
+                        size = sample_tar_bytes(res.members, item.key)
+                    else:  # members made after encoding: their exact sizes, when shards are bounded by bytes
+                        size = tar_bytes(fin.member_sizes(item, res), item.key) if bounded else 0
+                    if seq is None and self.samples and r.sink.unit_full(len(self.samples), self.nbytes, res,
+                                                                         item.key, size):
+                        self._commit()
+                    self.samples.append((item.key, res))
+                    self.nbytes += size
+                    if fin is not None:
+                        fin.add(item, res)
+                        if self.sealed:
+                            self._write_ready(MAX_SEALED_UNITS)
+                else:
+                    self.others.append((res.idx, res.status, res.detail))
+                self.last = pos + 1
+                tick()
+            if self.total is None:  # the plan ended after the last row was taken
+                tick.set_total(self.last)
+            if self.samples or self.others:
+                self._commit()
+            if fin is not None:
+                self.ending = True
+                self._write_ready(0)
+                self._record_written(0)

@@ -1,0 +1,64 @@
+"""Encoder results kept by item while a build has several outputs that need the same encoders, so
+that each item is encoded once whatever the number of outputs (the second output's batches read
+what the first one's computed; its workers still decode the item for its geometry facts).
+
+Contract
+- ``put(items, z, texts)``: after a batch is encoded, each item's latent (``z[i]``, as the encoder
+  gave it, before any output's dtype) and text ``(emb, mask)`` go to ``<folder>/<idx>.pt`` with
+  the item's key and content hash, written atomically; an item already kept is not written again.
+- ``get(item)``: ``(latent, text or None)`` kept for this very item (same plan position, key and
+  content hash), or None. Values read back are bit for bit those put.
+- The folder is the build's (``.shardsmith/encoded``): it survives a crash, so a resumed build
+  does not encode again what it kept; a redone plan removes it (positions change), and so does
+  the end of the build (``remove()``).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import torch
+
+from shardsmith.atomic import atomic_write_bytes
+from shardsmith.records import PlannedItem
+
+
+class EncodedMemo:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.hits = 0  # items served from the memo (not encoded again)
+
+    def _path(self, idx: int) -> Path:
+        return self.folder / f"{idx // 1000:06d}" / f"{idx}.pt"
+
+    @staticmethod
+    def _identity(item: PlannedItem) -> str:
+        return f"{item.key}\0{item.sha256 or ''}\0{item.caption or ''}"
+
+    def put(self, items: list[PlannedItem], z: torch.Tensor, texts) -> None:
+        for i, item in enumerate(items):
+            path = self._path(item.idx)
+            if path.exists():
+                continue
+            rec = {"latent": z[i].clone(), "item": self._identity(item)}
+            if texts is not None:
+                rec["text_emb"], rec["text_mask"] = texts[i][0].clone(), texts[i][1].clone()
+            buf = io.BytesIO()
+            torch.save(rec, buf)
+            atomic_write_bytes(path, buf.getvalue())
+
+    def get(self, item: PlannedItem) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None:
+        path = self._path(item.idx)
+        if not path.exists():
+            return None
+        rec = torch.load(path, map_location="cpu", weights_only=True)
+        if rec.get("item") != self._identity(item):
+            return None  # kept for another item (a plan redone over changed sources): encoded again
+        self.hits += 1
+        text = (rec["text_emb"], rec["text_mask"]) if "text_emb" in rec else None
+        return rec["latent"], text
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,101 @@
+"""The build's manifest (``manifest.json``): counts per output and split that reconcile with the
+ledger, the sources and their item hashes, the models, timings and warnings; and the summary
+lines the build prints.
+
+Contract
+- ``make_manifest`` raises :class:`InvariantError` when an output's or a split's counts do not
+  reconcile (inputs != written + skipped + failed): a sample was lost, always a bug.
+- Every item is counted once per output, and once overall with its worst status across the
+  outputs that take its source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from shardsmith import __version__, report
+from shardsmith.outputs import OutputContext, kind_of
+from shardsmith.plan.ledger import Ledger
+from shardsmith.recipe import canonical
+from shardsmith.safety import holdout
+from shardsmith.split.assign import HOLDOUT, TRAIN
+
+
+class InvariantError(RuntimeError):
+    """inputs != written + skipped + failed: a sample was lost. Always a bug; never ignored."""
+
+
+def make_manifest(ctx, octx: OutputContext, fp: str, blocks: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of a finished build (``ctx``: its BuildContext; ``blocks``: each output's
+    manifest block so far). Raises :class:`InvariantError` where counts do not reconcile."""
+    ledger, recipe = ctx.ledger, ctx.recipe
+    outputs: dict[str, Any] = {}
+    for o in recipe.outputs:
+        total, splits = report.tally(ledger.status_rows(o.name, written=False), ledger.written_counts(o.name))
+        for name, block in [("all", total), *splits.items()]:
+            if not report.balanced(block):
+                raise InvariantError(f"output {o.name} split {name}: counts do not reconcile: {block}")
+        outputs[o.name] = {**blocks[o.name], "counts": total, "splits": splits}
+    taken = sorted({i for o in recipe.outputs for i in recipe.source_ids(o)})
+    counts, splits = report.tally(overall_rows(ledger, taken), ledger.written_counts(None, taken))
+    sources = []
+    for info in ctx.sources:
+        n, nbytes = ledger.db.execute("SELECT COUNT(*), COALESCE(SUM(size_bytes),0) FROM items WHERE source=?",
+                                      (info.index,)).fetchone()
+        # the item hashes in plan order, concatenated and hashed once
+        shas = ledger.db.execute("SELECT COALESCE(sha256,'-') FROM items WHERE source=? ORDER BY idx", (info.index,))
+        h = hashlib.sha256("".join(r[0] for r in shas).encode())
+        sources.append({"name": info.name, "kind": info.kind, "path": info.path, "origin": info.origin,
+                        "license": info.license, "items": n, "bytes": nbytes,
+                        "labels": list(info.label_names) if info.label_names else None,
+                        "sha256_of_item_hashes": h.hexdigest()})
+    warnings = []
+    if ctx.stage is not None and ctx.stage.describe()["random_weights"]:
+        warnings.append(f"models with random weights ({', '.join(ctx.stage.describe()['random_weights'])}): "
+                        "latents and embeddings are for checking plumbing, not model-space data")
+    for o in recipe.outputs:
+        warnings += kind_of(o).warnings(o, octx, outputs[o.name]["files"])
+    return {
+        "shardsmith_version": __version__,
+        "recipe_fingerprint": fp,
+        "recipe": canonical(recipe),
+        "created": ledger.get_meta("started"),
+        "split": {"seed": recipe.split.seed, "holdout": recipe.split.holdout, "dedup": recipe.split.dedup},
+        "sources": sources,
+        "counts": counts,
+        "splits": splits,
+        "outputs": outputs,
+        "models": ctx.stage.describe() if ctx.stage is not None else None,
+        "timings": ctx.timings,
+        "warnings": warnings,
+    }
+
+
+def overall_rows(ledger: Ledger, taken: list[int]):
+    """(split, item_id, status, detail) of each item that some output did not write: its worst
+    status across the outputs taking it (the written ones are counted by ``written_counts``)."""
+    rows = ledger.not_all_written(taken)
+    cur, head, statuses = None, None, []
+    for idx, split, item_id, status, detail in rows:
+        if idx != cur:
+            if cur is not None:
+                yield (*head, *report.worst(statuses))
+            cur, head, statuses = idx, (split, item_id), []
+        statuses.append((status, detail) if status else
+                        ("skipped:not_in_any_output", "no output of the recipe takes this item's source"))
+    if cur is not None:
+        yield (*head, *report.worst(statuses))
+
+
+def summary(manifest: dict[str, Any]) -> list[str]:
+    lines = report.format_block("all outputs (per item)", manifest["counts"])
+    for name, o in manifest["outputs"].items():
+        lines += report.format_block(f"output {name}", o["counts"])
+        for split, blk in o["splits"].items():
+            lines += ["  " + x for x in report.format_block(split, blk)[:1]]
+        if HOLDOUT in o["splits"]:
+            lines.append("  " + holdout.achieved(o["splits"].get(TRAIN, {}).get("written", 0),
+                                                 o["splits"][HOLDOUT]["written"]))
+    lines += [f"warning: {w}" for w in manifest["warnings"]]
+    return lines

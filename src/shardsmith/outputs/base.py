@@ -1,0 +1,76 @@
+"""What every output format provides to a build (:class:`OutputKind`), and what a build gives it
+(:class:`OutputContext`).
+
+Contract
+- ``dest(root, o, split)``: the output's file or folder for ``split`` (the holdout under ``holdout/``).
+- ``per_unit(o)``: items per unit of work; ``byte_bounded(o)``: units close on a byte budget that
+  only the written samples' sizes decide (such an output's units are cut as they are written, in
+  order; every other output's units are planned ahead, see :mod:`shardsmith.units.plan`).
+- ``maker(o, ctx)``: the picklable per-item sample maker (runs in worker processes).
+- ``sink(o, ctx, dest, split)``: the writer of one split; ``renderer(o, ctx)``: for outputs that
+  need encoders, what turns an encoded batch into members (None otherwise).
+- ``finalize(o, ctx, sink, split, dest)``: the index files; returns the manifest block of the split.
+- ``warnings(o, ctx, files)``: manifest warnings about the finished output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from shardsmith.plan.ledger import Ledger
+from shardsmith.records import SourceInfo
+from shardsmith.split.assign import TRAIN
+
+
+@dataclass
+class OutputContext:
+    """What an output needs from the build that writes it."""
+
+    recipe: Any  # the Recipe
+    root: Path  # the folder being written
+    ledger: Ledger
+    sources: list[SourceInfo]
+    stage: Callable[[], Any]  # the encode stage (loaded on first call); None without encoders
+
+
+class OutputKind:
+    """One output format (subclass per format, registered in :mod:`shardsmith.outputs.registry`)."""
+
+    format: ClassVar[str]
+    model: ClassVar[type]  # its recipe model (``recipe.py``)
+    encoders: ClassVar[tuple[str, ...]] = ()  # "vae", "text" ...: the encode stage it needs
+    roles: ClassVar[tuple[str, ...]] = ("target",)
+    preset: ClassVar[str | None] = None  # the loader / verify preset that reads it
+
+    def dest(self, root: Path, o, split: str) -> Path:
+        rel = self.target(o)
+        return root / rel if split == TRAIN else root / "holdout" / rel
+
+    @staticmethod
+    def target(o) -> str:
+        """The output's path relative to the build folder (its ``dir`` or ``path``)."""
+        return o.dir
+
+    def per_unit(self, o) -> int:
+        return o.samples_per_shard
+
+    def byte_bounded(self, o) -> bool:
+        return getattr(o, "max_shard_bytes", None) is not None
+
+    def maker(self, o, ctx: OutputContext):
+        raise NotImplementedError
+
+    def sink(self, o, ctx: OutputContext, dest: Path, split: str):
+        raise NotImplementedError
+
+    def renderer(self, o, ctx: OutputContext):
+        return None
+
+    def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
+        return sink.finalize(ctx.ledger.units(o.name, split))
+
+    def warnings(self, o, ctx: OutputContext, files: dict[str, Any]) -> list[str]:
+        return []

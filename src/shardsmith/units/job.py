@@ -1,0 +1,68 @@
+"""Running one unit: its items from the ledger, their samples, its file, its record.
+
+Contract
+- ``unit_items(ledger, job, sources)``: the job's items, in plan order (positions
+  ``[first_pos, next_pos)`` of the eligible items of ``sources``).
+- ``finish_unit(job, sink, results)``: write the unit's file from its ``(item, result)`` pairs
+  (written samples in plan order; nothing written when none is) and return its
+  :class:`UnitRecord`; the file is in place before the record exists.
+- ``run_unit(job, items, maker, sink)``: the whole unit in one process (a remote worker's job):
+  each item through the picklable ``maker``, then :func:`finish_unit`.
+- ``commit(ledger, record)``: the ledger's record of the unit and of its items' statuses, in one
+  transaction. Records may be committed in any order; the ledger's content is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import islice
+
+from shardsmith.plan.ledger import Ledger
+from shardsmith.records import WRITTEN, PlannedItem, SampleResult
+from shardsmith.units.plan import UnitJob
+
+
+@dataclass
+class UnitRecord:
+    """What a finished unit reports: its file and each of its items' terminal status."""
+
+    job: UnitJob
+    name: str  # the file (or unit) name; "" when the unit wrote nothing
+    nbytes: int
+    sha256: str
+    count: int  # samples written
+    results: list[tuple[int, str, str | None]] = field(default_factory=list)  # (idx, status, detail)
+
+
+def unit_items(ledger: Ledger, job: UnitJob, sources: list[int]) -> Iterable[PlannedItem]:
+    return islice(ledger.items(split=job.split, sources=sources, status="ok", start_pos=job.first_pos), job.size)
+
+
+def record_of(job: UnitJob, written: tuple[str, int, str], samples: list[tuple[str, SampleResult]],
+              others: list[tuple[int, str, str | None]]) -> UnitRecord:
+    """The record of a unit whose file ``written`` = (name, bytes, sha256) holds ``samples``."""
+    name, size, sha = written
+    return UnitRecord(job, name, size, sha, len(samples), [(s.idx, WRITTEN, None) for _, s in samples] + others)
+
+
+def finish_unit(job: UnitJob, sink, results: Iterable[tuple[PlannedItem, SampleResult]]) -> UnitRecord:
+    samples, others = [], []
+    for item, res in results:
+        if res.status == WRITTEN:
+            samples.append((item.key, res))
+        else:
+            others.append((res.idx, res.status, res.detail))
+    written = sink.write_unit(job.seq, samples) if samples else ("", 0, "")
+    return record_of(job, written, samples, others)
+
+
+def run_unit(job: UnitJob, items: Iterable[PlannedItem], maker, sink) -> UnitRecord:
+    return finish_unit(job, sink, ((it, maker(it)) for it in items))
+
+
+def commit(ledger: Ledger, rec: UnitRecord) -> None:
+    j = rec.job
+    ledger.commit_unit(output=j.output, split=j.split, seq=j.seq, name=rec.name, first_pos=j.first_pos,
+                       next_pos=j.next_pos, count=rec.count, nbytes=rec.nbytes, sha256=rec.sha256,
+                       results=rec.results)
