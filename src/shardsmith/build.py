@@ -332,13 +332,15 @@ def _plan_tick(tick, preload):
 
 def _ahead_output(recipe: Recipe, root: Path):
     """The output whose train split may start before the plan is complete, or None: the first
-    output, when it is a latent output (the GPU would otherwise wait for the plan), the plan's
+    output, when it is a latent output that ``plans_ahead`` (the GPU would otherwise wait for the plan), the plan's
     rows are final when committed, and its folder lies strictly inside ``root`` (a crash before
     the plan completes removes that folder)."""
     from shardsmith.plan.ahead import can_plan_ahead
 
     first = recipe.outputs[0] if recipe.outputs else None
     if not PLAN_AHEAD or first is None or not kind_of(first).encoders or not can_plan_ahead(recipe):
+        return None
+    if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
         return None
     dest = output_dest(root, first, TRAIN).resolve()
     return first if root.resolve() in dest.parents else None

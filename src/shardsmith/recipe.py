@@ -227,8 +227,49 @@ class PrecomputedOutput(_Strict):
     sources: list[str] | None = None
 
 
-Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput], Field(discriminator="format")]
-LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)
+class LatentZipOutput(_Strict):
+    """The EDM2 / FastGen latent ZIP (``imagenet_256_sd.zip``): one float32 ``.npy`` per image, the
+    posterior mean then std of ``models.vae`` (``store: mean_std``), ``[2C, side/f, side/f]``, and
+    ``dataset.json`` labels. Its geometry is ``resolution`` and ``transform`` (not ``geometry.buckets``)."""
+
+    format: Literal["latent_zip"]
+    name: str | None = None
+    path: str = "latents.zip"
+    resolution: int | tuple[int, int] = Field(description="square side in pixels before the VAE (a multiple of "
+                                              "its spatial factor); [W, H] for center-crop-wide (W x W pixels)")
+    transform: Literal["center-crop", "center-crop-wide", "center-crop-dhariwal"] = "center-crop-dhariwal"
+    upscale: bool | None = Field(None, description="enlarge images smaller than the resolution (default: images.upscale)")
+    unit: int = Field(1000, gt=0, description="images per resumable unit of work (staged, then assembled)")
+    sources: list[str] | None = None
+
+    @property
+    def size(self) -> tuple[int, int]:
+        r = self.resolution
+        return (r, r) if isinstance(r, int) else (int(r[0]), int(r[1]))
+
+    @property
+    def side(self) -> int:
+        """The square pixel side the VAE encodes."""
+        return self.size[0]
+
+    @model_validator(mode="after")
+    def _shape(self) -> "LatentZipOutput":
+        w, h = self.size
+        if w <= 0 or h <= 0:
+            raise ValueError("resolution must be positive, e.g. 256")
+        if self.transform == "center-crop-wide":
+            if h > w:
+                raise ValueError("center-crop-wide needs resolution [W, H] with H <= W (the VAE encodes W x W)")
+        elif w != h:
+            raise ValueError(f"{self.transform} makes square images: give resolution: {w} (not [{w}, {h}])")
+        if not self.path.endswith(".zip"):
+            raise ValueError(f"path must end in .zip, got {self.path!r}")
+        return self
+
+
+Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput], Field(discriminator="format")]
+LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput, LatentZipOutput)  # the outputs models.vae encodes
+BUCKETED_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # latent outputs cut to geometry.buckets
 
 
 class VaeModel(_Strict):
@@ -290,6 +331,15 @@ class Recipe(_Strict):
         names = [s.name for s in self.sources]
         return [names.index(n) for n in output.sources] if output.sources else list(range(len(names)))
 
+    def encode_buckets(self) -> list[str]:
+        """Every pixel shape ``WxHxF`` the VAE encodes: ``geometry.buckets``, then each ``latent_zip``
+        output's square ``SxSx1`` (once each, in that order)."""
+        out = list(self.geometry.buckets)
+        for o in self.outputs:
+            if isinstance(o, LatentZipOutput) and f"{o.side}x{o.side}x1" not in out:
+                out.append(f"{o.side}x{o.side}x1")
+        return out
+
     @model_validator(mode="after")
     def _names(self) -> "Recipe":
         seen: set[str] = set()
@@ -312,7 +362,7 @@ class Recipe(_Strict):
             if o.name in out_names:
                 raise ValueError(f"output name {o.name!r} is used twice; give each output a unique name")
             out_names.add(o.name)
-            target = o.path if isinstance(o, ZipOutput) else o.dir
+            target = o.path if isinstance(o, (ZipOutput, LatentZipOutput)) else o.dir
             if os.path.isabs(target) or ".." in Path(target).parts:
                 raise ValueError(f"output {o.name!r}: {target!r} must be a relative path inside --out")
             if target in targets:
@@ -324,8 +374,17 @@ class Recipe(_Strict):
         if any(isinstance(o, LATENT_OUTPUTS) for o in self.outputs):
             if self.models.vae is None:
                 raise ValueError("latent outputs need models.vae, e.g. models: {vae: {family: sd}}")
-            if not self.geometry.buckets:
+            if not self.geometry.buckets and any(isinstance(o, BUCKETED_OUTPUTS) for o in self.outputs):
                 raise ValueError("latent outputs need geometry.buckets, e.g. geometry: {buckets: [256x256x1]}")
+            zips = [o.name for o in self.outputs if isinstance(o, LatentZipOutput)]
+            if zips and self.models.vae.store != "mean_std":
+                others = [o.name for o in self.outputs if isinstance(o, BUCKETED_OUTPUTS)]
+                raise ValueError(
+                    f"models.vae.store is {self.models.vae.store!r}, but output {zips[0]!r} (latent_zip) stores the "
+                    "posterior mean and std; set models.vae.store: mean_std" + (
+                        f" (the encode stage has one VAE setting: output {others[0]!r} would then store mean and std "
+                        "too; build it from a recipe of its own to keep store: "
+                        f"{self.models.vae.store})" if others else ""))
             if any(isinstance(o, PrecomputedOutput) for o in self.outputs) and self.models.text is None:
                 raise ValueError("a precomputed output needs models.text (LTX trainers require conditions/)")
         return self

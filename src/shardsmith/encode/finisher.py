@@ -21,6 +21,7 @@ Contract
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import wait
 from typing import Any, Protocol
@@ -29,6 +30,12 @@ import torch
 
 from shardsmith.encode.host_threads import one_intra_op_thread
 from shardsmith.records import PlannedItem, SampleResult
+
+
+def geometry(res: SampleResult) -> str:
+    """What decided an item's pixels (its bucket and crop): the memo shares an encoded item only
+    between outputs that cut it alike."""
+    return json.dumps([res.info.get("bucket"), res.info.get("crop")], sort_keys=True)
 
 
 class MemberRenderer(Protocol):
@@ -132,11 +139,11 @@ class LatentFinisher:
         with one_intra_op_thread():
             z, texts = fut.result().result_batch()
             if self.memo is not None:
-                self.memo.put([item for item, _ in batch], z, texts)
+                self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch])
             self.members.render(batch, z, texts)
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
-        kept = self.memo.get(item) if self.memo is not None else None
+        kept = self.memo.get(item, geometry(res)) if self.memo is not None else None
         if kept is not None:  # encoded for another output already: rendered now, not encoded again
             _ = self.stage  # (the renderer takes the models' identities at the first batch)
             z, text = kept

@@ -3,11 +3,13 @@ that each item is encoded once whatever the number of outputs (the second output
 what the first one's computed; its workers still decode the item for its geometry facts).
 
 Contract
-- ``put(items, z, texts)``: after a batch is encoded, each item's latent (``z[i]``, as the encoder
-  gave it, before any output's dtype) and text ``(emb, mask)`` go to ``<folder>/<idx>.pt`` with
-  the item's key and content hash, written atomically; an item already kept is not written again.
-- ``get(item)``: ``(latent, text or None)`` kept for this very item (same plan position, key and
-  content hash), or None. Values read back are bit for bit those put.
+- ``put(items, z, texts, geometries)``: after a batch is encoded, each item's latent (``z[i]``, as
+  the encoder gave it, before any output's dtype) and text ``(emb, mask)`` go to
+  ``<folder>/<idx>.pt`` with the item's key, content hash and geometry (the pixels' bucket and
+  crop, a string; outputs cut an item differently, e.g. a ``latent_zip`` and bucketed outputs),
+  written atomically; an item already kept is not written again.
+- ``get(item, geometry)``: ``(latent, text or None)`` kept for this very item (same plan position,
+  key, content hash and geometry), or None. Values read back are bit for bit those put.
 - The folder is the build's (``.shardsmith/encoded``): it survives a crash, so a resumed build
   does not encode again what it kept; a redone plan removes it (positions change), and so does
   the end of the build (``remove()``).
@@ -34,28 +36,28 @@ class EncodedMemo:
         return self.folder / f"{idx // 1000:06d}" / f"{idx}.pt"
 
     @staticmethod
-    def _identity(item: PlannedItem) -> str:
-        return f"{item.key}\0{item.sha256 or ''}\0{item.caption or ''}"
+    def _identity(item: PlannedItem, geometry: str) -> str:
+        return f"{item.key}\0{item.sha256 or ''}\0{item.caption or ''}\0{geometry}"
 
-    def put(self, items: list[PlannedItem], z: torch.Tensor, texts) -> None:
+    def put(self, items: list[PlannedItem], z: torch.Tensor, texts, geometries: list[str]) -> None:
         for i, item in enumerate(items):
             path = self._path(item.idx)
             if path.exists():
                 continue
-            rec = {"latent": z[i].clone(), "item": self._identity(item)}
+            rec = {"latent": z[i].clone(), "item": self._identity(item, geometries[i])}
             if texts is not None:
                 rec["text_emb"], rec["text_mask"] = texts[i][0].clone(), texts[i][1].clone()
             buf = io.BytesIO()
             torch.save(rec, buf)
             atomic_write_bytes(path, buf.getvalue())
 
-    def get(self, item: PlannedItem) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None:
+    def get(self, item: PlannedItem, geometry: str) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None:
         path = self._path(item.idx)
         if not path.exists():
             return None
         rec = torch.load(path, map_location="cpu", weights_only=True)
-        if rec.get("item") != self._identity(item):
-            return None  # kept for another item (a plan redone over changed sources): encoded again
+        if rec.get("item") != self._identity(item, geometry):
+            return None  # kept for another item (a plan redone over changed sources) or geometry: encoded again
         self.hits += 1
         text = (rec["text_emb"], rec["text_mask"]) if "text_emb" in rec else None
         return rec["latent"], text

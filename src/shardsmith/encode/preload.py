@@ -48,7 +48,8 @@ class ModelPreload:
             stage = EncodeStage.from_recipe(self.recipe)
             self.seconds["load"] = round(time.perf_counter() - t, 3)
             if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
-                stage.warm_up(parse_buckets(self.recipe.geometry.buckets), stop=self._planned)
+                buckets = self.recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
+                stage.warm_up(parse_buckets(buckets) if buckets else [], stop=self._planned)
             self._stage = stage
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc

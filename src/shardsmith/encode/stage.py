@@ -101,8 +101,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         v = m.vae
         vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
                        config=v.config, dtype=v.dtype, device=device, store=v.store)
-        buckets = parse_buckets(recipe.geometry.buckets)
-        validate_buckets(buckets, vae.spec.spatial, vae.spec.temporal)
+        buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
+        if buckets:
+            validate_buckets(parse_buckets(buckets), vae.spec.spatial, vae.spec.temporal)
         text = None
         if m.text is not None:
             t = m.text

@@ -2,7 +2,9 @@
 
 Uncompressed, members ``{idx[:5]}/img{idx:08d}.png`` (EDM's ``dataset_tool``; readers also take
 other image suffixes and ``.npy`` arrays) with fixed timestamps, and a ``dataset.json`` =
-``{"labels": [[member, int], ...]}`` or ``{"labels": null}``.
+``{"labels": [[member, int], ...]}`` or ``{"labels": null}``. The latent ZIP (EDM2 / FastGen's
+``imagenet_256_sd.zip``) is the same layout with members ``{idx[:5]}/img-mean-std-{idx:08d}.npy``:
+float32 ``[2C, H/f, W/f]``, the VAE posterior's mean then its std.
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ ZIP_EXT = ".zip"
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 ARRAY_EXT = ".npy"
 _DATE = (1980, 1, 1, 0, 0, 0)
+ZIP_FORMATS = ("zip", "latent_zip")  # the output formats written as one ZIP file (their ``path``)
+LATENT_MEMBER = "npy"  # a latent ZIP sample's one member (its suffix): the .npy bytes
 
 
 def zip_member_name(index: int) -> str:
     """EDM dataset_tool layout: ``12 -> "00000/img00000012.png"``."""
     s = f"{index:08d}"
     return f"{s[:5]}/img{s}.png"
+
+
+def latent_zip_member_name(index: int) -> str:
+    """EDM2 latent layout (FastGen's ``imagenet_256_sd.zip``): ``12 -> "00000/img-mean-std-00000012.npy"``."""
+    s = f"{index:08d}"
+    return f"{s[:5]}/img-mean-std-{s}{ARRAY_EXT}"
 
 
 def is_zip_file_name(name: str) -> bool:

@@ -11,6 +11,8 @@ Contract
   need encoders, what turns an encoded batch into members (None otherwise).
 - ``finalize(o, ctx, sink, split, dest)``: the index files; returns the manifest block of the split.
 - ``warnings(o, ctx, files)``: manifest warnings about the finished output.
+- ``plans_ahead``: whether the output may start on a plan still running (a latent output first in
+  the recipe does, see ``build._ahead_output``); False where a decision needs the whole plan.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class OutputKind:
     encoders: ClassVar[tuple[str, ...]] = ()  # "vae", "text" ...: the encode stage it needs
     roles: ClassVar[tuple[str, ...]] = ("target",)
     preset: ClassVar[str | None] = None  # the loader / verify preset that reads it
+    plans_ahead: ClassVar[bool] = True  # may start before the plan is complete
 
     def dest(self, root: Path, o, split: str) -> Path:
         rel = self.target(o)

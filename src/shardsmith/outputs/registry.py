@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from shardsmith.outputs.base import OutputKind
 from shardsmith.outputs.latent_wds import LatentWdsKind
+from shardsmith.outputs.latent_zip import LatentZipKind
 from shardsmith.outputs.precomputed import PrecomputedKind
 from shardsmith.outputs.wds import WdsKind
 from shardsmith.outputs.zip import ZipKind
 
-REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind())}
+REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind())}
 
 
 def kind_of(o) -> OutputKind:

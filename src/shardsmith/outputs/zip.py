@@ -14,6 +14,7 @@ class ZipKind(OutputKind):
     format = "zip"
     model = ZipOutput
     preset = "class_zip"
+    plans_ahead = False  # class-conditional or not is decided by the whole plan's labels
 
     @staticmethod
     def target(o) -> str:

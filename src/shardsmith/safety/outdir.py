@@ -31,6 +31,7 @@ from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MA
 from shardsmith.formats.detect import is_build
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_numbered_shard
+from shardsmith.formats.zip import ZIP_FORMATS
 from shardsmith.atomic import TMP_MARK
 
 _TMP_RE = re.compile(re.escape(TMP_MARK) + r"\d+$")
@@ -82,7 +83,7 @@ def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, s
         layouts = []
         for o in recipe.get("outputs") or []:
             if isinstance(o, dict) and isinstance(o.get("name"), str):
-                target = o.get("path") if o.get("format") == "zip" else o.get("dir")
+                target = o.get("path") if o.get("format") in ZIP_FORMATS else o.get("dir")
                 if isinstance(target, str):
                     layouts.append(OutputLayout(o["name"], str(o.get("format")), target))
         units: dict[tuple[str, str], list[str]] = {}
@@ -123,7 +124,7 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
             continue
         for split, prefix in (("train", ""), ("holdout", f"{HOLDOUT_DIR}/")):
             dest = folder / f"{prefix}{lay.target}"
-            if lay.format == "zip":
+            if lay.format in ZIP_FORMATS:
                 found += [p for p in _files_in(dest.parent) if _base_name(p.name) == dest.name]
                 continue
             if lay.format == "precomputed":

@@ -4,7 +4,8 @@ Units of ``output.unit`` images are staged as deterministic tars under the build
 each numbering its images from 0 (units may be written in any order); ``finalize`` copies them,
 in unit order, into an uncompressed ZIP under their final names ``00000/img00000000.png``, with
 fixed timestamps, writes ``dataset.json``, then renames the ZIP into place. Re-running finalize
-gives the same bytes.
+gives the same bytes. :class:`LatentZipSink` is the same with one ``.npy`` latent per sample
+(members ``00000/img-mean-std-00000000.npy``, as EDM2 / FastGen's latent ZIPs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import zipfile
 from pathlib import Path
 
 from shardsmith.formats.wds import PNG
-from shardsmith.formats.zip import ZIP_LABELS_FILE, labels_document, zip_entry, zip_member_name
+from shardsmith.formats.zip import (LATENT_MEMBER, ZIP_LABELS_FILE, labels_document, latent_zip_member_name, zip_entry,
+                                    zip_member_name)
 from shardsmith.recipe import ZipOutput
 from shardsmith.records import SampleResult
 from shardsmith.atomic import atomic_open
@@ -23,6 +25,8 @@ from shardsmith.sinks.tar import DeterministicTar
 
 class ZipSink:
     kind = "zip"
+    member = PNG  # the sample member (``res.members`` key) each image is
+    name_of = staticmethod(zip_member_name)  # image index -> its member name in the ZIP
 
     def __init__(self, output: ZipOutput, dest: Path, stage: Path, labelled: bool):
         self.o, self.dest, self.stage, self.labelled = output, dest, stage, labelled
@@ -37,7 +41,7 @@ class ZipSink:
         with atomic_open(path) as f:
             tar = DeterministicTar(f)
             for i, (_key, s) in enumerate(samples):  # numbered within the unit; finalize numbers them all
-                tar.add(zip_member_name(i), s.members[PNG])
+                tar.add(self.name_of(i), s.members[self.member])
             tar.close()
         return name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -52,10 +56,10 @@ class ZipSink:
                         continue
                     with tarfile.open(self.stage / u["name"]) as tar:
                         for i, m in enumerate(tar):
-                            if m.name != zip_member_name(i) or i >= u["count"]:
+                            if m.name != self.name_of(i) or i >= u["count"]:
                                 raise RuntimeError(f"staged unit {u['name']} does not hold images 0..{u['count'] - 1} "
                                                    f"in order (found {m.name}); re-run with --overwrite")
-                            name = zip_member_name(index)
+                            name = self.name_of(index)
                             zf.writestr(zip_entry(name), tar.extractfile(m).read())
                             label_rows.append([name, labels[index]])
                             index += 1
@@ -68,3 +72,12 @@ class ZipSink:
         out_w, out_h = (w, w) if self.o.transform == "center-crop-wide" else (w, hh)
         return {"path": str(self.dest), "images": index, "bytes": self.dest.stat().st_size, "sha256": h.hexdigest(),
                 "resolution": [out_w, out_h], "transform": self.o.transform, "labelled": self.labelled}
+
+
+class LatentZipSink(ZipSink):
+    """A ``latent_zip``: each sample's ``npy`` member (rendered from the encoder's output) under
+    ``{idx[:5]}/img-mean-std-{idx:08d}.npy``; staging, numbering and labels as :class:`ZipSink`."""
+
+    kind = "latent_zip"
+    member = LATENT_MEMBER
+    name_of = staticmethod(latent_zip_member_name)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
+
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
 from shardsmith.recipe import ImageRules, WdsOutput, ZipOutput
 from shardsmith.transform.image import decode_image, edm_transform, encode_image, passthrough_ok, resize_max_side
@@ -87,29 +89,52 @@ class ZipSampleMaker:
     def __call__(self, item: PlannedItem) -> SampleResult:
         from io import BytesIO
 
-        w, h = self.o.size
         try:
-            if item.kind != "image":
-                raise _not_image(item)
-            if self.labelled and item.label is None:
-                raise ItemError("no_label", f"{item.item_id} has no class label but this ZIP is class-conditional; "
-                                "put it in a class sub-folder or give it a label", skip=True)
-            dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
-                               background=self.rules.background)
-            img = dec.image
-            upscale = self.rules.upscale if self.o.upscale is None else self.o.upscale
-            _check_min_size(item, img.size, self.rules)
-            small = img.width < w if self.o.transform == "center-crop-wide" else min(img.size) < w
-            if small and not upscale:
-                raise ItemError("too_small", f"{item.item_id} is {img.width}x{img.height}, smaller than the "
-                                f"ZIP resolution {w}x{h}; set upscale: true on this output to enlarge it", skip=True)
-            out = edm_transform(img, self.o.transform, w, h)
-            if out is None:
-                raise ItemError("too_small", f"{item.item_id} is {img.width}x{img.height}: too small for "
-                                f"center-crop-wide at {w}x{h}", skip=True)
+            out = self.picture(item)
         except ItemError as e:
             return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
         buf = BytesIO()
         out.save(buf, format="png", compress_level=0, optimize=False)
         return SampleResult(idx=item.idx, status=WRITTEN, members={"png": buf.getvalue()},
                             info={"label": item.label})
+
+    def picture(self, item: PlannedItem):
+        """The item's RGB picture at the output's resolution (a PIL image); raises :class:`ItemError`
+        for an item the output skips or fails."""
+        w, h = self.o.size
+        if item.kind != "image":
+            raise _not_image(item)
+        if self.labelled and item.label is None:
+            raise ItemError("no_label", f"{item.item_id} has no class label but this ZIP is class-conditional; "
+                            "put it in a class sub-folder or give it a label", skip=True)
+        dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
+                           background=self.rules.background)
+        img = dec.image
+        upscale = self.rules.upscale if self.o.upscale is None else self.o.upscale
+        _check_min_size(item, img.size, self.rules)
+        small = img.width < w if self.o.transform == "center-crop-wide" else min(img.size) < w
+        if small and not upscale:
+            raise ItemError("too_small", f"{item.item_id} is {img.width}x{img.height}, smaller than the "
+                            f"ZIP resolution {w}x{h}; set upscale: true on this output to enlarge it", skip=True)
+        out = edm_transform(img, self.o.transform, w, h)
+        if out is None:
+            raise ItemError("too_small", f"{item.item_id} is {img.width}x{img.height}: too small for "
+                            f"center-crop-wide at {w}x{h}", skip=True)
+        return out
+
+
+class LatentZipPixelMaker(ZipSampleMaker):
+    """A ``latent_zip`` item's pixels for the VAE: the image ZIP's picture (the same EDM transform)
+    as uint8 ``[1, S, S, 3]`` in ``res.pixels``, in the one bucket ``SxSx1`` that the encoder's
+    scheduler batches by; ``info["crop"]`` names the transform (two outputs share an encoded item
+    only when bucket and crop agree)."""
+
+    def __call__(self, item: PlannedItem) -> SampleResult:
+        try:
+            out = self.picture(item)
+        except ItemError as e:
+            return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
+        w, h = out.size
+        return SampleResult(idx=item.idx, status=WRITTEN, pixels=np.asarray(out, dtype=np.uint8)[None],
+                            info={"bucket": f"{w}x{h}x1", "label": item.label,
+                                  "crop": {"transform": self.o.transform, "resolution": list(self.o.size)}})
