@@ -31,10 +31,11 @@ UPDATE = os.environ.get("SHARDSMITH_UPDATE_GOLDEN") == "1"
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file below ``root`` but the ledger folder and the manifest."""
+    """sha256 of every file below ``root`` but the ledger folder, the manifest and the HTML report
+    (a view of the build, with its timings)."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file() and ".shardsmith" not in p.parts
-            and p.name != "manifest.json"}
+            and p.name not in ("manifest.json", "report.html")}
 
 
 def _stable_manifest(root: Path) -> dict:

@@ -21,6 +21,8 @@ Contract
   yields byte-identical files. Re-running a finished build is a no-op.
 - Every planned item ends with a terminal status in every output that takes its source;
   the reconciliation invariant is checked before the manifest is written.
+- With ``report=True`` (the CLI's default) ``out/report.html`` (``report_html``) is written last;
+  a report that fails is one warning on stderr, never the build's failure.
 """
 
 from __future__ import annotations
@@ -100,7 +102,39 @@ def _ignore_sigxfsz() -> None:
 
 
 def build(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
-          workers: int | None = None, console=None) -> dict[str, Any]:
+          workers: int | None = None, console=None, report: bool = False) -> dict[str, Any]:
+    """Build ``recipe`` into ``out`` (see the module contract); the manifest. ``report=True`` (the
+    CLI's default, ``--no-report`` turns it off): then write ``out/report.html``
+    (:mod:`shardsmith.report_html`); a report that fails is a warning on stderr, never the
+    build's failure (the build is complete on disk by then)."""
+    manifest = _build_locked(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, console=console)
+    if report:
+        report_after_build(Path(out))
+    return manifest
+
+
+def report_after_build(out: Path) -> Path | None:
+    """Write ``out``'s HTML report unless one newer than its manifest is there (a finished
+    build re-run stays a no-op); on failure, one warning line on stderr and None."""
+    import sys
+
+    from shardsmith.formats.build_dir import REPORT_FILE
+
+    dest = out / REPORT_FILE
+    try:
+        if dest.is_file() and dest.stat().st_mtime >= (out / formats.MANIFEST_FILE).stat().st_mtime:
+            return dest
+        from shardsmith.report_html import write_report
+
+        return write_report(out)
+    except Exception as exc:  # the build is complete: a report that cannot be written is only a warning
+        sys.stderr.write(f"warning: the build is complete, but its HTML report could not be written "
+                         f"({type(exc).__name__}: {exc}); retry with: shardsmith report {out}\n")
+        return None
+
+
+def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
+                  workers: int | None = None, console=None) -> dict[str, Any]:
     from shardsmith.precheck import precheck
 
     precheck(recipe)  # what needs only the recipe fails here, before any folder, plan or model

@@ -1,5 +1,5 @@
 """Command line: ``shardsmith build``, ``scan``, ``verify``, ``inspect``, ``repair``, ``register``,
-``decode``.
+``decode``, ``report``.
 
 Every recipe key has a flag: the common ones by name (``--source``, ``--to``,
 ``--resolution`` ...) and any other through ``--set key.path=value`` (YAML value). Flags
@@ -242,6 +242,8 @@ def build(
                                     "at full resolution (use its own --out, e.g. overfit/)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild beside the old output; swap in when complete."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
+    no_report: bool = typer.Option(False, "--no-report", help="Do not write OUT/report.html at the end "
+                                   "(shardsmith report OUT writes it later)."),
 ):
     """Build every output of a recipe (or of flags) into --out, resumably and fully accounted."""
     from shardsmith.build import InvariantError, build as run_build
@@ -251,12 +253,15 @@ def build(
         _fail("give a RECIPE.yaml or at least one --source (and --to)")
     recipe = _recipe(recipe_path, source, flags, to, set_, str(recipe_path or "<command line>"))
     try:
-        manifest = run_build(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers)
+        manifest = run_build(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, report=not no_report)
     except InvariantError as exc:  # not the user's doing: a bug, exit code 3
         _exit(str(exc), 3)
     c = manifest["counts"]
     if not quiet:
-        typer.echo(f"done: {out} ({c['written']} of {c['inputs']} inputs written; see {out}/manifest.json)")
+        from shardsmith.formats.build_dir import REPORT_FILE
+
+        shown = f" and {out / REPORT_FILE}" if not no_report and (out / REPORT_FILE).is_file() else ""
+        typer.echo(f"done: {out} ({c['written']} of {c['inputs']} inputs written; see {out}/manifest.json{shown})")
 
 
 @command()
@@ -448,3 +453,18 @@ def decode_cmd(
                f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
     if rep["note"]:
         typer.echo(f"note: {rep['note']}")
+
+@command("report")
+def report_cmd(
+    build_dir: Path = typer.Argument(..., metavar="OUT", help="A finished shardsmith build folder (a build's --out)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write the page "
+                                          "(default: OUT/report.html)."),
+    no_previews: bool = typer.Option(False, "--no-previews", help="Do not decode latents into previews "
+                                     "(loads no VAE)."),
+):
+    """Write one self-contained HTML page about a build: counts and reasons, sample thumbnails and
+    decoded latent previews, histograms, the last verify."""
+    from shardsmith.report_html import write_report
+
+    dest = write_report(build_dir, output, previews=not no_previews)
+    typer.echo(f"report: {dest}")

@@ -6,7 +6,7 @@ Contract
   contains or lies inside a source path (both resolved through symlinks); it writes nothing.
 - :func:`is_build` is True only for a folder holding a shardsmith ledger.
 - :func:`owned_files` lists the files a build's ledger accounts for, relative to its folder: its
-  ``manifest.json`` and ``.shardsmith/``; in the folders of the outputs its recorded recipe names
+  ``manifest.json``, its ``report.html`` and ``.shardsmith/``; in the folders of the outputs its recorded recipe names
   (train and ``holdout/``): the recorded units (and ``NNNNN.tar`` shards a kill left between
   their rename and their record), the index files (``shard_count.json``, ``ignore_index.json``,
   ``repair.json``, ``neg_prompt_emb.npy``), the ZIP, the ``.precomputed/`` stamp and its
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardsmith.errors import UserError
-from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, STATE_DIR
+from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, REPORT_FILE, STATE_DIR
 from shardsmith.formats.detect import is_build
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_numbered_shard
@@ -118,7 +118,7 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
         return set()
     layouts, units = recorded_layout(folder)
     found: list[Path] = [p for p in (folder / STATE_DIR).rglob("*") if not p.is_dir() or p.is_symlink()]
-    found += [p for p in _files_in(folder) if _base_name(p.name) == MANIFEST_FILE]
+    found += [p for p in _files_in(folder) if _base_name(p.name) in (MANIFEST_FILE, REPORT_FILE)]
     for lay in layouts:
         if not _inside(lay.target):
             continue

@@ -1,0 +1,120 @@
+"""What the report shows, read from a finished build folder: its manifest, a bounded sample of
+its ledger's items (sizes, aspect, video facts from item meta) and its last verify reports.
+
+Memory and time stay bounded whatever the build's size: items are sampled in SQL (every k-th
+``idx``, at most :data:`MAX_SAMPLED` rows), never all read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardsmith.errors import UserError
+from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+
+MAX_SAMPLED = 20000  # item rows read for the histograms, at most
+VIDEO_META = ("frames", "fps", "duration")  # item meta keys plotted when present
+
+
+class ReportError(UserError):
+    """``shardsmith report`` on a folder that is not a finished shardsmith build."""
+
+
+@dataclass
+class ItemStats:
+    """Histogram inputs from the ledger: a sample of the usable items."""
+
+    total: int = 0  # usable (plan ok) items
+    sampled: int = 0  # of them, read
+    kinds: dict[str, int] = field(default_factory=dict)  # usable items by kind (all, in SQL)
+    widths: list[int] = field(default_factory=list)
+    heights: list[int] = field(default_factory=list)
+    aspects: list[float] = field(default_factory=list)
+    video: dict[str, list[float]] = field(default_factory=dict)  # frames / fps / duration from item meta
+
+
+@dataclass
+class BuildData:
+    root: Path
+    manifest: dict[str, Any]
+    stats: ItemStats | None  # None without a ledger
+    verify: list[dict[str, Any]]  # verify/record.py documents, newest first
+    notes: list[str] = field(default_factory=list)
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of the finished build at ``root``, or :class:`ReportError` saying what it is."""
+    if not root.is_dir():
+        raise ReportError(f"{root} {'is a file' if root.exists() else 'does not exist'}; shardsmith report takes "
+                          "the --out folder of a finished shardsmith build")
+    mpath = root / MANIFEST_FILE
+    ledger = root / LEDGER_FILE
+    if not mpath.is_file():
+        if ledger.exists():
+            raise ReportError(f"{root}: build not finished ({LEDGER_FILE} but no {MANIFEST_FILE}): resume it with "
+                              "the same command, then run shardsmith report")
+        raise ReportError(f"{root} is not a shardsmith build (no {MANIFEST_FILE}); shardsmith report takes the "
+                          "--out folder of a finished shardsmith build")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ReportError(f"{mpath} cannot be read as a shardsmith manifest: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict) or "counts" not in manifest:
+        raise ReportError(f"{mpath} is not a shardsmith manifest (no counts and outputs)")
+    if ledger.exists():
+        from shardsmith.plan.ledger import Ledger
+
+        if not Ledger.peek(ledger, "complete")[0]:
+            raise ReportError(f"{root}: build not finished (its ledger does not mark it complete): resume it with "
+                              "the same command, then run shardsmith report")
+    return manifest
+
+
+def item_stats(ledger_path: Path, max_sampled: int = MAX_SAMPLED) -> ItemStats:
+    """Sizes and video facts of at most ``max_sampled`` usable items, every k-th by plan order."""
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(ledger_path)
+    try:
+        db = led.db
+        st = ItemStats()
+        st.kinds = dict(db.execute("SELECT kind, COUNT(*) FROM items WHERE plan_status='ok' GROUP BY kind "
+                                   "ORDER BY kind").fetchall())
+        st.total = sum(st.kinds.values())
+        step = max(1, -(-st.total // max_sampled))
+        rows = db.execute("SELECT kind, width, height, meta FROM items WHERE plan_status='ok' AND idx % ? = 0 "
+                          "ORDER BY idx LIMIT ?", (step, max_sampled))
+        for kind, w, h, meta in rows:
+            st.sampled += 1
+            if w and h:
+                st.widths.append(w)
+                st.heights.append(h)
+                st.aspects.append(round(w / h, 4))
+            if kind != "video" or not meta or meta == "{}":
+                continue
+            try:
+                m = json.loads(meta)
+            except ValueError:
+                continue
+            for key in VIDEO_META:
+                v = m.get(key) if isinstance(m, dict) else None
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    st.video.setdefault(key, []).append(float(v))
+        return st
+    finally:
+        led.close()
+
+
+def gather(root: Path) -> BuildData:
+    from shardsmith.verify.record import latest
+
+    manifest = read_manifest(root)
+    ledger = root / LEDGER_FILE
+    stats = item_stats(ledger) if ledger.exists() else None
+    data = BuildData(root, manifest, stats, latest(root))
+    if stats is None:
+        data.notes.append(f"no ledger ({LEDGER_FILE}): no size histograms")
+    return data
