@@ -285,19 +285,23 @@ def test_malicious_pickle_member_raises_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
-def test_files_map_relative_to_shard_folder_and_missing_file(tmp_path):
+def test_files_map_relative_as_fastgen_resolves_it_and_missing_file(tmp_path):
     folder = write_tar_folder(tmp_path / "ds", [[(f"k{i}", {"cls": str(i).encode()}) for i in range(3)]])
     emb = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.save(folder / "neg_emb.npy", emb)
     torch.save({"a": torch.ones(2)}, folder / "extra.pth")
+    # FastGen joins a relative path to os.path.dirname(<shard folder>): the folder's parent
     loader = WdsLoader(WdsLoaderConfig(shards=folder, key_map={"c": "cls"}, deterministic=True, batch_size=3,
-                                       files_map={"neg": "neg_emb.npy", "extra": "extra.pth"}))
+                                       files_map={"neg": "ds/neg_emb.npy", "extra": "ds/extra.pth"}))
     (b,) = list(loader)
     assert b["neg"].shape == (3, 2, 3) and torch.equal(b["neg"][2], torch.from_numpy(emb))
     assert b["extra"]["a"].shape == (3, 2)
     assert b["c"].tolist() == [0, 1, 2]
     with pytest.raises(FileNotFoundError, match=r"files_map\['neg'\].*ds/nope\.npy"):
-        WdsLoader(loader.config.model_copy(update={"files_map": {"neg": "nope.npy"}}))
+        WdsLoader(loader.config.model_copy(update={"files_map": {"neg": "ds/nope.npy"}}))
+    # the bare name resolves beside the folder, where FastGen looks too; the message says what to write
+    with pytest.raises(FileNotFoundError, match=r"files_map\['neg'\].*write 'ds/neg_emb\.npy'"):
+        WdsLoader(loader.config.model_copy(update={"files_map": {"neg": "neg_emb.npy"}}))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -307,7 +311,7 @@ def test_constants_as_views_equal_the_copies_without_copying(tmp_path, workers):
     emb = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.save(folder / "neg_emb.npy", emb)
     cfg = WdsLoaderConfig(shards=folder, key_map={"c": "cls"}, deterministic=True, batch_size=2, partial=True,
-                          num_workers=workers, files_map={"neg": "neg_emb.npy"},
+                          num_workers=workers, files_map={"neg": "ds/neg_emb.npy"},
                           presets_map={"empty": "empty_string"})
     copies = list(WdsLoader(cfg))
     loader = WdsLoader(cfg.model_copy(update={"constants_as_views": True}))
@@ -409,7 +413,7 @@ def test_safetensors_member_when_installed(tmp_path):
     folder = write_tar_folder(tmp_path / "st", [[(f"k{i}", {"latent.safetensors": data}) for i in range(3)]])
     st.save_file({"emb": torch.full((5,), 2.0)}, str(folder / "neg.safetensors"))
     (b,) = list(WdsLoader(WdsLoaderConfig(shards=folder, key_map={"real": "latent.safetensors"}, deterministic=True,
-                                          batch_size=3, files_map={"neg": "neg.safetensors"})))
+                                          batch_size=3, files_map={"neg": "st/neg.safetensors"})))
     assert b["real"]["lat"].shape == (3, 2, 3) and b["real"]["mask"].dtype == torch.int64
     assert torch.equal(b["neg"], torch.full((3, 5), 2.0))
 

@@ -97,5 +97,19 @@ def summary(manifest: dict[str, Any]) -> list[str]:
         if HOLDOUT in o["splits"]:
             lines.append("  " + holdout.achieved(o["splits"].get(TRAIN, {}).get("written", 0),
                                                  o["splits"][HOLDOUT]["written"]))
+        for split, blk in o.get("files", {}).items():
+            lines += bucket_lines(split, blk.get("buckets") or {})
     lines += [f"warning: {w}" for w in manifest["warnings"]]
+    return lines
+
+
+def bucket_lines(split: str, buckets: dict[str, dict[str, Any]]) -> list[str]:
+    """One summary line per bucket of a latent output's split: samples, latent shape, the share
+    of the available frames used, and the mean share of the source area the crop kept."""
+    lines = []
+    for bucket, b in buckets.items():
+        used = f"{b['frames_used']}/{b['frames_available']} frames used" if b.get("frames_available") else ""
+        shape = "x".join(map(str, b["latent_shape"])) if b.get("latent_shape") else "?"
+        lines.append(f"  {split} bucket {bucket}: {b['samples']} sample(s), latent {shape}"
+                     f"{', ' + used if used else ''}, crop keeps {b['mean_area_kept']:.0%} of the area on average")
     return lines

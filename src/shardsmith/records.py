@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 WRITTEN = "written"
 
@@ -163,3 +163,26 @@ class SampleResult:
     members: dict[str, bytes] | None = None  # suffix -> bytes (wds) or {"png": ...} (zip)
     info: dict[str, Any] = field(default_factory=dict)  # per-sample facts for json/manifest
     pixels: Any = None  # latent outputs: uint8 frames [F, H, W, 3] in their bucket, awaiting the encoder
+
+
+class UnitFile(NamedTuple):
+    """One file of a unit that writes one file per bucket (name relative to the output folder)."""
+
+    name: str
+    bucket: str
+    count: int
+    nbytes: int
+    sha256: str
+    frames_used: int = 0
+    frames_available: int = 0
+    area_kept: float = 0.0  # sum over its samples of the share of the source area the crop keeps
+
+
+class Written(NamedTuple):
+    """What a sink's ``write_unit`` wrote: the unit's name, bytes and sha256 (one file: the file's;
+    several: a hash over ``files``), and its files when there are several."""
+
+    name: str
+    nbytes: int
+    sha256: str
+    files: tuple[UnitFile, ...] = ()

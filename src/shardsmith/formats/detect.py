@@ -7,19 +7,22 @@ from typing import Literal, NamedTuple
 
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
 from shardsmith.formats.precomputed import MARKER_DIRS
-from shardsmith.formats.wds import is_shard_file_name
+from shardsmith.formats.wds import BUCKETS_INDEX_FILE, is_shard_file_name
 from shardsmith.formats.zip import is_zip_file_name
 
-DatasetKind = Literal["zip", "precomputed", "wds"]
+DatasetKind = Literal["zip", "precomputed", "wds", "wds_buckets"]
 
 
 def dataset_kind(path: Path) -> DatasetKind:
     """``zip`` for a ``.zip`` file, ``precomputed`` for a folder holding ``latents/``,
-    ``conditions/`` or ``audio_latents/``, ``wds`` for a folder with a ``*.tar`` entry;
-    ``ValueError`` for anything else."""
+    ``conditions/`` or ``audio_latents/``, ``wds_buckets`` for a multi-bucket output (one
+    WebDataset folder per bucket beside ``buckets.json``), ``wds`` for a folder with a ``*.tar``
+    entry; ``ValueError`` for anything else."""
     path = Path(path)
     if path.is_file() and is_zip_file_name(path.name):
         return "zip"
+    if path.is_dir() and (path / BUCKETS_INDEX_FILE).is_file():
+        return "wds_buckets"
     if path.is_dir() and any((path / d).is_dir() for d in MARKER_DIRS):
         return "precomputed"
     if path.is_dir() and any(is_shard_file_name(p.name) for p in path.iterdir()):

@@ -25,10 +25,13 @@ SHARD_COUNT_FILE = "shard_count.json"
 IGNORE_INDEX_FILE = "ignore_index.json"
 REPAIR_FILE = "repair.json"
 NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embedding beside the shards
+# a multi-bucket output: one WebDataset folder per bucket (``<bucket>/`` named ``WxHxF``, each with
+# its shard_count.json) and this index beside them: {bucket: {dir, samples, shards, latent_shape}}
+BUCKETS_INDEX_FILE = "buckets.json"
 SHARD_EXT = ".tar"
 BACKUP_SUFFIX = ".orig"  # repair keeps a rewritten file's original bytes under its name plus this
 #: files a WebDataset output folder holds beside its shards (repair's and latent outputs' included)
-INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE)
+INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE, BUCKETS_INDEX_FILE)
 
 # member suffixes (FastGen's key_map values)
 JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"
@@ -52,6 +55,26 @@ def shard_name(index: int) -> str:
     if index < 0:
         raise ValueError(f"shard index must be >= 0, got {index}")
     return f"{index:05d}.tar"
+
+
+def is_bucket_folder(name: str) -> bool:
+    """Whether ``name`` is a bucket folder's name (``WxHxF``) of a multi-bucket output."""
+    return re.fullmatch(r"\d+x\d+x\d+", name) is not None
+
+
+def bucket_folder(bucket: str) -> str:
+    """The folder of a bucket's shards in a multi-bucket output: the bucket itself, ``WxHxF``."""
+    if not is_bucket_folder(bucket):
+        raise ValueError(f"not a bucket: {bucket!r} (expected WxHxF)")
+    return bucket
+
+
+def read_buckets_index(folder: str | os.PathLike) -> dict[str, dict[str, Any]] | None:
+    """``buckets.json`` of a multi-bucket output folder, or None for a one-folder dataset."""
+    path = Path(folder) / BUCKETS_INDEX_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def shard_index(name: str) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from shardsmith.formats.wds import JPG, LATENT, MP4, NEG_PROMPT_FILE, NOISE, PATH, TEXT_EMB, TXT
 from shardsmith.loaders import registry
 from shardsmith.loaders.wds import WdsLoader
-from shardsmith.loaders.wds_config import WdsLoaderConfig
+from shardsmith.loaders.wds_config import WdsLoaderConfig, files_ref
 from shardsmith.loaders.zip import ZipLoaderConfig
 
 
@@ -59,13 +59,29 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def _bucketed(path: str | Path) -> bool:
+    """Whether ``path`` is a multi-bucket output (one shard folder per bucket inside it)."""
+    from shardsmith.formats.detect import dataset_kind
+
+    try:
+        return dataset_kind(Path(path)) == "wds_buckets"
+    except (ValueError, OSError):
+        return False
+
+
 def preset_config(name: str, path: str | Path, **overrides: Any) -> WdsLoaderConfig | ZipLoaderConfig:
     """A fresh typed config of preset ``name`` for the dataset at ``path``."""
     p = get_preset(name)
     kw = {**copy.deepcopy(p.defaults), **overrides}
     if p.kind == "zip":
         return ZipLoaderConfig(path=Path(path), **kw)
-    return WdsLoaderConfig(shards=Path(path), **kw)
+    if "files_map" not in overrides and not _bucketed(path):
+        # a preset's files_map names files inside the shard folder (the build writes
+        # neg_prompt_emb.npy there); written as the relative path FastGen's rule resolves to that
+        # file (``train/neg_prompt_emb.npy`` for ``.../train``), so FastGen and this loader open the
+        # same file. A multi-bucket folder keeps the bare name: each bucket's datatag's dirname is it.
+        kw["files_map"] = {k: files_ref(path, v) for k, v in kw.get("files_map", {}).items()}
+    return WdsLoaderConfig(shards=path if isinstance(path, str) else Path(path), **kw)
 
 
 def build_loader(config: WdsLoaderConfig | ZipLoaderConfig):

@@ -84,3 +84,19 @@ def empty_slots(shard_counts, ignore, world, workers, start_index=0) -> list[tup
     counts = slot_sample_counts(shard_counts, ignore, world, workers, start_index)
     return [(r, w, reason) for (r, w), n in sorted(counts.items()) if n == 0]
 
+
+
+def fastgen_partial_drops(n_samples: int, world: int, workers: int, batch_size: int) -> dict[Slot, tuple[int, int]]:
+    """Pure: ``{(rank, worker): (samples, dropped)}`` for one pass of FastGen v0.1.0's
+    deterministic loader (``DeterministicWDS``, ``train=False``) over ``n_samples`` (after the
+    ignore index). Rank-worker ``(r, w)`` reads ``slice(w + workers * r, None, workers * world)``
+    of the samples in order and batches them itself; with ``partial=False`` (FastGen's default)
+    its last incomplete batch, ``samples % batch_size`` samples, is dropped. ``workers=0`` is
+    one worker (the loader's main process)."""
+    nw, world, b = max(workers, 1), max(world, 1), max(batch_size, 1)
+    out: dict[Slot, tuple[int, int]] = {}
+    for r in range(world):
+        for w in range(nw):
+            n = len(range(w + nw * r, n_samples, nw * world))
+            out[(r, w)] = (n, n % b)
+    return out

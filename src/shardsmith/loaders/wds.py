@@ -72,6 +72,7 @@ int64 ``[B]`` tensors ``resize_w, resize_h, crop_x0, crop_y0, crop_w, crop_h``. 
 from __future__ import annotations
 
 import logging
+import os
 import tarfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -83,7 +84,7 @@ from shardsmith.loaders import decoders as dec
 from shardsmith.loaders.collate import attach_constant_views
 from shardsmith.loaders.shard_reader import list_shards, read_shard_counts, shard_samples
 from shardsmith.loaders.slots import Slot, empty_slots, slot_sample_counts
-from shardsmith.loaders.wds_config import PRESETS, WdsLoaderConfig
+from shardsmith.loaders.wds_config import PRESETS, WdsLoaderConfig, fastgen_files_root, files_ref
 from shardsmith.loaders.wds_dataset import MAX_EXAMPLES, WdsDataset, new_delta
 
 log = logging.getLogger(__name__)
@@ -107,15 +108,18 @@ def _merge(stats: dict, delta: dict) -> None:
 
 def _resolve_files(cfg: WdsLoaderConfig) -> dict[str, Any]:
     consts: dict[str, Any] = {}
-    folder = Path(cfg.shards)
     for key, p in cfg.files_map.items():
-        path = Path(p).expanduser()
-        if not path.is_absolute():
-            path = folder / path
+        path = cfg.constant_path(p)  # FastGen's rule: relative to the dirname of the shard path
         if not path.is_file():
-            raise FileNotFoundError(
-                f"files_map[{key!r}]: constant file not found: {path} (relative paths resolve against "
-                f"the shard folder {folder})")
+            hint = ""
+            if not os.path.isabs(p):
+                beside = Path(cfg.shards) / Path(p).name
+                root = cfg.files_root if cfg.files_root is not None else fastgen_files_root(cfg.shards)
+                hint = (f"; relative paths resolve as FastGen resolves them, against {str(root) or '.'} "
+                        "(the shard folder's parent unless the folder is written with a trailing '/')")
+                if beside.is_file():
+                    hint += f": for the file in the shard folder write {files_ref(cfg.shards, Path(p).name)!r}"
+            raise FileNotFoundError(f"files_map[{key!r}]: constant file not found: {path}{hint}")
         try:
             consts[key] = dec.load_constant_file(path)
         except dec.UnsupportedMemberError:

@@ -7,6 +7,7 @@ taken from ``torch.distributed`` when it is initialised (else 0 / 1).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -15,13 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from shardsmith.formats import wds as wds_layout
 from shardsmith.loaders import decoders as dec
 
+# The ``presets_map`` constants, byte-identical to FastGen v0.1.0's ``PRESET_CONSTANTS``
+# (fastgen/datasets/wds_dataloaders.py; tests/test_fastgen_exact.py compares them with the values
+# copied from that source). ``neg_prompt_wan`` is FastGen's English rendering of Wan 2.1's default
+# negative prompt, not Wan's Chinese original: the same key gives the same string in both.
 PRESETS: dict[str, str] = {
-    "empty_string": "",
-    # Wan 2.1's default negative prompt (sample_neg_prompt in the Wan configs)
     "neg_prompt_wan": (
-        "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，"
-        "低质量，JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，"
-        "形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走"
+        "Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, "
+        "static, overall gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, "
+        "extra fingers, poorly drawn hands, poorly drawn faces, deformed, disfigured, misshapen limbs, "
+        "fused fingers, still picture, messy background, three legs, many people in the background, "
+        "walking backwards"
     ),
     # Cosmos-Predict's default negative prompt
     "neg_prompt_cosmos": (
@@ -33,7 +38,33 @@ PRESETS: dict[str, str] = {
         "poorly edited content, jump cuts, visual noise, and flickering. Overall, the video is of "
         "poor quality."
     ),
+    "empty_string": "",
 }
+
+
+def fastgen_files_root(shards: str | os.PathLike) -> str:
+    """The folder FastGen v0.1.0 joins a relative ``files_map`` path to (``WDSLoader._load_file``:
+    ``os.path.join(os.path.dirname(<first datatag's path>), path)``): the shard folder's *parent*
+    (``/d/train`` -> ``/d``), or the folder itself when the path is written with a trailing
+    ``/`` (``/d/train/`` -> ``/d/train``)."""
+    return os.path.dirname(os.fspath(shards))
+
+
+def resolve_files_path(path: str, files_root: str | os.PathLike) -> Path:
+    """A ``files_map`` path as FastGen opens it: absolute as it is (no ``~`` expansion),
+    relative joined to ``files_root`` (:func:`fastgen_files_root`)."""
+    return Path(path if os.path.isabs(path) else os.path.join(os.fspath(files_root), path))
+
+
+def files_ref(shards: str | os.PathLike, name: str) -> str:
+    """The relative ``files_map`` path that FastGen's rule (and this loader's) resolves to the
+    file ``name`` *inside* the shard folder ``shards``: ``train/neg_prompt_emb.npy`` for
+    ``/d/train``, ``neg_prompt_emb.npy`` for ``/d/train/``."""
+    s = os.fspath(shards)
+    if s.endswith(("/", os.sep)):
+        return name
+    return os.path.join(os.path.basename(s), name)
+
 
 FILTERS = ("score", "empty_keys")
 
@@ -45,7 +76,12 @@ class WdsLoaderConfig(BaseModel):
 
     shards: Path
     key_map: dict[str, str] = Field(default_factory=lambda: {"real": wds_layout.JPG, "condition": wds_layout.TXT})
+    # output key -> constant file (.npy/.pth/.safetensors), loaded once. A relative path resolves
+    # exactly as FastGen v0.1.0 resolves it: joined to ``files_root``, which defaults to
+    # ``os.path.dirname(shards)`` as written: the shard folder's PARENT, or the folder itself
+    # when ``shards`` is given as a string ending in ``/`` (:func:`fastgen_files_root`).
     files_map: dict[str, str] = Field(default_factory=dict)
+    files_root: Optional[Path] = None
     presets_map: dict[str, str] = Field(default_factory=dict)
     filters: dict[str, dict[str, Any]] = Field(default_factory=dict)
     batch_size: int = Field(1, ge=1)
@@ -72,6 +108,21 @@ class WdsLoaderConfig(BaseModel):
     # training if the trainer writes into batch tensors in place.
     constants_as_views: bool = False
     allow_empty_rank: bool = False  # False: a rank with no sample at all raises at construction
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trailing_slash(cls, data):
+        # Path("/d/train/") drops the "/" that FastGen's rule reads: keep what it means here
+        if isinstance(data, dict) and data.get("files_root") is None:
+            shards = data.get("shards")
+            if isinstance(shards, str) and shards.endswith(("/", os.sep)) and len(shards) > 1:
+                data = {**data, "files_root": fastgen_files_root(shards)}
+        return data
+
+    def constant_path(self, path: str) -> Path:
+        """Where files_map's ``path`` is opened (FastGen's rule, see ``files_map``)."""
+        root = self.files_root if self.files_root is not None else fastgen_files_root(self.shards)
+        return resolve_files_path(path, root)
 
     @field_validator("key_map")
     @classmethod

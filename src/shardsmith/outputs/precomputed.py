@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from shardsmith.outputs.base import OutputContext
 from shardsmith.outputs.latent import LatentKind
+from shardsmith.outputs.latent_wds import latent_shapes
 from shardsmith.recipe import PrecomputedOutput
 
 
@@ -26,3 +28,20 @@ class PrecomputedKind(LatentKind):
         sink = PrecomputedSink(o, dest)
         sink.check_stamp(ctx.stage().stamp(ctx.recipe))  # refused before anything is written
         return sink
+
+    def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
+        from shardsmith.sinks.bucketed_wds import bucket_summary
+
+        info = super().finalize(o, ctx, sink, split, dest)
+        info["buckets"] = bucket_summary(ctx.ledger.unit_files(o.name, split), latent_shapes(ctx))
+        return info
+
+    def warnings(self, o, ctx: OutputContext, files: dict[str, Any]) -> list[str]:
+        out = []
+        for split, blk in files.items():
+            shapes = {tuple(b["latent_shape"]) for b in blk.get("buckets", {}).values() if b.get("latent_shape")}
+            if len(shapes) > 1:
+                out.append(f"{o.name}/{split}: the .precomputed/ tree holds {len(shapes)} latent shapes "
+                           f"({', '.join(sorted(blk['buckets']))}); the LTX trainer needs batch_size: 1 for this "
+                           "tree (its DataLoader stacks a batch), or build one tree per bucket")
+        return out

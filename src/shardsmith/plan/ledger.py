@@ -8,6 +8,11 @@ Tables
   written in the same transaction that commits the shard holding it.
 - ``shards(output, split, seq, name, first_pos, next_pos, count, bytes, sha256)``: committed
   units of work; ``next_pos`` is where the next unit starts in the eligible-item order.
+- ``unit_files(output, split, seq, name, bucket, count, bytes, sha256, frames_used,
+  frames_available, area_kept)``: what a latent output's unit wrote per bucket (a multi-bucket
+  WebDataset's shard ``<bucket>/NNNNN.tar``, or a ``.precomputed/`` unit's files of one bucket,
+  ``<bucket>@unitNNNNN``), committed with the unit; ``frames_*`` and ``area_kept`` (the sum over
+  its samples of the share of the source area the crop keeps) feed the per-bucket summary.
 
 The ledger is the only source of truth for resume: a unit is done iff its row exists, and
 a row is written only after the unit's file was renamed into place.
@@ -72,6 +77,20 @@ CREATE TABLE IF NOT EXISTS shards (
     bytes INTEGER NOT NULL,
     sha256 TEXT NOT NULL,
     PRIMARY KEY (output, split, seq)
+);
+CREATE TABLE IF NOT EXISTS unit_files (
+    output TEXT NOT NULL,
+    split TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    bucket TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    frames_used INTEGER NOT NULL,
+    frames_available INTEGER NOT NULL,
+    area_kept REAL NOT NULL,
+    PRIMARY KEY (output, split, name)
 );
 """
 
@@ -170,6 +189,7 @@ class Ledger:
             self.db.execute("DELETE FROM items")
             self.db.execute("DELETE FROM results")
             self.db.execute("DELETE FROM shards")
+            self.db.execute("DELETE FROM unit_files")
             self.db.execute("DELETE FROM meta WHERE key IN ('plan_complete', 'written_ahead')")
 
     def add_items(self, items: Iterable[PlannedItem]) -> None:
@@ -263,14 +283,26 @@ class Ledger:
         return _Tx(self.db)
 
     def commit_unit(self, *, output: str, split: str, seq: int, name: str, first_pos: int, next_pos: int,
-                    count: int, nbytes: int, sha256: str, results: list[tuple[int, str, str | None]]) -> None:
-        """Record one committed unit (after its file was renamed into place) and its items."""
+                    count: int, nbytes: int, sha256: str, results: list[tuple[int, str, str | None]],
+                    files: Iterable[tuple] = ()) -> None:
+        """Record one committed unit (after its files were renamed into place), its items and,
+        for a unit of several files, each file ``(name, bucket, count, bytes, sha256, frames_used,
+        frames_available, area_kept)``; one transaction."""
         with self.transaction():
             self.db.execute("INSERT INTO shards VALUES (?,?,?,?,?,?,?,?,?)",
                             (output, split, seq, name, first_pos, next_pos, count, nbytes, sha256))
             self.db.executemany("INSERT INTO results VALUES (?,?,?,?,?)",
                                 [(output, idx, st, det, name if st == "written" else None)
                                  for idx, st, det in results])
+            self.db.executemany("INSERT INTO unit_files VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                                [(output, split, seq, *f) for f in files])
+
+    def unit_files(self, output: str, split: str) -> list[dict[str, Any]]:
+        """The files of the multi-file units of ``output``'s ``split``, by bucket then unit."""
+        cols = ("seq", "name", "bucket", "count", "bytes", "sha256", "frames_used", "frames_available", "area_kept")
+        rows = self.db.execute(f"SELECT {','.join(cols)} FROM unit_files WHERE output=? AND split=? "
+                               "ORDER BY bucket, seq", (output, split)).fetchall()
+        return [dict(zip(cols, r)) for r in rows]
 
     def record_results(self, output: str, results: list[tuple[int, str, str | None]]) -> None:
         """Terminal statuses decided without a unit (plan failures, items outside the output)."""

@@ -30,7 +30,7 @@ from shardsmith.errors import UserError
 from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, REPORT_FILE, STATE_DIR
 from shardsmith.formats.detect import is_build
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
-from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_numbered_shard
+from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_bucket_folder, is_numbered_shard
 from shardsmith.formats.zip import ZIP_FORMATS
 from shardsmith.atomic import TMP_MARK
 
@@ -138,6 +138,10 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
             recorded = set(units.get((lay.name, split), [])) | set(INDEX_FILES)
             found += [p for p in _files_in(dest)
                       if _base_name(p.name) in recorded or is_numbered_shard(_base_name(p.name))]
+            for sub in (dest.iterdir() if dest.is_dir() and not dest.is_symlink() else []):
+                if sub.is_dir() and not sub.is_symlink() and is_bucket_folder(sub.name):  # a multi-bucket output
+                    found += [p for p in _files_in(sub)
+                              if _base_name(p.name) in INDEX_FILES or is_numbered_shard(_base_name(p.name))]
     return {p.relative_to(folder).as_posix() for p in found}
 
 

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
-from shardsmith.records import SampleResult
+from shardsmith.records import SampleResult, UnitFile, Written
 from shardsmith.atomic import atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.pt_write import pt_bytes_fast
+from shardsmith.sinks.bucketed_wds import crop_share
 
 def pt_bytes(obj: dict[str, Any]) -> bytes:
     """``torch.save`` to bytes (loadable with ``weights_only=True``): the very same bytes, from a
@@ -71,14 +72,30 @@ class PrecomputedSink:
         self.dest.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, stamp)
 
-    def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple[str, int, str]:
+    def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> Written:
+        """Write every sample's files atomically; the unit's files are grouped by bucket (one
+        :class:`~shardsmith.records.UnitFile` per bucket, named ``<bucket>@unit<seq>``)."""
         h, total = hashlib.sha256(), 0
+        groups: dict[str, list] = {}
         for _key, s in samples:
+            hb, nb = hashlib.sha256(), 0
             for rel, data in sorted(s.members.items()):
                 atomic_write_bytes(self.dest / rel, data)
-                h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+                digest = hashlib.sha256(data).digest()
+                h.update(rel.encode() + b"\0" + digest)
+                hb.update(rel.encode() + b"\0" + digest)
                 total += len(data)
-        return f"unit{seq:05d}", total, h.hexdigest()
+                nb += len(data)
+            groups.setdefault(s.info.get("bucket", ""), []).append((s, nb, hb.digest()))
+        files = []
+        for bucket, group in sorted(groups.items()):
+            frames = int(bucket.rsplit("x", 1)[1]) if bucket else 1
+            gh = hashlib.sha256(b"".join(d for _, _, d in group)).hexdigest()
+            files.append(UnitFile(f"{bucket}@unit{seq:05d}", bucket, len(group), sum(n for _, n, _ in group), gh,
+                                  frames * len(group),
+                                  sum(int(s.info.get("source_frames", frames)) for s, _, _ in group),
+                                  sum(crop_share(s.info) for s, _, _ in group)))
+        return Written(f"unit{seq:05d}", total, h.hexdigest(), tuple(files))
 
     def finalize(self, units: list[dict]) -> dict[str, Any]:
         counts = {sub: sum(1 for p in (self.dest / sub).rglob(f"*{CACHE_EXT}")) if (self.dest / sub).exists() else 0

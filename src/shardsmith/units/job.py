@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from shardsmith.plan.ledger import Ledger
-from shardsmith.records import WRITTEN, PlannedItem, SampleResult
+from shardsmith.records import WRITTEN, PlannedItem, SampleResult, UnitFile, Written
 from shardsmith.units.plan import UnitJob
 
 
@@ -33,17 +33,20 @@ class UnitRecord:
     sha256: str
     count: int  # samples written
     results: list[tuple[int, str, str | None]] = field(default_factory=list)  # (idx, status, detail)
+    files: tuple[UnitFile, ...] = ()  # a unit of several files (one per bucket)
 
 
 def unit_items(ledger: Ledger, job: UnitJob, sources: list[int]) -> Iterable[PlannedItem]:
     return islice(ledger.items(split=job.split, sources=sources, status="ok", start_pos=job.first_pos), job.size)
 
 
-def record_of(job: UnitJob, written: tuple[str, int, str], samples: list[tuple[str, SampleResult]],
+def record_of(job: UnitJob, written: tuple, samples: list[tuple[str, SampleResult]],
               others: list[tuple[int, str, str | None]]) -> UnitRecord:
-    """The record of a unit whose file ``written`` = (name, bytes, sha256) holds ``samples``."""
-    name, size, sha = written
-    return UnitRecord(job, name, size, sha, len(samples), [(s.idx, WRITTEN, None) for _, s in samples] + others)
+    """The record of a unit whose files ``written`` (a :class:`Written`, or ``(name, bytes,
+    sha256)``) hold ``samples``."""
+    w = Written(*written)
+    return UnitRecord(job, w.name, w.nbytes, w.sha256, len(samples),
+                      [(s.idx, WRITTEN, None) for _, s in samples] + others, tuple(w.files))
 
 
 def finish_unit(job: UnitJob, sink, results: Iterable[tuple[PlannedItem, SampleResult]]) -> UnitRecord:
@@ -65,4 +68,4 @@ def commit(ledger: Ledger, rec: UnitRecord) -> None:
     j = rec.job
     ledger.commit_unit(output=j.output, split=j.split, seq=j.seq, name=rec.name, first_pos=j.first_pos,
                        next_pos=j.next_pos, count=rec.count, nbytes=rec.nbytes, sha256=rec.sha256,
-                       results=rec.results)
+                       results=rec.results, files=[tuple(f) for f in rec.files])

@@ -6,6 +6,8 @@
 - :func:`manifest_check`: check ``manifest``: the written count of the build that wrote the
   dataset equals the samples held plus those repairs removed and recorded in ``repair.json``
   (then listed in the report's ``repairs``).
+- :func:`fastgen_partial`: the samples a FastGen loader with ``partial=False`` (its default)
+  drops per rank-worker at the batch size: "N samples per pass are never trained on at batch B".
 """
 
 from __future__ import annotations
@@ -76,3 +78,24 @@ def coverage(expected: list[str], seen_per_rank: list[list[str]], full: bool) ->
             "duplicates": [k for k, c in seen.items() if c > 1],
             "missing": [k for k in expected if k not in seen] if full else [],
             "unknown": [k for k in seen if k not in expected_set], "full_pass": full}
+
+
+def fastgen_partial(n_samples: int, world: int, workers: int, batch_size: int) -> dict[str, Any]:
+    """What FastGen v0.1.0's deterministic loader with ``partial=False`` drops in one pass
+    (``loaders.slots.fastgen_partial_drops``): ``{"batch_size", "dropped", "trained",
+    "per_rank_worker": [{"rank", "worker", "samples", "dropped"}], "line"}``; ``line`` is the
+    sentence verify shows (empty when nothing is dropped)."""
+    from shardsmith.loaders.slots import fastgen_partial_drops
+
+    per = fastgen_partial_drops(n_samples, world, workers, batch_size)
+    dropped = sum(d for _, d in per.values())
+    rows = [{"rank": r, "worker": w, "samples": n, "dropped": d} for (r, w), (n, d) in sorted(per.items())]
+    line = ""
+    if dropped:
+        who = ", ".join(f"r{x['rank']}w{x['worker']} {x['dropped']} of {x['samples']}" for x in rows if x["dropped"])
+        line = (f"{dropped} samples per pass are never trained on at batch {batch_size}: FastGen (partial=False) "
+                f"trains on {n_samples - dropped} of {n_samples}, dropping each rank-worker's last incomplete batch "
+                f"({who}); use a sample count that is a multiple of batch x world x workers "
+                f"({batch_size * max(world, 1) * max(workers, 1)}) or partial=True")
+    return {"batch_size": batch_size, "dropped": dropped, "trained": n_samples - dropped, "per_rank_worker": rows,
+            "line": line}

@@ -6,10 +6,10 @@ for ``files_map``, whether the constant files exist); it writes nothing.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from shardsmith.loaders.slots import fastgen_validation_empty
+from shardsmith.loaders.wds_config import fastgen_files_root, resolve_files_path
 
 
 def diagnose_empty(
@@ -23,8 +23,8 @@ def diagnose_empty(
     Returns ``{"verdict": <first failing item or None>, "explanation": <one line>,
     "checks": [{"item", "status" (ok|problem|unknown), "detail"}, ...]}``. Items, in order:
     ``tar_members``, ``key_map_coverage``, ``filters``, ``partitioning``, ``files_map``.
-    Relative ``files_map`` paths are resolved like FastGen: against the parent of the
-    shard folder.
+    Relative ``files_map`` paths are resolved like FastGen (``wds_config.fastgen_files_root``):
+    against the dirname of the shard folder as written, its parent.
     """
     checks: list[dict[str, str]] = []
 
@@ -90,12 +90,10 @@ def diagnose_empty(
     if not files_map:
         add("files_map", "ok", "no files_map constants")
     else:
-        base = Path(report["folder"]).parent
+        base = fastgen_files_root(report["folder"])
         missing = []
         for k, p in files_map.items():
-            path = Path(p)
-            if not path.is_absolute():
-                path = base / path
+            path = resolve_files_path(p, base)
             if not path.is_file():
                 missing.append(f"{k} -> {path}")
         if missing:

@@ -8,8 +8,6 @@ Contract
 - A dataset whose shardsmith build is not finished (its ledger does not mark it complete, or it
   has a ledger but no manifest) fails at once (check ``build_finished``): "build not finished:
   resume it with the same command".
-- The report of a dataset a finished shardsmith build wrote is also kept in that build, as
-  ``.shardsmith/verify/<dataset>.json`` (``verify/record.py``), for ``shardsmith report``.
 - Checks (each ``{"name", "ok", "detail"}``): every sample seen exactly once in a full
   deterministic pass, none twice; the count equals ``shard_count.json`` (minus
   ``ignore_index.json``) and the manifest of the build that wrote it, less the samples a repair
@@ -18,6 +16,10 @@ Contract
   each tensor key has one shape; no NaN/Inf; with ``contract_in="workers"`` (``auto``'s choice
   from 4 workers per rank on) every batch reached its rank as the worker collated it
   (``rank_batches``).
+- ``fastgen_partial`` (WebDataset): per rank-worker, the samples FastGen's deterministic loader
+  with ``partial=False`` (its default) drops at this batch size (its last incomplete batch); the
+  coverage check then says "N samples per pass are never trained on at batch B" (a warning: this
+  loader, run with partial batches, still sees them).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from shardsmith.verify.accounting import coverage, expected_wds, manifest_check
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import find_build, unfinished
 from shardsmith.verify.precomputed_check import verify_precomputed
-from shardsmith.verify.record import recorded
 from shardsmith.verify.ranks import Ranks
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
@@ -53,7 +54,6 @@ def infer_key_map(folder: Path) -> dict[str, str]:
     return {s.split(".")[0]: s for s, c in counts.items() if c == n}
 
 
-@recorded  # the last report of a build's dataset is kept in the build (verify/record.py)
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
            image_size: int | None = None, timeout: float = 600, contract_in: str = "auto") -> dict[str, Any]:
@@ -174,10 +174,18 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     report["coverage"] = {**cov, "duplicates": dup[:20], "missing": missing[:20], "unknown": unknown[:20],
                           "per_rank": per_rank}
     check("no_duplicates", not dup, f"{len(dup)} sample(s) seen more than once" + (f", e.g. {dup[:3]}" if dup else ""))
+    if kind == "wds":  # what FastGen's loader (partial=False) leaves out of each pass at this batch size
+        from shardsmith.verify.accounting import fastgen_partial
+
+        report["fastgen_partial"] = fastgen_partial(len(expected), world, workers, batch_size)
     if full:
+        partial_line = report.get("fastgen_partial", {}).get("line")
         check("coverage", not missing and not unknown,
               f"{cov['unique']} of {len(expected)} samples seen exactly once"
-              + (f"; missing e.g. {missing[:3]}" if missing else "") + (f"; unknown {unknown[:3]}" if unknown else ""))
+              + (f"; missing e.g. {missing[:3]}" if missing else "") + (f"; unknown {unknown[:3]}" if unknown else "")
+              + (f"; but {partial_line}" if partial_line else ""))
+        if partial_line:
+            report.setdefault("warnings", []).append(partial_line)
     if kind == "wds":
         if count_file:
             n_ignored = sum(len(set(v)) for k, v in ignore.items() if k in count_file)
