@@ -137,14 +137,17 @@ def test_builds_in_shuffled_unit_order_and_after_a_crash_give_the_same_bytes(bui
     # a build that stops after two staged units, then resumes: the same bytes
     write_unit, calls = LatentZipSink.write_unit, []
 
+    class Killed(Exception):
+        pass
+
     def crash(self, seq, samples):
         if len(calls) == 2:
-            raise KeyboardInterrupt("killed")
+            raise Killed("the build stops here")
         calls.append(seq)
         return write_unit(self, seq, samples)
 
     monkeypatch.setattr(LatentZipSink, "write_unit", crash)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         build(rec, tmp_path / "crashed", quiet=True, workers=2)
     assert not (tmp_path / "crashed" / "latents.zip").exists()
     monkeypatch.setattr(LatentZipSink, "write_unit", write_unit)
