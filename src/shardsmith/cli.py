@@ -333,17 +333,39 @@ def verify(
                                          "workers send only ids and statistics."),
     as_json: bool = typer.Option(False, "--json"),
     out_json: Optional[Path] = typer.Option(None, "--out-json", help="Also write the report here."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Loader override of the preset, e.g. "
+                                             "--set num_frames=17 --set video_size=[64,96] (YAML value)"),
 ):
     """Iterate the real loader over ranks x workers; check coverage, counts, splits and the batch contract."""
     from shardsmith.verify.runner import format_verify, verify as run_verify
 
+    overrides = _loader_overrides(set_, dataset, preset)
     rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
-                     batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in)
+                     batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in,
+                     overrides=overrides or None)
     text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)
     if out_json:
         out_json.write_text(text + "\n", encoding="utf-8")
     typer.echo(text if as_json else format_verify(rep))
     raise typer.Exit(0 if rep["ok"] else 1)
+
+
+def _loader_overrides(sets: Optional[list[str]], dataset: Path, preset: Optional[str]) -> dict[str, Any]:
+    """``verify --set key=value`` as loader-config overrides, checked against the preset's config
+    now: a key it does not have, or a bad value, is one line naming the key."""
+    overrides = dict(_setting("--set", s) for s in sets or [])
+    if overrides and preset is not None:
+        from pydantic import ValidationError
+
+        from shardsmith.loaders.presets import preset_config
+
+        try:
+            preset_config(preset, dataset, **overrides)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            key = ".".join(str(p) for p in e["loc"]) or "?"
+            _fail(f"--set {key}: {e['msg']} (for the {preset} preset's loader config)")
+    return overrides
 
 
 def _wds_folder(dataset: Path, command_name: str) -> None:

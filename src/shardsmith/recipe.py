@@ -267,7 +267,31 @@ class LatentZipOutput(_Strict):
         return self
 
 
-Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput], Field(discriminator="format")]
+class VideoWdsOutput(_Strict):
+    """WebDataset shards of raw clips as FastGen's ``VideoLoaderConfig`` reads them: ``mp4``,
+    ``txt`` (the caption) and ``json`` per sample. Each clip is cut to its bucket of
+    ``geometry.buckets`` (those with F > 1) at ``geometry.fps``; a clip that already is an H.264
+    mp4 of exactly that size, frame count and fps is passed through byte-identical (with
+    ``passthrough``), any other is re-encoded with ``codec`` / ``crf`` / ``preset`` (audio dropped)."""
+
+    format: Literal["video_wds"]
+    name: str | None = None
+    dir: str = "videos"
+    samples_per_shard: int = Field(100, gt=0)
+    max_shard_bytes: int | None = Field(None, gt=0, description="close a shard before it would pass this size; "
+                                        "exact, so the same samples close a shard on every run")
+    passthrough: bool = Field(True, description="keep a clip's bytes when its codec, size, frames and fps "
+                              "already match its bucket")
+    codec: Literal["h264"] = Field("h264", description="the codec of re-encoded clips (libx264, yuv420p)")
+    crf: int = Field(18, ge=0, le=51, description="x264 constant rate factor of re-encoded clips (lower: better)")
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
+                    "veryslow"] = Field("medium", description="x264 speed / size trade-off of re-encoded clips")
+    require_caption: bool = Field(True, description="skip clips without a caption (skipped:no_caption): video "
+                                  "loaders read txt as the condition; false writes an empty txt instead")
+    sources: list[str] | None = None
+
+
+Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput, VideoWdsOutput], Field(discriminator="format")]
 LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput, LatentZipOutput)  # the outputs models.vae encodes
 BUCKETED_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # latent outputs cut to geometry.buckets
 
@@ -387,6 +411,23 @@ class Recipe(_Strict):
                         f"{self.models.vae.store})" if others else ""))
             if any(isinstance(o, PrecomputedOutput) for o in self.outputs) and self.models.text is None:
                 raise ValueError("a precomputed output needs models.text (LTX trainers require conditions/)")
+        return self
+
+    @model_validator(mode="after")
+    def _video_buckets(self) -> "Recipe":
+        """A ``video_wds`` output needs clip buckets (F > 1) of even width and height (H.264 yuv420p)."""
+        for i, o in enumerate(self.outputs):
+            if not isinstance(o, VideoWdsOutput):
+                continue
+            clips = [b for b in parse_buckets(self.geometry.buckets) if b.frames > 1] if self.geometry.buckets else []
+            if not clips:
+                raise ValueError(f"outputs[{i}] ({o.name!r}, video_wds) cuts every clip to a bucket of "
+                                 "geometry.buckets with more than 1 frame, and there is none; add one, e.g. "
+                                 "geometry: {buckets: [832x480x81]}")
+            odd = [str(b) for b in clips if b.width % 2 or b.height % 2]
+            if odd:
+                raise ValueError(f"outputs[{i}] ({o.name!r}, video_wds): bucket(s) {', '.join(odd)} have an odd width "
+                                 "or height, which H.264 (yuv420p) cannot encode; use even sizes")
         return self
 
 

@@ -8,10 +8,11 @@ from shardsmith.outputs.base import OutputKind
 from shardsmith.outputs.latent_wds import LatentWdsKind
 from shardsmith.outputs.latent_zip import LatentZipKind
 from shardsmith.outputs.precomputed import PrecomputedKind
+from shardsmith.outputs.video_wds import VideoWdsKind
 from shardsmith.outputs.wds import WdsKind
 from shardsmith.outputs.zip import ZipKind
 
-REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind())}
+REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind(), VideoWdsKind())}
 
 
 def kind_of(o) -> OutputKind:

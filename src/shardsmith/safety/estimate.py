@@ -23,11 +23,13 @@ from dataclasses import dataclass
 
 from shardsmith import formats
 from shardsmith.plan.ledger import Ledger
-from shardsmith.recipe import WdsOutput, ZipOutput
+from shardsmith.recipe import VideoWdsOutput, WdsOutput, ZipOutput
 from shardsmith.records import PlannedItem
 from shardsmith.formats.wds import sample_tar_bytes
 
 SAMPLE = 16
+#: outputs of WebDataset shards whose samples their maker makes whole (estimated like ``wds``)
+SHARD_OUTPUTS = (WdsOutput, VideoWdsOutput)
 
 #: bytes a stored ZIP member costs beyond its data: local header (30) + central entry (46) + name twice
 ZIP_MEMBER_OVERHEAD = 30 + 46 + 2 * len(formats.zip_member_name(0))
@@ -68,7 +70,7 @@ def sample_items(ledger: Ledger, sources: list[int], k: int = SAMPLE) -> list[Pl
 
 def sample_bytes(o: WdsOutput | ZipOutput, members: dict[str, bytes], key: str) -> int:
     """Bytes one written sample adds to output ``o`` (its tar members, or its ZIP member)."""
-    if isinstance(o, WdsOutput):
+    if isinstance(o, SHARD_OUTPUTS):
         return sample_tar_bytes(members, key)
     return len(members["png"]) + ZIP_MEMBER_OVERHEAD
 
@@ -79,7 +81,7 @@ def output_bytes(o: WdsOutput | ZipOutput, counts: tuple[int, int], per_sample: 
     ``per_sample`` bytes each (a tar's member bytes, or a ZIP member's data + its headers), with
     the container and index files; ``empty_splits``: a ZIP is written for a split with no image."""
     total = sum(counts) * per_sample
-    if isinstance(o, WdsOutput):
+    if isinstance(o, SHARD_OUTPUTS):
         for k in counts:
             if k:
                 shards = math.ceil(k / o.samples_per_shard)
@@ -116,7 +118,7 @@ def scale_sample(o: WdsOutput | ZipOutput, counts: tuple[int, int], sample_sizes
 def output_estimate(o, counts: tuple[int, int], sample_sizes: list[int | None], committed: int) -> OutputEstimate:
     """``counts``: the planned (train, holdout) items the output will try to write;
     ``sample_sizes``: bytes of each sampled item's sample (None where it would not be written)."""
-    if not isinstance(o, (WdsOutput, ZipOutput)):
+    if not isinstance(o, (*SHARD_OUTPUTS, ZipOutput)):
         return OutputEstimate(o.name, None, committed)
     total = scale_sample(o, counts, sample_sizes).total
     if isinstance(o, ZipOutput):

@@ -6,7 +6,8 @@ into each sample's members, and says their sizes before encoding.
 Members
 - ``latent_wds``: ``latent.pth`` (``[C, (F'), H', W']``), ``txt_emb.pth`` (``[L, D]``), ``json``
   (source, bucket, fps, crop, models) and, with ``include_media``, the source bytes under
-  their own extension.
+  their own extension plus the caption as ``txt`` when the item has one (FastGen's raw-media
+  key_maps, e.g. ``{real: mp4, condition: txt}``, need it).
 - ``precomputed``: ``latents/<mirrored path>.pt`` and ``conditions/<mirrored path>.pt`` as
   reference/ltx-trainer.md §2.5 describes.
 """
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from shardsmith.formats.precomputed import CONDITIONS, LATENTS, cache_member, mirrored
-from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, media_suffix
+from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, TXT, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.atomic import atomic_write_bytes
@@ -73,6 +74,8 @@ class LatentMembers:
         if self.o.include_media:
             with open(item.path, "rb") as f:
                 out[media_suffix(item.path)] = f.read()
+            if item.caption is not None:
+                out[TXT] = item.caption.encode("utf-8")
         return out
 
     def _precomputed_members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
@@ -104,6 +107,8 @@ class LatentMembers:
         out.append((JSON, len(self._json(item, res, shape))))
         if self.o.include_media:
             out.append((media_suffix(item.path), os.path.getsize(item.path)))
+            if item.caption is not None:
+                out.append((TXT, len(item.caption.encode("utf-8"))))
         return out
 
 

@@ -14,13 +14,15 @@ crop, frame indices, fps) decided from the target's size. The result carries the
 
 from __future__ import annotations
 
+import numpy as np
+
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.recipe import ImageRules
 from shardsmith.transform.buckets import Bucket, available_frames, choose_bucket, effective_fps, frame_indices
 from shardsmith.transform.geometry import Geometry, decide
 from shardsmith.transform.image import decode_image
 from shardsmith.transform.samples import read_checked
-from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames, resize_crop_image
+from shardsmith.transform.video import VideoProbe, decode_frames, probe_video, resize_crop_frames, resize_crop_image
 
 IMAGE_FPS = 1.0  # what LTX's trainer stores for images
 
@@ -68,9 +70,10 @@ class LatentPixelMaker:
             "bucket": str(geom.bucket), "fps": IMAGE_FPS, "crop": geom.resize_crop.as_dict(), "source_size": [w, h],
             "source_frames": 1})
 
-    def _video(self, item: PlannedItem) -> SampleResult:
-        read_checked(item)  # same bytes as planned (and readable)
-        pr = probe_video(item.path, item.item_id)
+    def video_geometry(self, item: PlannedItem, pr: VideoProbe) -> Geometry:
+        """The clip's one geometry decision from its probe: the bucket (of those with F > 1, or
+        all when none has), the source frames it takes at the target fps, resize and crop.
+        Raises :class:`ItemError` ``skipped:too_short`` / ``skipped:too_small`` (see the module)."""
         n_avail = available_frames(pr.frames, pr.fps, self.target_fps)
         video_buckets = [b for b in self.buckets if b.frames > 1] or self.buckets
         bucket = choose_bucket(pr.width, pr.height, n_avail, video_buckets)
@@ -85,10 +88,23 @@ class LatentPixelMaker:
         self._fit(item, geom)
         if idx is None:
             raise ItemError("too_short", f"{item.item_id}: {pr.frames} frames cannot fill {bucket}", skip=True)
+        return geom
+
+    def video_frames(self, item: PlannedItem, geom: Geometry) -> tuple[np.ndarray, Geometry]:
+        """The clip's chosen frames cut to its bucket, uint8 ``[F, H, W, 3]``, and the geometry
+        applied (re-decided when the decoder's size differs from the probe's: the decoder wins)."""
         frames = decode_frames(item.path, list(geom.frame_indices), item.item_id)
         if (frames.shape[2], frames.shape[1]) != geom.source_size:  # the decoder's size wins over the probe's
-            geom = decide(frames.shape[2], frames.shape[1], bucket, frame_indices=idx, fps=fps)
-        out = resize_crop_frames(frames, geom)
+            geom = decide(frames.shape[2], frames.shape[1], geom.bucket, frame_indices=geom.frame_indices,
+                          fps=geom.fps)
+        return resize_crop_frames(frames, geom), geom
+
+    def _video(self, item: PlannedItem) -> SampleResult:
+        read_checked(item)  # same bytes as planned (and readable)
+        pr = probe_video(item.path, item.item_id)
+        geom = self.video_geometry(item, pr)
+        bucket, fps = geom.bucket, geom.fps
+        out, geom = self.video_frames(item, geom)
         return SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info={
             "bucket": str(bucket), "fps": fps, "crop": geom.resize_crop.as_dict(),
             "source_size": [pr.width, pr.height], "source_frames": pr.frames, "source_fps": pr.fps})

@@ -56,8 +56,12 @@ def infer_key_map(folder: Path) -> dict[str, str]:
 
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
-           image_size: int | None = None, timeout: float = 600, contract_in: str = "auto") -> dict[str, Any]:
+           image_size: int | None = None, timeout: float = 600, contract_in: str = "auto",
+           overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """``batch_size=None``: the preset's own batch size (8 without a preset).
+
+    ``overrides``: loader-config fields that replace the preset's (e.g. ``{"num_frames": 17,
+    "video_size": [64, 96]}`` for the ``video`` preset, whose 81 x 480 x 832 would drop shorter clips).
 
     ``contract_in`` (WebDataset; EDM ZIPs always record in the rank), see ``CONTRACT_MODES``:
     - ``"auto"`` (default): ``"workers"`` with ``AUTO_WORKERS`` or more workers per rank, else
@@ -100,12 +104,13 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
     if kind == "wds":
         if preset is not None:
-            cfg = preset_config(preset, dataset, batch_size=batch_size, num_workers=workers)
+            cfg = preset_config(preset, dataset, batch_size=batch_size, num_workers=workers, **(overrides or {}))
             if key_map:
                 cfg = cfg.model_copy(update={"key_map": key_map})
         else:
             cfg = preset_config("image", dataset, key_map=key_map or infer_key_map(dataset), presets_map={},
-                                image_size=image_size, batch_size=batch_size, num_workers=workers)
+                                image_size=image_size, batch_size=batch_size, num_workers=workers,
+                                **(overrides or {}))
         # constants arrive as broadcast views: the recorder reads their first row anyway
         cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0,
                                      "constants_as_views": True})
@@ -136,7 +141,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         from shardsmith.loaders.zip import ZipImageDataset
 
         cfg = preset_config(preset or "class_zip", dataset, batch_size=batch_size, num_workers=workers,
-                            shuffle=False)
+                            **{"shuffle": False, **(overrides or {})})
         n = len(ZipImageDataset(dataset, use_labels=cfg.use_labels))
         expected, count_file = [str(i) for i in range(n)], {}
         report["empty_slots"] = [{"rank": r, "worker": None, "reason": f"{n} images for {world} ranks"}
