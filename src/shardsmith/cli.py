@@ -368,6 +368,16 @@ def _loader_overrides(sets: Optional[list[str]], dataset: Path, preset: Optional
     return overrides
 
 
+def _precomputed_tree(dataset: Path) -> bool:
+    """Whether ``dataset`` is an LTX ``.precomputed/`` tree (``inspect`` and ``repair`` read those too)."""
+    from shardsmith.formats.detect import dataset_kind
+
+    try:
+        return dataset.is_dir() and dataset_kind(dataset) == "precomputed"
+    except ValueError:
+        return False
+
+
 def _wds_folder(dataset: Path, command_name: str) -> None:
     """Refuse anything but a folder (``inspect`` and ``repair`` read WebDataset shard folders)."""
     if not dataset.is_dir():
@@ -384,7 +394,15 @@ def inspect(
     workers: int = typer.Option(1, help="For the empty-batch diagnosis."),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts."""
+    """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts.
+    A .precomputed/ tree: per folder file counts, unpaired and unreadable .pt files, shapes."""
+    if _precomputed_tree(dataset):
+        from shardsmith.verify.precomputed_inspect import format_inspect_precomputed, inspect_precomputed
+
+        rep = inspect_precomputed(dataset)
+        typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json
+                   else format_inspect_precomputed(rep))
+        raise typer.Exit(0 if rep["ok"] else 1)
     _wds_folder(dataset, "inspect")
     from shardsmith.verify.empty_batches import diagnose_empty
     from shardsmith.verify.inspect import format_inspect, inspect_wds
@@ -409,7 +427,18 @@ def repair(
                                           "damaged shards from the sources, byte-identical to the build."),
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts."""
+    """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts.
+    A .precomputed/ tree: move unreadable and unpaired .pt files into the build's quarantine folder."""
+    if _precomputed_tree(dataset):
+        if from_source:
+            _fail(f"--from-source rebuilds WebDataset shards; {dataset} is a .precomputed/ tree (repair it without "
+                  "--from-source, then resume the build to re-encode what was moved)")
+        from shardsmith.verify.precomputed_inspect import format_repair_precomputed, repair_precomputed
+
+        rep = repair_precomputed(dataset, dry_run=dry_run)
+        typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json
+                   else format_repair_precomputed(rep))
+        raise typer.Exit(1 if rep.get("errors") else 0)
     _wds_folder(dataset, "repair")
     from shardsmith.verify.repair import format_repair, repair_wds
 
@@ -420,8 +449,9 @@ def repair(
 
 @command(also=(KeyError, ValueError))  # the registry and preset APIs raise these for a wrong name or override
 def register(
-    dataset: Path = typer.Argument(..., help="A WebDataset folder or an EDM .zip."),
-    preset: str = typer.Option(..., help="Loader preset (see shardsmith.loaders.LOADER_PRESETS)."),
+    dataset: Path = typer.Argument(..., help="A WebDataset folder, an EDM .zip or a .precomputed/ tree."),
+    preset: Optional[str] = typer.Option(None, help="Loader preset (see shardsmith.loaders.LOADER_PRESETS); "
+                                         "not for a .precomputed/ tree (it gets the LTX trainer's data section)."),
     name: str = typer.Option(..., help="Name of the entry in the data config."),
     config: Optional[Path] = typer.Option(None, help="Data-config YAML (default $SHARDSMITH_DATA_CONFIG or "
                                                       "~/.config/shardsmith/data.yaml)."),
@@ -429,13 +459,21 @@ def register(
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Loader override, e.g. --set batch_size=16"),
     replace: bool = typer.Option(False, "--replace", help="Replace an existing, different entry of that name."),
 ):
-    """Add DATASET to a data-config file under NAME and print the FastGen preset override to paste."""
+    """Add DATASET to a data-config file under NAME and print the FastGen preset override to paste
+    (for a .precomputed/ tree: the LTX-2 trainer's data section)."""
     from shardsmith.loaders.fastgen import fastgen_snippet
     from shardsmith.loaders.presets import get_preset, preset_config
     from shardsmith.loaders.registry import add_entry, config_path, portable_path
     from shardsmith.formats.detect import dataset_kind
 
+    if _precomputed_tree(dataset):
+        _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
+        return
+    if preset is None:
+        _fail(f"--preset is required for {dataset} (a {dataset_kind(dataset)} dataset): e.g. --preset image")
     p = get_preset(preset)
+    if dataset_kind(dataset) != p.kind:
+        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {dataset_kind(dataset)} dataset")
     if dataset_kind(dataset) != p.kind:
         _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {dataset_kind(dataset)} dataset")
     overrides = dict(_setting("--set", s) for s in set_ or [])
@@ -452,6 +490,41 @@ def register(
     typer.echo(f"\n# Python: from shardsmith.loaders import from_config; loader = from_config({name!r})")
     typer.echo("# FastGen (configs/data.py) override to paste:")
     typer.echo(fastgen_snippet(name, p, path, dataset, root_env, overrides))
+
+
+def _register_precomputed(dataset: Path, preset: Optional[str], name: str, config: Optional[Path], root_env: str,
+                          sets: Optional[list[str]], replace: bool) -> None:
+    """``register`` of a ``.precomputed/`` tree: a ``kind: precomputed`` entry (``from_config``
+    gives the shardsmith ``PrecomputedDataset``) and the LTX-2 trainer's data section to paste."""
+    import os
+
+    from shardsmith.formats.precomputed import present_dirs
+    from shardsmith.loaders.ltx import ltx_data_section
+    from shardsmith.loaders.registry import add_entry, config_path, portable_path
+    from shardsmith.verify.precomputed_inspect import inspect_precomputed
+
+    if preset is not None:
+        _fail(f"--preset {preset}: {dataset} is a .precomputed/ tree, which no FastGen preset reads; register it "
+              "without --preset (it prints the LTX trainer's data section)")
+    if sets:
+        _fail("--set: a .precomputed/ tree has no loader overrides; set batch size and workers in the LTX config")
+    dirs = present_dirs(dataset)
+    rep = inspect_precomputed(dataset)
+    several = any(len(rep["dirs"][d]["shapes"]) > 1 for d in dirs if d.endswith("latents"))
+    try:
+        snippet = ltx_data_section(dataset, dirs, several)
+    except ValueError as exc:
+        _fail(str(exc))
+    path, root = portable_path(dataset, root_env)
+    cfg_file = config_path(config)
+    add_entry(cfg_file, name, {"kind": "precomputed", "path": path, "dirs": dirs}, replace=replace)
+    typer.echo(f"registered {name!r} in {cfg_file}: .precomputed/ tree {path} ({', '.join(dirs)})")
+    if root_env not in os.environ:
+        typer.echo(f"note: ${root_env} is not set; export {root_env}={root} before loading it")
+    for line in rep["problems"]:
+        typer.echo(f"warning: {line} (shardsmith inspect {dataset})")
+    typer.echo(f"\n# Python: from shardsmith.loaders import from_config; dataset = from_config({name!r})")
+    typer.echo(snippet)
 
 
 @command("decode")

@@ -40,6 +40,14 @@ DEFAULT_DIRS = (LATENTS, CONDITIONS)
 MARKER_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS)
 
 PRECOMPUTED_STAMP = "shardsmith.json"  # the encoders and buckets its caches were made with
+#: ``repair`` moves a tree's unreadable and unpaired files here, below the build's state folder
+#: (``<build>/.shardsmith/quarantine/<tree, relative to the build>/<time>/<subdir>/<rel>``; for a
+#: tree outside any build, ``<tree>/.shardsmith/quarantine/<time>/...``, where no trainer looks)
+QUARANTINE_DIR = "quarantine"
+#: the key of a cache dict whose shape must agree within a folder, per kind of folder
+SHAPE_KEYS = {LATENTS: "latents", REFERENCE_LATENTS: "latents", AUDIO_LATENTS: "latents",
+              REFERENCE_AUDIO_LATENTS: "latents", CONDITIONS: "video_prompt_embeds", VIDEO_MASKS: "mask",
+              AUDIO_MASKS: "mask"}
 CACHE_EXT = ".pt"
 
 

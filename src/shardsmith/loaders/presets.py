@@ -92,4 +92,8 @@ def from_config(name: str, config_file: str | Path | None = None, **overrides: A
     """Build the loader of dataset ``name`` from the data-config file (see ``register``)."""
     entry = registry.get_entry(name, registry.config_path(config_file))
     path = registry.resolve(entry["path"])
+    if entry.get("kind") == "precomputed":  # registered .precomputed/ tree: the LTX-style dataset
+        from shardsmith.loaders.precomputed import PrecomputedDataset
+
+        return PrecomputedDataset(path, entry["dirs"])
     return build_loader(preset_config(entry["preset"], path, **{**entry.get("overrides", {}), **overrides}))
