@@ -37,8 +37,9 @@ def balanced(block) -> bool:
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every output file's bytes (not the ledger, the manifest or the HTML report: views with timings)."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".shardsmith" not in p.parts and p.name != "manifest.json"}
+            if p.is_file() and ".shardsmith" not in p.parts and p.name not in ("manifest.json", "report.html")}
 
 
 def test_quickstart_cli_builds_readable_accounted_outputs(example_recipe, tmp_path):
@@ -275,7 +276,8 @@ def test_cli_flags_and_set_reach_the_recipe(photo_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "o/manifest.json").read_text())
     rec = m["recipe"]
-    assert rec["outputs"][0]["image"] == {"format": "png", "quality": 95, "max_side": 48, "passthrough": False}
+    assert rec["outputs"][0]["image"] == {"format": "png", "quality": 95, "max_side": 48, "passthrough": False,
+                                          "size": None, "resize_mode": "center_crop", "max_aspect": None}
     assert rec["outputs"][1]["path"] == "x.zip" and rec["split"]["holdout"] == 3
     assert rec["sources"][0]["license"] == "CC0-1.0"
     assert m["splits"]["holdout"]["inputs"] == 3

@@ -81,7 +81,7 @@ def test_every_role_is_probed_and_recorded(tmp_path):
         assert (t.image_format, t.mode, m.image_format, m.mode) == ("JPEG", "RGB", "PNG", "L")
         # the flat fields stay the target's: existing code reads them
         assert (it.path, it.sha256, it.width, it.height) == (t.path, t.sha256, t.width, t.height)
-        assert it.caption == row["text"] and it.meta == {"extra": str(row["extra"])}
+        assert it.caption == row["text"] and it.meta == {"extra": row["extra"]}  # a CSV number stays a number (issue 16)
 
 
 def test_dedup_stays_on_the_target(tmp_path):
@@ -159,7 +159,7 @@ def test_captions_only_table_plans_text_items(tmp_path, columns):
         assert it.plan_status == "ok" and it.kind == "text"
         assert it.caption == f"a watercolour of lighthouse number {i}"
         assert it.media == {} and it.path == "" and it.sha256 is None
-        assert it.meta == {"seed": str(i)}
+        assert it.meta == {"seed": i}  # a CSV number stays a number (issue 16)
     assert len({it.key for it in items}) == 5
 
 

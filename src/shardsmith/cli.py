@@ -130,6 +130,62 @@ def _source_dicts(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in sources if isinstance(s, dict)] if isinstance(sources, list) else []
 
 
+def _ltx_flags(data: dict[str, Any], flags: dict[str, Any]) -> None:
+    """The LTX-2 trainer's preprocessing flags (``scripts/process_dataset.py``), same spelling and
+    meaning: ``--resolution-buckets "WxHxF;WxHxF"`` (``geometry.buckets``), ``--caption-column``,
+    ``--video-column`` / ``--media-column`` (the table's caption and target columns),
+    ``--lora-trigger`` (``lora_trigger``), ``--device`` (``models.device``)."""
+    if flags.get("resolution_buckets") is not None:
+        from shardsmith.transform.buckets import BucketError, parse_buckets
+
+        buckets = [b.strip() for b in flags["resolution_buckets"].split(";")]
+        try:
+            if not all(buckets):
+                raise BucketError("an empty bucket between ';'")
+            parse_buckets(buckets)
+        except BucketError as exc:
+            _fail(f"--resolution-buckets {flags['resolution_buckets']!r}: {exc}; write WxHxF buckets separated by "
+                  "';', e.g. \"768x448x89;512x512x49\" (width x height x frames, F=1 for images)")
+        _section(data, "geometry")["buckets"] = buckets
+    media = {f"--{k.replace('_', '-')}": flags[k] for k in ("video_column", "media_column") if flags.get(k)}
+    if len(set(media.values())) > 1:
+        _fail(f"--video-column {flags['video_column']!r} and --media-column {flags['media_column']!r} name the same "
+              "role (the media path column); give one")
+    for s in _source_dicts(data) if (media or flags.get("caption_column")) else []:
+        cols = s.setdefault("columns", {})
+        if not isinstance(cols, dict):
+            continue  # the recipe check names it
+        if media:
+            flag, col = next(iter(media.items()))
+            key = "target" if "target" in cols else "media"
+            if cols.get(key) not in (None, col):
+                _fail(f"{flag} {col!r} and columns.{key} {cols[key]!r} both set the media column; give one")
+            cols[key] = col
+        if flags.get("caption_column"):
+            if cols.get("caption") not in (None, flags["caption_column"]):
+                _fail(f"--caption-column {flags['caption_column']!r} and columns.caption {cols['caption']!r} both "
+                      "set the caption column; give one")
+            cols["caption"] = flags["caption_column"]
+    if flags.get("lora_trigger") is not None:
+        data["lora_trigger"] = flags["lora_trigger"]
+    if flags.get("device") is not None:
+        _section(data, "models")["device"] = flags["device"]
+
+
+def _dataset_file(path: Optional[Path]) -> bool:
+    """Whether ``build``'s argument is a dataset table (csv/json/jsonl/parquet rows) rather than a
+    recipe: a table file that is not a recipe mapping (the LTX trainer's and img2dataset's habit)."""
+    from shardsmith.sources.base import TABLE_EXTENSIONS
+
+    if path is None or path.suffix.lower().lstrip(".") not in TABLE_EXTENSIONS or not path.is_file():
+        return False
+    try:
+        _read_recipe_file(path)
+    except UsageError:
+        return True
+    return False
+
+
 def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str, Any], to: list[str],
                 sets: list[str]) -> tuple[dict[str, Any], Path]:
     """Merge a recipe file (optional) with CLI flags into one raw dict; returns (dict, base dir)."""
@@ -152,6 +208,7 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
         cols = _pairs("--columns", flags["columns"], "media=file,caption=text")
         for s in _source_dicts(data):
             s["columns"] = cols
+    _ltx_flags(data, flags)
     for flag in ("holdout", "seed"):
         if flags.get(flag) is not None:
             _section(data, "split")[flag] = flags[flag]
@@ -175,7 +232,8 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
                 if flags.get(flag) is not None:
                     o[key] = flags[flag]
         if o.get("format") == "wds":
-            for flag, key in (("image_format", "format"), ("quality", "quality"), ("max_side", "max_side")):
+            for flag, key in (("image_format", "format"), ("quality", "quality"), ("max_side", "max_side"),
+                              ("image_size", "size"), ("resize_mode", "resize_mode"), ("max_aspect", "max_aspect")):
                 if flags.get(flag) is not None:
                     o.setdefault("image", {})[key] = flags[flag]
             if flags.get("passthrough"):
@@ -210,7 +268,9 @@ _HOLDOUT_HELP = "split.holdout: a fraction (0.1), a percentage (10%) or a count 
 
 @command()
 def build(
-    recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE.yaml]", help="Recipe file (YAML)."),
+    recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE.yaml | DATASET.csv]",
+                                                 help="Recipe file (YAML), or a dataset table (csv/json/jsonl/"
+                                                 "parquet) to build from as a source (--to defaults to wds)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (created; never overwritten without --overwrite)."),
     source: Optional[list[str]] = typer.Option(None, "--source", help=_SRC_HELP),
     to: Optional[list[str]] = typer.Option(None, "--to", help="Output format: wds or zip (repeatable)."),
@@ -233,6 +293,21 @@ def build(
     quality: Optional[int] = typer.Option(None, help="wds: image.quality"),
     max_side: Optional[int] = typer.Option(None, help="wds: image.max_side"),
     passthrough: bool = typer.Option(False, "--passthrough", help="wds: image.passthrough=true"),
+    image_size: Optional[int] = typer.Option(None, "--image-size", help="wds: image.size, every image resized to "
+                                             "this by --resize-mode (img2dataset's image_size)"),
+    resize_mode: Optional[str] = typer.Option(None, "--resize-mode", help="wds: image.resize_mode: center_crop | "
+                                              "border | keep_ratio"),
+    max_aspect: Optional[float] = typer.Option(None, "--max-aspect", help="wds: image.max_aspect; skip images "
+                                               "whose long/short side ratio is above it"),
+    resolution_buckets: Optional[str] = typer.Option(None, "--resolution-buckets", help="geometry.buckets as the "
+                                                     "LTX trainer writes them: \"768x448x89;512x512x49\" (WxHxF)"),
+    caption_column: Optional[str] = typer.Option(None, "--caption-column", help="sources[*].columns.caption"),
+    video_column: Optional[str] = typer.Option(None, "--video-column", help="sources[*].columns.media"),
+    media_column: Optional[str] = typer.Option(None, "--media-column", help="sources[*].columns.media "
+                                               "(same as --video-column)"),
+    lora_trigger: Optional[str] = typer.Option(None, "--lora-trigger", help="lora_trigger: prepended to every "
+                                               "caption with a space (recorded in the manifest and cache stamp)"),
+    device: Optional[str] = typer.Option(None, "--device", help="models.device: auto | cuda | cuda:N | cpu"),
     zip_path: Optional[str] = typer.Option(None, "--zip-path", help="zip output: outputs[*].path"),
     resolution: Optional[str] = typer.Option(None, help="zip: resolution, 64 or WxH"),
     transform: Optional[str] = typer.Option(None, help="zip: center-crop | center-crop-wide | center-crop-dhariwal"),
@@ -249,8 +324,16 @@ def build(
     from shardsmith.build import InvariantError, build as run_build
 
     flags = dict(locals())
+    if _dataset_file(recipe_path):  # `build DATASET.csv --out OUT`: the table is the source
+        source, to, recipe_path = [str(recipe_path), *(source or [])], to or ["wds"], None
     if recipe_path is None and not source:
-        _fail("give a RECIPE.yaml or at least one --source (and --to)")
+        _fail("give a RECIPE.yaml, a dataset file (csv/json/jsonl/parquet) or at least one --source (and --to)")
+    if device not in (None, "auto", "cpu"):
+        from shardsmith.precheck import resolve_device
+
+        if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+            _fail(f"--device {device!r}: use auto, cuda, cuda:N (N a visible GPU index, e.g. cuda:1) or cpu")
+        resolve_device(device, "--device")  # asked for by name: checked even when no model runs
     recipe = _recipe(recipe_path, source, flags, to, set_, str(recipe_path or "<command line>"))
     try:
         manifest = run_build(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, report=not no_report)

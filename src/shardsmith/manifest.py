@@ -62,6 +62,7 @@ def make_manifest(ctx, octx: OutputContext, fp: str, blocks: dict[str, Any]) -> 
         "recipe": canonical(recipe),
         "created": ledger.get_meta("started"),
         "split": {"seed": recipe.split.seed, "holdout": recipe.split.holdout, "dedup": recipe.split.dedup},
+        **({"lora_trigger": recipe.lora_trigger} if recipe.lora_trigger else {}),  # in front of every caption
         "sources": sources,
         "counts": counts,
         "splits": splits,

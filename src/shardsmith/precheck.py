@@ -12,9 +12,9 @@ Contract
     a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
   - a package a model needs is not installed (the MiniLM package for text models without
     ``pretrained``: their tokenizer, or the model itself);
-  - ``models.device`` is ``cuda`` and torch sees no CUDA device.
+  - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N.
 - Nothing is written, no model class is touched; torch is imported only for that last question.
-- ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cpu`` into the device to use.
+- ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cuda:N`` / ``cpu`` into the device to use.
 - ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
   a missing one is a :class:`MissingPackageError` saying what needs it and how to install it.
 """
@@ -112,11 +112,24 @@ def check_packages(recipe: Recipe) -> None:
 
 def resolve_device(requested: str, asked_by: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cuda`` without one is a
-    :class:`DeviceError` naming ``asked_by`` (the key or flag that asked); ``cpu`` as is."""
+    :class:`DeviceError` naming ``asked_by`` (the key or flag that asked); ``cpu`` as is; ``cuda:N``
+    as is when torch sees GPU N (an index into the visible devices), else a :class:`DeviceError`."""
     if requested == "cpu":
         return "cpu"
     import torch
 
+    if requested.startswith("cuda:"):
+        index = int(requested.split(":", 1)[1])
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index < count:
+            return requested
+        if not count:
+            raise DeviceError(f"{asked_by} is {requested}, but torch {torch.__version__} sees no CUDA device on this "
+                              f"machine (CUDA build: {torch.version.cuda or 'none'}); use cpu (or auto), or run "
+                              "where a GPU is visible")
+        raise DeviceError(f"{asked_by} is {requested}, but torch sees {count} CUDA device(s) here (cuda:0"
+                          + (f" to cuda:{count - 1}" if count > 1 else "") + "; CUDA_VISIBLE_DEVICES renumbers "
+                          "them from 0); use one of those")
     if torch.cuda.is_available():
         return "cuda"
     if requested == "cuda":
@@ -127,9 +140,9 @@ def resolve_device(requested: str, asked_by: str) -> str:
 
 
 def check_device(recipe: Recipe) -> None:
-    """``models.device: cuda`` only where torch sees a CUDA device."""
-    if recipe.models.device == "cuda" and _builds_models(recipe):
-        resolve_device("cuda", "models.device")
+    """``models.device: cuda`` (or ``cuda:N``) only where torch sees that CUDA device."""
+    if recipe.models.device.startswith("cuda") and _builds_models(recipe):
+        resolve_device(recipe.models.device, "models.device")
 
 
 CHECKS = (check_buckets, check_latent_zip, check_packages, check_device)

@@ -155,6 +155,21 @@ class ImageEncoding(_Strict):
     quality: int = Field(95, ge=1, le=100)
     max_side: int | None = Field(None, gt=0)
     passthrough: bool = False
+    size: int | None = Field(None, gt=0, description="img2dataset's image_size: resize every image to this size "
+                             "by resize_mode (not with max_side)")
+    resize_mode: Literal["center_crop", "border", "keep_ratio"] = Field(
+        "center_crop", description="with size: center_crop (shorter side to size, then a centred size x size crop), "
+        "border (longer side to size, padded to size x size with images.background), keep_ratio (shorter side "
+        "to size, no crop)")
+    max_aspect: float | None = Field(None, ge=1, description="skip images whose longer/shorter side ratio is above "
+                                     "this (skipped:aspect_ratio), as img2dataset's max_aspect_ratio")
+
+    @model_validator(mode="after")
+    def _one_size(self) -> "ImageEncoding":
+        if self.size is not None and self.max_side is not None:
+            raise ValueError(f"max_side ({self.max_side}) and size ({self.size}) are both set; keep one: size with "
+                             "resize_mode for a fixed size, max_side to bound the longer side")
+        return self
 
 
 class WdsOutput(_Strict):
@@ -321,9 +336,9 @@ class Models(_Strict):
     compile: OnOffAuto = Field(
         "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' compiles on a GPU "
         "once the first batches show the rest of the run repays the compile time (not part of the fingerprint)")
-    device: Literal["auto", "cuda", "cpu"] = Field(
+    device: Annotated[str, Field(pattern=r"^(auto|cuda|cpu|cuda:\d+)$")] = Field(
         "auto", description="where the models run: 'auto' is the GPU when torch sees one, else the CPU; 'cuda' "
-        "refuses to start without one (not part of the fingerprint)")
+        "refuses to start without one; 'cuda:N' is visible GPU N (not part of the fingerprint)")
 
 
 class Geometry(_Strict):
@@ -348,6 +363,15 @@ class Recipe(_Strict):
     models: Models = Field(default_factory=Models)
     geometry: Geometry = Field(default_factory=Geometry)
     one_sample: bool = Field(False, description="plan only the first usable item (sanity check before a full run)")
+    lora_trigger: str | None = Field(None, description="prepended to every caption with one space, as the LTX "
+                                     "trainer's --lora-trigger (recorded in the manifest and the cache stamp)")
+
+    @field_validator("lora_trigger")
+    @classmethod
+    def _trigger(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("lora_trigger is empty; give the trigger word (e.g. MYTRIGGER) or leave it out")
+        return v
     workers: int | None = Field(None, ge=1, description="CPU worker processes (not part of the fingerprint)")
 
     def source_ids(self, output) -> list[int]:
@@ -510,6 +534,7 @@ _HINTS = {  # by the key that failed (never an ancestor's): the fix
     "sources": "list at least one source: sources: [{path: photos/}]",
     "outputs": "list at least one output: outputs: [{format: wds, dir: wds}]",
     "geometry.buckets": "a list of 'WxHxF' strings, e.g. [960x544x49, 512x512x1]",
+    "models.device": "auto, cuda, cpu, or cuda:N for visible GPU N (e.g. cuda:1)",
 }
 _NOT_A_MAPPING = ("model_type", "model_attributes_type", "dict_type")
 _MAPPING_HINTS = {  # by the key that holds something other than a mapping: an example of one

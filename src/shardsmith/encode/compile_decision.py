@@ -72,7 +72,7 @@ class CompileDecision:
         return sorted(b.encode_s for b in self.batches[1:] if b.rows == self.batch_size)
 
     def _compile_key(self, host: torch.Tensor, cc) -> str:
-        dev = torch.cuda.get_device_name(0) if self.device == "cuda" else "cpu"
+        dev = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
         return cc.cache_key(model_identity(self.describe()["vae"]), tuple(host.shape[1:]), self.vae.spec.dtype,
                             torch.__version__, dev, f"{self.compile_backend}:{cc.COMPILE_MODE}")
 

@@ -32,8 +32,12 @@ class DeviceThread:
             from concurrent.futures import ThreadPoolExecutor
 
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode",
-                                              initializer=pin_intra_op_threads, initargs=(self._threads,))
+                                              initializer=self._device_thread_init)
         return self._thread
+
+    def _device_thread_init(self) -> None:
+        pin_intra_op_threads(self._threads)
+        self.bind_device()  # models.device cuda:N: GPU N is this thread's current device
 
     def submit(self, fn, *args):
         """Run ``fn(*args)`` on the device thread; returns its future."""

@@ -57,10 +57,12 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
     (:mod:`~shardsmith.encode.throughput`); this class holds their state, loads the models and
     runs the batches (synchronously with out-of-memory halving, or launched ahead on a GPU)."""
 
-    def __init__(self, vae, text, *, batch_size: int | None, device: str, compile: str = "off"):
+    def __init__(self, vae, text, *, batch_size: int | None, device: str, compile: str = "off",
+                 device_index: int | None = None):
         if compile not in ("auto", "on", "off"):
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {compile!r}")
         self.vae, self.text_encoder, self.device = vae, text, device
+        self.device_index = device_index  # models.device cuda:N (``device`` is then "cuda"); see bind_device
         self.compile_setting = compile
         self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
         self.compile_info: dict[str, Any] = {"setting": compile, "compiled": False, "reason": None}
@@ -84,6 +86,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
     def from_recipe(cls, recipe) -> "EncodeStage":
         m = recipe.models
         device = resolve_device(m.device, "models.device")
+        place, index = device, None  # where the models go; cuda:N's N
+        if device.startswith("cuda:"):
+            index, device = int(device.split(":", 1)[1]), "cuda"
+            torch.cuda.set_device(index)  # this (loading) thread's streams and events; the others: bind_device
         if device == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed bucket shapes: let cuDNN pick its fastest kernels
             # the encoder thread releases and re-takes the GIL around each of a batch's hundreds of
@@ -100,7 +106,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             pass
         v = m.vae
         vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
-                       config=v.config, dtype=v.dtype, device=device, store=v.store)
+                       config=v.config, dtype=v.dtype, device=place, store=v.store)
         buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
         if buckets:
             validate_buckets(parse_buckets(buckets), vae.spec.spatial, vae.spec.temporal)
@@ -108,8 +114,15 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         if m.text is not None:
             t = m.text
             text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
-                                     dtype=t.dtype, device=device)
-        return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile)
+                                     dtype=t.dtype, device=place)
+        return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index)
+
+    def bind_device(self) -> None:
+        """With ``models.device: cuda:N``, make GPU N the calling thread's current CUDA device (torch's
+        streams, events and caches use the current device, which is per thread); else nothing."""
+        index = getattr(self, "device_index", None)  # (a stage made without __init__ has none)
+        if index is not None and torch.cuda.current_device() != index:
+            torch.cuda.set_device(index)
 
     # ---------------------------------------------------------------- pixels -> latents
     def encode_staged(self, host: torch.Tensor, n: int | None = None) -> list[torch.Tensor]:
@@ -241,7 +254,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             out["config"] = clean_config(out.get("config") or {})
             return out
 
-        d: dict[str, Any] = {"device": self.device, "batch_size": self.batch_size,
+        index = getattr(self, "device_index", None)
+        device = self.device if index is None else f"cuda:{index}"
+        d: dict[str, Any] = {"device": device, "batch_size": self.batch_size,
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info,
@@ -253,7 +268,11 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         return d
 
     def stamp(self, recipe) -> dict[str, Any]:
-        """What a cache depends on: model identities (not devices or batch sizes) and geometry."""
+        """What a cache depends on: model identities (not devices or batch sizes), geometry and, when
+        set, the LoRA trigger every caption starts with (absent otherwise: older stamps still match)."""
         d = self.describe()
-        return {"vae": model_identity(d["vae"]), "text": model_identity(d["text"]) if "text" in d else None,
-                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
+        out = {"vae": model_identity(d["vae"]), "text": model_identity(d["text"]) if "text" in d else None,
+               "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
+        if getattr(recipe, "lora_trigger", None):
+            out["lora_trigger"] = recipe.lora_trigger
+        return out

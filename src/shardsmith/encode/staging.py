@@ -52,6 +52,7 @@ class HostStaging:
         autotuning pass, far more than the padded work (per-item results do not depend on their
         batch-mates). Callers may stage batch k+1 while batch k is on the GPU."""
         t0 = time.perf_counter()
+        self.bind_device()  # page-locked memory on models.device's GPU, not on GPU 0
         if self.pads() and len(frames) < self.batch_size:
             frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
         # (torch.from_numpy refuses negative strides, e.g. a flipped view: such a frame is copied first)

@@ -10,7 +10,8 @@ the build's worker processes when it has them (identifying an image header is Py
 that a thread pool would serialise on the GIL), else on a thread pool (hashing and file reads
 release the GIL). Duplicates (same sha256) after the
 first copy become ``skipped:duplicate`` when ``split.dedup`` is on, and always share the
-first copy's split.
+first copy's split. A recipe's ``lora_trigger`` is prepended to every caption here
+(:func:`with_trigger`), so every output and the ledger see the same caption.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from shardsmith.split import assign
 
 BATCH = 256
 PROBE_CHUNK = 32
+
+
+def with_trigger(caption: str | None, trigger: str | None) -> str | None:
+    """``caption`` with the recipe's ``lora_trigger`` in front, exactly as the LTX trainer's
+    ``process_captions.py`` prepends ``--lora-trigger``: ``f"{trigger.strip()} " + caption``. The
+    one place a trigger reaches captions: every output reads the planned caption. An item with
+    no caption keeps none."""
+    if caption is None or not trigger:
+        return caption
+    return f"{trigger.strip()} {caption}"
 
 
 class Prober:
@@ -92,7 +103,8 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                                 shas[pr.sha256] = (item.item_id, sp)
                         rows.append(PlannedItem(
                             idx=idx, item_id=item.item_id, key=key, source=info.index, path=item.path,
-                            relpath=item.relpath, caption=item.caption, label=item.label, label_name=item.label_name,
+                            relpath=item.relpath, caption=with_trigger(item.caption, recipe.lora_trigger),
+                            label=item.label, label_name=item.label_name,
                             meta=item.meta, sha256=pr.sha256, size_bytes=pr.size_bytes, kind=pr.kind, width=pr.width,
                             height=pr.height, image_format=pr.image_format, mode=pr.mode, split=sp, plan_status=status,
                             detail=detail, dup_of=dup_of, media=pr.media))

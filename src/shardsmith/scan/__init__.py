@@ -80,3 +80,8 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
     report.update(usable=usable, estimate=estimate, enough_data=enough, warnings=warnings + enough["warnings"])
     json.dumps(report)  # fail here, not in the caller, if something is not serialisable
     return report
+
+
+from shardsmith.api import callable_module  # noqa: E402 - after the module's own names
+
+callable_module(__name__, "scan")  # shardsmith.scan(...) is shardsmith.api.scan

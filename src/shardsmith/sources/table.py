@@ -7,7 +7,7 @@ target, caption/text/prompt, label). Partner roles (``source``, ``reference``, `
 and partners) resolves against the table's own folder; a path that lands outside that folder
 once symlinks are resolved (``..``, an absolute path, a link) is refused per row, unopened,
 unless ``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable line)
-becomes that row's ``failed:<reason>``; a partner that is missing or empty is
+becomes that row's ``failed:<reason>``; a CSV metadata cell that spells a number is kept as that number; a partner that is missing or empty is
 ``failed:missing_<role>``, one the path rules refuse ``failed:<role>_<reason>``; rows are never
 shifted onto each other.
 
@@ -24,6 +24,7 @@ import csv
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,15 @@ def _rows(path: Path) -> Iterator[dict[str, Any] | Exception]:
             for n, row in enumerate(data):
                 yield row if isinstance(row, dict) else ValueError(f"element {n} is not a JSON object")
         elif fmt == "parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            try:
+                parquet = pq.ParquetFile(path)
+            except (pa.ArrowException, ValueError) as exc:
+                raise SourceError(f"table {path} is not a readable Parquet file ({exc}); re-export it, or use csv, "
+                                  "json or jsonl") from None
+            for batch in parquet.iter_batches(batch_size=1024):
                 yield from batch.to_pylist()
         else:
             raise SourceError(f"table {path}: unknown format {fmt!r} (csv, json, jsonl, parquet)")
@@ -80,6 +87,24 @@ def _detect(columns: list[str], wanted: str | None, options: tuple[str, ...], ro
                               f"fix columns.{role}")
         return wanted
     return next((c for c in options if c in columns), None)
+
+
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<frac>\.[0-9]+)?(?P<exp>[eE][-+]?[0-9]+)?")
+
+
+def _typed(v: Any) -> Any:
+    """A CSV cell as the number it spells (``"3"`` -> 3, ``"0.25"`` -> 0.25, ``"1e-3"`` -> 0.001), so
+    numbers stay numbers in the sample's json; anything else, and numbers a conversion would change
+    (``"007"``, ``"+1"``, ``" 5"``, ``"1."``), stays the text it is."""
+    if not isinstance(v, str):
+        return v
+    m = _NUMBER.fullmatch(v)
+    if m is None:
+        return v
+    if m["frac"] is None and m["exp"] is None:
+        return int(v)
+    f = float(v)
+    return f if math.isfinite(f) else v
 
 
 def _plain(v: Any) -> Any:
@@ -169,6 +194,7 @@ class TableSource:
     def items(self) -> Iterator[Item]:
         seen: set[str] = set()
         role_cols = {c for c in self.partner_cols.values()}
+        typed = _typed if self.path.suffix.lower() == ".csv" else (lambda v: v)  # CSV cells are all text
         for n, row in enumerate(_rows(self.path)):
             where = f"row {n} of {self.path.name}"
             if isinstance(row, Exception):
@@ -183,7 +209,7 @@ class TableSource:
             label_raw = _plain(row.get(self.label_col)) if self.label_col else None
             label = self.labels.get(label_raw) if self.labels is not None and label_raw not in (None, "") else None
             label_name = str(label_raw) if label is not None else None
-            meta = {k: _plain(v) for k, v in row.items()
+            meta = {k: typed(_plain(v)) for k, v in row.items()
                     if k not in (self.media_col, self.caption_col, self.label_col) and k not in role_cols}
             meta = json.loads(json.dumps(meta, default=str))
             error = None

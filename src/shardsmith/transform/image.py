@@ -170,6 +170,45 @@ def resize_max_side(img: Image.Image, max_side: int | None, upscale: bool) -> Im
     return img if size == img.size else img.resize(size, Image.Resampling.LANCZOS)
 
 
+def fixed_size(img: Image.Image, size: int, mode: str, upscale: bool,
+               background: tuple[int, int, int]) -> Image.Image | None:
+    """img2dataset's ``resize_mode`` at ``image_size`` = ``size`` (the same geometry; PIL's Lanczos):
+
+    - ``center_crop``: the shorter side to ``size``, then the centred ``size`` x ``size`` crop;
+    - ``keep_ratio``: the shorter side to ``size``, no crop;
+    - ``border``: the longer side to ``size``, then centred on a ``size`` x ``size`` canvas of
+      ``background`` (img2dataset pads with white, ``images.background``'s default).
+
+    Without ``upscale`` nothing is enlarged: a ``border`` image smaller than ``size`` is padded as it
+    is; for the other modes an image whose shorter side is below ``size`` gives None (too small).
+    ``img`` itself is returned when nothing changes."""
+    w, h = img.size
+    if mode in ("center_crop", "keep_ratio"):
+        short = min(w, h)
+        if short < size and not upscale:
+            return None
+        if short != size:
+            scale = size / short
+            nw, nh = (size, max(1, round(h * scale))) if w <= h else (max(1, round(w * scale)), size)
+            img = img.resize((nw, nh), Image.Resampling.LANCZOS)
+        if mode == "center_crop" and img.size != (size, size):
+            x, y = (img.width - size) // 2, (img.height - size) // 2
+            img = img.crop((x, y, x + size, y + size))
+        return img
+    if mode != "border":
+        raise ValueError(f"unknown resize_mode {mode!r}")
+    long = max(w, h)
+    if long > size or (long < size and upscale):
+        scale = size / long
+        nw, nh = (size, max(1, round(h * scale))) if w >= h else (max(1, round(w * scale)), size)
+        img = img.resize((nw, nh), Image.Resampling.LANCZOS)
+    if img.size == (size, size):
+        return img
+    canvas = Image.new("RGB", (size, size), tuple(background))
+    canvas.paste(img, ((size - img.width) // 2, (size - img.height) // 2))
+    return canvas
+
+
 def edm_transform(img: Image.Image, transform: str, out_w: int, out_h: int) -> Image.Image | None:
     """EDM/EDM2 ``dataset_tool`` transforms on an RGB image; None where EDM drops the image."""
     if transform == "center-crop":

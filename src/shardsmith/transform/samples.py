@@ -14,7 +14,8 @@ import numpy as np
 
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
 from shardsmith.recipe import ImageRules, WdsOutput, ZipOutput
-from shardsmith.transform.image import decode_image, edm_transform, encode_image, passthrough_ok, resize_max_side
+from shardsmith.transform.image import (decode_image, edm_transform, encode_image, fixed_size, passthrough_ok,
+                                        resize_max_side)
 
 
 def read_checked(item: PlannedItem) -> bytes:
@@ -57,7 +58,7 @@ class WdsSampleMaker:
             img = dec.image
             _check_min_size(item, img.size, self.rules)
             enc = self.o.image
-            resized = resize_max_side(img, enc.max_side, self.rules.upscale)
+            resized = self._geometry(item, img)
             why_not = passthrough_ok(dec, enc.format, resized is not img) if enc.passthrough else "not asked"
             payload = data if why_not is None else encode_image(resized, enc.format, enc.quality)
         except ItemError as e:
@@ -78,6 +79,23 @@ class WdsSampleMaker:
             }
             members["json"] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return SampleResult(idx=item.idx, status=WRITTEN, members=members, info=info)
+
+    def _geometry(self, item: PlannedItem, img):
+        """The picture this output writes: ``image.max_aspect`` screened (skipped:aspect_ratio), then
+        ``image.size`` by ``resize_mode`` (img2dataset's modes) or ``image.max_side``."""
+        enc = self.o.image
+        w, h = img.size
+        if enc.max_aspect is not None and max(w, h) > enc.max_aspect * min(w, h):
+            raise ItemError("aspect_ratio", f"{item.item_id} is {w}x{h}, aspect ratio {max(w, h) / min(w, h):.3g}, "
+                            f"above image.max_aspect={enc.max_aspect:g}", skip=True)
+        if enc.size is None:
+            return resize_max_side(img, enc.max_side, self.rules.upscale)
+        out = fixed_size(img, enc.size, enc.resize_mode, self.rules.upscale, self.rules.background)
+        if out is None:
+            raise ItemError("too_small", f"{item.item_id} is {w}x{h}, its shorter side below image.size={enc.size} "
+                            f"({enc.resize_mode}); set images.upscale: true to enlarge it, or use resize_mode: "
+                            "border", skip=True)
+        return out
 
 
 class ZipSampleMaker:
