@@ -85,7 +85,13 @@ def preset_config(name: str, path: str | Path, **overrides: Any) -> WdsLoaderCon
 
 
 def build_loader(config: WdsLoaderConfig | ZipLoaderConfig):
-    return config.build() if isinstance(config, ZipLoaderConfig) else WdsLoader(config)
+    """The loader of ``config``; a multi-bucket output (``buckets.json``) gets the bucket-aware
+    loader (:mod:`shardsmith.loaders.buckets`)."""
+    if isinstance(config, ZipLoaderConfig):
+        return config.build()
+    from shardsmith.loaders.buckets import BucketedWdsLoader, is_bucketed
+
+    return BucketedWdsLoader(config) if is_bucketed(config.shards) else WdsLoader(config)
 
 
 def from_config(name: str, config_file: str | Path | None = None, **overrides: Any):

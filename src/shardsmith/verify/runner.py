@@ -8,6 +8,8 @@ Contract
 - A dataset whose shardsmith build is not finished (its ledger does not mark it complete, or it
   has a ledger but no manifest) fails at once (check ``build_finished``): "build not finished:
   resume it with the same command".
+- The report of a dataset a finished shardsmith build wrote is also kept in that build, as
+  ``.shardsmith/verify/<dataset>.json`` (``verify/record.py``), for ``shardsmith report``.
 - Checks (each ``{"name", "ok", "detail"}``): every sample seen exactly once in a full
   deterministic pass, none twice; the count equals ``shard_count.json`` (minus
   ``ignore_index.json``) and the manifest of the build that wrote it, less the samples a repair
@@ -34,6 +36,7 @@ from shardsmith.verify.accounting import coverage, expected_wds, manifest_check
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import find_build, unfinished
 from shardsmith.verify.precomputed_check import verify_precomputed
+from shardsmith.verify.record import recorded
 from shardsmith.verify.ranks import Ranks
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
@@ -54,6 +57,7 @@ def infer_key_map(folder: Path) -> dict[str, str]:
     return {s.split(".")[0]: s for s, c in counts.items() if c == n}
 
 
+@recorded  # the last report of a build's dataset is kept in the build (verify/record.py)
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
            image_size: int | None = None, timeout: float = 600, contract_in: str = "auto",
@@ -90,6 +94,12 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if not_done:
         return _unfinished_report(dataset, not_done, world, workers, batch_size, batches)
     kind = dataset_kind(dataset)
+    if kind == "wds_buckets":  # one WebDataset folder per bucket: each verified on its own
+        from shardsmith.verify.buckets import verify_buckets
+
+        return verify_buckets(dataset, verify, world=world, workers=workers, batch_size=batch_size, preset=preset,
+                              key_map=key_map, batches=batches, image_size=image_size, timeout=timeout,
+                              contract_in=contract_in, overrides=overrides)
     checks: list[dict[str, Any]] = []
 
     def check(name: str, ok: bool, detail: str) -> None:
