@@ -331,7 +331,7 @@ def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
     srcs = ctx.recipe.source_ids(o)
     committed = sum(u["bytes"] for split in _splits(ctx.recipe) for u in ctx.ledger.units(o.name, split))
     counts = (_eligible(ctx.ledger, TRAIN, srcs), _eligible(ctx.ledger, HOLDOUT, srcs))
-    if kind_of(o).encoders or not sum(counts):
+    if kind_of(o).encoders_for(o, ctx.recipe) or not sum(counts):
         return estimate.output_estimate(o, counts, [], committed)
     from shardsmith.scan import sample_bytes
 
@@ -372,7 +372,7 @@ def _ahead_output(recipe: Recipe, root: Path):
     from shardsmith.plan.ahead import can_plan_ahead
 
     first = recipe.outputs[0] if recipe.outputs else None
-    if not PLAN_AHEAD or first is None or not kind_of(first).encoders or not can_plan_ahead(recipe):
+    if not PLAN_AHEAD or first is None or not kind_of(first).encoders_for(first, recipe) or not can_plan_ahead(recipe):
         return None
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
         return None
@@ -401,7 +401,7 @@ def _octx(ctx: BuildContext) -> OutputContext:
 
 def _memo(ctx: BuildContext):
     """The encoded-results memo, when more than one output needs the encoders; else None."""
-    if ctx.memo is None and sum(1 for o in ctx.recipe.outputs if kind_of(o).encoders) > 1:
+    if ctx.memo is None and sum(1 for o in ctx.recipe.outputs if kind_of(o).encoders_for(o, ctx.recipe)) > 1:
         from shardsmith.encode.memo import EncodedMemo
 
         ctx.memo = EncodedMemo(ctx.root / formats.ENCODED_DIR)

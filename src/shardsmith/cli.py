@@ -226,7 +226,7 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
     for o in outs if isinstance(outs, list) else []:
         if not isinstance(o, dict):
             continue  # the recipe check names it
-        if o.get("format") in ("wds", "latent_wds"):  # shard layout
+        if o.get("format") in ("wds", "latent_wds", "prompt_wds"):  # shard layout
             for flag, key in (("dir", "dir"), ("samples_per_shard", "samples_per_shard"),
                               ("max_shard_bytes", "max_shard_bytes")):
                 if flags.get(flag) is not None:

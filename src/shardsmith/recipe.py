@@ -306,7 +306,26 @@ class VideoWdsOutput(_Strict):
     sources: list[str] | None = None
 
 
-Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput, VideoWdsOutput], Field(discriminator="format")]
+class PromptWdsOutput(_Strict):
+    """Prompt-only WebDataset shards (prompt-only distillation): ``txt`` per sample and, when
+    ``models.text`` is set, its embedding ``txt_emb.pth`` ``[L, D]`` with ``neg_prompt_emb.npy``
+    beside the shards. Needs no ``models.vae`` and no ``geometry.buckets``."""
+
+    format: Literal["prompt_wds"]
+    name: str | None = None
+    dir: str = "prompts"
+    samples_per_shard: int = Field(1000, gt=0)
+    max_shard_bytes: int | None = Field(None, gt=0, description="close a shard before it would pass this size "
+                                        "(a float32 T5-XXL embedding alone is 8 MiB); exact, so the same "
+                                        "samples close a shard on every run")
+    negative_prompt: str = Field("", description="encoded once into neg_prompt_emb.npy beside the shards "
+                                 "(needs models.text)")
+    text_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    metadata: bool = Field(True, description="write the per-sample json member")
+    sources: list[str] | None = None
+
+
+Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput, VideoWdsOutput, PromptWdsOutput], Field(discriminator="format")]
 LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput, LatentZipOutput)  # the outputs models.vae encodes
 BUCKETED_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # latent outputs cut to geometry.buckets
 

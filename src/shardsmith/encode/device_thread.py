@@ -64,7 +64,7 @@ class DeviceThread:
         stopped = stop.is_set if stop is not None else (lambda: False)
         t0 = time.perf_counter()
         try:
-            for b in buckets:
+            for b in buckets if self.vae is not None else ():  # (a text-only stage: no VAE to warm)
                 host = torch.zeros((self.batch_size, b.frames, b.height, b.width, 3), dtype=torch.uint8,
                                    pin_memory=self.device == "cuda")
                 self._maybe_compile(host)  # "on" compiles now; "auto" needs eager batches first

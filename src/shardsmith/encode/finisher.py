@@ -17,6 +17,11 @@ Contract
 - With a ``memo`` (:class:`~shardsmith.encode.memo.EncodedMemo`: several outputs need the same
   encoders), an item the memo holds is rendered at ``add`` from the kept results and never sent to
   the encoder; every batch encoded here is put in the memo.
+- A result without pixels (``res.pixels`` None: a ``prompt_wds`` sample, a caption and nothing to
+  encode with the VAE) is queued apart from the buckets; its batches run only the text encoder,
+  through the stage's caption cache (``stage.text``) on the device thread, and are rendered with
+  ``z`` None. They are not put in the memo (it keeps latents); the caption cache already encodes a
+  caption once. Batches with pixels go exactly as before.
 """
 
 from __future__ import annotations
@@ -38,6 +43,23 @@ def geometry(res: SampleResult) -> str:
     return json.dumps([res.info.get("bucket"), res.info.get("crop")], sort_keys=True)
 
 
+TEXT_ONLY = "text-only"  # the queue of results without pixels (never a bucket's name, WxHxF)
+
+
+class TextOnlyBatch:
+    """The finished result of a batch without pixels, read like a launched batch's
+    (:class:`~shardsmith.encode.pending.PendingBatch`): no latents, ``(emb [L, D], mask [L])`` per item."""
+
+    def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.texts = texts
+
+    def done(self) -> bool:
+        return True
+
+    def result_batch(self) -> tuple[None, list[tuple[torch.Tensor, torch.Tensor]]]:
+        return None, self.texts
+
+
 class MemberRenderer(Protocol):
     """What turns a finished batch into its samples' members (``res.members``), e.g.
     :class:`~shardsmith.sinks.latent_members.LatentMembers`."""
@@ -46,8 +68,8 @@ class MemberRenderer(Protocol):
         """Called once, with the encode stage, before the first batch is submitted."""
 
     def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor, texts) -> None:
-        """Set ``res.members`` of every item of a finished batch (``z``: its latents, ``[n, ...]``;
-        ``texts``: ``(emb, mask)`` per item, or None)."""
+        """Set ``res.members`` of every item of a finished batch (``z``: its latents, ``[n, ...]``,
+        None for a batch without pixels; ``texts``: ``(emb, mask)`` per item, or None)."""
 
     def sizes(self, item: PlannedItem, res: SampleResult, stage: Any) -> list[tuple[str, int]]:
         """``(suffix, bytes)`` of the members ``item`` will have, exactly, before it is encoded."""
@@ -115,6 +137,11 @@ class LatentFinisher:
         # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
         stage = self.stage
         batch = [(item, res) for item, res, _ in entries]
+        if batch[0][1].pixels is None:  # captions only (the TEXT_ONLY queue): the text encoder alone
+            self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch)))
+            while len(self.in_flight) > self.max_in_flight:
+                self._finish(self.in_flight.pop(0))
+            return
         host = stage.stage([r.pixels for _, r in batch])
         for _, r in batch:
             r.pixels = None
@@ -131,6 +158,11 @@ class LatentFinisher:
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
         return stage.launch(host, len(batch), captions, staged_at=staged_at)
 
+    @staticmethod
+    def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]]) -> "TextOnlyBatch":
+        """Encoder thread: the captions of a batch without pixels through the text encoder."""
+        return TextOnlyBatch(stage.text([it.caption or "" for it, _ in batch]))
+
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
         Its host copies (dtype, text embeddings) run on one intra-op thread: the decode workers hold
@@ -138,7 +170,7 @@ class LatentFinisher:
         _tag, batch, fut = entry
         with one_intra_op_thread():
             z, texts = fut.result().result_batch()
-            if self.memo is not None:
+            if self.memo is not None and z is not None:
                 self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch])
             self.members.render(batch, z, texts)
 
@@ -151,7 +183,7 @@ class LatentFinisher:
             with one_intra_op_thread():
                 self.members.render([(item, res)], z[None], [text] if text is not None else None)
             return
-        q = self.pending.setdefault(res.info["bucket"], [])
+        q = self.pending.setdefault(TEXT_ONLY if res.pixels is None else res.info["bucket"], [])
         q.append((item, res, self.unit))
         if len(q) >= self.stage.batch_size:
             self._submit(list(q))

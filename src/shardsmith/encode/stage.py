@@ -2,9 +2,12 @@
 the text encoder, in the main process (one model copy per device).
 
 Contract
-- ``EncodeStage.from_recipe(recipe)`` loads the recipe's models once (on ``models.device``;
-  ``auto``: ``cuda`` when present, else CPU) and validates the buckets against the loaded VAE's
-  compression (errors name the nearest valid values; ``precheck`` did the same from its config).
+- ``EncodeStage.from_recipe(recipe)`` loads the models the recipe's outputs need, once (on
+  ``models.device``; ``auto``: ``cuda`` when present, else CPU): the VAE only for a latent output
+  (``recipe.LATENT_OUTPUTS``), the text encoder whenever ``models.text`` is set; with a VAE it
+  validates the buckets against the loaded VAE's compression (errors name the nearest valid
+  values; ``precheck`` did the same from its config). Without a VAE (``vae`` None: e.g. a
+  ``prompt_wds`` output alone) only ``text`` is usable.
 - ``latents(pixels)`` takes a list of uint8 ``[F, H, W, 3]`` arrays of ONE bucket and returns
   one latent per item: ``[C, F', H', W']`` for video VAEs, ``[C, H', W']`` for image VAEs.
   An out-of-memory error halves the batch (down to 1, then tiled decoding where the model
@@ -38,6 +41,7 @@ from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.throughput import BatchRecord, LaunchRecord, Throughput
 from shardsmith.encode.vae import load_vae
 from shardsmith.precheck import resolve_device
+from shardsmith.recipe import LATENT_OUTPUTS
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self._compile_pending: dict[str, Any] | None = None  # set between compile() and its first batch
         self.launched = 0  # items started so far (written by the encoder thread only)
         self._target: int | None = None  # ``launched`` once every expected item is started (expect())
-        video = vae.spec.kind == "video_vae"
+        video = vae is not None and vae.spec.kind == "video_vae"
         self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
@@ -104,12 +108,14 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             dlog.disable_progress_bar()
         except ImportError:  # pragma: no cover - both are dependencies of the encoders
             pass
-        v = m.vae
-        vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
-                       config=v.config, dtype=v.dtype, device=place, store=v.store)
-        buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
-        if buckets:
-            validate_buckets(parse_buckets(buckets), vae.spec.spatial, vae.spec.temporal)
+        vae = None
+        if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):  # (the recipe then has models.vae)
+            v = m.vae
+            vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
+                           config=v.config, dtype=v.dtype, device=place, store=v.store)
+            buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
+            if buckets:
+                validate_buckets(parse_buckets(buckets), vae.spec.spatial, vae.spec.temporal)
         text = None
         if m.text is not None:
             t = m.text
@@ -259,8 +265,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         d: dict[str, Any] = {"device": device, "batch_size": self.batch_size,
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-                             "steady_state": self.steady_state(), "warm_up": self.warm_up_info,
-                             "vae": {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}}
+                             "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        if self.vae is not None:
+            d["vae"] = {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}
         if self.text_encoder is not None:
             d["text"] = {"spec": self.text_encoder.spec.to_dict(), "provenance": prov(self.text_encoder.provenance)}
         d["random_weights"] = sorted(k for k in ("vae", "text") if k in d and
@@ -271,7 +278,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         """What a cache depends on: model identities (not devices or batch sizes), geometry and, when
         set, the LoRA trigger every caption starts with (absent otherwise: older stamps still match)."""
         d = self.describe()
-        out = {"vae": model_identity(d["vae"]), "text": model_identity(d["text"]) if "text" in d else None,
+        out = {"vae": model_identity(d["vae"]) if "vae" in d else None,
+               "text": model_identity(d["text"]) if "text" in d else None,
                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
         if getattr(recipe, "lora_trigger", None):
             out["lora_trigger"] = recipe.lora_trigger

@@ -54,7 +54,11 @@ def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: s
                       f"{var}.shard_count_file = {_expr(portable, root_env, SHARD_COUNT_FILE)}"]
         if (dataset / IGNORE_INDEX_FILE).exists():
             lines.append(f"{var}.ignore_index_paths = [{_expr(portable, root_env, IGNORE_INDEX_FILE)}]")
-        for key, rel in preset.defaults.get("files_map", {}).items():
+        defaults = preset.defaults_for(dataset)
+        if defaults is not preset.defaults:  # a variant for what this folder holds (the prompt preset's embeddings)
+            lines.append(f"{var}.key_map = {defaults['key_map']!r}")
+            lines.append(f"{var}.presets_map = {defaults.get('presets_map', {})!r}")
+        for key, rel in defaults.get("files_map", {}).items():
             lines.append(f'{var}.files_map = {{"{key}": {_expr(portable, root_env, rel)}}}')
     for k, v in fastgen_fields(overrides).items():
         lines.append(f"{var}.{k} = {v!r}")

@@ -26,6 +26,15 @@ class Preset:
     fastgen: str  # the FastGen preset it mirrors
     defaults: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    # (file, defaults): when the dataset folder holds ``file``, these defaults replace the keys they name
+    variant: tuple[str, dict[str, Any]] | None = None
+
+    def defaults_for(self, path: str | Path) -> dict[str, Any]:
+        """The defaults for the dataset at ``path`` (the variant's, where its file lies there)."""
+        if self.variant is not None and (Path(path) / self.variant[0]).is_file():
+            return {**self.defaults, **self.variant[1]}
+        return self.defaults
+
 
 
 _LATENT = {"key_map": {"real": LATENT, "condition": TEXT_EMB},
@@ -49,6 +58,16 @@ PRESETS: dict[str, Preset] = {
     "kd_path": Preset("wds", "PathLoaderConfig",
                       {"key_map": {"real": LATENT, "path": PATH, "condition": TEXT_EMB},
                        "batch_size": 2, "shuffle_size": 100}),
+    # prompt_wds: the prompts (the trainer encodes them); with the embeddings the build wrote when
+    # models.text was set (it writes neg_prompt_emb.npy exactly then), those and the negative one
+    "prompt": Preset("wds", "PromptLoaderConfig",
+                     {"key_map": {"condition": TXT}, "presets_map": {"neg_condition": "empty_string"},
+                      "batch_size": 32},
+                     "condition is list[str]; where neg_prompt_emb.npy lies beside the shards, condition is the "
+                     "txt_emb.pth embeddings [B, L, D] and neg_condition that file (PromptLoaderConfig's fields are "
+                     "not in the FastGen reference: mirrored from ImageLoaderConfig / ImageLatentLoaderConfig)",
+                     variant=(NEG_PROMPT_FILE, {"key_map": {"condition": TEXT_EMB}, "presets_map": {},
+                                                "files_map": {"neg_condition": NEG_PROMPT_FILE}})),
     "class_zip": Preset("zip", "ImageNet64_Loader_Config", {"batch_size": 32, "use_labels": True, "shuffle": True}),
 }
 
@@ -72,7 +91,7 @@ def _bucketed(path: str | Path) -> bool:
 def preset_config(name: str, path: str | Path, **overrides: Any) -> WdsLoaderConfig | ZipLoaderConfig:
     """A fresh typed config of preset ``name`` for the dataset at ``path``."""
     p = get_preset(name)
-    kw = {**copy.deepcopy(p.defaults), **overrides}
+    kw = {**copy.deepcopy(p.defaults_for(path)), **overrides}
     if p.kind == "zip":
         return ZipLoaderConfig(path=Path(path), **kw)
     if "files_map" not in overrides and not _bucketed(path):

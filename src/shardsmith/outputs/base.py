@@ -3,6 +3,8 @@
 
 Contract
 - ``dest(root, o, split)``: the output's file or folder for ``split`` (the holdout under ``holdout/``).
+- ``encoders_for(o, recipe)``: the encoders the output needs under ``recipe`` (``encoders``, less
+  ``text`` where ``models.text`` is unset); an output that needs none is written without models.
 - ``per_unit(o)``: items per unit of work; ``byte_bounded(o)``: units close on a byte budget that
   only the written samples' sizes decide (such an output's units are cut as they are written, in
   order; every other output's units are planned ahead, see :mod:`shardsmith.units.plan`).
@@ -56,6 +58,11 @@ class OutputKind:
     def target(o) -> str:
         """The output's path relative to the build folder (its ``dir`` or ``path``)."""
         return o.dir
+
+    def encoders_for(self, o, recipe) -> tuple[str, ...]:
+        """The encoders ``o`` needs under ``recipe``: :attr:`encoders`, ``text`` only when
+        ``models.text`` is set."""
+        return tuple(e for e in self.encoders if e != "text" or recipe.models.text is not None)
 
     def per_unit(self, o) -> int:
         return o.samples_per_shard

@@ -8,11 +8,12 @@ from shardsmith.outputs.base import OutputKind
 from shardsmith.outputs.latent_wds import LatentWdsKind
 from shardsmith.outputs.latent_zip import LatentZipKind
 from shardsmith.outputs.precomputed import PrecomputedKind
+from shardsmith.outputs.prompt_wds import PromptWdsKind
 from shardsmith.outputs.video_wds import VideoWdsKind
 from shardsmith.outputs.wds import WdsKind
 from shardsmith.outputs.zip import ZipKind
 
-REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind(), VideoWdsKind())}
+REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind(), VideoWdsKind(), PromptWdsKind())}
 
 
 def kind_of(o) -> OutputKind:
@@ -22,4 +23,4 @@ def kind_of(o) -> OutputKind:
 
 def needs_encoders(recipe) -> bool:
     """Whether any output of ``recipe`` needs the encode stage."""
-    return any(kind_of(o).encoders for o in recipe.outputs)
+    return any(kind_of(o).encoders_for(o, recipe) for o in recipe.outputs)

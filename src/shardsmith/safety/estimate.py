@@ -13,7 +13,8 @@ Contract
   both scaled from a sample to planned counts.
 - :func:`output_estimate` is pure: the bytes an image output occupies once complete (a ZIP
   twice: its staged units stay beside it), minus what committed units already hold.
-- Latent outputs are not estimated (their sizes depend on the model): ``bytes`` is None.
+- Latent outputs are not estimated (their sizes depend on the model): ``bytes`` is None; nor is
+  an output given no sample to scale (a ``prompt_wds`` with a text encoder).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from dataclasses import dataclass
 
 from shardsmith import formats
 from shardsmith.plan.ledger import Ledger
-from shardsmith.recipe import VideoWdsOutput, WdsOutput, ZipOutput
+from shardsmith.recipe import PromptWdsOutput, VideoWdsOutput, WdsOutput, ZipOutput
 from shardsmith.records import PlannedItem
 from shardsmith.formats.wds import sample_tar_bytes
 
 SAMPLE = 16
 #: outputs of WebDataset shards whose samples their maker makes whole (estimated like ``wds``)
-SHARD_OUTPUTS = (WdsOutput, VideoWdsOutput)
+SHARD_OUTPUTS = (WdsOutput, PromptWdsOutput, VideoWdsOutput)
 
 #: bytes a stored ZIP member costs beyond its data: local header (30) + central entry (46) + name twice
 ZIP_MEMBER_OVERHEAD = 30 + 46 + 2 * len(formats.zip_member_name(0))
@@ -118,8 +119,8 @@ def scale_sample(o: WdsOutput | ZipOutput, counts: tuple[int, int], sample_sizes
 def output_estimate(o, counts: tuple[int, int], sample_sizes: list[int | None], committed: int) -> OutputEstimate:
     """``counts``: the planned (train, holdout) items the output will try to write;
     ``sample_sizes``: bytes of each sampled item's sample (None where it would not be written)."""
-    if not isinstance(o, (*SHARD_OUTPUTS, ZipOutput)):
-        return OutputEstimate(o.name, None, committed)
+    if not isinstance(o, (*SHARD_OUTPUTS, ZipOutput)) or (sum(counts) and not sample_sizes):
+        return OutputEstimate(o.name, None, committed)  # (no sample made: members made by an encoder)
     total = scale_sample(o, counts, sample_sizes).total
     if isinstance(o, ZipOutput):
         total *= 2  # the staged units (.shardsmith/stage) and the ZIP assembled from them
