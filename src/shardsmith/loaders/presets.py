@@ -36,7 +36,6 @@ class Preset:
         return self.defaults
 
 
-
 _LATENT = {"key_map": {"real": LATENT, "condition": TEXT_EMB},
            "files_map": {"neg_condition": NEG_PROMPT_FILE}}
 
