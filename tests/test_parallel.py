@@ -146,8 +146,8 @@ def test_plan_rows_do_not_depend_on_where_batches_end(tmp_path, monkeypatch):
     by_id = {r[1].split("/", 1)[1]: r for r in rows[3]}
     keys = [r[2] for r in rows[3]]
     assert len(set(keys)) == 10
-    assert by_id[files[0].name][2] == f"src_{files[0].stem}"
-    assert by_id[f"{files[0].stem}.png"][2].startswith(f"src_{files[0].stem}_")  # + 8 hex of sha1(item_id)
+    assert by_id[files[0].name][2] == files[0].stem  # one source: no source-name prefix
+    assert by_id[f"{files[0].stem}.png"][2].startswith(f"{files[0].stem}_")  # + 8 hex of sha1(item_id)
     dup = by_id["zz copy.jpg"]
     assert dup[4] == "skipped:duplicate" and dup[5] == f"src/{files[0].name}"
     assert dup[3] == by_id[files[0].name][3]  # a duplicate shares its first copy's split
@@ -166,3 +166,28 @@ def test_the_plan_commits_without_fsync_and_restores_full_sync_even_on_error(tmp
             raise KeyError("a failed probe batch")
     assert sync() == 2  # plan_complete and everything after it are written with full sync
     led.close()
+
+
+def test_keys_carry_the_source_name_only_when_the_recipe_has_several_sources(tmp_path):
+    """One source: a sample's key is its path without the suffix (what img2dataset and the LTX
+    scripts give); several sources: ``<source>_<path>``, so two sources' ``a.jpg`` never collide."""
+    from media_factory import real_photos
+
+    from shardsmith.plan import planner
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.recipe import recipe_from_dict
+    from shardsmith.sources.base import open_sources
+
+    for d in ("one", "two"):
+        real_photos(tmp_path / d, 2, seed=4 if d == "one" else 9, min_side=64, max_side=96)
+    single = recipe_from_dict({"sources": [{"path": str(tmp_path / "one")}], "outputs": [{"format": "wds"}]})
+    both = recipe_from_dict({"sources": [{"path": str(tmp_path / "one")}, {"path": str(tmp_path / "two")}],
+                             "outputs": [{"format": "wds"}]})
+    keys = {}
+    for name, recipe in (("single", single), ("both", both)):
+        led = Ledger(tmp_path / f"{name}.sqlite")
+        planner.make_plan(recipe, led, open_sources(recipe))
+        keys[name] = [r[0] for r in led.db.execute("SELECT key FROM items ORDER BY idx")]
+        led.close()
+    assert keys["single"] == ["photo_00000", "photo_00001"]
+    assert keys["both"] == ["one_photo_00000", "one_photo_00001", "two_photo_00000", "two_photo_00001"]

@@ -197,7 +197,7 @@ def test_two_latent_outputs_encode_each_item_once(captioned, tmp_path, monkeypat
             for m in tar:
                 if m.name.endswith(".latent.pth"):
                     z = torch.load(io.BytesIO(tar.extractfile(m).read()), weights_only=True)
-                    stem = m.name.split(".")[0].split("_", 1)[1]
+                    stem = m.name.split(".")[0]  # one source: the key is the file's stem
                     rec = torch.load(pre / f"{stem}.pt", weights_only=True)
                     assert torch.equal(rec["latents"][:, 0], z), m.name
                     seen += 1

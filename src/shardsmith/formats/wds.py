@@ -117,11 +117,12 @@ def without_suffix(path: str) -> str:
     return path[:len(path) - len(name) + dot] if 0 < dot < len(name) - 1 else path
 
 
-def key_base(source_name: str, relpath: str, item_id: str) -> str:
-    """The sample key the planner gives an item before uniqueness: ``<source>_<relpath without
-    its suffix>`` (or the item id's part after the source), sanitised."""
+def key_base(source_name: str | None, relpath: str, item_id: str) -> str:
+    """The sample key the planner gives an item before uniqueness: ``<relpath without its
+    suffix>`` (or the item id's part after the source), prefixed ``<source>_`` when a source name
+    is given (a recipe of several sources, whose paths could collide), sanitised."""
     stem = without_suffix(relpath) if relpath else item_id.split("/", 1)[-1]
-    return sanitize_key(f"{source_name}_{stem}")
+    return sanitize_key(f"{source_name}_{stem}" if source_name else stem)
 
 
 def unique_key(base: str, item_id: str) -> str:

@@ -80,10 +80,12 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
         # an unfinished plan is redone from scratch: its batches need no fsync each
         with ledger.relaxed_sync():
             for info, items in sources:
+                # keys carry the source's name only where two sources could give the same key
+                prefix = info.name if len(sources) > 1 else None
                 stream = probed(iter(items()))
                 while pairs := list(itertools.islice(stream, BATCH)):
                     rows: list[PlannedItem] = []
-                    bases = [formats.key_base(info.name, item.relpath, item.item_id) for item, _ in pairs]
+                    bases = [formats.key_base(prefix, item.relpath, item.item_id) for item, _ in pairs]
                     keys = ledger.existing_keys(set(bases))  # earlier batches, then this one as it goes
                     shas = ledger.firsts_with_sha({pr.sha256 for _, pr in pairs if pr.status == "ok" and pr.sha256})
                     for (item, pr), key in zip(pairs, bases):
