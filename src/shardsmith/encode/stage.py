@@ -33,6 +33,7 @@ import torch
 
 from shardsmith.encode.caption_cache import CaptionCache
 from shardsmith.encode.compile_decision import CompileDecision
+from shardsmith.encode.encoders import ENCODER_NAMES, Encoder, held
 from shardsmith.encode.device_thread import DeviceThread
 from shardsmith.encode.model_identity import clean_config, model_identity
 from shardsmith.encode.pending import PendingBatch
@@ -266,20 +267,21 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
-        if self.vae is not None:
-            d["vae"] = {"spec": self.vae.spec.to_dict(), "provenance": prov(self.vae.provenance)}
-        if self.text_encoder is not None:
-            d["text"] = {"spec": self.text_encoder.spec.to_dict(), "provenance": prov(self.text_encoder.provenance)}
-        d["random_weights"] = sorted(k for k in ("vae", "text") if k in d and
-                                     d[k]["provenance"].get("weights") == "random-weights")
+        for name, enc in self.encoders.items():
+            d[name] = {"spec": enc.spec.to_dict(), "provenance": prov(enc.provenance)}
+        d["random_weights"] = sorted(k for k in self.encoders if d[k]["provenance"].get("weights") == "random-weights")
         return d
+
+    @property
+    def encoders(self) -> dict[str, Encoder]:
+        """The loaded encoders by name (:mod:`shardsmith.encode.encoders`)."""
+        return held(self.vae, self.text_encoder)
 
     def stamp(self, recipe) -> dict[str, Any]:
         """What a cache depends on: model identities (not devices or batch sizes), geometry and, when
         set, the LoRA trigger every caption starts with (absent otherwise: older stamps still match)."""
         d = self.describe()
-        out = {"vae": model_identity(d["vae"]) if "vae" in d else None,
-               "text": model_identity(d["text"]) if "text" in d else None,
+        out = {**{name: model_identity(d[name]) if name in d else None for name in ENCODER_NAMES},
                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
         if getattr(recipe, "lora_trigger", None):
             out["lora_trigger"] = recipe.lora_trigger

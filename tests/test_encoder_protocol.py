@@ -1,0 +1,36 @@
+"""Encoders are held by name behind one protocol (issue 15): the manifest block, the random-weights
+warning and the cache stamp come from ``stage.encoders``, whatever encoders a recipe loads."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from shardsmith.encode.encoders import ENCODER_NAMES, held, missing
+from shardsmith.encode.stage import EncodeStage
+
+
+def _enc(family: str, kind: str, weights: str):
+    spec = SimpleNamespace(kind=kind, to_dict=lambda: {"family": family, "kind": kind})
+    prov = SimpleNamespace(to_dict=lambda: {"weights": weights, "path_or_repo": f"{family}-repo", "config": {}})
+    return SimpleNamespace(spec=spec, provenance=prov)
+
+
+def test_the_stage_describes_and_stamps_its_encoders_by_name():
+    vae, text = _enc("sd", "image_vae", "random-weights"), _enc("minilm", "text", "pretrained")
+    both = EncodeStage(vae, text, batch_size=2, device="cpu")
+    assert list(both.encoders) == ["vae", "text"] == list(ENCODER_NAMES)
+    d = both.describe()
+    assert d["vae"]["spec"] == {"family": "sd", "kind": "image_vae"} and d["text"]["provenance"]["weights"] == "pretrained"
+    assert d["random_weights"] == ["vae"]
+    recipe = SimpleNamespace(geometry=SimpleNamespace(buckets=["64x64x1"], fps=None), lora_trigger=None)
+    stamp = both.stamp(recipe)
+    assert list(stamp) == ["vae", "text", "buckets", "fps"] and stamp["text"] is not None
+
+    text_only = EncodeStage(None, text, batch_size=2, device="cpu")  # a prompt_wds recipe loads no VAE
+    assert list(text_only.encoders) == ["text"] and "vae" not in text_only.describe()
+    assert text_only.stamp(recipe)["vae"] is None and text_only.describe()["random_weights"] == []
+
+
+def test_missing_names_what_an_output_needs_and_the_stage_lacks():
+    enc = held(_enc("sd", "image_vae", "pretrained"), None)
+    assert missing(enc, ("vae", "text")) == ["text"] and missing(enc, ("vae",)) == []
