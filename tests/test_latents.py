@@ -230,14 +230,19 @@ def test_decode_writes_pictures_and_round_trip_psnr(ltx_build, tmp_path):
     assert not (out / "decode_report.json").exists()  # the build folder is never written
 
 
-def test_scan_with_latent_outputs_says_what_it_cannot_estimate(clips):
+def test_scan_estimates_latent_outputs_from_buckets_and_the_vae(clips, ltx_build):
     from shardsmith.scan import format_scan, scan
 
     table, rows = clips
+    out, _, _ = ltx_build
     rep = scan(_recipe(table))
     assert rep["kinds"]["video"] == 3 and rep["kinds"]["image"] == 2
-    assert "one-sample" in rep["estimate"]["precomputed"]["not_estimated"]
-    assert "not estimated" in format_scan(rep)
+    for name, folder in (("precomputed", ".precomputed"), ("latent_wds", "lat")):
+        est = rep["estimate"][name]
+        assert "not_estimated" not in est
+        written = sum(p.stat().st_size for p in (out / folder).rglob("*") if p.is_file())
+        assert abs(est["bytes"] - written) <= 0.02 * written, (name, est["bytes"], written)
+    assert "not estimated" not in format_scan(rep)
 
 
 @pytest.mark.slow

@@ -349,8 +349,9 @@ def build(
 
 @command()
 def scan(
-    source: list[str] = typer.Argument(..., help=_SRC_HELP),
-    recipe_path: Optional[Path] = typer.Option(None, "--recipe", help="Take split/images/outputs from this recipe."),
+    source: Optional[list[str]] = typer.Argument(None, help=_SRC_HELP + " Default: the --recipe's sources."),
+    recipe_path: Optional[Path] = typer.Option(None, "--recipe", help="Take sources (unless given), split, images, "
+                                               "geometry.buckets, models and outputs from this recipe."),
     to: Optional[list[str]] = typer.Option(None, "--to", help="Output spec to estimate the size of: wds or zip."),
     license: Optional[str] = typer.Option(None, "--license"),
     origin: Optional[str] = typer.Option(None),
@@ -368,18 +369,26 @@ def scan(
     max_repeat: float = typer.Option(20.0, help="Warn when each sample would be seen more often than this."),
     set_: Optional[list[str]] = typer.Option(None, "--set"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report on stdout."),
+    max_probe: int = typer.Option(2000, "--max-probe", min=1, help="Probe at most this many clips (a "
+                                  "deterministic sample of a larger folder; the report says so)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ):
-    """Probe sources without writing a dataset: kinds, sizes, problems, duplicates, licences, output size."""
+    """Probe sources without writing a dataset: kinds, sizes, problems, duplicates, licences; video frames,
+    fps, durations and sizes, audio; with --recipe, which clip fits which bucket and each output's size."""
+    from shardsmith.progress import Progress
     from shardsmith.scan import format_scan, scan as run_scan
 
     flags = dict(locals())
+    if not source and recipe_path is None:
+        _fail("scan needs a source (a folder or a table) or --recipe R.yaml")
     to = to or ([] if recipe_path else ["wds"])
     data, base = _raw_recipe(recipe_path, source, flags, to, set_ or [])
     if any(o.get("format") == "zip" and "resolution" not in o for o in data.get("outputs", [])):
         for o in data["outputs"]:
             o.setdefault("resolution", 64) if o.get("format") == "zip" else None
     recipe = recipe_from_dict(data, base_dir=base, origin="<scan>")
-    result = run_scan(recipe, batch=batch, updates=updates, max_repeat=max_repeat)
+    result = run_scan(recipe, batch=batch, updates=updates, max_repeat=max_repeat, max_probe=max_probe,
+                      progress=Progress(quiet=quiet))
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     else:

@@ -12,7 +12,12 @@ plain, JSON-serialisable report:
    (sources, licences, kinds, image histograms, problems, duplicates, labels, captions);
 4. :mod:`~shardsmith.scan.estimate`: each image output's bytes on disk, from a deterministic
    sample made by the build's sample makers and scaled as the build's space check scales;
-5. :mod:`~shardsmith.scan.verdicts`: warnings and whether there is enough data for
+5. :mod:`~shardsmith.scan.media`: video clips and audio files probed in worker processes (at most
+   ``max_probe``, a deterministic sample beyond), each clip and image fitted to the recipe's buckets
+   by the build's own latent maker; :mod:`~shardsmith.scan.media_figures`: their histograms and the
+   per-bucket fit table; :mod:`~shardsmith.scan.latent_size`: each latent output's bytes from the
+   buckets and the VAE's compression factors;
+6. :mod:`~shardsmith.scan.verdicts`: warnings and whether there is enough data for
    ``batch * updates`` samples seen; :mod:`~shardsmith.scan.format`: the text rendering.
 
 Counting rules: an item is a *problem* when the planner did not pass it (its status and
@@ -32,6 +37,9 @@ from shardsmith.scan import figures
 from shardsmith.scan.decode_check import decode_all
 from shardsmith.scan.dry_run import planned
 from shardsmith.scan.estimate import estimate_output
+from shardsmith.scan.latent_size import estimate_latent
+from shardsmith.scan.media import MAX_PROBE, fit_images, probe_all
+from shardsmith.scan.media_figures import audio as audio_figures, bucket_fit, videos as video_figures
 from shardsmith.scan.format import format_scan, human_bytes
 from shardsmith.scan.histograms import ASPECT_BINS, SHORT_SIDE_BINS
 from shardsmith.scan.usable import define_usable
@@ -42,14 +50,28 @@ __all__ = ["ASPECT_BINS", "SHORT_SIDE_BINS", "format_scan", "human_bytes", "outp
 
 
 def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None,
-         max_repeat: float = MAX_REPEAT_DEFAULT, size_sample: int = 32, workers: int | None = None) -> dict:
+         max_repeat: float = MAX_REPEAT_DEFAULT, size_sample: int = 32, workers: int | None = None,
+         max_probe: int = MAX_PROBE, progress=None) -> dict:
     """Dry-run ``recipe``'s plan and decode (writing nothing) and return the scan report (a plain dict).
-    ``size_sample``: items made per image output for its size estimate; ``workers``: decode threads."""
+    ``size_sample``: items made per image output for its size estimate; ``workers``: decode threads;
+    ``max_probe``: clips probed at most (a deterministic sample beyond); ``progress``: a
+    :class:`~shardsmith.progress.Progress` for the plan, decode and probe bars (none when None)."""
+    from shardsmith.progress import Progress
+
+    progress = progress or Progress(quiet=True)
     threads = workers or recipe.workers or min(32, (os.cpu_count() or 4) * 2)
-    with planned(recipe) as run:
+    procs = workers or recipe.workers or min(8, os.cpu_count() or 2)
+    maker = _latent_maker(recipe)
+    with planned(recipe, progress) as run:
         db = run.ledger.db
-        decode_all(run.ledger, recipe.images, threads)
+        with progress.task("decode", total=None) as tick:
+            decode_all(run.ledger, recipe.images, threads, on_total=tick.set_total, tick=tick.advance)
         define_usable(db, recipe.images.min_size)
+        with progress.task("probe clips", total=None) as tick:
+            _, left_out = probe_all(run.ledger, maker, workers=procs, max_probe=max_probe, on_total=tick.set_total,
+                                    tick=tick)
+        if maker is not None:
+            fit_images(run.ledger, maker)
         srcs = figures.sources(db, run.sources)
         probs = figures.problems(db)
         labels, labels_usable = figures.labels(db)
@@ -66,20 +88,55 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
             "labels": labels,
             "labels_usable": labels_usable,
             "captions": figures.captions(db),
+            "videos": video_figures(db, left_out),
+            "audio": audio_figures(db),
         }
-        per_split = dict(db.execute("SELECT split, COUNT(*) FROM usable GROUP BY split"))
-        unique = db.execute("SELECT COUNT(*) FROM usable WHERE split = ? AND dup_of IS NULL", (TRAIN,)).fetchone()[0]
-        warnings = data_warnings(report)
+        if maker is not None:
+            srcs_latent = sorted({s for o in recipe.outputs if _is_latent(o) for s in recipe.source_ids(o)})
+            report["buckets"] = bucket_fit(db, srcs_latent, list(recipe.geometry.buckets))
+            report["buckets"]["sampled_out"] = left_out
+        # what a build would train on: usable images, and with latent outputs every item that fits a bucket
+        trainable = "usable" if maker is None else (
+            "(SELECT * FROM items WHERE plan_status = 'ok' AND idx IN (SELECT idx FROM usable UNION "
+            "SELECT idx FROM clips WHERE fit = 'ok' UNION SELECT idx FROM image_fit WHERE fit = 'ok'))")
+        per_split = dict(db.execute(f"SELECT split, COUNT(*) FROM {trainable} GROUP BY split"))
+        unique = db.execute(f"SELECT COUNT(*) FROM {trainable} WHERE split = ? AND dup_of IS NULL",
+                            (TRAIN,)).fetchone()[0]
+        warnings = data_warnings(report, image_outputs=any(not _is_latent(o) for o in recipe.outputs))
         estimate = {}
         for o in recipe.outputs:
+            if _is_latent(o):
+                estimate[o.name] = estimate_latent(o, recipe, run.ledger, run.sources, left_out)
+                continue
             est = estimate_output(o, recipe, run.ledger, run.sources, size_sample, threads)
             estimate[o.name] = est.block
             warnings += est.warnings
+        if left_out:
+            warnings.append(f"{left_out} clip(s) were not probed (more than {max_probe}): the video and audio "
+                            "histograms, the bucket table and latent sizes describe a deterministic sample")
     usable = per_split.get(TRAIN, 0) + per_split.get(HOLDOUT, 0)
     enough = enough_data(usable, per_split.get(HOLDOUT, 0), unique, batch, updates, max_repeat)
     report.update(usable=usable, estimate=estimate, enough_data=enough, warnings=warnings + enough["warnings"])
     json.dumps(report)  # fail here, not in the caller, if something is not serialisable
     return report
+
+
+def _is_latent(o) -> bool:
+    from shardsmith.outputs.latent import LatentKind
+    from shardsmith.outputs.registry import kind_of
+
+    return isinstance(kind_of(o), LatentKind)
+
+
+def _latent_maker(recipe: Recipe):
+    """The build's latent pixel maker of the recipe (the bucket decision), None without a latent output."""
+    from shardsmith.outputs.base import OutputContext
+    from shardsmith.outputs.registry import kind_of
+
+    for o in recipe.outputs:
+        if _is_latent(o) and recipe.geometry.buckets:
+            return kind_of(o).maker(o, OutputContext(recipe, None, None, [], None))
+    return None
 
 
 from shardsmith.api import callable_module  # noqa: E402 - after the module's own names

@@ -68,10 +68,13 @@ def decode_one(item: PlannedItem, rules: ImageRules) -> Decoded:
                    notes=tuple(dec.notes))
 
 
-def decode_all(ledger: Ledger, rules: ImageRules, threads: int) -> None:
-    """Fill ``decoded`` and ``decoded_notes`` for every image row the plan read (see the module)."""
+def decode_all(ledger: Ledger, rules: ImageRules, threads: int, on_total=None, tick=None) -> None:
+    """Fill ``decoded`` and ``decoded_notes`` for every image row the plan read (see the module).
+    ``on_total(n)``: told how many images will be decoded, first; ``tick(k)`` after each batch of ``k``."""
     db = ledger.db
     db.executescript(_SCHEMA)
+    if on_total is not None:
+        on_total(db.execute("SELECT COUNT(*) FROM items WHERE kind = 'image' AND sha256 IS NOT NULL").fetchone()[0])
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for lo in range(0, ledger.count_items(), BATCH):  # plan idx run 0..n-1
             batch = [it for it in ledger.items(idx_range=(lo, lo + BATCH))
@@ -82,3 +85,5 @@ def decode_all(ledger: Ledger, rules: ImageRules, threads: int) -> None:
                                [(d.idx, d.status, d.detail, d.width, d.height, d.mode, d.format) for d in done])
                 db.executemany("INSERT INTO decoded_notes VALUES (?,?)",
                                [(d.idx, n) for d in done for n in d.notes])
+            if tick is not None and done:
+                tick(len(done))

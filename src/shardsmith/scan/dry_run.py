@@ -29,12 +29,20 @@ class DryRun:
 
 
 @contextlib.contextmanager
-def planned(recipe: Recipe) -> Iterator[DryRun]:
-    """Plan ``recipe`` as a build would, into a ledger deleted when the block ends."""
+def planned(recipe: Recipe, progress=None) -> Iterator[DryRun]:
+    """Plan ``recipe`` as a build would, into a ledger deleted when the block ends. ``progress``: a
+    :class:`~shardsmith.progress.Progress` whose ``plan`` task counts the listed items (its total
+    from :func:`~shardsmith.sources.base.count_listed`, counted on a thread while the plan runs)."""
+    from shardsmith.progress import Progress, total_in_background
+    from shardsmith.sources.base import count_listed
+
     opened = open_sources(recipe)
     ledger = Ledger.temporary()
+    progress = progress or Progress(quiet=True)
     try:
-        make_plan(recipe.model_copy(update={"one_sample": False}), ledger, opened)
+        with progress.task("plan", total=None) as tick:
+            with total_in_background(tick, lambda: count_listed(opened)):
+                make_plan(recipe.model_copy(update={"one_sample": False}), ledger, opened, on_item=tick)
         yield DryRun(ledger, [info for info, _ in opened])
     finally:
         ledger.close()

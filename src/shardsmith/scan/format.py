@@ -50,12 +50,73 @@ def _counts(d: dict[str, int] | None) -> str:
     return ", ".join(f"{k} {v}" for k, v in (d or {}).items()) or "-"
 
 
+def _stats_line(name: str, st: dict, unit: str = "") -> str:
+    f = (lambda v: "-" if v is None else f"{v:g}{unit}")
+    return f"  {name}: min {f(st['min'])}, median {f(st['median'])}, max {f(st['max'])}"
+
+
+def _media_sections(report: dict) -> list[str]:
+    """The videos, audio and bucket-fit sections (empty when the scan met no clip)."""
+    L: list[str] = []
+    v = report.get("videos") or {}
+    if v.get("count") or v.get("unreadable"):
+        sampled = f"; {v['sampled_out']} more not probed (a deterministic sample)" if v.get("sampled_out") else ""
+        L += ["", f"videos ({v.get('count', 0)} probed, {v.get('unreadable', 0)} unreadable{sampled})"]
+        if v.get("count"):
+            L += _hist("frames", v["frames"])
+            L += _hist("fps", v["fps"])
+            L += _hist("duration", v["duration"])
+            L += _hist("resolution (w x h)", v["resolution"])
+            L += [_stats_line("frames", v["frames_stats"]), _stats_line("fps", v["fps_stats"]),
+                  _stats_line("duration", v["duration_stats"], "s"),
+                  f"  with an audio track: {v['with_audio']}; rotated: {v['rotated']}"]
+    a = report.get("audio") or {}
+    if a.get("count") or a.get("unreadable"):
+        L += ["", f"audio ({a.get('files', 0)} file(s), {a.get('tracks', 0)} clip track(s), "
+                  f"{a.get('unreadable', 0)} unreadable)"]
+        if a.get("count"):
+            L += _hist("sample rate (Hz)", a["sample_rate"])
+            L += _hist("channels", a["channels"])
+            L += _hist("duration", a["duration"])
+    b = report.get("buckets")
+    if b:
+        fitted = sum(x["count"] for x in b["buckets"].values())
+        L += ["", f"buckets ({fitted} item(s) fit, {sum(x['count'] for x in b['skipped'].values())} skipped"
+                  + (f"; of a sample, {b['sampled_out']} clip(s) not probed" if b.get("sampled_out") else "") + ")"]
+        rows = [["bucket", "items", "videos", "images", "examples"]]
+        for name, x in b["buckets"].items():
+            ex = ", ".join(x["items"][:3]) + (" ..." if x["count"] > 3 else "")
+            rows.append([name, str(x["count"]), str(x["videos"]), str(x["images"]), ex])
+        L += _table(rows, right={1, 2, 3})
+        for status, x in b["skipped"].items():
+            L.append(f"  {status}: {x['count']}: " + ", ".join(x["items"][:5]) + (" ..." if x["count"] > 5 else ""))
+            if x.get("detail"):
+                L.append(f"      e.g. {x['detail']}")
+    return L
+
+
+def _latent_notes(name: str, e: dict) -> list[str]:
+    vae, text = e["vae"], e.get("text")
+    out = [f"  {name}: VAE {vae['family']} ({vae['channels']} ch, {vae['spatial']}x spatial, {vae['temporal']}x "
+           f"temporal), latents {e['latent_dtype']}"
+           + (f"; text {text['family']} {text['max_length']} x {text['dim']} {text['dtype']}" if text else "")]
+    for bucket, x in e["buckets"].items():
+        out.append(f"    {bucket}: {x['items']} x [{', '.join(str(d) for d in x['latent_shape'])}] "
+                   f"~{human_bytes(x['per_sample_bytes'])} each = {human_bytes(x['bytes'])}")
+    out += [f"    {p}" for p in e.get("partial", [])]
+    if e.get("scaled"):
+        out.append(f"    scaled: {e['scaled']}")
+    return out
+
+
 def format_scan(report: dict) -> str:
     """The scan report as plain, aligned text (sections, histogram bars with counts)."""
     L: list[str] = []
     srcs = report.get("sources", {})
+    clips = (report.get("videos") or {}).get("count", 0)
     L.append(f"scan: {len(srcs)} source(s), {report.get('items', 0)} item(s), {human_bytes(report.get('bytes', 0))}; "
-             f"{report.get('usable', 0)} usable image(s)")
+             f"{report.get('usable', 0)} usable {'item' if report.get('buckets') else 'image'}(s)"
+             + (f", {clips} probed clip(s)" if clips else ""))
 
     L += ["", "sources"]
     rows = [["name", "kind", "items", "bytes", "licence", "origin", "labels", "path"]]
@@ -86,6 +147,8 @@ def format_scan(report: dict) -> str:
         L.append(f"  decode notes: {_counts(im['notes'])}")
         if im.get("min_size"):
             L.append(f"  below images.min_size={im['min_size']}: {im['below_min_size']}")
+
+    L += _media_sections(report)
 
     labels = report.get("labels")
     if labels:
@@ -130,6 +193,11 @@ def format_scan(report: dict) -> str:
     for name, e in est.items():
         if "not_estimated" in e:
             notes.append(f"  {name} ({e['format']}): not estimated: {e['not_estimated']}")
+            continue
+        if "buckets" in e:  # a latent output: from the buckets and the VAE's compression
+            per = e["bytes"] / e["samples"] if e["samples"] else 0
+            rows.append([name, e["format"], str(e["samples"]), human_bytes(round(per)), e["human"], "from buckets"])
+            notes += _latent_notes(name, e)
             continue
         rows.append([name, e["format"], str(e["samples"]), human_bytes(e["per_sample_bytes"]), e["human"],
                      f"{e['written_in_sample']}/{e['sampled']} written"])

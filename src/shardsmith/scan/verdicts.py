@@ -1,7 +1,7 @@
 """What the scan figures mean for a build and for training: warnings and the enough-data verdict.
 
 Contract: :func:`data_warnings` turns the report's sections into warnings (undeclared licences,
-problems, duplicates, non-image items, images below ``images.min_size``, classes without a
+problems, duplicates, non-image items when an image output would skip them, images below ``images.min_size``, classes without a
 usable image), in that order. :func:`enough_data` compares the distinct usable training
 samples with ``batch * updates`` samples seen (when both are given): more than ``max_repeat``
 views of each is memorisation; fewer than ``TINY`` unique samples validates plumbing only.
@@ -15,7 +15,7 @@ MAX_REPEAT_DEFAULT = 20.0
 TINY = 1000
 
 
-def data_warnings(report: dict[str, Any]) -> list[str]:
+def data_warnings(report: dict[str, Any], image_outputs: bool = True) -> list[str]:
     out: list[str] = []
     srcs, licenses = report["sources"], report["licenses"]
     undeclared = [n for n, s in srcs.items() if not s["license"]]
@@ -33,7 +33,7 @@ def data_warnings(report: dict[str, Any]) -> list[str]:
         out.append(f"{dup['duplicate_items']} item(s) are exact copies of others ({len(dup['groups'])} group(s)); "
                    f"{what}")
     others = {k: v for k, v in report["kinds"].items() if k != "image" and v}
-    if others:
+    if others and image_outputs:
         out.append(f"{sum(others.values())} non-image item(s) ({', '.join(f'{k} {v}' for k, v in others.items())}):"
                    " the image outputs skip them")
     im = report["images"]

@@ -93,3 +93,15 @@ def open_sources(recipe, exclude: list[Path] | None = None) -> list[tuple[Source
         src = (FolderSource if kind == "folder" else TableSource)(i, spec, exclude or [])
         out.append((src.info, src.items))
     return out
+
+
+def count_listed(opened: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]]) -> int | None:
+    """How many items the sources ``open_sources`` gave will yield, counted from their listings (a
+    folder walk, a table's rows) without probing anything; None when a source cannot say."""
+    total = 0
+    for _, items in opened:
+        count = getattr(getattr(items, "__self__", None), "count", None)
+        if count is None:
+            return None
+        total += count()
+    return total

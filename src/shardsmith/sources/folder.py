@@ -205,6 +205,10 @@ class FolderSource:
     def _walk_state(self) -> _Walk:
         return _Walk(self.real_root, self.exclude, self.spec.follow_symlinks)
 
+    def count(self) -> int:
+        """How many items :meth:`items` yields: the same walk, no caption read, nothing opened."""
+        return sum(1 for _ in _walk(self.root, self._walk_state()))
+
     def items(self) -> Iterator[Item]:
         """One item per entry of the walk; refused and failed entries carry their ``error``."""
         sidecars = self.spec.captions == "sidecar"

@@ -191,6 +191,15 @@ class TableSource:
             media[role] = MediaRef(path, rel.replace("\\", "/"))
         return media, None
 
+    def count(self) -> int:
+        """How many items :meth:`items` yields (one per row): a Parquet file's row count from its
+        footer, else the rows parsed without resolving any path."""
+        if self.path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(self.path).metadata.num_rows
+        return sum(1 for _ in _rows(self.path))
+
     def items(self) -> Iterator[Item]:
         seen: set[str] = set()
         role_cols = {c for c in self.partner_cols.values()}

@@ -63,12 +63,22 @@ class LatentPixelMaker:
         dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
                            background=self.rules.background)
         w, h = dec.image.size
-        geom = decide(w, h, choose_bucket(w, h, 1, self.image_buckets), fps=IMAGE_FPS)
-        self._fit(item, geom)
+        geom = self.image_geometry(item, w, h)
         frames = resize_crop_image(dec.image, geom)[None]  # decode_image gives RGB
         return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info={
             "bucket": str(geom.bucket), "fps": IMAGE_FPS, "crop": geom.resize_crop.as_dict(), "source_size": [w, h],
             "source_frames": 1})
+
+    def image_geometry(self, item: PlannedItem, w: int, h: int) -> Geometry:
+        """An image's one geometry decision from its upright size ``w`` x ``h``: the 1-frame
+        bucket of the closest aspect, resize and crop. Raises :class:`ItemError`
+        ``skipped:no_image_bucket`` / ``skipped:too_small`` (see the module)."""
+        if not self.image_buckets:
+            raise ItemError("no_image_bucket", f"{item.item_id} is an image but no bucket has 1 frame; add one "
+                            "such as 512x512x1 to geometry.buckets", skip=True)
+        geom = decide(w, h, choose_bucket(w, h, 1, self.image_buckets), fps=IMAGE_FPS)
+        self._fit(item, geom)
+        return geom
 
     def video_geometry(self, item: PlannedItem, pr: VideoProbe) -> Geometry:
         """The clip's one geometry decision from its probe: the bucket (of those with F > 1, or
