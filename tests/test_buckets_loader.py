@@ -127,3 +127,28 @@ def test_the_build_summarises_each_bucket_and_warns_about_a_multi_shape_precompu
     out = buf.getvalue()
     assert "train bucket 96x64x17: 1 sample(s), latent 128x3x2x3, 17/20 frames used" in out
     assert "the LTX trainer needs batch_size: 1" in out
+
+
+@pytest.mark.slow
+def test_register_gives_fastgen_one_config_per_bucket_and_shardsmith_the_bucket_aware_loader(lat, tmp_path,
+                                                                                          monkeypatch):
+    import subprocess
+    import sys
+
+    from shardsmith.loaders.presets import from_config
+
+    cfg = tmp_path / "data.yaml"
+    monkeypatch.setenv("DATA_ROOT_DIR", str(lat.parent.parent))
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "register", str(lat), "--preset", "video_latent",
+                        "--name", "clips", "--config", str(cfg)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "FastGen v0.1.0 has no multi-bucket" in out
+    for b in BUCKETS:
+        assert f"CLIPS_{b.upper()}_Loader_Config.datatags" in out and f"'out/lat/{b}')]" in out
+        assert f"'out/lat/{b}', 'shard_count.json')" in out
+    assert out.count("from fastgen.configs.data import") == 1
+    ld = from_config("clips", cfg, key_map={"real": "latent.pth"}, files_map={}, deterministic=True, batch_size=4,
+                     world_size=1, rank=0, num_workers=0)
+    assert isinstance(ld, BucketedWdsLoader) and sorted(ld.buckets) == sorted(BUCKETS)

@@ -564,8 +564,9 @@ def register(
     if preset is None:
         _fail(f"--preset is required for {dataset} (a {dataset_kind(dataset)} dataset): e.g. --preset image")
     p = get_preset(preset)
-    if dataset_kind(dataset) != p.kind:
-        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {dataset_kind(dataset)} dataset")
+    kind = dataset_kind(dataset)
+    if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
+        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset")
     if dataset_kind(dataset) != p.kind:
         _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {dataset_kind(dataset)} dataset")
     overrides = dict(_setting("--set", s) for s in set_ or [])

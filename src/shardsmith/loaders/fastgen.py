@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE
+from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, read_buckets_index
 from shardsmith.loaders.decoders import size_hw
 
 
@@ -41,6 +41,28 @@ def fastgen_fields(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: str,
                     overrides: dict[str, Any]) -> str:
+    """The override to paste; for a multi-bucket output (``buckets.json``), one config per bucket:
+    FastGen has no multi-bucket loader, and one datatag over several shapes cannot be batched."""
+    index = read_buckets_index(dataset)
+    if index is None:
+        return _snippet(name, preset, portable, dataset, root_env, overrides)
+    buckets = [b for b in sorted(index) if index[b].get("samples")]
+    head = [f"# {dataset} holds {len(buckets)} buckets ({', '.join(buckets)}): FastGen v0.1.0 has no multi-bucket",
+            "# loader, so each bucket is a config of its own (every batch then has one shape). Train on one,",
+            "# or on each in turn; shardsmith's own loader (from_config) interleaves them by a seeded schedule."]
+    parts = []
+    for b in buckets:
+        sub = dataset / index[b]["dir"]
+        text = _snippet(f"{name}_{b}", preset, f"{portable.rstrip('/')}/{index[b]['dir']}", sub, root_env, overrides,
+                        files_root=(portable, dataset))
+        parts.append(text if not parts else "\n".join(text.splitlines()[3:]))  # the imports once
+    return "\n".join(head + ["\n".join(parts)])
+
+
+def _snippet(name: str, preset, portable: str, dataset: Path, root_env: str, overrides: dict[str, Any],
+             files_root: tuple[str, Path] | None = None) -> str:
+    """One FastGen config; ``files_root``: (portable, folder) where ``files_map`` files lie, when
+    not the dataset's own folder (a multi-bucket output keeps one constant beside its buckets)."""
     var = f"{name.upper().replace('-', '_')}_Loader_Config"
     lines = ["import os", f"from fastgen.configs.data import {preset.fastgen}", "",
              f"{var} = {preset.fastgen}.copy()"]
@@ -59,7 +81,8 @@ def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: s
             lines.append(f"{var}.key_map = {defaults['key_map']!r}")
             lines.append(f"{var}.presets_map = {defaults.get('presets_map', {})!r}")
         for key, rel in defaults.get("files_map", {}).items():
-            lines.append(f'{var}.files_map = {{"{key}": {_expr(portable, root_env, rel)}}}')
+            where = portable if files_root is None else files_root[0]
+            lines.append(f'{var}.files_map = {{"{key}": {_expr(where, root_env, rel)}}}')
     for k, v in fastgen_fields(overrides).items():
         lines.append(f"{var}.{k} = {v!r}")
     lines.append(f"# in the experiment: config.dataloader_train = {var}")
