@@ -47,7 +47,7 @@ from shardsmith.outputs import OutputContext, kind_of, needs_encoders
 from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
-from shardsmith.progress import Progress
+from shardsmith.progress import Progress, count_in_background, total_in_background
 from shardsmith.recipe import Recipe, canonical, fingerprint
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.safety import estimate, holdout, outdir, space, swap
@@ -55,6 +55,7 @@ from shardsmith.safety.existing import OutputExistsError, check_existing, refuse
 from shardsmith.safety.lock import hold
 from shardsmith.atomic import atomic_write_json, remove_stale_tmp
 from shardsmith.sources import open_sources
+from shardsmith.sources.base import count_listed
 from shardsmith.split.assign import HOLDOUT, TRAIN
 
 __all__ = ["InvariantError", "OutputExistsError", "build", "output_dest"]
@@ -270,11 +271,15 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     with contextlib.ExitStack() as stack:
         # last out: the encode stage's device thread, once its queued batches are done
         stack.callback(lambda: ctx.stage is not None and ctx.stage.close())
+        # the plan's total: the listed items, counted from the listings on a thread while the plan probes
+        count = (lambda: None) if recipe.one_sample else (lambda: count_listed(opened))
         if ahead is not None:
-            ahead.listen(stack.enter_context(progress.task("plan", total=None)))
+            tick = stack.enter_context(progress.task("plan", total=None))
+            count_in_background(tick, count)
+            ahead.listen(tick)
         elif plan_needed:
             try:
-                with progress.task("plan", total=None) as tick:
+                with progress.task("plan", total=None) as tick, total_in_background(tick, count):
                     make_plan(recipe, ledger, opened, on_item=_plan_tick(tick, preload), workers=pool)
             finally:
                 if preload is not None:
@@ -345,7 +350,7 @@ def _stage(ctx: BuildContext):
     build ends) and books the wait; None for a recipe without latent outputs."""
     if ctx.stage is None and ctx.preload is not None:
         t = time.perf_counter()
-        with ctx.progress.task("load models", total=None):
+        with ctx.progress.spin(loading_label(ctx.recipe)):
             ctx.stage = ctx.preload.result(stop_warm_up=not ctx.plan_ahead)
         ctx.timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for when first needed
         ctx.timings["load_models_overlapped_s"] = ctx.preload.seconds.get("load")
@@ -354,6 +359,23 @@ def _stage(ctx: BuildContext):
             ctx.progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
                              "the latents are plumbing checks, not model-space data (labelled in the manifest)")
     return ctx.stage
+
+
+def loading_label(recipe: Recipe) -> str:
+    """What the model-loading spinner says: each model's family and weights, and the device."""
+    from shardsmith.precheck import resolve_device
+
+    m = recipe.models
+    parts = []
+    for role, x in (("vae", m.vae), ("text", m.text)):
+        if x is not None:
+            bundled = role == "text" and x.family == "minilm"
+            parts.append(f"{role} {x.family} ({x.pretrained or ('bundled weights' if bundled else 'random weights')})")
+    try:
+        device = resolve_device(m.device, "models.device")
+    except Exception:  # noqa: BLE001 - the precheck has said what is wrong with the device
+        device = m.device
+    return f"load models: {', '.join(parts)} on {device}"
 
 
 def _plan_tick(tick, preload):

@@ -427,14 +427,16 @@ def verify(
     out_json: Optional[Path] = typer.Option(None, "--out-json", help="Also write the report here."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Loader override of the preset, e.g. "
                                              "--set num_frames=17 --set video_size=[64,96] (YAML value)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
     """Iterate the real loader over ranks x workers; check coverage, counts, splits and the batch contract."""
+    from shardsmith.progress import Progress
     from shardsmith.verify.runner import format_verify, verify as run_verify
 
     overrides = _loader_overrides(set_, dataset, preset)
     rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
                      batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in,
-                     overrides=overrides or None)
+                     overrides=overrides or None, progress=Progress(quiet=quiet))
     text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)
     if out_json:
         out_json.write_text(text + "\n", encoding="utf-8")

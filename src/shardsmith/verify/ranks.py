@@ -5,19 +5,23 @@ A rank gets a JSON-able ``spec`` (``kind`` ``"wds"`` or ``"zip"``, the loader ``
 rank and world size, ``world``, ``batches`` per rank or None for a full pass, ``contract_in`` or
 ``zip_len``) and puts one result on the queue: ``{"rank", "seen" (sample ids: ``shard/key`` or the
 ZIP index), "contract" (a ContractRecorder), "stats", "arrivals"}``, or ``{"rank", "error",
-"trace"}`` when anything raised. :class:`Ranks` starts them, collects one result per rank (sorted
-by rank) and never leaves a process behind.
+"trace"}`` when anything raised; while it runs, ``{"rank", "progress": n}`` (n more samples seen)
+every ``PROGRESS_EVERY_S`` seconds. :class:`Ranks` starts them, collects one result per rank (sorted
+by rank; progress messages advance the caller's progress bar) and never leaves a process behind.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import time
 import traceback
 from typing import Any
 
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.worker_contract import Arrivals, ContractInWorker
+
+PROGRESS_EVERY_S = 0.25
 
 
 def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
@@ -33,7 +37,7 @@ def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         torch.set_num_threads(1)
         rec = ContractRecorder()
         arrivals = Arrivals()
-        seen: list[str] = []
+        seen = _Seen(rank, queue)
         limit = spec["batches"]
         if spec["kind"] == "wds":
             from shardsmith.loaders.wds import WdsLoader
@@ -74,9 +78,26 @@ def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
                 rec.add(batch)
                 got += take
             stats = {"samples": got}
-        queue.put({"rank": rank, "seen": seen, "contract": rec, "stats": stats, "arrivals": arrivals.to_dict()})
+        queue.put({"rank": rank, "seen": list(seen), "contract": rec, "stats": stats, "arrivals": arrivals.to_dict()})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+
+
+class _Seen(list):
+    """The sample ids a rank saw; every ``PROGRESS_EVERY_S`` seconds the rank also puts
+    ``{"rank", "progress": n}`` (samples so far) on the queue, for the parent's progress bar."""
+
+    def __init__(self, rank: int, queue):
+        super().__init__()
+        self.rank, self.queue, self.last, self.sent = rank, queue, time.monotonic(), 0
+
+    def __iadd__(self, ids):
+        self.extend(ids)
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.queue.put({"rank": self.rank, "progress": len(self) - self.sent})
+            self.last, self.sent = now, len(self)
+        return self
 
 
 def _rank_context():
@@ -108,11 +129,20 @@ class Ranks:
             self.stop(grace=0)
             raise
 
-    def collect(self, timeout: float) -> list[dict[str, Any]]:
-        results = []
+    def collect(self, timeout: float, tick=None) -> list[dict[str, Any]]:
+        """Every rank's result; ``tick.advance(n)`` for each progress message (samples seen)."""
+        results, told = [], {}
         try:
-            for _ in self.procs:
-                results.append(self.queue.get(timeout=timeout))
+            while len(results) < len(self.procs):
+                msg = self.queue.get(timeout=timeout)
+                if "progress" in msg:
+                    told[msg["rank"]] = told.get(msg["rank"], 0) + msg["progress"]
+                    if tick is not None:
+                        tick.advance(msg["progress"])
+                    continue
+                if tick is not None and "seen" in msg:  # the rest of what this rank saw
+                    tick.advance(len(msg["seen"]) - told.get(msg["rank"], 0))
+                results.append(msg)
         finally:
             self.stop()
         return sorted(results, key=lambda r: r["rank"])

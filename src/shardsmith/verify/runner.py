@@ -61,8 +61,9 @@ def infer_key_map(folder: Path) -> dict[str, str]:
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
            image_size: int | None = None, timeout: float = 600, contract_in: str = "auto",
-           overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``batch_size=None``: the preset's own batch size (8 without a preset).
+           overrides: dict[str, Any] | None = None, progress=None) -> dict[str, Any]:
+    """``batch_size=None``: the preset's own batch size (8 without a preset). ``progress``: a
+    :class:`~shardsmith.progress.Progress` whose task counts the samples the ranks read (n/N).
 
     ``overrides``: loader-config fields that replace the preset's (e.g. ``{"num_frames": 17,
     "video_size": [64, 96]}`` for the ``video`` preset, whose 81 x 480 x 832 would drop shorter clips).
@@ -99,7 +100,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
 
         return verify_buckets(dataset, verify, world=world, workers=workers, batch_size=batch_size, preset=preset,
                               key_map=key_map, batches=batches, image_size=image_size, timeout=timeout,
-                              contract_in=contract_in, overrides=overrides)
+                              contract_in=contract_in, overrides=overrides, progress=progress)
     checks: list[dict[str, Any]] = []
 
     def check(name: str, ok: bool, detail: str) -> None:
@@ -160,7 +161,11 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                 "world": world, "batches": batches, "zip_len": n}
         ranks = Ranks(spec, world)
 
-    results = ranks.collect(timeout)
+    from shardsmith.progress import Progress
+
+    with (progress or Progress(quiet=True)).task(f"verify {dataset.name}",
+                                                 total=len(expected) if batches is None else None) as tick:
+        results = ranks.collect(timeout, tick)
     errors = [r for r in results if "error" in r]
     if errors:
         check("loader_runs", False, "; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
