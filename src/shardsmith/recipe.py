@@ -183,10 +183,12 @@ class WdsOutput(_Strict):
     metadata: bool = True
 
 
-class ZipOutput(_Strict):
-    format: Literal["zip"]
+class _EdmZipOutput(_Strict):
+    """What both EDM ZIP outputs share: the ZIP's path, the pixel geometry of EDM's ``dataset_tool``
+    transforms, and resumable units."""
+
     name: str | None = None
-    path: str = "dataset.zip"
+    path: str
     resolution: int | tuple[int, int]
     transform: Literal["center-crop", "center-crop-wide", "center-crop-dhariwal"] = "center-crop"
     upscale: bool | None = Field(None, description="enlarge images smaller than the resolution (default: images.upscale)")
@@ -199,7 +201,7 @@ class ZipOutput(_Strict):
         return (r, r) if isinstance(r, int) else (int(r[0]), int(r[1]))
 
     @model_validator(mode="after")
-    def _shape(self) -> "ZipOutput":
+    def _shape(self) -> "_EdmZipOutput":
         w, h = self.size
         if w <= 0 or h <= 0:
             raise ValueError("resolution must be positive, e.g. 64 or [64, 64]")
@@ -211,6 +213,11 @@ class ZipOutput(_Strict):
         if not self.path.endswith(".zip"):
             raise ValueError(f"path must end in .zip, got {self.path!r}")
         return self
+
+
+class ZipOutput(_EdmZipOutput):
+    format: Literal["zip"]
+    path: str = "dataset.zip"
 
 
 class LatentWdsOutput(_Strict):
@@ -242,44 +249,21 @@ class PrecomputedOutput(_Strict):
     sources: list[str] | None = None
 
 
-class LatentZipOutput(_Strict):
+class LatentZipOutput(_EdmZipOutput):
     """The EDM2 / FastGen latent ZIP (``imagenet_256_sd.zip``): one float32 ``.npy`` per image, the
     posterior mean then std of ``models.vae`` (``store: mean_std``), ``[2C, side/f, side/f]``, and
     ``dataset.json`` labels. Its geometry is ``resolution`` and ``transform`` (not ``geometry.buckets``)."""
 
     format: Literal["latent_zip"]
-    name: str | None = None
     path: str = "latents.zip"
     resolution: int | tuple[int, int] = Field(description="square side in pixels before the VAE (a multiple of "
                                               "its spatial factor); [W, H] for center-crop-wide (W x W pixels)")
     transform: Literal["center-crop", "center-crop-wide", "center-crop-dhariwal"] = "center-crop-dhariwal"
-    upscale: bool | None = Field(None, description="enlarge images smaller than the resolution (default: images.upscale)")
-    unit: int = Field(1000, gt=0, description="images per resumable unit of work (staged, then assembled)")
-    sources: list[str] | None = None
-
-    @property
-    def size(self) -> tuple[int, int]:
-        r = self.resolution
-        return (r, r) if isinstance(r, int) else (int(r[0]), int(r[1]))
 
     @property
     def side(self) -> int:
         """The square pixel side the VAE encodes."""
         return self.size[0]
-
-    @model_validator(mode="after")
-    def _shape(self) -> "LatentZipOutput":
-        w, h = self.size
-        if w <= 0 or h <= 0:
-            raise ValueError("resolution must be positive, e.g. 256")
-        if self.transform == "center-crop-wide":
-            if h > w:
-                raise ValueError("center-crop-wide needs resolution [W, H] with H <= W (the VAE encodes W x W)")
-        elif w != h:
-            raise ValueError(f"{self.transform} makes square images: give resolution: {w} (not [{w}, {h}])")
-        if not self.path.endswith(".zip"):
-            raise ValueError(f"path must end in .zip, got {self.path!r}")
-        return self
 
 
 class VideoWdsOutput(_Strict):
