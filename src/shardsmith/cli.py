@@ -569,8 +569,6 @@ def register(
     kind = dataset_kind(dataset)
     if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
         _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset")
-    if dataset_kind(dataset) != p.kind:
-        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {dataset_kind(dataset)} dataset")
     overrides = dict(_setting("--set", s) for s in set_ or [])
     preset_config(preset, dataset, **overrides)  # validates the overrides now, not at training time
     path, root = portable_path(dataset, root_env)
@@ -643,6 +641,7 @@ def decode_cmd(
                f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
     if rep["note"]:
         typer.echo(f"note: {rep['note']}")
+
 
 @command("report")
 def report_cmd(
