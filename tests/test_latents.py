@@ -230,6 +230,24 @@ def test_decode_writes_pictures_and_round_trip_psnr(ltx_build, tmp_path):
     assert not (out / "decode_report.json").exists()  # the build folder is never written
 
 
+def test_decode_shows_the_vae_loading_and_counts_every_sample(ltx_build, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from shardsmith.progress import Progress
+    from shardsmith.verify.decode import decode
+
+    out, _, _ = ltx_build
+    console = Console(file=io.StringIO(), force_terminal=True, width=140)
+    p = Progress(console=console)
+    rep = decode(out, tmp_path / "dec", output="precomputed", progress=p)
+    spin, task = p.history
+    assert spin["spin"] and "load the recorded VAE" in spin["label"]
+    assert task["label"] == "decode precomputed/train" and task["total"] == task["completed"] == rep["samples"] == 4
+    assert "4/4" in console.file.getvalue()
+
+
 def test_scan_estimates_latent_outputs_from_buckets_and_the_vae(clips, ltx_build):
     from shardsmith.scan import format_scan, scan
 

@@ -630,13 +630,16 @@ def decode_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier decode in --out (only the files "
                                    "it wrote; a folder with other files is refused)."),
     device: str = typer.Option("auto", help="auto (the GPU when there is one), cuda or cpu."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ):
     """Decode cached latents back to PNG/MP4 with the recorded VAE; report round-trip PSNR."""
+    from shardsmith.progress import Progress
     from shardsmith.verify.decode import decode
 
     if device not in ("auto", "cuda", "cpu"):
         _fail(f"--device {device!r}: use auto, cuda or cpu")
-    rep = decode(build_dir, out, output=output, split=split, limit=limit, overwrite=overwrite, device=device)
+    rep = decode(build_dir, out, output=output, split=split, limit=limit, overwrite=overwrite, device=device,
+                 progress=Progress(quiet=quiet))
     typer.echo(f"decoded {rep['samples']} sample(s) of {rep['output']}/{rep['split']} into {out}; "
                f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
     if rep["note"]:

@@ -216,7 +216,8 @@ def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> d
 
 
 def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any],
-                 latents: Iterator[tuple[str, torch.Tensor, float]], limit: int | None) -> list[dict[str, Any]]:
+                 latents: Iterator[tuple[str, torch.Tensor, float]], limit: int | None,
+                 tick=lambda: None) -> list[dict[str, Any]]:
     """Decode up to ``limit`` latents into ``out`` (each file journalled before it is written); one
     report row per sample, with its PSNR against the bucketed source when the source is known."""
     out.mkdir(parents=True, exist_ok=True)
@@ -238,11 +239,18 @@ def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any
                 if src.pixels is not None and src.pixels.shape == frames.shape:
                     row["psnr_db"] = round(psnr(src.pixels, frames), 3)
             rows.append(row)
+            tick()
     return rows
 
 
 def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None, split: str = "train",
-           limit: int | None = None, overwrite: bool = False, device: str = "auto") -> dict[str, Any]:
+           limit: int | None = None, overwrite: bool = False, device: str = "auto",
+           progress: Any = None) -> dict[str, Any]:
+    """Decode a latent output's split into ``out`` (see the module contract); ``progress``: a
+    :class:`~shardsmith.progress.Progress` for the model-loading spinner and the samples' bar."""
+    from shardsmith.progress import Progress
+
+    progress = progress or Progress(quiet=True)
     root, out = Path(build_dir).resolve(), Path(out).resolve()
     manifest = _read_manifest(root)
     name, block = _pick_output(manifest, output)
@@ -251,14 +259,18 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     device = resolve_device(device, "--device")
     prepare_out(out, root, overwrite)
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
-    vae, random = _vae_from_manifest(manifest, recipe, device)
+    with progress.spin(f"load the recorded VAE on {device}"):
+        vae, random = _vae_from_manifest(manifest, recipe, device)
     maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
     ledger = Ledger(root / LEDGER_FILE)
     try:
         sources = _items_by_path(ledger, recipe, name, block["format"], split)
     finally:
         ledger.close()
-    rows = _decode_into(out, vae, maker, sources, _latents(root, block, split), limit)
+    written = block.get("splits", {}).get(split, {}).get("written")
+    total = written if limit is None or written is None else min(limit, written)
+    with progress.task(f"decode {name}/{split}", total=total) as tick:
+        rows = _decode_into(out, vae, maker, sources, _latents(root, block, split), limit, tick)
     vals = [r["psnr_db"] for r in rows if "psnr_db" in r and math.isfinite(r["psnr_db"])]
     report = {"build": str(root), "output": name, "split": split, "samples": len(rows),
               "random_weights": random, "mean_psnr_db": round(sum(vals) / len(vals), 3) if vals else None,
