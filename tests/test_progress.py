@@ -78,3 +78,16 @@ def test_verify_counts_every_sample_the_ranks_read(built):
     (task,) = [h for h in p.history if h["label"].startswith("verify")]
     assert task["total"] == task["completed"] == 9
     assert "9/9" in console.file.getvalue()
+
+
+def test_repair_shows_a_bar_over_the_shards_it_scans(built):
+    from shardsmith.verify.repair import repair_wds
+
+    out, _ = built
+    console = _terminal()
+    p = Progress(console=console)
+    rep = repair_wds(out / "wds", dry_run=True, progress=p)
+    assert not rep["errors"]
+    (task,) = [h for h in p.history if h["label"].startswith("scan shards")]
+    assert task["total"] == task["completed"] == 3  # 9 photos, 3 per shard
+    assert "3/3" in console.file.getvalue()

@@ -520,6 +520,7 @@ def repair(
                                      help="For a shardsmith build whose ledger and sources are present: rebuild "
                                           "damaged shards from the sources, byte-identical to the build."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ):
     """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts.
     A .precomputed/ tree: move unreadable and unpaired .pt files into the build's quarantine folder."""
@@ -536,7 +537,9 @@ def repair(
     _wds_folder(dataset, "repair")
     from shardsmith.verify.repair import format_repair, repair_wds
 
-    rep = repair_wds(dataset, dry_run=dry_run, from_source=from_source)
+    from shardsmith.progress import Progress
+
+    rep = repair_wds(dataset, dry_run=dry_run, from_source=from_source, progress=Progress(quiet=quiet))
     typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json else format_repair(rep))
     raise typer.Exit(1 if rep.get("errors") else 0)
 

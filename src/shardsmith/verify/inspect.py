@@ -30,14 +30,23 @@ from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, load_ign
 from shardsmith.verify.shard_scan import ShardScan, scan_shard
 
 
-def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None) -> tuple[dict[str, Any], list[ShardScan]]:
-    """:func:`inspect_wds` plus the per-shard scans (sample runs) that repair needs."""
+def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None,
+                progress: Any = None) -> tuple[dict[str, Any], list[ShardScan]]:
+    """:func:`inspect_wds` plus the per-shard scans (sample runs) that repair needs; ``progress``:
+    a :class:`~shardsmith.progress.Progress` that shows a bar over the shards."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"not a folder: {folder}")
     listing = wds_layout.list_shards(folder)
     shards = [folder / n for n in listing.names]
-    scans = [scan_shard(p, key_map) for p in shards]
+    if progress is None:
+        scans = [scan_shard(p, key_map) for p in shards]
+    else:
+        scans = []
+        with progress.task(f"scan shards of {folder.name}", total=len(shards)) as tick:
+            for p in shards:
+                scans.append(scan_shard(p, key_map))
+                tick()
     problems: list[str] = []
     order_note = None
     if listing.unnumbered:

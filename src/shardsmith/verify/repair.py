@@ -239,7 +239,8 @@ def _locked(folder: Path, dry_run: bool) -> Iterator[None]:
     yield
 
 
-def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool = False) -> dict[str, Any]:
+def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool = False,
+               progress: Any = None) -> dict[str, Any]:
     """Repair ``folder`` in place (or only report with ``dry_run``); return what changed.
 
     Report keys: ``folder``, ``dry_run``, ``from_source``, ``shards`` ({name: {action (rewritten
@@ -255,7 +256,7 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
     build = find_build(folder)
     with _locked(build.root if build else folder, dry_run):
         restored = _restore(folder, build, dry_run) if from_source else {}
-        report = _repair(folder, dry_run, restored)
+        report = _repair(folder, dry_run, restored, progress)
     report.update(from_source=from_source, build=str(build.root) if build else None)
     return report
 
@@ -334,9 +335,9 @@ def _event(name: str, entry: dict[str, Any], ignored: list[LostSample]) -> Repai
                        dropped_members=list(entry["dropped_members"]), backup=entry["backup"])
 
 
-def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent]) -> dict[str, Any]:
-    """The repair proper, after any restore from the sources."""
-    before, scans = scan_folder(folder)
+def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progress: Any = None) -> dict[str, Any]:
+    """The repair proper, after any restore from the sources (``progress``: a bar over the shards)."""
+    before, scans = scan_folder(folder, progress=progress)
     errors: list[str] = []
     shards: dict[str, Any] = {}
     add_ignore: dict[str, list[str]] = {}
