@@ -91,3 +91,23 @@ def test_repair_shows_a_bar_over_the_shards_it_scans(built):
     (task,) = [h for h in p.history if h["label"].startswith("scan shards")]
     assert task["total"] == task["completed"] == 3  # 9 photos, 3 per shard
     assert "3/3" in console.file.getvalue()
+
+
+def test_inspecting_a_precomputed_tree_for_register_shows_a_bar_over_its_files(tmp_path):
+    import torch
+
+    from shardsmith.verify.precomputed_inspect import inspect_precomputed
+
+    tree = tmp_path / ".precomputed"
+    for d in ("latents", "conditions"):
+        (tree / d).mkdir(parents=True)
+        for i in range(3):
+            rec = {"latents": torch.zeros(4, 1, 2, 2)} if d == "latents" else \
+                {"video_prompt_embeds": torch.zeros(5, 8), "prompt_attention_mask": torch.ones(5, dtype=torch.int64)}
+            torch.save(rec, tree / d / f"c{i}.pt")
+    console = _terminal()
+    p = Progress(console=console)
+    rep = inspect_precomputed(tree, progress=p)
+    assert rep["samples"] == 3
+    (task,) = p.history
+    assert task["total"] == task["completed"] == 6 and "6/6" in console.file.getvalue()

@@ -604,8 +604,10 @@ def _register_precomputed(dataset: Path, preset: Optional[str], name: str, confi
               "without --preset (it prints the LTX trainer's data section)")
     if sets:
         _fail("--set: a .precomputed/ tree has no loader overrides; set batch size and workers in the LTX config")
+    from shardsmith.progress import Progress
+
     dirs = present_dirs(dataset)
-    rep = inspect_precomputed(dataset)
+    rep = inspect_precomputed(dataset, progress=Progress())  # every .pt is read for its shape: a bar
     several = any(len(rep["dirs"][d]["shapes"]) > 1 for d in dirs if d.endswith("latents"))
     try:
         snippet = ltx_data_section(dataset, dirs, several)

@@ -33,12 +33,13 @@ def _shape(value: Any, key: str | None) -> tuple[int, ...] | None:
     return tuple(v.shape) if torch.is_tensor(v) else None
 
 
-def inspect_precomputed(root: str | Path) -> dict[str, Any]:
+def inspect_precomputed(root: str | Path, progress: Any = None) -> dict[str, Any]:
     """The report of a ``.precomputed/`` tree (module docstring): ``{"folder", "kind":
     "precomputed", "dirs": {dir: {"files", "unreadable": [{"file", "error"}], "shapes": {shape:
     count}}}, "unpaired": [{"file", "in", "missing"}], "problems": [str], "warnings": [str],
-    "samples" (files present and readable in every folder), "ok"}``."""
-    from shardsmith.loaders.pth_fast import load_pth_bytes
+    "samples" (files present and readable in every folder), "ok"}``. ``progress``: a
+    :class:`~shardsmith.progress.Progress` that shows a bar over the files read."""
+    from contextlib import nullcontext
 
     root = Path(root)
     dirs = layout.present_dirs(root)
@@ -47,19 +48,10 @@ def inspect_precomputed(root: str | Path) -> dict[str, Any]:
     report: dict[str, Any] = {"folder": str(root), "kind": "precomputed", "dirs": {}, "unpaired": [],
                               "problems": [], "warnings": []}
     bad: set[tuple[str, str]] = set()
-    for d in dirs:
-        entry = {"files": len(files[d]), "unreadable": [], "shapes": {}}
-        for rel in files[d]:
-            try:
-                value = load_pth_bytes((root / d / rel).read_bytes())
-            except Exception as e:  # noqa: BLE001 - any load failure is the finding
-                entry["unreadable"].append({"file": f"{d}/{rel}", "error": f"{type(e).__name__}: {e}"[:200]})
-                bad.add((d, rel))
-                continue
-            shape = _shape(value, layout.SHAPE_KEYS.get(d))
-            key = "x".join(map(str, shape)) if shape is not None else "no tensor"
-            entry["shapes"][key] = entry["shapes"].get(key, 0) + 1
-        report["dirs"][d] = entry
+    bar = progress.task(f"read {root.name}", total=sum(len(f) for f in files.values())) if progress else nullcontext()
+    with bar as tick:
+        for d in dirs:
+            _read_dir(root, d, files[d], report, bad, tick)
     every = set().union(*have.values()) if have else set()
     for rel in sorted(every):
         missing = [d for d in dirs if rel not in have[d]]
@@ -178,3 +170,23 @@ def format_repair_precomputed(report: dict[str, Any]) -> str:
                      "still: " + "; ".join(after["problems"])))
     lines += [f"warning: {w}" for w in (after or report["inspect"])["warnings"]]
     return "\n".join(lines)
+
+
+def _read_dir(root: Path, d: str, files: list[str], report: dict[str, Any], bad: set[tuple[str, str]], tick) -> None:
+    """Load every ``.pt`` of folder ``d``: its unreadable files and its shapes into ``report``."""
+    from shardsmith.loaders.pth_fast import load_pth_bytes
+
+    entry = {"files": len(files), "unreadable": [], "shapes": {}}
+    for rel in files:
+        if tick is not None:
+            tick()
+        try:
+            value = load_pth_bytes((root / d / rel).read_bytes())
+        except Exception as e:  # noqa: BLE001 - any load failure is the finding
+            entry["unreadable"].append({"file": f"{d}/{rel}", "error": f"{type(e).__name__}: {e}"[:200]})
+            bad.add((d, rel))
+            continue
+        shape = _shape(value, layout.SHAPE_KEYS.get(d))
+        key = "x".join(map(str, shape)) if shape is not None else "no tensor"
+        entry["shapes"][key] = entry["shapes"].get(key, 0) + 1
+    report["dirs"][d] = entry
