@@ -491,9 +491,10 @@ def inspect(
     """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts.
     A .precomputed/ tree: per folder file counts, unpaired and unreadable .pt files, shapes."""
     if _precomputed_tree(dataset):
+        from shardsmith.progress import Progress
         from shardsmith.verify.precomputed_inspect import format_inspect_precomputed, inspect_precomputed
 
-        rep = inspect_precomputed(dataset)
+        rep = inspect_precomputed(dataset, progress=Progress())  # a bar on a terminal's stderr only
         typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json
                    else format_inspect_precomputed(rep))
         raise typer.Exit(0 if rep["ok"] else 1)
