@@ -322,8 +322,8 @@ def _check_plan(ctx: BuildContext) -> None:
     recipe, ledger = ctx.recipe, ctx.ledger
     if recipe.split.holdout > 0 and not recipe.one_sample:
         holdout.refuse_empty_train(recipe.split.holdout, [
-            holdout.SplitCounts(o.name, _eligible(ledger, TRAIN, recipe.source_ids(o)),
-                                _eligible(ledger, HOLDOUT, recipe.source_ids(o))) for o in recipe.outputs])
+            holdout.SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)),
+                                ledger.eligible(HOLDOUT, recipe.source_ids(o))) for o in recipe.outputs])
     ests = [_estimate(ctx, o) for o in recipe.outputs]
     known = [e.needed for e in ests if e.needed is not None]
     if known:
@@ -335,7 +335,7 @@ def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
     """Bytes output ``o`` still has to write (see :mod:`shardsmith.safety.estimate`)."""
     srcs = ctx.recipe.source_ids(o)
     committed = sum(u["bytes"] for split in _splits(ctx.recipe) for u in ctx.ledger.units(o.name, split))
-    counts = (_eligible(ctx.ledger, TRAIN, srcs), _eligible(ctx.ledger, HOLDOUT, srcs))
+    counts = (ctx.ledger.eligible(TRAIN, srcs), ctx.ledger.eligible(HOLDOUT, srcs))
     if kind_of(o).encoders_for(o, ctx.recipe) or not sum(counts):
         return estimate.output_estimate(o, counts, [], committed)
     from shardsmith.scan import sample_bytes
@@ -480,13 +480,6 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         raise InvariantError(f"output {output.name}: {missing} planned item(s) have no terminal status; "
                              "this is a shardsmith bug, please report it with the ledger file")
     return result
-
-
-def _eligible(ledger: Ledger, split: str, srcs: list[int]) -> int:
-    """Planned items of ``split`` from sources ``srcs`` that an output will try to write."""
-    return ledger.db.execute(
-        f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
-        [split, *srcs]).fetchone()[0]
 
 
 from shardsmith.api import callable_module  # noqa: E402 - after the module's own names

@@ -63,10 +63,7 @@ class SplitRun:
 
     def eligible(self) -> int:
         """Planned items of this split from these sources that the output will try to write."""
-        srcs = self.sources
-        return self.ledger.db.execute(
-            f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(srcs))})",
-            [self.split, *srcs]).fetchone()[0]
+        return self.ledger.eligible(self.split, self.sources)
 
 
 def pending_jobs(run: SplitRun) -> tuple[list[UnitJob], int]:

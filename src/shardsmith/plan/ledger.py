@@ -272,6 +272,13 @@ class Ledger:
     def count_items(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
+    def eligible(self, split: str, sources: list[int]) -> int:
+        """Planned ``ok`` items of ``split`` from ``sources``: those an output of them tries to write
+        (the positions of its unit plan)."""
+        return self.db.execute(
+            f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
+            [split, *sources]).fetchone()[0]
+
     def any_labelled(self, sources: list[int]) -> bool:
         """Whether any planned item of ``sources`` has a class label (a ZIP of them is then
         class-conditional)."""
