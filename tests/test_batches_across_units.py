@@ -57,6 +57,7 @@ def _spec(tmp_path, buckets):
             "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 3}]}
 
 
+@pytest.mark.slow
 def test_short_batches_wait_for_the_next_unit_and_every_item_keeps_its_shard(tmp_path, monkeypatch):
     """One bucket, shards of 3, batches of 4, 23 items: unit-aligned batches are 3, 3, ... 2 (one
     short batch per shard); carried across units they are full but for the last, same bytes."""

@@ -116,6 +116,7 @@ def test_the_minilm_import_site_raises_a_user_error(monkeypatch):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.slow
 def test_cuda_asked_for_without_a_gpu(folder, tmp_path):
     r = run("build", "--source", folder, "--to", "latent_wds", "--set", "geometry.buckets=[64x64x1]",
             "--set", "models.vae.family=sd", "--set", "models.device=cuda", "--out", tmp_path / "o")
@@ -308,6 +309,7 @@ def earlier_decode(out: Path) -> None:
     (out / "decode_report.json").write_text(json.dumps({"rows": [{"file": "media/a.png"}]}))
 
 
+@pytest.mark.slow
 def test_decode_into_an_earlier_decode_is_refused_without_overwrite(tmp_path):
     build, out = fake_build(tmp_path / "b"), tmp_path / "dec"
     earlier_decode(out)

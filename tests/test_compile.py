@@ -42,6 +42,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "inductor"
 
 
+@pytest.mark.slow
 def test_compiled_encoder_gives_the_eager_latents_and_marks_the_cache(cache):
     torch.manual_seed(0)
     vae = load_vae("sd")  # tiny random-weight AutoencoderKL

@@ -105,6 +105,7 @@ def test_the_zip_holds_mean_and_std_of_each_image_with_its_label(built, digits):
     assert blk["images"] == 20 and blk["latent_shape"] == [2 * C, SIDE // 8, SIDE // 8] and blk["labelled"]
 
 
+@pytest.mark.slow
 def test_verify_with_the_class_zip_preset_passes_and_counts_every_image(built):
     r = subprocess.run([PY, "-m", "shardsmith", "verify", str(built / "latents.zip"), "--preset", "class_zip",
                         "--json"], capture_output=True, text=True)

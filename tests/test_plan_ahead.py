@@ -152,6 +152,7 @@ def test_a_count_holdout_plans_first(photos, tmp_path):
     assert "plan_ahead" not in m["timings"] and m["splits"]["holdout"]["written"] == 2
 
 
+@pytest.mark.slow
 def test_plan_and_output_bars_share_one_display(photos, tmp_path, slow_plan):
     buf = io.StringIO()
     # bars are drawn on a terminal only (issue 16): this console is one, without colours
@@ -268,6 +269,7 @@ build(recipe_from_dict({{"sources": [{{"path": {str(photos)!r}}}], "geometry": {
             pass
 
 
+@pytest.mark.slow
 def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch):
     """The output does not wait for the models before it starts: the decode workers work on the
     first items while the models load (2 s here), and the models are waited for at the first batch."""

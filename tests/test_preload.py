@@ -132,6 +132,7 @@ def test_a_model_that_cannot_load_stops_a_long_plan_early(tmp_path, monkeypatch)
     assert not list((tmp_path / "o").rglob("*.tar"))
 
 
+@pytest.mark.slow
 def test_staging_takes_any_frame_layout():
     """A batch is staged from frames as decoders give them: contiguous, views with negative strides
     (a flip), or read-only (PyAV's): the same bytes as numpy's stack, and no warning for the user."""

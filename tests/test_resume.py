@@ -83,6 +83,7 @@ def _assert_resumes_identical(recipe: Path, out: Path, want: dict[str, bytes], w
     assert not list(out.rglob("*.tmp-*"))
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_is_byte_identical(tmp_path):
     """Fast lane: one output folder killed again and again, then resumed once."""
     recipe = _crash_recipe(tmp_path)

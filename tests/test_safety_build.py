@@ -78,6 +78,7 @@ def test_out_equal_to_around_or_inside_a_source_is_refused_and_sources_stay_iden
     assert _hashes(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_only_what_the_old_build_recorded_and_keeps_the_users_files(photos, tmp_path):
     out = tmp_path / "out"
     build(recipe_from_dict(_recipe(photos)), out, quiet=True, workers=1)
@@ -243,6 +244,7 @@ with hold({str(out)!r}, "build"):
 # ---------------------------------------------------------------- 9. disk full / file too large
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_is_one_message_and_the_resume_is_byte_identical(tmp_path):
     src = tmp_path / "src"
     real_photos(src, 40, seed=4, min_side=200, max_side=400)
@@ -378,6 +380,7 @@ def test_workers_exit_when_the_build_process_is_killed(tmp_path):
             k.kill()
 
 
+@pytest.mark.slow
 def test_plan_ahead_processes_exit_when_the_build_process_is_killed(tmp_path):
     """The plan process and its probe workers (a latent output plans ahead) die with the build."""
     src = tmp_path / "p"

@@ -248,6 +248,7 @@ def test_verify_fails_a_ledger_without_manifest(out):
     assert f"has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}" in rep["checks"][0]["detail"]
 
 
+@pytest.mark.slow
 def test_cli_unfinished_verify_and_from_source_refusal(out, tmp_path):
     _unset_complete(out)
     run = [sys.executable, "-m", "shardsmith"]

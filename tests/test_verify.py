@@ -333,6 +333,7 @@ def test_a_batch_changed_between_worker_and_rank_fails_verify(latent_wds, monkey
                "[('Tensor', 'float32', (3, 4, 8, 8))]" in check["detail"]
 
 
+@pytest.mark.slow
 def test_coverage_is_linear_and_exact_on_a_million_ids():
     """verify's coverage step at dataset scale: the quadratic version took 17 s at 20k samples
     (hours at 1M); this one is a few set operations."""
