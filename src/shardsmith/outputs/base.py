@@ -19,6 +19,7 @@ Contract
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ class OutputContext:
     stage: Callable[[], Any]  # the encode stage (loaded on first call); None without encoders
 
 
-class OutputKind:
+class OutputKind(ABC):
     """One output format (subclass per format, registered in :mod:`shardsmith.outputs.registry`)."""
 
     format: ClassVar[str]
@@ -70,11 +71,13 @@ class OutputKind:
     def byte_bounded(self, o) -> bool:
         return getattr(o, "max_shard_bytes", None) is not None
 
+    @abstractmethod
     def maker(self, o, ctx: OutputContext):
-        raise NotImplementedError
+        """The picklable per-item sample maker of output ``o``."""
 
+    @abstractmethod
     def sink(self, o, ctx: OutputContext, dest: Path, split: str):
-        raise NotImplementedError
+        """The writer of ``o``'s ``split`` at ``dest``."""
 
     def renderer(self, o, ctx: OutputContext):
         return None
