@@ -32,7 +32,7 @@ from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.records import WRITTEN
 from shardsmith.units.job import commit, record_of, unit_items
-from shardsmith.units.plan import UnitJob, plan_units
+from shardsmith.units.plan import UnitJob, plan_units, unit_at
 
 MAX_SEALED_UNITS = 2  # units encoded but not yet written, at most
 MAX_WRITING_UNITS = 1  # units being written on the writer thread besides the newest
@@ -92,7 +92,8 @@ def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None
         total, completed = None, 0
         rows = ahead.items(ledger, split=run.split, sources=run.sources, check=check)
         per = None if run.byte_bounded else run.per_unit
-        stream: Iterable = ((None if per is None else pos // per, pos, it) for pos, it in enumerate(rows))
+        stream: Iterable = ((None if per is None else unit_at(run.name, run.split, pos, per).seq, pos, it)
+                            for pos, it in enumerate(rows))
     elif run.byte_bounded:
         total, completed = run.eligible(), pos0
         rows = ledger.items(split=run.split, sources=run.sources, status="ok", start_pos=pos0)
