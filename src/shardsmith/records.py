@@ -163,6 +163,7 @@ class SampleResult:
     members: dict[str, bytes] | None = None  # suffix -> bytes (wds) or {"png": ...} (zip)
     info: dict[str, Any] = field(default_factory=dict)  # per-sample facts for json/manifest
     pixels: Any = None  # latent outputs: uint8 frames [F, H, W, 3] in their bucket, awaiting the encoder
+    audio: Any = None  # outputs with audio latents: float32 [2, N] at the audio encoder's rate, awaiting it
 
 
 class UnitFile(NamedTuple):

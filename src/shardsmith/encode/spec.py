@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-Kind = Literal["image_vae", "video_vae", "text"]
+Kind = Literal["image_vae", "video_vae", "audio_vae", "text"]
 Store = Literal["mean", "mean_std", "sample"]
 
-KINDS = ("image_vae", "video_vae", "text")
+KINDS = ("image_vae", "video_vae", "audio_vae", "text")
 STORES = ("mean", "mean_std", "sample")
 
 
@@ -66,7 +66,12 @@ class EncoderSpec:
     for image VAEs), ``normalisation`` (see module doc), ``store``.
     Text fields: ``max_length``, ``dim``, ``padding_side``, ``pooled_dim`` (None when the
     family has no pooled vector), ``zero_padding`` (padded positions are set to exactly 0),
-    ``hidden_states`` (which hidden states make ``emb``).
+    ``hidden_states`` (which hidden states make ``emb``), ``audio_dim`` (the width of a second,
+    audio embedding when the family makes one: LTX-2's feature extractor) and ``features`` (the
+    feature extractor applied to the hidden states, e.g. ``ltx2-v1``; None for none).
+    Audio-VAE fields (besides ``latent_channels`` and ``temporal``, latent steps per mel frame):
+    ``sample_rate`` (Hz the encoder takes), ``hop_length``, ``n_fft``, ``mel_bins`` and
+    ``frequency_bins`` (latent frequency bins).
     """
 
     kind: str
@@ -85,6 +90,14 @@ class EncoderSpec:
     pooled_dim: int | None = None
     zero_padding: bool | None = None
     hidden_states: str | None = None
+    audio_dim: int | None = None
+    features: str | None = None
+    # --- audio VAEs
+    sample_rate: int | None = None
+    hop_length: int | None = None
+    n_fft: int | None = None
+    mel_bins: int | None = None
+    frequency_bins: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -132,12 +145,19 @@ class EncoderSpec:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        text = ("max_length", "dim", "padding_side", "pooled_dim", "zero_padding", "hidden_states", "audio_dim",
+                "features")
+        audio = ("sample_rate", "hop_length", "n_fft", "mel_bins", "frequency_bins")
         if self.kind == "text":
-            for k in ("latent_channels", "spatial", "temporal", "normalisation", "store"):
-                d.pop(k, None)
+            drop = ("latent_channels", "spatial", "temporal", "normalisation", "store") + audio
+            if self.audio_dim is None and self.features is None:  # (older stamps stay equal)
+                drop += ("audio_dim", "features")
+        elif self.kind == "audio_vae":
+            drop = text + ("spatial",)
         else:
-            for k in ("max_length", "dim", "padding_side", "pooled_dim", "zero_padding", "hidden_states"):
-                d.pop(k, None)
+            drop = text + audio
+        for k in drop:
+            d.pop(k, None)
         return _jsonable(d)
 
 
