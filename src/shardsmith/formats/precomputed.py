@@ -6,7 +6,8 @@ sub-folder, mirroring its media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``
     latents/clips/a.pt          {"latents": [C, F', H', W'], "num_frames": F', "height": H', "width": W', "fps": float}
     conditions/clips/a.pt       {"video_prompt_embeds": [L, D], "prompt_attention_mask": [L] int64
                                  (+ "audio_prompt_embeds": [L, D_a])}
-    audio_latents/, reference_audio_latents/   {"latents": [8, T, 16], "num_time_steps": T, ...}
+    audio_latents/, reference_audio_latents/   {"latents": [8, T, 16] float32, "num_time_steps": T,
+                                                "frequency_bins": 16, "duration": seconds}
     reference_latents/          as latents/, named after the target's path
     video_masks/                {"mask": [F', H', W']}
     audio_masks/                {"mask": [T]}
@@ -15,6 +16,10 @@ sub-folder, mirroring its media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``
 The trainer pairs files across the folders it is given by relative path: the primary folder is
 ``latents`` if given, else the first, and a primary file is a sample only when every other
 folder holds the same relative path.
+
+Each LTX training mode reads ``conditions/`` and the folders of :data:`MODES`; the keys each folder's
+dict holds are :data:`FOLDER_KEYS` (:func:`required_keys` adds ``audio_prompt_embeds`` to the
+conditions of the modes with audio, :data:`AUDIO_MODES`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,53 @@ SHAPE_KEYS = {LATENTS: "latents", REFERENCE_LATENTS: "latents", AUDIO_LATENTS: "
               AUDIO_MASKS: "mask"}
 CACHE_EXT = ".pt"
 
+# --- the LTX training modes (shared/reference/ltx-trainer.md §5): what each one reads -----------------
+
+#: mode -> the folders it needs besides ``conditions/`` (always required). ``image`` / ``video``:
+#: a video-only tree (no audio), as shardsmith writes without ``models.audio_vae``
+MODES: dict[str, tuple[str, ...]] = {
+    "t2v": (LATENTS, AUDIO_LATENTS),
+    "i2v": (LATENTS, AUDIO_LATENTS),
+    "video-extend": (LATENTS, AUDIO_LATENTS),
+    "v2v-ic": (LATENTS, REFERENCE_LATENTS),
+    "a2v": (LATENTS, AUDIO_LATENTS),
+    "v2a": (LATENTS, AUDIO_LATENTS),
+    "video-inpaint": (LATENTS, VIDEO_MASKS),
+    "video-outpaint": (LATENTS,),
+    "t2a": (AUDIO_LATENTS,),
+    "audio-extend": (AUDIO_LATENTS,),
+    "audio-inpaint": (AUDIO_LATENTS, AUDIO_MASKS),
+    "a2a-ic": (AUDIO_LATENTS, REFERENCE_AUDIO_LATENTS),
+    "av2av-ic": (LATENTS, AUDIO_LATENTS, REFERENCE_LATENTS, REFERENCE_AUDIO_LATENTS),
+    "image": (LATENTS,),
+    "video": (LATENTS,),
+}
+#: the modes that generate or condition on audio: the LTX-2 audio connector runs on their prompts,
+#: so their conditions need ``audio_prompt_embeds``
+AUDIO_MODES = frozenset(m for m, dirs in MODES.items() if AUDIO_LATENTS in dirs)
+#: the stamp's key naming the mode a tree was made for
+MODE_KEY = "mode"
+
+VIDEO_PROMPT_EMBEDS = "video_prompt_embeds"
+AUDIO_PROMPT_EMBEDS = "audio_prompt_embeds"
+PROMPT_ATTENTION_MASK = "prompt_attention_mask"
+#: the older single embedding key the trainer still accepts (used for both modalities)
+LEGACY_PROMPT_EMBEDS = "prompt_embeds"
+LATENT_KEYS = ("latents", "num_frames", "height", "width", "fps")
+AUDIO_LATENT_KEYS = ("latents", "num_time_steps", "frequency_bins", "duration")
+CONDITION_KEYS = (VIDEO_PROMPT_EMBEDS, PROMPT_ATTENTION_MASK)
+#: the keys each folder's dict must hold (``conditions/`` adds ``audio_prompt_embeds`` in
+#: :data:`AUDIO_MODES`: :func:`required_keys`)
+FOLDER_KEYS: dict[str, tuple[str, ...]] = {
+    LATENTS: LATENT_KEYS, REFERENCE_LATENTS: LATENT_KEYS, AUDIO_LATENTS: AUDIO_LATENT_KEYS,
+    REFERENCE_AUDIO_LATENTS: AUDIO_LATENT_KEYS, CONDITIONS: CONDITION_KEYS, VIDEO_MASKS: ("mask",),
+    AUDIO_MASKS: ("mask",)}
+
+#: audio latent steps per second: 16000 Hz / hop 160 / 4x temporal downsampling (reference §3)
+AUDIO_LATENT_STEPS_PER_SECOND = 25.0
+#: the LTX video VAEs' temporal compression: F' latent frames hold (F' - 1) * 8 + 1 pixel frames
+VIDEO_TEMPORAL_FACTOR = 8
+
 
 def mirrored(relpath: str, source_name: str | None) -> str:
     """``clips/a.mp4`` -> ``clips/a.pt`` (prefixed by the source name when several sources feed it);
@@ -79,3 +131,38 @@ def cache_files(root: Path, subdir: str) -> list[str]:
     """Relative paths (``/``-separated, sorted) of every ``.pt`` in ``root/subdir``."""
     base = root / subdir
     return sorted(p.relative_to(base).as_posix() for p in base.rglob(f"*{CACHE_EXT}"))
+
+
+def mode_dirs(mode: str) -> list[str]:
+    """The folders the trainer reads in ``mode`` (``conditions/`` included), in :data:`TRAINER_DIRS`
+    order; refuses an unknown mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown LTX training mode {mode!r}; one of {', '.join(MODES)}")
+    need = {CONDITIONS, *MODES[mode]}
+    return [d for d in TRAINER_DIRS if d in need]
+
+
+def required_keys(folder: str, mode: str) -> tuple[str, ...]:
+    """The keys a ``folder`` dict must hold for the trainer in ``mode``."""
+    keys = FOLDER_KEYS[folder]
+    if folder == CONDITIONS and mode in AUDIO_MODES:
+        keys = (*keys, AUDIO_PROMPT_EMBEDS)
+    return keys
+
+
+def infer_mode(present: list[str] | tuple[str, ...]) -> str:
+    """The mode a tree with these folders most likely trains: joint audio+video (``t2v``, or
+    ``av2av-ic`` with both reference folders) when it holds ``latents/`` and ``audio_latents/``;
+    audio-only (``t2a``, ``a2a-ic``, ``audio-inpaint``) without ``latents/``; else video-only
+    (``v2v-ic``, ``video-inpaint`` or ``video``)."""
+    have = set(present)
+    if AUDIO_LATENTS in have and LATENTS in have:
+        return "av2av-ic" if {REFERENCE_LATENTS, REFERENCE_AUDIO_LATENTS} <= have else "t2v"
+    if AUDIO_LATENTS in have:
+        return "a2a-ic" if REFERENCE_AUDIO_LATENTS in have else "audio-inpaint" if AUDIO_MASKS in have else "t2a"
+    return "v2v-ic" if REFERENCE_LATENTS in have else "video-inpaint" if VIDEO_MASKS in have else "video"
+
+
+def pixel_frames(latent_frames: int, temporal: int = VIDEO_TEMPORAL_FACTOR) -> int:
+    """The pixel frames ``F'`` latent frames decode to: ``(F' - 1) * temporal + 1``."""
+    return (int(latent_frames) - 1) * int(temporal) + 1

@@ -1,10 +1,13 @@
 """``verify`` of a ``.precomputed/`` tree, as the LTX trainer reads it.
 
 :func:`verify_precomputed` fills the report ``verify`` started (``world`` 1, ``workers`` 0, the
-tree's ``dirs``) with checks ``pairing`` (every sub-folder pairs by relative path),
-``latent_grid``, ``attention_mask`` (int64), ``finite:<key>`` and, when the build that wrote the
-tree has a manifest, ``manifest``; plus ``contract`` and ``coverage``. The folder names come from
-``formats.precomputed``.
+folders its LTX training ``mode`` reads, as ``dirs``) with checks ``folders:<mode>`` (the mode's folders
+exist and pair), ``pairing`` (every folder read pairs by relative path), ``latent_grid``,
+``attention_mask`` (int64), ``conditions_keys`` (what the mode's trainer reads, ``audio_prompt_embeds``
+whenever the LTX-2 audio connector runs), ``audio_latents`` and ``audio_duration`` (when the mode reads
+audio latents: :mod:`shardsmith.verify.precomputed_audio`), ``finite:<key>`` and, when the build that
+wrote the tree has a manifest, ``manifest``; plus ``contract`` and ``coverage``. The folder names and
+modes come from ``formats.precomputed``.
 """
 
 from __future__ import annotations
@@ -17,48 +20,100 @@ from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import manifest_count
 
 
-def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list) -> dict[str, Any]:
-    """The LTX trainer's view of a ``.precomputed/`` tree: every sub-folder pairs by relative path,
-    each latent dict's grid matches its tensor, conditions carry embeddings and an int64 mask."""
+def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
+                       mode: str | None = None) -> dict[str, Any]:
+    """The LTX trainer's view of a ``.precomputed/`` tree in ``mode`` (a key of
+    ``formats.precomputed.MODES``; None: the stamp's ``"mode"``, else inferred from the folders
+    present): the mode's folders exist and pair by relative path, each latent dict's grid matches
+    its tensor, conditions carry the embeddings the mode reads and an int64 mask, audio latents
+    agree with themselves and with the video's duration."""
     import torch
 
     from shardsmith.loaders.precomputed import PrecomputedDataset
+    from shardsmith.verify.precomputed_audio import (SampleChecks, folders_check, read_stamp, resolve_mode,
+                                                     temporal_factor)
 
-    dirs = precomputed_layout.present_dirs(root)
-    ds = PrecomputedDataset(root, dirs)
-    report.update(world=1, workers=0, dirs=dirs)
-    check("pairing", not ds.unmatched, f"{len(ds)} sample(s) present in every folder {dirs}" if not ds.unmatched else
-          f"{len(ds.unmatched)} file(s) lack a partner, e.g. {ds.unmatched[0][0]} missing in {ds.unmatched[0][1]}; "
-          "LTX trainers silently skip those")
+    root = Path(root)
+    stamp = read_stamp(root)
+    mode, mode_from = resolve_mode(root, mode, stamp)
+    present = precomputed_layout.present_dirs(root)
+    dirs = [d for d in precomputed_layout.mode_dirs(mode) if d in present]
+    folders_ok, folders_detail, primary_files = folders_check(root, mode, mode_from, present)
+    try:
+        ds = PrecomputedDataset(root, dirs) if dirs else None
+        no_samples = None if dirs else f"none of the folders mode {mode} reads is present"
+    except ValueError as e:  # nothing pairs: "no valid samples", as the trainer says
+        ds, no_samples = None, str(e)
+    unmatched = ds.unmatched if ds is not None else []
+    n = len(ds) if ds is not None else 0
+    report.update(world=1, workers=0, dirs=dirs, mode=mode, mode_from=mode_from)
     rec, bad_grid, bad_mask = ContractRecorder(), [], []
-    for i in range(len(ds)):
+    audio = SampleChecks(mode, dirs, temporal_factor(stamp))
+    frames = set()
+    for i in range(n):
         it = ds[i]
         flat = {}
         for d in dirs:
             for k, v in it[d].items():
                 flat[f"{d}.{k}"] = v.unsqueeze(0) if torch.is_tensor(v) else [v]
-        lat = it.get(precomputed_layout.LATENTS)
-        if lat is not None and tuple(lat["latents"].shape[1:]) != (lat["num_frames"], lat["height"], lat["width"]):
-            bad_grid.append(it["path"])
+        for d in (precomputed_layout.LATENTS, precomputed_layout.REFERENCE_LATENTS):
+            if d in it:
+                why = _grid_problem(it[d])
+                if why:
+                    bad_grid.append(f"{d}/{it['path']} ({why})")
+                elif d == precomputed_layout.LATENTS:
+                    frames.add(it[d]["num_frames"])
         cond = it.get(precomputed_layout.CONDITIONS)
-        if cond is not None and cond["prompt_attention_mask"].dtype != torch.int64:
+        mask = cond.get(precomputed_layout.PROMPT_ATTENTION_MASK) if isinstance(cond, dict) else None
+        if torch.is_tensor(mask) and mask.dtype != torch.int64:
             bad_mask.append(it["path"])
+        audio.add(it)
         flat["__key__"] = [it["path"]]
         rec.add(flat)
-    check("latent_grid", not bad_grid, "num_frames/height/width match every latent tensor" if not bad_grid else
-          f"{len(bad_grid)} latent dict(s) whose grid disagrees with the tensor, e.g. {bad_grid[:2]}")
-    check("attention_mask", not bad_mask, "prompt_attention_mask is int64 everywhere" if not bad_mask else
-          f"{len(bad_mask)} condition(s) with a non-int64 mask, e.g. {bad_mask[:2]}")
+    if mode_from == "folders" and mode == "video" and frames == {1}:
+        mode = report["mode"] = "image"  # a video-only tree of stills
+        folders_detail = folders_detail.replace("mode video", "mode image", 1)
+    check(f"folders:{mode}", folders_ok, folders_detail)
+    if ds is None:
+        check("pairing", False, f"{no_samples}; the LTX trainer stops with 'No valid samples found'")
+    else:
+        check("pairing", not unmatched, f"{n} sample(s) present in every folder {dirs}" if not unmatched else
+              f"{len(unmatched)} file(s) lack a partner, e.g. {unmatched[0][0]} missing in {unmatched[0][1]}; "
+              "LTX trainers silently skip those")
+        check("latent_grid", not bad_grid, "num_frames/height/width match every latent tensor" if not bad_grid else
+              f"{len(bad_grid)} latent dict(s) whose grid disagrees with the tensor or lacks a key of "
+              f"{list(precomputed_layout.LATENT_KEYS)}, e.g. {bad_grid[:2]}")
+        check("attention_mask", not bad_mask, "prompt_attention_mask is int64 everywhere" if not bad_mask else
+              f"{len(bad_mask)} condition(s) with a non-int64 mask, e.g. {bad_mask[:2]}")
+        audio.emit(check)
     c = rec.to_dict()
     report["contract"] = c
-    report["coverage"] = {"expected": len(ds) + len(ds.unmatched), "seen": len(ds), "unique": len(ds),
-                          "unmatched": [r for r, _ in ds.unmatched[:20]]}
+    expected = n + len(unmatched) if ds is not None else len(primary_files)
+    report["coverage"] = {"expected": expected, "seen": n, "unique": n, "unmatched": [r for r, _ in unmatched[:20]]}
     for key, st in c["keys"].items():
         if st.get("type") == "tensor" and (st.get("nan") or st.get("inf")):
             check(f"finite:{key}", False, f"{key} holds {st['nan']} NaN and {st['inf']} Inf values")
     mcount, mwhere = manifest_count(root)
     if mcount is not None:
-        check("manifest", mcount == len(ds), f"{mwhere} says written={mcount}; the tree pairs {len(ds)}")
+        check("manifest", mcount == n, f"{mwhere} says written={mcount}; the tree pairs {n}")
     report["checks"] = checks
     report["ok"] = all(ch["ok"] for ch in checks)
     return report
+
+
+def _grid_problem(lat: Any) -> str | None:
+    """Why a ``latents/`` (or ``reference_latents/``) dict is not what the trainer reads, or None."""
+    import torch
+
+    if not isinstance(lat, dict):
+        return f"a {type(lat).__name__}, not a dict"
+    missing = [k for k in precomputed_layout.LATENT_KEYS if k not in lat]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    t = lat["latents"]
+    if not torch.is_tensor(t) or t.ndim != 4:
+        return "latents are not [C, F', H', W']"
+    grid = (lat["num_frames"], lat["height"], lat["width"])
+    if tuple(t.shape[1:]) != grid:
+        return f"grid {list(grid)} vs tensor {list(t.shape[1:])}"
+    return None

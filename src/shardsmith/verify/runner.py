@@ -61,9 +61,13 @@ def infer_key_map(folder: Path) -> dict[str, str]:
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
            image_size: int | None = None, timeout: float = 600, contract_in: str = "auto",
-           overrides: dict[str, Any] | None = None, progress=None) -> dict[str, Any]:
+           overrides: dict[str, Any] | None = None, progress=None, mode: str | None = None) -> dict[str, Any]:
     """``batch_size=None``: the preset's own batch size (8 without a preset). ``progress``: a
     :class:`~shardsmith.progress.Progress` whose task counts the samples the ranks read (n/N).
+
+    ``mode`` (``.precomputed/`` trees only): the LTX training mode whose folders and keys are checked,
+    a key of ``formats.precomputed.MODES`` (t2v, i2v, ..., t2a, image, video); None: the tree's
+    stamp (``shardsmith.json`` ``"mode"``), else inferred from its folders.
 
     ``overrides``: loader-config fields that replace the preset's (e.g. ``{"num_frames": 17,
     "video_size": [64, 96]}`` for the ``video`` preset, whose 81 x 480 x 832 would drop shorter clips).
@@ -81,6 +85,10 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
       passes over every byte: the slowest, BENCHMARKS §4).
     - ``"workers-only"``: the workers record it and send only sample ids and statistics: the
       same sharding, decoding and collation, without moving the tensors between processes."""
+    if mode is not None:
+        from shardsmith.formats.precomputed import mode_dirs
+
+        mode_dirs(mode)  # refuses an unknown mode
     if contract_in not in CONTRACT_MODES:
         raise ValueError(f"contract_in must be one of {', '.join(repr(m) for m in CONTRACT_MODES)}, got {contract_in!r}")
     if contract_in == "auto":
@@ -95,6 +103,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if not_done:
         return _unfinished_report(dataset, not_done, world, workers, batch_size, batches)
     kind = dataset_kind(dataset)
+    if mode is not None and kind != "precomputed":
+        raise ValueError(f"a training mode ({mode!r}) applies to .precomputed/ trees; {dataset} is {kind}")
     if kind == "wds_buckets":  # one WebDataset folder per bucket: each verified on its own
         from shardsmith.verify.buckets import verify_buckets
 
@@ -110,7 +120,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                               "batch_size": batch_size, "batches_per_rank": batches,
                               "contract_in": contract_in if kind == "wds" else "rank"}
     if kind == "precomputed":
-        return verify_precomputed(dataset, report, check, checks)
+        return verify_precomputed(dataset, report, check, checks, mode=mode)
     if preset is not None and get_preset(preset).kind != kind:
         raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
     if kind == "wds":
