@@ -5,7 +5,7 @@ Every video pans across a real photograph from scikit-image's offline sample dat
 pans across the astronaut. Files are small (<= 256x256, <= 3 s) and written with PyAV's
 bundled FFmpeg (libx264 / mpeg4 video, AAC audio). Frame content is a pure function of
 the arguments; the encoded bytes are deterministic for a given PyAV build (x264 runs
-single-threaded here for that reason).
+single-threaded and without macroblock-tree rate control for that reason).
 
 Nasty files:
 
@@ -19,7 +19,13 @@ Nasty files:
 Audio: ``audio="tone"`` synthesises a deterministic two-partial tone; ``audio="speech"``
 uses ``espeak-ng -w`` when that binary exists and otherwise falls back to a
 *speech-like* synthetic signal (a 140 Hz glottal buzz through moving vowel formants,
-gated into syllables). :data:`SPEECH_IS_REAL` says which one you got.
+gated into syllables). :data:`SPEECH_IS_REAL` says which one you got. ``audio_layout``
+(``"mono"``, ``"stereo"``, ``"5.1"``) picks the track's channels (:func:`channel_signals`).
+
+Audio files: :func:`audio_file` writes ``.wav`` (PCM s16), ``.flac``, ``.mp3``, ``.m4a`` (AAC)
+or ``.ogg`` (Vorbis; Opus when not stereo) of :func:`audio_signal`, with whichever encoder the bundled FFmpeg has
+(:func:`audio_encoder` is None for a suffix it cannot write). :func:`broken_audio_video` is a
+video whose AAC stream probes fine but whose packets are garbage past the first few.
 
 This is a plain module (no pytest fixtures).
 """
@@ -49,6 +55,12 @@ __all__ = [
     "raw_h264_video",
     "audio_only_file",
     "speech_wave",
+    "channel_signals",
+    "audio_signal",
+    "audio_encoder",
+    "audio_file",
+    "broken_audio_video",
+    "AUDIO_SUFFIXES",
 ]
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera")
@@ -172,6 +184,45 @@ def _encode_audio(container, stream, samples: np.ndarray, rate: int) -> None:
         container.mux(p)
 
 
+def channel_signals(mono: np.ndarray, layout: str, rate: int) -> np.ndarray:
+    """float32 ``[C, N]`` for FFmpeg layout ``layout`` built from one mono signal: channel ``k`` (in
+    the layout's order) is ``mono x (1 - 0.15 k)`` plus a quiet sine of ``300 + 150 k`` Hz (amplitude
+    0.05), so every channel is distinct and identifiable. Mono is ``mono`` itself."""
+    c = av.AudioLayout(layout).nb_channels
+    if c == 1:
+        return mono[None].astype(np.float32)
+    t = np.arange(mono.shape[0]) / rate
+    rows = [mono * max(0.1, 1.0 - 0.15 * k) + 0.05 * np.sin(2 * np.pi * (300 + 150 * k) * t) for k in range(c)]
+    return np.stack(rows).astype(np.float32)
+
+
+def audio_signal(kind: str = "speech", duration: float = 2.0, rate: int = 16000, layout: str = "stereo") -> np.ndarray:
+    """The float32 ``[C, N]`` samples :func:`audio_file` encodes (``N = round(duration x rate)``):
+    :func:`channel_signals` of ``kind`` = ``"speech"`` (:func:`speech_wave`) or ``"tone"``."""
+    if kind == "speech":
+        mono = speech_wave(duration, rate)
+    elif kind == "tone":
+        mono = _tone(duration, rate)
+    else:
+        raise ValueError(f"kind must be 'speech' or 'tone', not {kind!r}")
+    return channel_signals(mono, layout, rate)
+
+
+def _encode_channels(container, stream, x: np.ndarray, rate: int, layout: str) -> None:
+    """Encode float32 ``[C, N]`` as fltp frames of 1024 samples (PyAV converts to the codec's format
+    and frame size) into ``stream``, then flush it."""
+    chunk = 1024
+    for i in range(0, x.shape[1], chunk):
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, i : i + chunk]), format="fltp", layout=layout)
+        frame.sample_rate = rate
+        frame.pts = i
+        frame.time_base = fractions.Fraction(1, rate)
+        for p in stream.encode(frame):
+            container.mux(p)
+    for p in stream.encode(None):
+        container.mux(p)
+
+
 def _open_video_stream(container, codec: str, fps, size, *, time_base=None):
     w, h = size
     stream = container.add_stream(codec, rate=fps)
@@ -179,7 +230,10 @@ def _open_video_stream(container, codec: str, fps, size, *, time_base=None):
     stream.pix_fmt = "yuv420p"
     if codec == "libx264":
         # single thread + fixed params: deterministic bytes, small files
-        stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
+        # mbtree=0: with x264's macroblock-tree rate control this build's output varies from run to
+        # run for some clips (e.g. 96x64, 24 frames: several different byte strings out of 25 runs)
+        stream.options = {"crf": "23", "preset": "veryfast", "threads": "1", "x264-params": "mbtree=0"}
+        stream.codec_context.thread_count = 1
     if time_base is not None:
         stream.time_base = time_base
     return stream
@@ -207,16 +261,18 @@ def pan_video(
     audio_rate: int = 16000,
     faststart: bool = False,
     rotation: int | None = None,
+    audio_layout: str = "stereo",
 ) -> Path:
     """Write a video panning across ``photo``: ``frames`` frames at ``fps`` (constant rate).
 
     The container follows the suffix: ``.mkv`` -> Matroska (which stores no frame
     count), ``.mov`` -> QuickTime, anything else -> MP4.
 
-    ``audio``: None, ``"tone"`` or ``"speech"`` (see module doc) as a stereo AAC track of
-    exactly the clip's duration. ``faststart`` writes the ``moov`` index before the media
-    data. ``rotation`` stores a display matrix (counter-clockwise degrees, PyAV's
-    convention). Returns the path.
+    ``audio``: None, ``"tone"`` or ``"speech"`` (see module doc) as an AAC track of exactly the
+    clip's duration, ``audio_layout`` ``"stereo"`` (left = the signal, right = 0.8 x it; the
+    default), ``"mono"`` (the signal) or ``"5.1"`` (:func:`channel_signals`). ``faststart``
+    writes the ``moov`` index before the media data. ``rotation`` stores a display matrix
+    (counter-clockwise degrees, PyAV's convention). Returns the path.
     """
     path = Path(path)
     if max(size) > 256 or frames / fps > 3.0 + 1e-9:
@@ -232,12 +288,17 @@ def pan_video(
         if audio is not None:
             if audio not in ("tone", "speech"):
                 raise ValueError(f"audio must be None, 'tone' or 'speech', not {audio!r}")
-            as_ = c.add_stream("aac", rate=audio_rate, layout="stereo")
+            if audio_layout not in ("mono", "stereo", "5.1"):
+                raise ValueError(f"audio_layout must be 'mono', 'stereo' or '5.1', not {audio_layout!r}")
+            as_ = c.add_stream("aac", rate=audio_rate, layout=audio_layout)
         _write_frames(c, vs, pix[:frames])
         if as_ is not None:
             dur = frames / fps
             wav = _tone(dur, audio_rate) if audio == "tone" else speech_wave(dur, audio_rate)
-            _encode_audio(c, as_, wav, audio_rate)
+            if audio_layout == "stereo":
+                _encode_audio(c, as_, wav, audio_rate)
+            else:
+                _encode_channels(c, as_, channel_signals(wav, audio_layout, audio_rate), audio_rate, audio_layout)
     return path
 
 
@@ -320,6 +381,102 @@ def audio_only_file(path: str | os.PathLike, duration: float = 1.0, rate: int = 
     with av.open(str(path), "w", format="mp4") as c:
         s = c.add_stream("aac", rate=rate, layout="stereo")
         _encode_audio(c, s, _tone(duration, rate), rate)
+    return path
+
+
+#: the audio file suffixes :func:`audio_file` writes: suffix -> (muxer, encoders to try in order)
+AUDIO_SUFFIXES: dict[str, tuple[str, tuple[str, ...]]] = {
+    ".wav": ("wav", ("pcm_s16le",)),
+    ".flac": ("flac", ("flac",)),
+    ".mp3": ("mp3", ("libmp3lame", "mp3")),
+    ".m4a": ("ipod", ("aac",)),
+    ".ogg": ("ogg", ("libvorbis", "vorbis", "libopus")),
+}
+
+
+def audio_encoder(suffix: str, channels: int = 2) -> str | None:
+    """The encoder :func:`audio_file` uses for ``suffix`` and ``channels`` in this PyAV build, None if
+    it has none (FFmpeg's own Vorbis encoder writes stereo only: other ``.ogg`` files are Opus)."""
+    _, names = AUDIO_SUFFIXES[suffix.lower()]
+    for n in names:
+        if n == "vorbis" and channels != 2:
+            continue
+        try:
+            av.Codec(n, "w")
+        except Exception:  # noqa: BLE001 - av raises a private error type for unknown codecs
+            continue
+        return n
+    return None
+
+
+def audio_file(
+    path: str | os.PathLike,
+    kind: str = "speech",
+    duration: float = 2.0,
+    rate: int = 16000,
+    layout: str = "stereo",
+) -> Path:
+    """Write :func:`audio_signal` (``kind``, ``duration``, ``rate``, ``layout``) as an audio file whose
+    format follows the suffix (:data:`AUDIO_SUFFIXES`). ``.mp3`` holds at most 2 channels; Opus
+    (``.ogg`` that is not stereo, or when no Vorbis encoder exists) needs 8/12/16/24/48 kHz.
+    Raises ``ValueError`` for an unknown suffix and ``RuntimeError`` when FFmpeg has no encoder for it. Deterministic bytes."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in AUDIO_SUFFIXES:
+        raise ValueError(f"suffix must be one of {sorted(AUDIO_SUFFIXES)}, not {suffix!r}")
+    fmt = AUDIO_SUFFIXES[suffix][0]
+    channels = av.AudioLayout(layout).nb_channels
+    codec = audio_encoder(suffix, channels)
+    if codec is None:
+        raise RuntimeError(f"PyAV's FFmpeg has no encoder for {channels}-channel {suffix} "
+                           f"(tried {AUDIO_SUFFIXES[suffix][1]})")
+    if suffix == ".mp3" and channels > 2:
+        raise ValueError("mp3 holds at most 2 channels")
+    if codec == "libopus" and rate not in (8000, 12000, 16000, 24000, 48000):
+        raise ValueError(f"Opus (.ogg with {channels} channels) needs 8, 12, 16, 24 or 48 kHz, not {rate} Hz")
+    x = audio_signal(kind, duration, rate, layout)
+    opts = {"strict": "experimental"} if codec == "vorbis" else {}
+    # no encoder tag and no creation time in the headers: the bytes depend on the arguments only
+    with av.open(str(path), "w", format=fmt, options={"fflags": "+bitexact"}) as c:
+        s = c.add_stream(codec, rate=rate, layout=layout, options=opts)
+        _encode_channels(c, s, x, rate, layout)
+    return path
+
+
+def broken_audio_video(
+    path: str | os.PathLike,
+    frames: int = 48,
+    fps: int = 24,
+    size: tuple[int, int] = (64, 64),
+    good_packets: int = 3,
+    audio_rate: int = 48000,
+) -> Path:
+    """An mp4 whose AAC audio stream probes fine (codec, layout, rate and duration in its headers) but
+    whose packets after the first ``good_packets`` are random bytes (seeded, so the file is the same
+    every call): FFmpeg's AAC decoder refuses them (``Invalid data found when processing input``).
+    The video stream is intact."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as td:
+        good = pan_video(Path(td) / "good.mp4", frames=frames, fps=fps, size=size, audio="speech",
+                         audio_rate=audio_rate)
+        rng = np.random.default_rng(1234)
+        with av.open(str(good)) as ic, av.open(str(path), "w", format="mp4") as oc:
+            vi, ai = ic.streams.video[0], ic.streams.audio[0]
+            vo, ao = oc.add_stream_from_template(vi), oc.add_stream_from_template(ai)
+            n = 0
+            for p in ic.demux():
+                if p.size == 0:
+                    continue
+                if p.stream is ai:
+                    if n >= good_packets:
+                        g = av.Packet(rng.integers(0, 256, p.size, dtype=np.uint8).tobytes())
+                        g.pts, g.dts, g.time_base, g.duration = p.pts, p.dts, p.time_base, p.duration
+                        p = g
+                    n += 1
+                    p.stream = ao
+                else:
+                    p.stream = vo
+                oc.mux(p)
     return path
 
 

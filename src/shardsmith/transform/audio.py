@@ -1,0 +1,567 @@
+"""Audio I/O with PyAV: probe, decode + resample + cut, channel policy, duration arithmetic.
+
+The waveform the LTX audio VAE encodes is stereo at the encoder's rate, cut to the clip as
+actually sampled. This module gives it from any file FFmpeg reads (audio files and the audio
+stream of a video container) with PyAV alone (no torchaudio / torchcodec).
+
+Every per-item problem becomes an :class:`~shardsmith.records.ItemError` naming the item and the
+fix; no PyAV / FFmpeg exception escapes for a bad file. Reasons raised:
+
+- ``empty_file`` (0 bytes), ``unreadable`` (missing, no permission, or FFmpeg cannot open it);
+- ``no_audio_stream``: the file opens but holds no audio stream (a silent video, an image);
+- ``audio_decode_error``: FFmpeg fails while decoding (corrupt packets, a broken container, the
+  sample format / layout / rate changing mid-stream, or a stream with no decodable sample).
+
+The audio timeline: time 0 is the first decoded sample of the stream and samples are taken as
+contiguous (what a decode of the whole stream gives, as LTX's ``torchaudio.load`` does).
+
+Policy (LTX-2's trainer, ``packages/ltx-trainer/scripts/process_videos.py``): the waveform is cut
+to the requested duration and zero-padded at the end when the source ends early (LTX warns; here
+:attr:`DecodedAudio.padded` records the seconds added, the caller reports it); channels are
+converted by :func:`to_stereo` (mono duplicated, 5.1 / 7.1 down-mixed with LTX's normalised
+weights, other layouts averaged then duplicated).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import av
+import numpy as np
+
+from shardsmith.records import ItemError
+
+__all__ = [
+    "AudioProbe",
+    "DecodedAudio",
+    "probe_audio",
+    "decode_audio",
+    "to_stereo",
+    "num_samples",
+    "clip_window",
+    "choose_duration",
+    "parse_durations",
+    "DOWNMIX_5_1",
+    "DOWNMIX_7_1",
+]
+
+# LTX-2 ``_encode_audio`` (packages/ltx-trainer/scripts/process_videos.py): per output side, the
+# front channel at 1 and centre + surround(s) at 0.707, normalised by the sum of the weights.
+#: 5.1: (front, other) weights, other = centre and the side's surround; LFE dropped. 1 + 2 x 0.707 = 2.414
+DOWNMIX_5_1 = (1.0 / 2.414, 0.707 / 2.414)
+#: 7.1: (front, other) weights, other = centre and the side's two surrounds; LFE dropped. 1 + 3 x 0.707 = 3.121
+DOWNMIX_7_1 = (1.0 / 3.121, 0.707 / 3.121)
+
+# The surround channels (FFmpeg names) that go to each side in the 5.1 / 7.1 down-mix: side and back
+# surrounds, and the front-of-centre pair 7.1(wide) carries where 7.1 has its side pair.
+_LEFT_SURROUND = frozenset({"SL", "BL", "FLC"})
+_RIGHT_SURROUND = frozenset({"SR", "BR", "FRC"})
+
+#: a ``start`` later than this (seconds) seeks instead of decoding from the beginning
+SEEK_AFTER = 2.0
+#: seconds decoded before ``start`` after a seek (decoder state, resampler warm-up)
+_PREROLL = 0.5
+#: seconds of decoded samples discarded after a seek before the resampler is fed (codec state:
+#: AAC overlap, MP3 bit reservoir, Opus pre-roll)
+_DECODER_PREROLL = 0.1
+#: containers whose audio timestamps count samples exactly: only these are seeked
+_SEEKABLE = frozenset({"mov", "mp4", "m4a", "matroska", "webm", "wav", "flac", "ogg"})
+
+_AUDIO_FIX = "give the item an audio file (columns.audio) or set audio.required: false / --skip-audio"
+_DECODE_FIX = "re-encode its audio (e.g. ffmpeg -i in -c:a pcm_s16le out.wav) or remove it"
+
+
+@dataclass(frozen=True)
+class AudioProbe:
+    """What :func:`probe_audio` learns from a file's first audio stream without decoding it all.
+
+    ``layout`` is FFmpeg's layout name (``"mono"``, ``"stereo"``, ``"5.1"``, ``"5.1(side)"``,
+    ``"7.1"``, ...; ``"2 channels"`` when the file names no order, as a plain WAV does); ``duration``
+    is in seconds: the stream's duration (less Opus's pre-skip in Ogg, which FFmpeg counts and the
+    decoder drops), else the container's, else the decoded sample count.
+    """
+
+    rate: int
+    channels: int
+    layout: str
+    duration: float
+    codec: str
+    stream_index: int
+
+    def to_json(self) -> dict:
+        """Plain JSON (kept in the ledger)."""
+        return {"rate": self.rate, "channels": self.channels, "layout": self.layout,
+                "duration": self.duration, "codec": self.codec, "stream_index": self.stream_index}
+
+
+@dataclass
+class DecodedAudio:
+    """The output of :func:`decode_audio`.
+
+    ``wave``: float32 ``[2, N]`` at ``rate`` with ``N == num_samples(duration, rate)`` exactly;
+    ``probe``: the source stream (``layout`` / ``channels`` as decoded, when the decoder disagrees with
+    the header); ``padded``: seconds of zeros appended because the source ended early (0.0 normally).
+    """
+
+    wave: np.ndarray
+    rate: int
+    probe: AudioProbe
+    padded: float
+
+
+# ----------------------------------------------------------------------------- pure arithmetic
+
+
+def num_samples(duration: float, rate: int) -> int:
+    """Samples in ``duration`` seconds at ``rate`` Hz: ``floor(duration x rate)``, LTX's
+    ``int(duration * sample_rate)`` truncation, made immune to float error (a product within 1e-6
+    of an integer counts as that integer: 0.29 s at 100 Hz is 29, not 28).
+
+    Refuses (``ValueError``) a negative or non-finite duration and a rate below 1.
+    """
+    if not math.isfinite(duration) or duration < 0:
+        raise ValueError(f"duration must be a finite number of seconds >= 0, got {duration!r}")
+    if int(rate) != rate or rate < 1:
+        raise ValueError(f"rate must be a positive whole number of Hz, got {rate!r}")
+    return math.floor(duration * rate + 1e-6)
+
+
+def _start_sample(start: float, rate: int) -> int:
+    """The output sample at ``start`` seconds: the nearest, halves up (``floor(start x rate + 0.5)``)."""
+    if not math.isfinite(start) or start < 0:
+        raise ValueError(f"start must be a finite number of seconds >= 0, got {start!r}")
+    return math.floor(start * rate + 0.5)
+
+
+def clip_window(first_frame: int, source_fps: float, frames: int, fps: float) -> tuple[float, float]:
+    """``(start, duration)`` in seconds of the audio matching a video sample.
+
+    It starts at the time of the clip's first chosen source frame (``first_frame / source_fps``)
+    and lasts ``frames / fps``: the bucket's frame count over the sample's effective fps, i.e. the
+    clip's duration as actually sampled. Refuses (``ValueError``) ``first_frame < 0``,
+    ``frames < 1`` and rates that are not positive.
+    """
+    if first_frame < 0:
+        raise ValueError(f"first_frame must be >= 0, got {first_frame}")
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    if not (source_fps > 0 and fps > 0) or not math.isfinite(source_fps) or not math.isfinite(fps):
+        raise ValueError(f"frame rates must be positive, got source_fps={source_fps!r}, fps={fps!r}")
+    return first_frame / source_fps, frames / fps
+
+
+def choose_duration(duration: float, buckets: Sequence[float]) -> float | None:
+    """The largest bucket not longer than ``duration`` seconds (a bucket within 1e-9 s of the
+    file's duration fits); None when the file is shorter than every bucket (LTX skips it).
+
+    Refuses (``ValueError``) an empty bucket list and a bucket that is not a positive number.
+    """
+    if not buckets:
+        raise ValueError("no duration buckets given")
+    for b in buckets:
+        if not (b > 0) or not math.isfinite(b):
+            raise ValueError(f"duration buckets must be positive seconds, got {b!r}")
+    fits = [float(b) for b in buckets if b <= duration + 1e-9]
+    return max(fits) if fits else None
+
+
+def parse_durations(text: str) -> list[float]:
+    """LTX's ``--audio-durations`` syntax: ``"2.0;4.0;8.0"`` -> ``[2.0, 4.0, 8.0]`` (in the order
+    written; spaces around a value are allowed).
+
+    Refuses (``ValueError``, naming the bad part): an empty text or part, a value that is not a
+    number, one that is not finite or not > 0, and a repeated value.
+    """
+    if not text or not text.strip():
+        raise ValueError("no durations given")
+    out: list[float] = []
+    for i, part in enumerate(text.split(";"), 1):
+        s = part.strip()
+        if not s:
+            raise ValueError(f"part {i} is empty")
+        try:
+            v = float(s)
+        except ValueError:
+            raise ValueError(f"part {i} ({s!r}) is not a number of seconds") from None
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"part {i} ({s!r}) must be a duration > 0 seconds")
+        if v in out:
+            raise ValueError(f"part {i} ({s!r}) repeats the duration {v:g}")
+        out.append(v)
+    return out
+
+
+# ----------------------------------------------------------------------------- channels
+
+
+def _channel_names(layout: str, count: int) -> list[str] | None:
+    """FFmpeg's channel names of ``layout`` in storage order, None when it names no usable order."""
+    try:
+        lay = av.AudioLayout(layout)
+    except (ValueError, TypeError, av.FFmpegError):
+        return None
+    names = [c.name for c in lay.channels]
+    if len(names) != count or len(set(names)) != count:
+        return None
+    return names
+
+
+def to_stereo(x: np.ndarray, layout: str) -> np.ndarray:
+    """float32 ``[C, N]`` in the channel order of FFmpeg layout ``layout`` -> float32 ``[2, N]``.
+
+    - 1 channel: duplicated; 2 channels: unchanged.
+    - 5.1 (``FL FR FC LFE`` + one surround per side: ``5.1``, ``5.1(side)``) and 7.1 (two per side:
+      ``7.1``, ``7.1(wide)``, ``7.1(wide-side)``): LTX-2's down-mix,
+      ``L = a*FL + b*(FC + left surrounds)``, ``R = a*FR + b*(FC + right surrounds)``, LFE dropped,
+      ``(a, b)`` = :data:`DOWNMIX_5_1` / :data:`DOWNMIX_7_1`. Channels are found by name, so the
+      order of the layout (not LTX's assumed index order) decides which is which.
+    - Any other layout of more than 2 channels (quad, 2.1, hexagonal, an unnamed order, ...): the
+      mean of all channels, duplicated (LTX's fallback).
+
+    Refuses (``ValueError``) anything but a 2-D ``[C, N]`` array with C >= 1, and a layout whose
+    named channel count differs from C.
+    """
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"expected a [C, N] waveform, got shape {x.shape}")
+    c = x.shape[0]
+    x = x.astype(np.float32, copy=False)
+    try:
+        declared = av.AudioLayout(layout).nb_channels
+    except (ValueError, TypeError, av.FFmpegError):
+        declared = None
+    if declared is not None and declared != c:
+        raise ValueError(f"layout {layout!r} has {declared} channels but the waveform has {c}")
+    if c == 1:
+        return np.concatenate([x, x])
+    if c == 2:
+        return x.copy()
+    names = _channel_names(layout, c)
+    if names is not None and {"FL", "FR", "FC", "LFE"} <= set(names):
+        rest = [n for n in names if n not in ("FL", "FR", "FC", "LFE")]
+        left = [n for n in rest if n in _LEFT_SURROUND]
+        right = [n for n in rest if n in _RIGHT_SURROUND]
+        if len(left) == len(right) == len(rest) / 2 and len(left) in (1, 2):
+            a, b = DOWNMIX_5_1 if len(left) == 1 else DOWNMIX_7_1
+            ch = {n: x[i].astype(np.float64) for i, n in enumerate(names)}
+            lo = a * ch["FL"] + b * (ch["FC"] + sum(ch[n] for n in left))
+            ro = a * ch["FR"] + b * (ch["FC"] + sum(ch[n] for n in right))
+            return np.stack([lo, ro]).astype(np.float32)
+    mono = x.mean(axis=0, dtype=np.float64).astype(np.float32)
+    return np.stack([mono, mono])
+
+
+# ----------------------------------------------------------------------------- open / probe
+
+
+def _open(path: str, name: str):
+    """Open ``path`` with PyAV or raise ``empty_file`` / ``unreadable`` (never an FFmpeg exception)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise ItemError("unreadable", f"{name}: cannot read {path!r} ({e.strerror or e}); check the path") from None
+    if size == 0:
+        raise ItemError("empty_file", f"{name} is 0 bytes; re-copy it from the original or remove it")
+    try:
+        return av.open(path, "r")
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise ItemError(
+            "unreadable",
+            f"{name}: FFmpeg cannot open {path!r} ({exc}); it is not a media file or it is corrupt: "
+            "re-copy or re-encode it",
+        ) from None
+
+
+def _audio_stream(container, path: str, name: str):
+    if not container.streams.audio:
+        others = sorted({s.type for s in container.streams})
+        raise ItemError(
+            "no_audio_stream",
+            f"{name} has no audio stream ({os.path.basename(path)}: streams {', '.join(others) or 'none'}); "
+            + _AUDIO_FIX,
+        )
+    return container.streams.audio[0]
+
+
+def _decode_error(name: str, exc: BaseException, where: str = "") -> ItemError:
+    return ItemError("audio_decode_error", f"{name}: {where}{exc}; {_DECODE_FIX}")
+
+
+def _frames(container, stream, name: str) -> Iterator:
+    """The decoded frames of ``stream`` from the container's current position, decoder flushed at the end."""
+    packets = container.demux(stream)
+    while True:
+        try:
+            packet = next(packets)
+        except StopIteration:
+            return
+        except (av.FFmpegError, OSError) as e:
+            raise _decode_error(name, e, "the container is corrupt: ") from None
+        try:
+            frames = packet.decode()
+        except (av.FFmpegError, OSError, MemoryError) as e:
+            raise _decode_error(name, e, "decoding its audio failed: ") from None
+        yield from frames
+
+
+def _ogg_opus_preskip(container, cc) -> int:
+    """Opus in Ogg: FFmpeg's stream duration counts the encoder's pre-skip (samples at 48 kHz,
+    OpusHead bytes 10-11) that the decoder drops; the pre-skip, else 0."""
+    if cc is None or cc.name != "opus" or "ogg" not in container.format.name.split(","):
+        return 0
+    head = bytes(cc.extradata or b"")
+    if len(head) < 12 or not head.startswith(b"OpusHead"):
+        return 0
+    return int.from_bytes(head[10:12], "little")
+
+
+def _probe_open(container, stream, path: str, name: str) -> AudioProbe:
+    """The probe of ``stream`` in the open ``container``; a duration neither states is counted by
+    decoding in a container of its own (``container`` is left where it was)."""
+    cc = stream.codec_context
+    layout = cc.layout
+    channels = int(getattr(cc, "channels", 0) or (layout.nb_channels if layout is not None else 0))
+    duration = None
+    if stream.duration and stream.time_base:
+        duration = float(stream.duration * stream.time_base)
+        skip = _ogg_opus_preskip(container, cc)
+        if skip and duration * 48000 > skip:
+            duration -= skip / 48000
+    elif container.duration:
+        duration = container.duration / av.time_base
+    rate = int(cc.sample_rate or stream.rate or 0)
+    if duration is None:
+        n = 0
+        other = _open(path, name)
+        try:
+            for fr in _frames(other, other.streams.audio[0], name):
+                n += fr.samples
+                rate = rate or fr.sample_rate
+        finally:
+            other.close()
+        duration = n / rate if rate else 0.0
+    return AudioProbe(
+        rate=rate,
+        channels=channels,
+        layout=layout.name if layout is not None else "",
+        duration=duration,
+        codec=cc.name if cc is not None else "unknown",
+        stream_index=int(stream.index),
+    )
+
+
+def probe_audio(path: str, item_id: str) -> AudioProbe:
+    """Probe the first audio stream of an audio file (wav, flac, mp3, m4a, ogg, ...) or of a video
+    container from its headers (it decodes only when neither stream nor container states a duration).
+
+    Raises :class:`ItemError`: ``no_audio_stream`` (the detail names the file and the fix: an audio
+    file via ``columns.audio``, or ``audio.required: false`` / ``--skip-audio``), ``empty_file``,
+    ``unreadable``, and ``audio_decode_error`` only when the duration had to be decoded and failed.
+    """
+    path = os.fspath(path)
+    container = _open(path, item_id)
+    try:
+        stream = _audio_stream(container, path, item_id)
+        return _probe_open(container, stream, path, item_id)
+    finally:
+        container.close()
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+class _Window:
+    """Collects output samples ``[lo, hi)`` of a stream fed in order from output sample ``pos``."""
+
+    def __init__(self, lo: int, hi: int, pos: int = 0):
+        self.lo, self.hi, self.pos = lo, hi, pos
+        self.parts: list[np.ndarray] = []
+
+    def add(self, arr: np.ndarray) -> None:
+        a, b = self.pos, self.pos + arr.shape[1]
+        lo, hi = max(a, self.lo), min(b, self.hi)
+        if hi > lo:
+            self.parts.append(arr[:, lo - a : hi - a])
+        self.pos = b
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.hi
+
+
+def _drop_head(frame, k: int):
+    """``frame`` without its first ``k`` samples (same format, layout and rate)."""
+    arr = frame.to_ndarray()
+    step = 1 if frame.format.is_planar else frame.layout.nb_channels
+    out = av.AudioFrame.from_ndarray(np.ascontiguousarray(arr[:, k * step :]), format=frame.format.name,
+                                     layout=frame.layout.name)
+    out.sample_rate = frame.sample_rate
+    return out
+
+
+class _Fallback(Exception):
+    """The seek cannot guarantee a decode-from-zero result: decode from the beginning instead."""
+
+
+def _run(frames: Iterator, first, win: _Window, rate: int, name: str, *, skip: int = 0) -> None:
+    """Resample ``first`` and then ``frames`` (dropping the first ``skip`` input samples) into ``win``
+    until it is full; flush the resampler only when the stream ends first."""
+    resampler = av.AudioResampler(format="fltp", layout=first.layout, rate=rate)
+    fmt, lay, src = first.format.name, first.layout.name, first.sample_rate
+
+    def feed(fr) -> None:
+        if (fr.format.name, fr.layout.name, fr.sample_rate) != (fmt, lay, src):
+            raise ItemError("audio_decode_error",
+                            f"{name}: its audio changes from {fmt} {lay} {src} Hz to {fr.format.name} "
+                            f"{fr.layout.name} {fr.sample_rate} Hz mid-stream; {_DECODE_FIX}")
+        fr.pts = None  # timestamps never steer the resampler: both decode paths feed the same samples
+        try:
+            outs = resampler.resample(fr)
+        except (av.FFmpegError, ValueError) as e:
+            raise _decode_error(name, e, "resampling its audio failed: ") from None
+        for o in outs:
+            win.add(o.to_ndarray())
+
+    for fr in _chain(first, frames):
+        if skip >= fr.samples:
+            skip -= fr.samples
+            continue
+        if skip:
+            fr, skip = _drop_head(fr, skip), 0
+        feed(fr)
+        if win.done:
+            return
+    try:
+        outs = resampler.resample(None)
+    except av.FFmpegError as e:
+        raise _decode_error(name, e, "resampling its audio failed: ") from None
+    for o in outs:
+        win.add(o.to_ndarray())
+
+
+def _chain(first, rest: Iterator) -> Iterator:
+    yield first
+    yield from rest
+
+
+def _seekable(container) -> bool:
+    return bool(_SEEKABLE & set(container.format.name.split(",")))
+
+
+def _seek_run(container, stream, first, o_start: int, n_out: int, rate: int, name: str) -> _Window:
+    """Seek close before ``o_start`` and decode from there; raises :class:`_Fallback` when the landing
+    point cannot be placed exactly on the decode-from-zero timeline."""
+    src = first.sample_rate
+    tb = first.time_base or stream.time_base
+    if first.pts is None or not tb:
+        raise _Fallback
+    g = math.gcd(src, rate)
+    q, p = src // g, rate // g  # q input samples make p output samples
+    warm = 32 * max(1, math.ceil(p / q)) + 32  # output samples the resampler's filter needs to settle
+    target = math.floor((o_start / rate - _PREROLL) * src)
+    if target <= 0:
+        raise _Fallback
+    ts = first.pts + math.floor(Fraction(target, src) / Fraction(tb))
+    try:
+        container.seek(ts, stream=stream, backward=True)
+    except (av.FFmpegError, OSError):
+        raise _Fallback from None
+    frames = _frames(container, stream, name)
+    head = next(frames, None)
+    if head is None or head.pts is None or head.sample_rate != src:
+        raise _Fallback
+    pos0 = round((head.pts - first.pts) * Fraction(tb) * src)
+    s0 = math.ceil((pos0 + math.ceil(_DECODER_PREROLL * src)) / q) * q  # aligned: s0 x p / q is whole
+    o0 = s0 // q * p
+    if pos0 <= 0 or o0 + warm > o_start:
+        raise _Fallback
+    win = _Window(o_start, o_start + n_out, pos=o0)
+    _run(_contiguous(head, frames, pos0, first.pts, Fraction(tb), src), head, win, rate, name, skip=s0 - pos0)
+    return win
+
+
+def _contiguous(head, frames: Iterator, pos0: int, pts0: int, tb: Fraction, src: int) -> Iterator:
+    """``frames`` (after ``head``), checking that each frame's timestamp continues the sample count;
+    a gap or overlap raises :class:`_Fallback` (the seek's placement would not match a decode from 0)."""
+    pos = pos0 + head.samples
+    for fr in frames:
+        if fr.pts is None or abs(round((fr.pts - pts0) * tb * src) - pos) > 1:
+            raise _Fallback
+        pos += fr.samples
+        yield fr
+
+
+def decode_audio(
+    path: str, item_id: str, *, rate: int, start: float = 0.0, duration: float | None = None
+) -> DecodedAudio:
+    """Decode the first audio stream of ``path``, resample it to ``rate`` and cut
+    ``[start, start + duration)`` as float32 stereo ``[2, N]``, ``N == num_samples(duration, rate)``.
+
+    - Resampling: PyAV's :class:`av.AudioResampler` (FFmpeg's swresample, format ``fltp``, the
+      source layout kept), flushed at the end of the stream; the first output sample is the first
+      input sample (no delay), so 48 kHz -> 16 kHz gives exactly a third of the samples.
+    - The cut is in output samples: it begins at output sample ``floor(start x rate + 0.5)``
+      (``start`` rounded to the nearest sample, halves up) and holds ``num_samples(duration, rate)``
+      samples. ``duration=None``: to the end of the stream as probed (``probe.duration - start``).
+    - A source that ends early is zero-padded at the end; :attr:`DecodedAudio.padded` says how many
+      seconds (the caller reports it, as LTX warns).
+    - Channels: :func:`to_stereo` on the decoded layout.
+    - A ``start`` beyond :data:`SEEK_AFTER` seconds in a container with sample-exact timestamps
+      (MP4/MOV, Matroska/WebM, WAV, FLAC, Ogg) seeks a little before it, discards the decoder's
+      first samples and starts the resampler on a sample where the input and output grids meet, so
+      the result equals a decode from 0 then cut; when the landing point is not exact (no
+      timestamps, a timestamp gap) it decodes from the beginning instead. (Corrupt packets before
+      the seek point then go unseen: only what is decoded can fail.)
+
+    Raises :class:`ItemError`: ``audio_decode_error`` for any FFmpeg error while decoding (the detail
+    names the item, FFmpeg's message and the fix), plus the errors of :func:`probe_audio`. Refuses
+    (``ValueError``) ``rate < 1``, a negative ``start`` and a negative ``duration``.
+    """
+    path = os.fspath(path)
+    if int(rate) != rate or rate < 1:
+        raise ValueError(f"rate must be a positive whole number of Hz, got {rate!r}")
+    o_start = _start_sample(start, rate)
+    container = _open(path, item_id)
+    try:
+        stream = _audio_stream(container, path, item_id)
+        probe = _probe_open(container, stream, path, item_id)
+        if duration is None:
+            duration = max(0.0, probe.duration - start)
+        n_out = num_samples(duration, rate)
+        frames = _frames(container, stream, item_id)
+        first = next(frames, None)
+        if first is None:
+            raise ItemError("audio_decode_error",
+                            f"{item_id}: its {probe.codec} audio stream holds no decodable sample; {_DECODE_FIX}")
+        win = None
+        if start > SEEK_AFTER and n_out > 0 and _seekable(container):
+            try:
+                win = _seek_run(container, stream, first, o_start, n_out, rate, item_id)
+            except _Fallback:
+                container.close()
+                container = _open(path, item_id)
+                stream = _audio_stream(container, path, item_id)
+                frames = _frames(container, stream, item_id)
+                first = next(frames, None)
+                if first is None:
+                    raise ItemError("audio_decode_error", f"{item_id}: its audio stream holds no decodable sample "
+                                    f"on a second read; {_DECODE_FIX}") from None
+        if win is None:
+            win = _Window(o_start, o_start + n_out)
+            if n_out > 0:
+                _run(frames, first, win, rate, item_id)
+        layout, channels = first.layout.name, first.layout.nb_channels
+    finally:
+        container.close()
+    c = channels
+    got = np.concatenate(win.parts, axis=1) if win.parts else np.zeros((c, 0), np.float32)
+    short = n_out - got.shape[1]
+    if short > 0:
+        got = np.concatenate([got, np.zeros((c, short), np.float32)], axis=1)
+    if (layout, channels) != (probe.layout, probe.channels):
+        probe = replace(probe, layout=layout, channels=channels)
+    wave = np.ascontiguousarray(to_stereo(got, layout), dtype=np.float32)
+    return DecodedAudio(wave=wave, rate=int(rate), probe=probe, padded=max(0, short) / rate)
