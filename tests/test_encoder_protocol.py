@@ -18,13 +18,22 @@ def _enc(family: str, kind: str, weights: str):
 def test_the_stage_describes_and_stamps_its_encoders_by_name():
     vae, text = _enc("sd", "image_vae", "random-weights"), _enc("minilm", "text", "pretrained")
     both = EncodeStage(vae, text, batch_size=2, device="cpu")
-    assert list(both.encoders) == ["vae", "text"] == list(ENCODER_NAMES)
+    assert list(both.encoders) == ["vae", "text"] == list(ENCODER_NAMES)[:2]
     d = both.describe()
     assert d["vae"]["spec"] == {"family": "sd", "kind": "image_vae"} and d["text"]["provenance"]["weights"] == "pretrained"
     assert d["random_weights"] == ["vae"]
-    recipe = SimpleNamespace(geometry=SimpleNamespace(buckets=["64x64x1"], fps=None), lora_trigger=None)
+    recipe = SimpleNamespace(geometry=SimpleNamespace(buckets=["64x64x1"], fps=None), lora_trigger=None,
+                             audio=SimpleNamespace(skip=False, durations=None))
     stamp = both.stamp(recipe)
-    assert list(stamp) == ["vae", "text", "buckets", "fps"] and stamp["text"] is not None
+    assert list(stamp) == ["vae", "text", "buckets", "fps"] and stamp["text"] is not None  # no audio: as before
+
+    audio = _enc("ltx2_audio", "audio_vae", "random-weights")
+    av = EncodeStage(vae, text, batch_size=2, device="cpu", audio_vae=audio)
+    assert list(av.encoders) == list(ENCODER_NAMES) == ["vae", "text", "audio_vae"]
+    assert av.describe()["random_weights"] == ["audio_vae", "vae"]
+    assert list(av.stamp(recipe)) == ["vae", "text", "audio_vae", "buckets", "fps"]
+    skipped = SimpleNamespace(**{**vars(recipe), "audio": SimpleNamespace(skip=True, durations=None)})
+    assert both.stamp(skipped)["audio"] == "skipped"  # a tree built with --skip-audio is another cache
 
     text_only = EncodeStage(None, text, batch_size=2, device="cpu")  # a prompt_wds recipe loads no VAE
     assert list(text_only.encoders) == ["text"] and "vae" not in text_only.describe()

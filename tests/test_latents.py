@@ -297,8 +297,8 @@ def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monk
         predicted[item.key] = sorted(sizes(self, item, res))
         return predicted[item.key]
 
-    def spy_members(self, item, res, latent, shape, text):
-        out = members(self, item, res, latent, shape, text)
+    def spy_members(self, item, res, latent, shape, text, audio=None):
+        out = members(self, item, res, latent, shape, text, audio)
         made[item.key] = sorted((k, len(v)) for k, v in out.items())
         return out
 

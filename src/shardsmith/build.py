@@ -396,6 +396,8 @@ def _ahead_output(recipe: Recipe, root: Path):
     first = recipe.outputs[0] if recipe.outputs else None
     if not PLAN_AHEAD or first is None or not kind_of(first).encoders_for(first, recipe) or not can_plan_ahead(recipe):
         return None
+    if recipe.audio_outputs():  # the audio preflight decodes planned items before the first one is made
+        return None
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
         return None
     dest = output_dest(root, first, TRAIN).resolve()
@@ -443,6 +445,14 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
     ledger, recipe, kind, octx = ctx.ledger, ctx.recipe, kind_of(output), _octx(ctx)
     srcs = recipe.source_ids(output)
     result: dict[str, Any] = {"format": output.format, "files": {}}
+    cutter = getattr(_maker(ctx, output), "audio", None)  # the maker's audio settings: the output writes audio
+    if cutter is not None:
+        from shardsmith.safety import audio as audio_safety
+
+        result["audio"] = {"required": recipe.audio_required, "rate": cutter.rate,
+                           "preflight": audio_safety.preflight(ledger, recipe, output, cutter), "splits": {}}
+    elif recipe.audio.skip:
+        result["audio"] = {"skipped": True, "why": "--skip-audio (audio.skip): no audio latents were written"}
     for split in _splits(recipe):
         if ahead is not None and split != TRAIN:
             ahead.wait()
@@ -479,6 +489,9 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
     if missing:
         raise InvariantError(f"output {output.name}: {missing} planned item(s) have no terminal status; "
                              "this is a shardsmith bug, please report it with the ledger file")
+    if cutter is not None:
+        result["audio"]["splits"] = {split: audio_safety.audio_counts(ledger, output, split) for split in _splits(recipe)}
+        audio_safety.gate(ledger, recipe, output, result["audio"]["splits"])
     return result
 
 

@@ -134,7 +134,8 @@ def _ltx_flags(data: dict[str, Any], flags: dict[str, Any]) -> None:
     """The LTX-2 trainer's preprocessing flags (``scripts/process_dataset.py``), same spelling and
     meaning: ``--resolution-buckets "WxHxF;WxHxF"`` (``geometry.buckets``), ``--caption-column``,
     ``--video-column`` / ``--media-column`` (the table's caption and target columns),
-    ``--lora-trigger`` (``lora_trigger``), ``--device`` (``models.device``)."""
+    ``--lora-trigger`` (``lora_trigger``), ``--device`` (``models.device``), ``--skip-audio``
+    (``audio.skip``), ``--audio-durations "2.0;4.0;8.0"`` (``audio.durations``)."""
     if flags.get("resolution_buckets") is not None:
         from shardsmith.transform.buckets import BucketError, parse_buckets
 
@@ -170,6 +171,16 @@ def _ltx_flags(data: dict[str, Any], flags: dict[str, Any]) -> None:
         data["lora_trigger"] = flags["lora_trigger"]
     if flags.get("device") is not None:
         _section(data, "models")["device"] = flags["device"]
+    if flags.get("skip_audio"):
+        _section(data, "audio")["skip"] = True
+    if flags.get("audio_durations") is not None:
+        from shardsmith.transform.audio import parse_durations
+
+        try:
+            _section(data, "audio")["durations"] = parse_durations(flags["audio_durations"])
+        except ValueError as exc:
+            _fail(f"--audio-durations {flags['audio_durations']!r}: {exc}; write seconds separated by ';', "
+                  "e.g. \"2.0;4.0;8.0\"")
 
 
 def _dataset_file(path: Optional[Path]) -> bool:
@@ -308,6 +319,10 @@ def build(
     lora_trigger: Optional[str] = typer.Option(None, "--lora-trigger", help="lora_trigger: prepended to every "
                                                "caption with a space (recorded in the manifest and cache stamp)"),
     device: Optional[str] = typer.Option(None, "--device", help="models.device: auto | cuda | cuda:N | cpu"),
+    skip_audio: bool = typer.Option(False, "--skip-audio", help="audio.skip=true: no audio latents, said in the "
+                                    "manifest (the LTX trainer's --skip-audio)"),
+    audio_durations: Optional[str] = typer.Option(None, "--audio-durations", help="audio.durations: duration "
+                                                  "buckets of audio-only items in seconds, \"2.0;4.0;8.0\""),
     zip_path: Optional[str] = typer.Option(None, "--zip-path", help="zip output: outputs[*].path"),
     resolution: Optional[str] = typer.Option(None, help="zip: resolution, 64 or WxH"),
     transform: Optional[str] = typer.Option(None, help="zip: center-crop | center-crop-wide | center-crop-dhariwal"),
@@ -428,6 +443,9 @@ def verify(
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Loader override of the preset, e.g. "
                                              "--set num_frames=17 --set video_size=[64,96] (YAML value)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    mode: Optional[str] = typer.Option(None, "--mode", help=".precomputed/ trees: the LTX training mode whose "
+                                       "folders and condition keys to check (t2v, i2v, v2v-ic, t2a, ...; default: "
+                                       "the tree's stamp, else inferred from its folders)"),
 ):
     """Iterate the real loader over ranks x workers; check coverage, counts, splits and the batch contract."""
     from shardsmith.progress import Progress
@@ -436,7 +454,7 @@ def verify(
     overrides = _loader_overrides(set_, dataset, preset)
     rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
                      batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in,
-                     overrides=overrides or None, progress=Progress(quiet=quiet))
+                     overrides=overrides or None, progress=Progress(quiet=quiet), mode=mode)
     text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)
     if out_json:
         out_json.write_text(text + "\n", encoding="utf-8")

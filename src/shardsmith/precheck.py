@@ -13,7 +13,8 @@ Contract
     a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
   - a package a model needs is not installed (the MiniLM package for text models without
     ``pretrained``: their tokenizer, or the model itself);
-  - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N.
+  - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
+  - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config.
 - Nothing is written, no model class is touched; torch is imported only for that last question.
 - ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cuda:N`` / ``cpu`` into the device to use.
 - ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
@@ -158,7 +159,22 @@ def check_device(recipe: Recipe) -> None:
         resolve_device(recipe.models.device, "models.device")
 
 
-CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device)
+def check_audio(recipe: Recipe) -> None:
+    """``models.audio_vae``'s config names a config of its family (or a pretrained folder's
+    ``config.json`` reads): its sample rate is what every clip's audio is resampled to."""
+    if not recipe.audio_outputs():
+        return
+    from shardsmith.encode.audio_vae import audio_vae_settings
+
+    a = recipe.models.audio_vae
+    try:
+        audio_vae_settings(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+                           config=a.config)
+    except (ValueError, OSError) as exc:
+        raise RecipeError(f"models.audio_vae: {exc}") from None
+
+
+CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio)
 
 
 def precheck(recipe: Recipe) -> None:

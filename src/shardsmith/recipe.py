@@ -312,6 +312,7 @@ class PromptWdsOutput(_Strict):
 Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput, VideoWdsOutput, PromptWdsOutput], Field(discriminator="format")]
 LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput, LatentZipOutput)  # the outputs models.vae encodes
 BUCKETED_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # latent outputs cut to geometry.buckets
+AUDIO_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # the outputs models.audio_vae writes audio latents into
 
 
 class VaeModel(_Strict):
@@ -325,16 +326,33 @@ class VaeModel(_Strict):
 
 
 class TextModel(_Strict):
-    family: Literal["minilm", "t5", "umt5", "clip", "gemma"] = "minilm"
+    family: Literal["minilm", "t5", "umt5", "clip", "gemma", "ltx2"] = Field(
+        "minilm", description="ltx2: Gemma 3 hidden states through LTX-2's feature extractor, the conditions the "
+        "LTX-2 trainer caches (video_prompt_embeds and audio_prompt_embeds)")
     pretrained: str | None = None
     config: str | dict[str, Any] = "tiny"
     max_length: int | None = Field(None, gt=0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
+class AudioVaeModel(_Strict):
+    """The audio encoder of ``audio_latents/`` (LTX-2's audio VAE, diffusers ``AutoencoderKLLTX2Audio``)."""
+
+    family: Literal["ltx2_audio"] = "ltx2_audio"
+    pretrained: str | None = Field(None, description="local path or hub repo id; unset = random weights")
+    subfolder: str | None = None
+    revision: str | None = None
+    config: str | dict[str, Any] = Field("tiny", description="architecture when pretrained is unset: tiny, "
+                                         "published, or a dict of the model's config")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="the encoder's dtype (the LTX trainer runs it in float32; latents are stored float32)")
+
+
 class Models(_Strict):
     vae: VaeModel | None = None
     text: TextModel | None = None
+    audio_vae: AudioVaeModel | None = Field(None, description="encode each clip's (or audio file's) audio into "
+                                            "audio_latents/ (precomputed) or audio_latent.pth (latent_wds)")
     batch_size: int | None = Field(None, gt=0, description="encode batch (default: automatic)")
     compile: OnOffAuto = Field(
         "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' compiles on a GPU "
@@ -342,6 +360,45 @@ class Models(_Strict):
     device: Annotated[str, Field(pattern=r"^(auto|cuda|cpu|cuda:\d+)$")] = Field(
         "auto", description="where the models run: 'auto' is the GPU when torch sees one, else the CPU; 'cuda' "
         "refuses to start without one; 'cuda:N' is visible GPU N (not part of the fingerprint)")
+
+
+def _durations(value: Any) -> Any:
+    """``"2.0;4.0;8.0"`` (LTX's --audio-durations) -> ``[2.0, 4.0, 8.0]``; a list as given."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(";") if part.strip()]
+    return value
+
+
+class AudioRules(_Strict):
+    """What happens to audio: required or not, skipped, and the duration buckets of audio-only items."""
+
+    required: bool | None = Field(None, description="fail the run (exit 3) when no item decoded audio; each item "
+                                  "without audio is failed:no_audio_stream / failed:audio_decode_error (default: "
+                                  "true whenever models.audio_vae is set)")
+    skip: bool = Field(False, description="turn audio off (LTX's --skip-audio): no audio latents, said in the manifest")
+    durations: Annotated[list[float] | None, BeforeValidator(_durations)] = Field(
+        None, description="duration buckets in seconds of audio-only items (LTX's --audio-durations '2.0;4.0;8.0'): "
+        "each file takes the largest bucket not longer than it; shorter files are skipped:too_short")
+
+    @field_validator("durations")
+    @classmethod
+    def _positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("durations is empty; give seconds such as [2.0, 4.0, 8.0] or leave it out")
+        bad = [d for d in v if not d > 0]
+        if bad:
+            raise ValueError(f"every duration must be > 0 seconds, got {bad[0]}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"durations {v} repeat a value; give each bucket once")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _skip_or_require(self) -> "AudioRules":
+        if self.skip and self.required:
+            raise ValueError("audio.skip and audio.required are both true; keep one (skip turns audio off)")
+        return self
 
 
 class Geometry(_Strict):
@@ -365,6 +422,7 @@ class Recipe(_Strict):
     outputs: list[Output] = Field(min_length=1)
     models: Models = Field(default_factory=Models)
     geometry: Geometry = Field(default_factory=Geometry)
+    audio: AudioRules = Field(default_factory=AudioRules)
     one_sample: bool = Field(False, description="plan only the first usable item (sanity check before a full run)")
     lora_trigger: str | None = Field(None, description="prepended to every caption with one space, as the LTX "
                                      "trainer's --lora-trigger (recorded in the manifest and the cache stamp)")
@@ -381,6 +439,21 @@ class Recipe(_Strict):
         """Indices into ``sources`` of the sources that feed ``output`` (all of them by default)."""
         names = [s.name for s in self.sources]
         return [names.index(n) for n in output.sources] if output.sources else list(range(len(names)))
+
+    def audio_outputs(self) -> list:
+        """The outputs that write audio latents: the precomputed and latent_wds outputs, when
+        ``models.audio_vae`` is set and ``audio.skip`` is not."""
+        if self.models.audio_vae is None or self.audio.skip:
+            return []
+        return [o for o in self.outputs if isinstance(o, AUDIO_OUTPUTS)]
+
+    @property
+    def audio_required(self) -> bool:
+        """Whether a run in which no item decoded audio fails (``audio.required``; by default,
+        whenever an output writes audio)."""
+        if self.audio.required is not None:
+            return self.audio.required
+        return bool(self.audio_outputs())
 
     def encode_buckets(self) -> list[str]:
         """Every pixel shape ``WxHxF`` the VAE encodes: ``geometry.buckets``, then each ``latent_zip``
@@ -422,9 +495,12 @@ class Recipe(_Strict):
             for sname in o.sources or []:
                 if sname not in seen:
                     raise ValueError(f"output {o.name!r} names unknown source {sname!r} (known: {sorted(seen)})")
-        if any(isinstance(o, LATENT_OUTPUTS) for o in self.outputs):
+        audio_only = self.models.vae is None and self.models.audio_vae is not None and all(
+            isinstance(o, AUDIO_OUTPUTS) for o in self.outputs if isinstance(o, LATENT_OUTPUTS))
+        if any(isinstance(o, LATENT_OUTPUTS) for o in self.outputs) and not audio_only:
             if self.models.vae is None:
-                raise ValueError("latent outputs need models.vae, e.g. models: {vae: {family: sd}}")
+                raise ValueError("latent outputs need models.vae, e.g. models: {vae: {family: sd}} (an audio-only "
+                                 "dataset needs models.audio_vae instead)")
             if not self.geometry.buckets and any(isinstance(o, BUCKETED_OUTPUTS) for o in self.outputs):
                 raise ValueError("latent outputs need geometry.buckets, e.g. geometry: {buckets: [256x256x1]}")
             zips = [o.name for o in self.outputs if isinstance(o, LatentZipOutput)]
@@ -436,8 +512,14 @@ class Recipe(_Strict):
                         f" (the encode stage has one VAE setting: output {others[0]!r} would then store mean and std "
                         "too; build it from a recipe of its own to keep store: "
                         f"{self.models.vae.store})" if others else ""))
-            if any(isinstance(o, PrecomputedOutput) for o in self.outputs) and self.models.text is None:
-                raise ValueError("a precomputed output needs models.text (LTX trainers require conditions/)")
+        if any(isinstance(o, PrecomputedOutput) for o in self.outputs) and self.models.text is None:
+            raise ValueError("a precomputed output needs models.text (LTX trainers require conditions/)")
+        if self.models.audio_vae is not None and not any(isinstance(o, AUDIO_OUTPUTS) for o in self.outputs):
+            raise ValueError("models.audio_vae is set but no output writes audio latents; add a precomputed or "
+                             "latent_wds output, or remove models.audio_vae")
+        if self.audio.required and self.models.audio_vae is None:
+            raise ValueError("audio.required is true but nothing encodes audio; set models.audio_vae (e.g. "
+                             "{family: ltx2_audio}) or remove audio.required")
         return self
 
     @model_validator(mode="after")

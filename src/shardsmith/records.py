@@ -23,6 +23,8 @@ PARTNER_ROLES = ROLES[1:]  # every role but the target
 TEXT_KIND = "text"
 #: the reason of a captions-only row whose caption is empty (it has nothing else)
 NO_CAPTION = "no_caption"
+#: the start of the detail of a sample written without audio (its output writes audio, not required)
+NO_AUDIO = "no audio: "
 
 
 class ItemError(Exception):

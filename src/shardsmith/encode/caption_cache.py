@@ -3,8 +3,11 @@ encoded once.
 
 Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used:
 ``text_encoder``, ``batch_size``, ``seconds``, ``_text_cache``)
-- ``text(captions)``: ``(emb [L, D], mask [L])`` per caption, in order; each distinct caption not
+- ``text(captions)``: ``(emb [L, D], mask [L])`` per caption, in order (``(emb, mask, audio_emb
+  [L, D_a])`` for an encoder that also makes audio features, LTX-2's); each distinct caption not
   cached is encoded once, in chunks of ``4 * batch_size``.
+- ``text_entry(te, j)``: caption ``j`` of a batch of :class:`~shardsmith.encode.text.TextEmbeddings`
+  as that tuple, each tensor with its own memory.
 - Past ``TEXT_CACHE_BYTES`` (or 4096 entries) the cache keeps only the captions of the current
   call or batch, so host memory stays bounded on runs of unique captions.
 """
@@ -16,18 +19,26 @@ import time
 import torch
 
 
+def text_entry(te, j: int) -> tuple[torch.Tensor, ...]:
+    """``(emb, mask)`` of caption ``j`` of a batch, plus its audio embedding when the encoder makes one."""
+    audio = getattr(te, "audio_emb", None)
+    if audio is None:
+        return te.emb[j].clone(), te.mask[j].clone()
+    return te.emb[j].clone(), te.mask[j].clone(), audio[j].clone()
+
+
 class CaptionCache:
     TEXT_CACHE_BYTES = 512 << 20  # a T5-XXL embedding at 512 tokens is 4 MiB: ~128 of them
 
     def _prune_text_cache(self, keep: list[str]) -> None:
         """Bounded host memory on long runs with unique captions: past ``TEXT_CACHE_BYTES`` (or
         4096 entries) only the captions of the current batch stay."""
-        nbytes = sum(e.nbytes + m.nbytes for e, m in self._text_cache.values())
+        nbytes = sum(sum(t.nbytes for t in entry) for entry in self._text_cache.values())
         if nbytes > self.TEXT_CACHE_BYTES or len(self._text_cache) > 4096:
             k = set(keep)
             self._text_cache = {c: v for c, v in self._text_cache.items() if c in k}
 
-    def text(self, captions: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def text(self, captions: list[str]) -> list[tuple[torch.Tensor, ...]]:
         if self.text_encoder is None:
             raise RuntimeError("no text encoder configured (models.text)")
         t0 = time.perf_counter()
@@ -37,7 +48,7 @@ class CaptionCache:
             chunk = todo[i:i + bs]
             te = self.text_encoder.encode(chunk, device="cpu")  # one device->host copy per chunk
             for j, c in enumerate(chunk):
-                self._text_cache[c] = (te.emb[j].clone(), te.mask[j].clone())
+                self._text_cache[c] = text_entry(te, j)
         self._prune_text_cache(captions)
         self.seconds["text"] += time.perf_counter() - t0
         return [self._text_cache[c] for c in captions]

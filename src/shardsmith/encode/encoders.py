@@ -6,8 +6,9 @@ Contract
   a model built from a config): the manifest, the cache stamp and the random-weights warning read
   only these two, by name.
 - :data:`ENCODER_NAMES`: the names an output may ask for (``OutputKind.encoders``), in the order
-  the manifest lists them. ``vae`` and ``text`` exist today; ``audio_vae`` and ``teacher`` are the
-  next ones (one loader each in ``encode/``, one entry here).
+  the manifest lists them: ``vae`` (:mod:`~shardsmith.encode.vae`), ``text``
+  (:mod:`~shardsmith.encode.text`) and ``audio_vae`` (:mod:`~shardsmith.encode.audio_vae`); ``teacher`` is
+  the next one (one loader in ``encode/``, one entry here).
 - ``missing(stage, names)``: the names an output needs that the stage does not hold.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-ENCODER_NAMES = ("vae", "text")
+ENCODER_NAMES = ("vae", "text", "audio_vae")
 
 
 class Encoder(Protocol):
@@ -23,9 +24,9 @@ class Encoder(Protocol):
     provenance: Any
 
 
-def held(vae: Encoder | None, text: Encoder | None) -> dict[str, Encoder]:
+def held(vae: Encoder | None, text: Encoder | None, audio_vae: Encoder | None = None) -> dict[str, Encoder]:
     """The stage's encoders by name (those that are loaded), in :data:`ENCODER_NAMES` order."""
-    return {name: enc for name, enc in (("vae", vae), ("text", text)) if enc is not None}
+    return {name: enc for name, enc in (("vae", vae), ("text", text), ("audio_vae", audio_vae)) if enc is not None}
 
 
 def missing(encoders: dict[str, Encoder], names: tuple[str, ...]) -> list[str]:

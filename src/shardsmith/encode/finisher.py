@@ -22,6 +22,11 @@ Contract
   through the stage's caption cache (``stage.text``) on the device thread, and are rendered with
   ``z`` None. They are not put in the memo (it keeps latents); the caption cache already encodes a
   caption once. Batches with pixels go exactly as before.
+- Audio: a result with ``res.audio`` (a processed waveform, ``[2, N]`` float32) has it encoded by the
+  stage's audio encoder on the device thread with its batch (after the batch's VAE launch), and the
+  renderer gets ``audio=`` one latent per item (None for an item without audio); a batch without any
+  audio is rendered as before (no ``audio`` argument). An audio-only item has no pixels: it goes in
+  the queue without pixels, whose batches then run the audio encoder too.
 """
 
 from __future__ import annotations
@@ -48,16 +53,26 @@ TEXT_ONLY = "text-only"  # the queue of results without pixels (never a bucket's
 
 class TextOnlyBatch:
     """The finished result of a batch without pixels, read like a launched batch's
-    (:class:`~shardsmith.encode.pending.PendingBatch`): no latents, ``(emb [L, D], mask [L])`` per item."""
+    (:class:`~shardsmith.encode.pending.PendingBatch`): no latents, ``(emb [L, D], mask [L])`` per item
+    (None without a text encoder), and ``audio``: one audio latent per item (None without audio)."""
 
-    def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]]):
-        self.texts = texts
+    def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]] | None, audio: list | None = None):
+        self.texts, self.audio = texts, audio
 
     def done(self) -> bool:
         return True
 
     def result_batch(self) -> tuple[None, list[tuple[torch.Tensor, torch.Tensor]]]:
         return None, self.texts
+
+
+def _audio_latents(stage, waves: list | None) -> list | None:
+    """Encoder thread: one audio latent per item of a batch (None where the item has no audio), or
+    None when no item has audio."""
+    if waves is None:
+        return None
+    got = iter(stage.encode_audio([w for w in waves if w is not None]))
+    return [None if w is None else next(got) for w in waves]
 
 
 class MemberRenderer(Protocol):
@@ -69,7 +84,8 @@ class MemberRenderer(Protocol):
 
     def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor, texts) -> None:
         """Set ``res.members`` of every item of a finished batch (``z``: its latents, ``[n, ...]``,
-        None for a batch without pixels; ``texts``: ``(emb, mask)`` per item, or None)."""
+        None for a batch without pixels; ``texts``: ``(emb, mask)`` per item, or None). A renderer
+        of outputs with audio also takes ``audio=``: one ``[C, T, F]`` latent per item, or None."""
 
     def sizes(self, item: PlannedItem, res: SampleResult, stage: Any) -> list[tuple[str, int]]:
         """``(suffix, bytes)`` of the members ``item`` will have, exactly, before it is encoded."""
@@ -137,8 +153,13 @@ class LatentFinisher:
         # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
         stage = self.stage
         batch = [(item, res) for item, res, _ in entries]
-        if batch[0][1].pixels is None:  # captions only (the TEXT_ONLY queue): the text encoder alone
-            self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch)))
+        waves = [res.audio for _, res in batch]
+        for _, res in batch:
+            res.audio = None
+        if all(w is None for w in waves):
+            waves = None
+        if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
+            self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves)))
             while len(self.in_flight) > self.max_in_flight:
                 self._finish(self.in_flight.pop(0))
             return
@@ -147,21 +168,26 @@ class LatentFinisher:
             r.pixels = None
         # on the stage's device thread (where the warm-up tuned cuDNN), queued behind earlier batches
         self.in_flight.append((entries[0][2], batch, stage.submit(self._gpu, stage, batch, host,
-                                                                  time.perf_counter())))
+                                                                  time.perf_counter(), waves)))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
     @staticmethod
-    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float):
+    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float, waves=None):
         """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
-        on a GPU it returns once the batch is queued there, so the next batch is queued behind it."""
+        on a GPU it returns once the batch is queued there, so the next batch is queued behind it.
+        With ``waves``, their audio latents are made after the launch (``pend.audio``)."""
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
-        return stage.launch(host, len(batch), captions, staged_at=staged_at)
+        pend = stage.launch(host, len(batch), captions, staged_at=staged_at)
+        pend.audio = _audio_latents(stage, waves)
+        return pend
 
     @staticmethod
-    def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]]) -> "TextOnlyBatch":
-        """Encoder thread: the captions of a batch without pixels through the text encoder."""
-        return TextOnlyBatch(stage.text([it.caption or "" for it, _ in batch]))
+    def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]], waves=None) -> "TextOnlyBatch":
+        """Encoder thread: the captions of a batch without pixels through the text encoder, and
+        their audio through the audio encoder."""
+        texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
+        return TextOnlyBatch(texts, _audio_latents(stage, waves))
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
@@ -169,19 +195,30 @@ class LatentFinisher:
         the cores, and a parallel copy would wait at barriers for threads they leave no room for."""
         _tag, batch, fut = entry
         with one_intra_op_thread():
-            z, texts = fut.result().result_batch()
+            done = fut.result()
+            z, texts = done.result_batch()
+            audio = getattr(done, "audio", None)
             if self.memo is not None and z is not None:
-                self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch])
+                self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch], audio)
+            self._render(batch, z, texts, audio)
+
+    def _render(self, batch, z, texts, audio) -> None:
+        """``members.render``, with ``audio=`` only for a renderer that writes audio (``takes_audio``):
+        a latent kept in the memo by an output with audio may be read by one without."""
+        if audio is None or not getattr(self.members, "takes_audio", False):
             self.members.render(batch, z, texts)
+        else:
+            self.members.render(batch, z, texts, audio=audio)
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
         kept = self.memo.get(item, geometry(res)) if self.memo is not None else None
         if kept is not None:  # encoded for another output already: rendered now, not encoded again
             _ = self.stage  # (the renderer takes the models' identities at the first batch)
-            z, text = kept
-            res.pixels = None
+            z, text, audio = kept
+            res.pixels = res.audio = None
             with one_intra_op_thread():
-                self.members.render([(item, res)], z[None], [text] if text is not None else None)
+                self._render([(item, res)], z[None], [text] if text is not None else None,
+                             None if audio is None else [audio])
             return
         q = self.pending.setdefault(TEXT_ONLY if res.pixels is None else res.info["bucket"], [])
         q.append((item, res, self.unit))

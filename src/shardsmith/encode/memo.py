@@ -3,12 +3,13 @@ that each item is encoded once whatever the number of outputs (the second output
 what the first one's computed; its workers still decode the item for its geometry facts).
 
 Contract
-- ``put(items, z, texts, geometries)``: after a batch is encoded, each item's latent (``z[i]``, as
-  the encoder gave it, before any output's dtype) and text ``(emb, mask)`` go to
+- ``put(items, z, texts, geometries, audio=None)``: after a batch is encoded, each item's latent
+  (``z[i]``, as the encoder gave it, before any output's dtype), text ``(emb, mask[, audio_emb])``
+  and audio latent (``audio[i]``, when it has one) go to
   ``<folder>/<idx>.pt`` with the item's key, content hash and geometry (the pixels' bucket and
   crop, a string; outputs cut an item differently, e.g. a ``latent_zip`` and bucketed outputs),
   written atomically; an item already kept is not written again.
-- ``get(item, geometry)``: ``(latent, text or None)`` kept for this very item (same plan position,
+- ``get(item, geometry)``: ``(latent, text or None, audio latent or None)`` kept for this very item (same plan position,
   key, content hash and geometry), or None. Values read back are bit for bit those put.
 - The folder is the build's (``.shardsmith/encoded``): it survives a crash, so a resumed build
   does not encode again what it kept; a redone plan removes it (positions change), and so does
@@ -39,7 +40,7 @@ class EncodedMemo:
     def _identity(item: PlannedItem, geometry: str) -> str:
         return f"{item.key}\0{item.sha256 or ''}\0{item.caption or ''}\0{geometry}"
 
-    def put(self, items: list[PlannedItem], z: torch.Tensor, texts, geometries: list[str]) -> None:
+    def put(self, items: list[PlannedItem], z: torch.Tensor, texts, geometries: list[str], audio=None) -> None:
         for i, item in enumerate(items):
             path = self._path(item.idx)
             if path.exists():
@@ -47,6 +48,10 @@ class EncodedMemo:
             rec = {"latent": z[i].clone(), "item": self._identity(item, geometries[i])}
             if texts is not None:
                 rec["text_emb"], rec["text_mask"] = texts[i][0].clone(), texts[i][1].clone()
+                if len(texts[i]) > 2:
+                    rec["text_audio_emb"] = texts[i][2].clone()
+            if audio is not None and audio[i] is not None:
+                rec["audio_latent"] = audio[i].clone()
             buf = io.BytesIO()
             torch.save(rec, buf)
             atomic_write_bytes(path, buf.getvalue())
@@ -60,7 +65,9 @@ class EncodedMemo:
             return None  # kept for another item (a plan redone over changed sources) or geometry: encoded again
         self.hits += 1
         text = (rec["text_emb"], rec["text_mask"]) if "text_emb" in rec else None
-        return rec["latent"], text
+        if text is not None and "text_audio_emb" in rec:
+            text = (*text, rec["text_audio_emb"])
+        return rec["latent"], text, rec.get("audio_latent")
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

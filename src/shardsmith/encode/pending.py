@@ -30,6 +30,7 @@ class PendingBatch:
         self.z_host = self.start = self.vae_end = self.done_event = self.text_emb = None
         self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, launch queued
         self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.audio: list | None = None  # one audio latent per item (None: no audio), set by the finisher
         self.todo: list[str] = []
         self._out = None
 

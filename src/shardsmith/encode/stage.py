@@ -17,6 +17,8 @@ Contract
   the next batch queues behind it. ``PendingBatch.result()`` waits and gives the per-item outputs.
 - ``text(captions)`` returns ``(emb [L, D], mask [L])`` per caption (``""`` for none), cached
   by caption within the stage (at most ``TEXT_CACHE_BYTES`` beyond the current batch).
+- ``encode_audio(waves)``: audio latents of processed waveforms (``models.audio_vae``), on the
+  calling thread (the finisher calls it on the device thread, after the batch's VAE launch).
 - ``describe()`` gives the manifest block: each model's spec and provenance, with
   ``"random-weights"`` plain to see.
 """
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardsmith.encode.caption_cache import CaptionCache
+from shardsmith.encode.caption_cache import CaptionCache, text_entry
 from shardsmith.encode.compile_decision import CompileDecision
 from shardsmith.encode.encoders import ENCODER_NAMES, Encoder, held
 from shardsmith.encode.device_thread import DeviceThread
@@ -63,10 +65,11 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
     runs the batches (synchronously with out-of-memory halving, or launched ahead on a GPU)."""
 
     def __init__(self, vae, text, *, batch_size: int | None, device: str, compile: str = "off",
-                 device_index: int | None = None):
+                 device_index: int | None = None, audio_vae=None):
         if compile not in ("auto", "on", "off"):
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {compile!r}")
         self.vae, self.text_encoder, self.device = vae, text, device
+        self.audio_vae = audio_vae  # encode.audio_vae.AudioVae when an output writes audio latents
         self.device_index = device_index  # models.device cuda:N (``device`` is then "cuda"); see bind_device
         self.compile_setting = compile
         self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
@@ -78,7 +81,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
-        self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0}  # where encode-stage time goes
+        self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0, "audio": 0.0}  # where encode-stage time goes
         self.batches: list[BatchRecord] = []  # every encoded batch
         self.timeline: list[LaunchRecord] = []  # launched batches, for encode.idle.gpu_idle
         self._thread = None  # the device thread (device_thread())
@@ -110,7 +113,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         except ImportError:  # pragma: no cover - both are dependencies of the encoders
             pass
         vae = None
-        if any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):  # (the recipe then has models.vae)
+        if m.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
             v = m.vae
             vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
                            config=v.config, dtype=v.dtype, device=place, store=v.store)
@@ -122,7 +125,15 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             t = m.text
             text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
                                      dtype=t.dtype, device=place)
-        return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index)
+        audio_vae = None
+        if recipe.audio_outputs():
+            from shardsmith.encode.audio_vae import load_audio_vae
+
+            a = m.audio_vae
+            audio_vae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+                                       config=a.config, dtype=a.dtype, device=place)
+        return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index,
+                   audio_vae=audio_vae)
 
     def bind_device(self) -> None:
         """With ``models.device: cuda:N``, make GPU N the calling thread's current CUDA device (torch's
@@ -239,12 +250,22 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         new = {}
         if p.todo:
             te = p.text_emb
-            new = {c: (te.emb[j].clone(), te.mask[j].clone()) for j, c in enumerate(p.todo)}
+            new = {c: text_entry(te, j) for j, c in enumerate(p.todo)}
             p.text_emb = None
             self._text_cache.update(new)
             self._prune_text_cache(p.captions)
         got = {**p.known, **new}
         return p.latents, [got[c] for c in p.captions]
+
+    def encode_audio(self, waves: list[np.ndarray]) -> list[torch.Tensor]:
+        """Audio latents ``[C, T, F]`` float32 of processed waveforms (``[2, N]`` float32 at the audio
+        encoder's rate; items of equal length share a forward pass), on the calling thread."""
+        if self.audio_vae is None:
+            raise RuntimeError("no audio encoder configured (models.audio_vae)")
+        t0 = time.perf_counter()
+        out = self.audio_vae.encode(waves)
+        self.seconds["audio"] += time.perf_counter() - t0
+        return out
 
     def latents(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
         """Encode any number of frames in batches of ``batch_size`` (stage + encode, one after the other)."""
@@ -275,14 +296,20 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
     @property
     def encoders(self) -> dict[str, Encoder]:
         """The loaded encoders by name (:mod:`shardsmith.encode.encoders`)."""
-        return held(self.vae, self.text_encoder)
+        return held(self.vae, self.text_encoder, getattr(self, "audio_vae", None))
 
     def stamp(self, recipe) -> dict[str, Any]:
         """What a cache depends on: model identities (not devices or batch sizes), geometry and, when
         set, the LoRA trigger every caption starts with (absent otherwise: older stamps still match)."""
         d = self.describe()
-        out = {**{name: model_identity(d[name]) if name in d else None for name in ENCODER_NAMES},
+        # the audio encoder only when held (older stamps, without audio, still match)
+        out = {**{name: model_identity(d[name]) if name in d else None for name in ENCODER_NAMES
+                  if name != "audio_vae" or name in d},
                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
+        if recipe.audio.skip:
+            out["audio"] = "skipped"
+        elif recipe.audio.durations:
+            out["audio_durations"] = list(recipe.audio.durations)
         if getattr(recipe, "lora_trigger", None):
             out["lora_trigger"] = recipe.lora_trigger
         return out

@@ -37,6 +37,7 @@ INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE
 JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"
 LATENT = "latent.pth"  # cached latents
 TEXT_EMB = "txt_emb.pth"  # text-encoder embeddings
+AUDIO_LATENT = "audio_latent.pth"  # cached audio latents [C, T, F] (float32, as the LTX trainer stores them)
 NOISE = "noise.pth"  # KD pair: the noise a teacher trajectory started from
 PATH = "path.pth"  # KD path: the teacher's trajectory
 

@@ -62,8 +62,11 @@ class OutputKind(ABC):
 
     def encoders_for(self, o, recipe) -> tuple[str, ...]:
         """The encoders ``o`` needs under ``recipe``: :attr:`encoders`, ``text`` only when
-        ``models.text`` is set."""
-        return tuple(e for e in self.encoders if e != "text" or recipe.models.text is not None)
+        ``models.text`` is set, ``vae`` only when ``models.vae`` is (an audio-only dataset has none),
+        ``audio_vae`` only when ``o`` writes audio (:meth:`Recipe.audio_outputs`)."""
+        present = {"text": recipe.models.text is not None, "vae": recipe.models.vae is not None,
+                   "audio_vae": any(a is o for a in recipe.audio_outputs())}
+        return tuple(e for e in self.encoders if present.get(e, True))
 
     def per_unit(self, o) -> int:
         return o.samples_per_shard

@@ -5,15 +5,68 @@ from __future__ import annotations
 from shardsmith.outputs.base import OutputContext, OutputKind
 
 
+def audio_cutter(o, recipe):
+    """The audio settings of output ``o``'s sample maker: the audio encoder's rate (from its config,
+    no model loaded), whether audio is required and the duration buckets; None when ``o`` writes no audio."""
+    if not any(a is o for a in recipe.audio_outputs()):
+        return None
+    from shardsmith.encode.audio_vae import audio_vae_settings
+    from shardsmith.transform.audio_samples import AudioCutter
+
+    a = recipe.models.audio_vae
+    settings = audio_vae_settings(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+                                  config=a.config)
+    durations = tuple(recipe.audio.durations) if recipe.audio.durations else None
+    return AudioCutter(settings.sample_rate, recipe.audio_required, durations)
+
+
+AUDIO_CHECKED_CLIPS = 32  # clips of an output without audio probed for an audio track it drops
+
+
+def unencoded_audio(o, ctx: OutputContext) -> list[str]:
+    """A warning when ``o`` writes no audio (no ``models.audio_vae``, no ``--skip-audio``) while its
+    clips carry audio tracks (the first :data:`AUDIO_CHECKED_CLIPS` written clips are probed): a
+    dropped audio track is said, never silent."""
+    r = ctx.recipe
+    if r.audio.skip or any(a is o for a in r.audio_outputs()):
+        return []
+    from shardsmith.records import ItemError
+    from shardsmith.transform.audio import probe_audio
+
+    checked = with_audio = 0
+    for split in ("train", "holdout"):
+        for item in ctx.ledger.items(split=split, sources=r.source_ids(o), status="ok"):
+            if checked >= AUDIO_CHECKED_CLIPS:
+                break
+            if item.kind != "video":
+                continue
+            checked += 1
+            try:
+                probe_audio(item.path, item.item_id)
+                with_audio += 1
+            except ItemError:
+                pass
+    if not with_audio:
+        return []
+    return [f"{o.name}: {with_audio} of the {checked} clip(s) checked carry an audio track that no output encodes "
+            "(no audio latents were written); set models.audio_vae (e.g. {family: ltx2_audio}) to write them, or "
+            "pass --skip-audio (audio.skip: true) to say the audio is not wanted"]
+
+
 class LatentKind(OutputKind):
-    encoders = ("vae", "text")  # text only when models.text is set
+    encoders = ("vae", "text", "audio_vae")  # each only when the recipe sets it (encoders_for)
 
     def maker(self, o, ctx: OutputContext):
         from shardsmith.transform.buckets import parse_buckets
         from shardsmith.transform.latent_pixels import LatentPixelMaker
 
         r = ctx.recipe
-        return LatentPixelMaker(parse_buckets(r.geometry.buckets), r.images, r.geometry.fps)
+        buckets = parse_buckets(r.geometry.buckets) if r.geometry.buckets else []  # none: an audio-only dataset
+        return LatentPixelMaker(buckets, r.images, r.geometry.fps,
+                                audio=audio_cutter(o, r))
+
+    def warnings(self, o, ctx: OutputContext, files: dict) -> list[str]:
+        return unencoded_audio(o, ctx)
 
     def renderer(self, o, ctx: OutputContext):
         from shardsmith.sinks.latent_members import LatentMembers

@@ -23,8 +23,10 @@ def latent_shapes(ctx: OutputContext) -> dict[str, list[int]]:
     """The latent shape (no batch) of every bucket of the recipe, from the loaded VAE."""
     from shardsmith.transform.buckets import parse_buckets
 
-    spec = ctx.stage().vae.spec
-    out = {}
+    vae = ctx.stage().vae
+    if vae is None:  # an audio-only dataset: no VAE, no latent shapes
+        return {}
+    spec, out = vae.spec, {}
     for b in parse_buckets(ctx.recipe.geometry.buckets):
         pixel = (3, b.height, b.width) if spec.kind == "image_vae" else (3, b.frames, b.height, b.width)
         out[str(b)] = list(spec.latent_shape(pixel))

@@ -37,7 +37,7 @@ class PrecomputedKind(LatentKind):
         return info
 
     def warnings(self, o, ctx: OutputContext, files: dict[str, Any]) -> list[str]:
-        out = []
+        out = super().warnings(o, ctx, files)
         for split, blk in files.items():
             shapes = {tuple(b["latent_shape"]) for b in blk.get("buckets", {}).values() if b.get("latent_shape")}
             if len(shapes) > 1:

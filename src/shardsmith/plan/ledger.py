@@ -279,6 +279,27 @@ class Ledger:
             f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
             [split, *sources]).fetchone()[0]
 
+    def result_details(self, output: str, split: str, status_like: str, detail_like: str = "%",
+                       limit: int | None = None) -> list[tuple[str, str, str | None]]:
+        """``(item_id, status, detail)`` of ``output``'s results in ``split`` whose status and detail
+        match the SQL patterns, in plan order (at most ``limit``)."""
+        sql = ("SELECT i.item_id, r.status, r.detail FROM results r JOIN items i ON i.idx = r.idx WHERE r.output=? "
+               "AND i.split=? AND r.status LIKE ? AND COALESCE(r.detail, '') LIKE ? ORDER BY r.idx")
+        args: list = [output, split, status_like, detail_like]
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return self.db.execute(sql, args).fetchall()
+
+    def status_counts(self, output: str, split: str, status_like: str = "%",
+                      detail_like: str = "%") -> dict[str, int]:
+        """status -> count of ``output``'s results in ``split`` matching the SQL patterns."""
+        rows = self.db.execute(
+            "SELECT r.status, COUNT(*) FROM results r JOIN items i ON i.idx = r.idx WHERE r.output=? AND i.split=? "
+            "AND r.status LIKE ? AND COALESCE(r.detail, '') LIKE ? GROUP BY r.status",
+            (output, split, status_like, detail_like)).fetchall()
+        return dict(rows)
+
     def any_labelled(self, sources: list[int]) -> bool:
         """Whether any planned item of ``sources`` has a class label (a ZIP of them is then
         class-conditional)."""

@@ -4,12 +4,15 @@
 into each sample's members, and says their sizes before encoding.
 
 Members
-- ``latent_wds``: ``latent.pth`` (``[C, (F'), H', W']``), ``txt_emb.pth`` (``[L, D]``), ``json``
+- ``latent_wds``: ``latent.pth`` (``[C, (F'), H', W']``), ``txt_emb.pth`` (``[L, D]``), with audio
+  ``audio_latent.pth`` (``[C, T, F]`` float32), ``json``
   (source, bucket, fps, crop, models) and, with ``include_media``, the source bytes under
   their own extension plus the caption as ``txt`` when the item has one (FastGen's raw-media
   key_maps, e.g. ``{real: mp4, condition: txt}``, need it).
-- ``precomputed``: ``latents/<mirrored path>.pt`` and ``conditions/<mirrored path>.pt`` as
-  reference/ltx-trainer.md §2.5 describes.
+- ``precomputed``: ``latents/<mirrored path>.pt``, ``conditions/<mirrored path>.pt`` (with
+  ``audio_prompt_embeds`` when the text encoder makes them: LTX-2) and, with audio,
+  ``audio_latents/<mirrored path>.pt`` as reference/ltx-trainer.md §2.5 describes; an audio-only
+  item (no pixels) has no ``latents/`` file.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import os
 import numpy as np
 import torch
 
-from shardsmith.formats.precomputed import CONDITIONS, LATENTS, cache_member, mirrored
-from shardsmith.formats.wds import JSON, LATENT, TEXT_EMB, TXT, media_suffix
+from shardsmith.formats.precomputed import AUDIO_LATENTS, CONDITIONS, LATENTS, cache_member, mirrored
+from shardsmith.formats.wds import AUDIO_LATENT, JSON, LATENT, TEXT_EMB, TXT, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.atomic import atomic_write_bytes
@@ -37,39 +40,52 @@ class LatentMembers:
     """The members of one latent output's samples (a
     :class:`~shardsmith.encode.finisher.MemberRenderer`)."""
 
+    takes_audio = True  # render() takes audio= (the finisher passes audio latents only to renderers that do)
+
     def __init__(self, output, sources: list[SourceInfo], multi_source: bool):
         self.o, self.sources, self.multi = output, sources, multi_source
         self.models: dict[str, dict] = {}  # each model's family, weights and path, for every json (start())
+        self.audio_record = None  # the audio encoder's audio_latents/ record maker (start())
 
     def start(self, stage) -> None:
         """Take the models' identities from the encode stage, once, before its first batch."""
         self.models = {k: {"family": v["spec"]["family"], "weights": v["provenance"]["weights"],
                            "path_or_repo": v["provenance"].get("path_or_repo")}
-                       for k, v in stage.describe().items() if k in ("vae", "text")}
+                       for k, v in stage.describe().items() if k in ("vae", "text", "audio_vae")}
+        audio_vae = getattr(stage, "audio_vae", None)
+        self.audio_record = audio_vae.record if audio_vae is not None else None
 
-    def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor, texts) -> None:
-        """Set ``res.members`` (and drop ``res.pixels``) of every item of a finished batch."""
-        z = z.to(_DTYPES[self.o.latent_dtype]).contiguous()  # the whole batch at once
-        if isinstance(self.o, LatentWdsOutput):
-            # each item's latent.pth rendered straight from the batch, no tensor per item
-            latents = pt_bytes_rows(z)
-            shape = tuple(z.shape[1:])
-        else:
-            latents = [t.clone() for t in z.unbind(0)]
+    def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor | None, texts,
+               audio: list | None = None) -> None:
+        """Set ``res.members`` (and drop ``res.pixels``) of every item of a finished batch; ``z`` is
+        None for a batch without pixels (audio-only items), ``audio`` one audio latent per item (or None)."""
+        latents: list = [None] * len(batch)
+        shape: tuple[int, ...] = ()
+        if z is not None:
+            z = z.to(_DTYPES[self.o.latent_dtype]).contiguous()  # the whole batch at once
+            if isinstance(self.o, LatentWdsOutput):
+                # each item's latent.pth rendered straight from the batch, no tensor per item
+                latents = pt_bytes_rows(z)
+                shape = tuple(z.shape[1:])
+            else:
+                latents = [t.clone() for t in z.unbind(0)]
         for i, (item, res) in enumerate(batch):
             text = texts[i] if texts else None
+            a = audio[i] if audio is not None else None
             if isinstance(self.o, LatentWdsOutput):
-                res.members = self._wds_members(item, res, latents[i], shape, text)
+                res.members = self._wds_members(item, res, latents[i], shape, text, a)
             else:
-                res.members = self._precomputed_members(item, res, latents[i], text)
+                res.members = self._precomputed_members(item, res, latents[i], text, a)
             res.pixels = None
 
-    def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes, shape: tuple[int, ...],
-                     text) -> dict[str, bytes]:
+    def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes | None, shape: tuple[int, ...],
+                     text, audio: torch.Tensor | None = None) -> dict[str, bytes]:
         """A ``latent_wds`` sample's members: ``latent`` is its ``latent.pth`` bytes already."""
-        out = {LATENT: latent}
+        out = {LATENT: latent} if latent is not None else {}
         if text is not None:
             out[TEXT_EMB] = pt_bytes(text[0].to(_DTYPES[self.o.text_dtype]).contiguous())
+        if audio is not None:
+            out[AUDIO_LATENT] = pt_bytes(audio.to(torch.float32).contiguous())
         out[JSON] = self._json(item, res, shape)
         if self.o.include_media:
             with open(item.path, "rb") as f:
@@ -78,12 +94,18 @@ class LatentMembers:
                 out[TXT] = item.caption.encode("utf-8")
         return out
 
-    def _precomputed_members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor, text) -> dict[str, bytes]:
+    def _precomputed_members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor | None, text,
+                             audio: torch.Tensor | None = None) -> dict[str, bytes]:
         rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
-        out = {cache_member(LATENTS, rel): pt_bytes(latent_record(z, res.info["fps"]))}
+        out = {}
+        if z is not None:
+            out[cache_member(LATENTS, rel)] = pt_bytes(latent_record(z, res.info["fps"]))
         if text is not None:
-            cond = condition_record(text[0].to(_DTYPES[self.o.text_dtype]), text[1])
+            dt = _DTYPES[self.o.text_dtype]
+            cond = condition_record(text[0].to(dt), text[1], text[2].to(dt) if len(text) > 2 else None)
             out[cache_member(CONDITIONS, rel)] = pt_bytes(cond)
+        if audio is not None:
+            out[cache_member(AUDIO_LATENTS, rel)] = pt_bytes(self.audio_record(audio, res.info["audio"]["duration"]))
         return out
 
     def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:
@@ -97,13 +119,19 @@ class LatentMembers:
         """``(suffix, bytes)`` of the members a ``latent_wds`` sample will have, exactly, before it
         is encoded by ``stage`` (a ``.pth`` member's length depends on shape and dtype only): shards bounded
         by bytes close at the same samples on every run."""
-        frames = res.pixels.shape  # [F, H, W, 3]
-        pixel = (3, *frames[1:3]) if stage.vae.spec.kind == "image_vae" else (3, *frames[:3])
-        shape = stage.vae.spec.latent_shape(pixel)
-        out = [(LATENT, _pth_size(shape, self.o.latent_dtype))]
+        out, shape = [], ()
+        if res.pixels is not None:
+            frames = res.pixels.shape  # [F, H, W, 3]
+            pixel = (3, *frames[1:3]) if stage.vae.spec.kind == "image_vae" else (3, *frames[:3])
+            shape = stage.vae.spec.latent_shape(pixel)
+            out.append((LATENT, _pth_size(shape, self.o.latent_dtype)))
         if stage.text_encoder is not None:
             ts = stage.text_encoder.spec
             out.append((TEXT_EMB, _pth_size((ts.max_length, ts.dim), self.o.text_dtype)))
+        if res.audio is not None:
+            a = stage.audio_vae.spec
+            steps = stage.audio_vae.latent_steps(int(res.audio.shape[-1]))
+            out.append((AUDIO_LATENT, _pth_size((a.latent_channels, steps, a.frequency_bins), "float32")))
         out.append((JSON, len(self._json(item, res, shape))))
         if self.o.include_media:
             out.append((media_suffix(item.path), os.path.getsize(item.path)))
@@ -120,7 +148,7 @@ def _pth_size(shape: tuple[int, ...], dtype: str) -> int:
 
 def write_negative_prompt(path, stage, prompt: str) -> None:
     """The constant for FastGen's ``files_map``: float32 ``[L, D]`` ``.npy`` (no pickle), atomically."""
-    emb, _ = stage.text([prompt])[0]
+    emb = stage.text([prompt])[0][0]
     buf = io.BytesIO()
     np.save(buf, emb.to(torch.float32).numpy(), allow_pickle=False)
     atomic_write_bytes(path, buf.getvalue())

@@ -35,7 +35,7 @@ class PromptMembers:
         ``z`` (latents) is None here: these batches have no pixels."""
         if texts is None:
             raise RuntimeError("prompt_wds: a batch came back without text embeddings (models.text is unset)")
-        for (item, res), (emb, _mask) in zip(batch, texts):
+        for (item, res), (emb, *_rest) in zip(batch, texts):
             res.members = self._members(res.members, pt_bytes(emb.to(_DTYPES[self.o.text_dtype]).contiguous()))
             res.pixels = None
 

@@ -10,26 +10,43 @@ videos take the bucket with the closest aspect ratio, then the most frames the c
 Each item's geometry is one :class:`~shardsmith.transform.geometry.Geometry` (bucket, resize,
 crop, frame indices, fps) decided from the target's size. The result carries the pixels plus
 ``info`` (bucket, fps, crop, source frames) for the encoder stage and the manifests.
+With ``audio`` (an :class:`~shardsmith.transform.audio_samples.AudioCutter`: an output writes
+audio latents) a clip's result also carries its audio cut to the same window (``res.audio``,
+``info["audio"]``), and an audio file is an audio-only sample (no pixels).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
+from shardsmith.records import NO_AUDIO, WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.recipe import ImageRules
+from typing import TYPE_CHECKING
+
 from shardsmith.transform.buckets import Bucket, available_frames, choose_bucket, effective_fps, frame_indices
 from shardsmith.transform.geometry import Geometry, decide
 from shardsmith.transform.image import decode_image
 from shardsmith.transform.samples import read_checked
 from shardsmith.transform.video import VideoProbe, decode_frames, probe_video, resize_crop_frames, resize_crop_image
 
+if TYPE_CHECKING:
+    from shardsmith.transform.audio_samples import AudioCutter
+
 IMAGE_FPS = 1.0  # what LTX's trainer stores for images
 
 
+def no_audio(info: dict) -> str | None:
+    """The detail of a sample written without the audio its output writes (audio not required), else None."""
+    a = info.get("audio")
+    if a is None or a["status"] == WRITTEN:
+        return None
+    return f"{NO_AUDIO}{a['status']}: {a['detail']}"
+
+
 class LatentPixelMaker:
-    def __init__(self, buckets: list[Bucket], rules: ImageRules, target_fps: float | None = None):
-        self.buckets, self.rules, self.target_fps = buckets, rules, target_fps
+    def __init__(self, buckets: list[Bucket], rules: ImageRules, target_fps: float | None = None,
+                 audio: AudioCutter | None = None):
+        self.buckets, self.rules, self.target_fps, self.audio = buckets, rules, target_fps, audio
         self.image_buckets = [b for b in buckets if b.frames == 1]
 
     def _fit(self, item: PlannedItem, geom: Geometry) -> None:
@@ -43,7 +60,7 @@ class LatentPixelMaker:
     @staticmethod
     def is_heavy(item: PlannedItem) -> bool:
         """A clip takes seconds to decode: the worker pool sends it on its own (see Workers.map)."""
-        return item.kind == "video"
+        return item.kind in ("video", "audio")
 
     def __call__(self, item: PlannedItem) -> SampleResult:
         try:
@@ -51,8 +68,11 @@ class LatentPixelMaker:
                 return self._image(item)
             if item.kind == "video":
                 return self._video(item)
+            if item.kind == "audio" and self.audio is not None:
+                return self._audio(item)
             raise ItemError(f"unsupported_kind_{item.kind}", f"{item.item_id} is {item.kind} media; latent "
-                            "outputs take images and videos", skip=True)
+                            "outputs take images and videos" + (" (and audio files with models.audio_vae)"
+                                                                if item.kind == "audio" else ""), skip=True)
         except ItemError as e:
             return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
 
@@ -65,9 +85,11 @@ class LatentPixelMaker:
         w, h = dec.image.size
         geom = self.image_geometry(item, w, h)
         frames = resize_crop_image(dec.image, geom)[None]  # decode_image gives RGB
-        return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info={
-            "bucket": str(geom.bucket), "fps": IMAGE_FPS, "crop": geom.resize_crop.as_dict(), "source_size": [w, h],
-            "source_frames": 1})
+        info = {"bucket": str(geom.bucket), "fps": IMAGE_FPS, "crop": geom.resize_crop.as_dict(), "source_size": [w, h],
+                "source_frames": 1}
+        if self.audio is not None:
+            info["audio"] = self.audio.for_image(item)[1]
+        return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info=info, detail=no_audio(info))
 
     def image_geometry(self, item: PlannedItem, w: int, h: int) -> Geometry:
         """An image's one geometry decision from its upright size ``w`` x ``h``: the 1-frame
@@ -115,6 +137,17 @@ class LatentPixelMaker:
         geom = self.video_geometry(item, pr)
         bucket, fps = geom.bucket, geom.fps
         out, geom = self.video_frames(item, geom)
-        return SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info={
-            "bucket": str(bucket), "fps": fps, "crop": geom.resize_crop.as_dict(),
-            "source_size": [pr.width, pr.height], "source_frames": pr.frames, "source_fps": pr.fps})
+        info = {"bucket": str(bucket), "fps": fps, "crop": geom.resize_crop.as_dict(),
+                "source_size": [pr.width, pr.height], "source_frames": pr.frames, "source_fps": pr.fps}
+        wave = None
+        if self.audio is not None:
+            wave, info["audio"] = self.audio.for_clip(item, geom, pr.fps)
+        return SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info=info, audio=wave, detail=no_audio(info))
+
+    def _audio(self, item: PlannedItem) -> SampleResult:
+        """An audio file: an audio-only sample (its waveform, no pixels)."""
+        read_checked(item)  # same bytes as planned (and readable)
+        wave, info = self.audio.for_file(item)
+        if wave is None:  # audio not required, but an audio-only item has nothing else to write
+            raise ItemError(info["status"].split(":", 1)[1], info["detail"])
+        return SampleResult(idx=item.idx, status=WRITTEN, info={"audio": info}, audio=wave)

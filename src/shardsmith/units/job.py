@@ -46,7 +46,7 @@ def record_of(job: UnitJob, written: tuple, samples: list[tuple[str, SampleResul
     sha256)``) hold ``samples``."""
     w = Written(*written)
     return UnitRecord(job, w.name, w.nbytes, w.sha256, len(samples),
-                      [(s.idx, WRITTEN, None) for _, s in samples] + others, tuple(w.files))
+                      [(s.idx, WRITTEN, s.detail) for _, s in samples] + others, tuple(w.files))
 
 
 def finish_unit(job: UnitJob, sink, results: Iterable[tuple[PlannedItem, SampleResult]]) -> UnitRecord:

@@ -1,0 +1,116 @@
+"""Audio is never lost quietly: a preflight before an output with audio starts, and a gate after it.
+
+Contract
+- ``preflight(ctx, output, cutter)``: before any item of ``output`` is made, the first items of its
+  train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container has an
+  audio stream: probed, up to :data:`PREFLIGHT_PROBES` items) are decoded in this process through the
+  exact path the workers use (:func:`~shardsmith.transform.audio.decode_audio` at the encoder's rate).
+  The first one that decodes passes. When every one tried fails to decode, the decoder is broken:
+  :class:`AudioGateError` (exit code 3) with FFmpeg's message and the fix, before any slow work. When
+  audio is required and not one eligible item carries audio (all of them probed), the same error
+  says so at once.
+- ``audio_counts(ledger, output, split)``: the manifest's audio block of one split: ``with_audio``
+  (samples written with audio latents), ``without_audio`` (written without: audio not required),
+  ``failed`` (status -> count of items that failed for their audio).
+- ``gate(ctx, output, splits)``: with audio required, a run in which no item of ``output`` decoded
+  audio raises :class:`AudioGateError` listing the first items without audio and their reasons.
+- ``records.NO_AUDIO`` starts the detail of a sample written without audio (audio not required).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardsmith.errors import UserError
+from shardsmith.records import NO_AUDIO, ItemError
+
+PREFLIGHT_PROBES = 64  # items probed for an audio stream before the run starts
+PREFLIGHT_DECODES = 3  # items with audio decoded before the decoder is declared broken
+
+
+class AudioGateError(UserError):
+    """The run lost all its audio (or cannot decode any): exit code 3, never a quiet success."""
+
+    exit_code = 3
+
+
+def _audio_source(item) -> tuple[str, str] | None:
+    """``(path, name)`` of the file an item's audio comes from, or None (an image)."""
+    partner = item.media.get("audio")
+    if partner is not None:
+        return partner.path, f"{item.item_id} (its audio {partner.relpath})"
+    if item.kind in ("video", "audio"):
+        return item.path, item.item_id
+    return None
+
+
+def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
+    """See the module contract; returns what was tried (for the manifest)."""
+    from shardsmith.split.assign import TRAIN
+    from shardsmith.transform.audio import decode_audio, probe_audio
+
+    srcs = recipe.source_ids(output)
+    probed, failures, no_stream = 0, [], 0
+    total = ledger.eligible(TRAIN, srcs)
+    for item in ledger.items(split=TRAIN, sources=srcs, status="ok"):
+        if probed >= PREFLIGHT_PROBES or len(failures) >= PREFLIGHT_DECODES:
+            break
+        probed += 1
+        src = _audio_source(item)
+        if src is None:
+            no_stream += 1
+            continue
+        path, name = src
+        try:
+            pr = probe_audio(path, name)
+        except ItemError as err:
+            if err.reason == "no_audio_stream":
+                no_stream += 1
+                continue
+            failures.append(err.detail)
+            continue
+        try:
+            decode_audio(path, name, rate=cutter.rate, start=0.0, duration=min(pr.duration, 1.0) or None)
+        except ItemError as err:
+            failures.append(err.detail)
+            continue
+        return {"decoded": item.item_id, "probed": probed}
+    if failures:
+        raise AudioGateError(
+            f"output {output.name!r}: the audio decoder failed on every file tried ({len(failures)}), before the "
+            f"run started; the first: {failures[0]}. Check that PyAV's FFmpeg can decode these files "
+            "(pip install --force-reinstall av), or convert the audio (e.g. ffmpeg -i in -c:a pcm_s16le out.wav); "
+            "--skip-audio builds without audio")
+    if recipe.audio_required and probed and no_stream == probed and probed == total:
+        raise AudioGateError(
+            f"output {output.name!r}: audio is required (models.audio_vae is set) but none of the {total} item(s) "
+            "has an audio stream or an audio partner; give the clips audio (or an audio column: columns.audio), "
+            "pass --skip-audio to build without audio, or set audio.required: false")
+    return {"decoded": None, "probed": probed}
+
+
+def audio_counts(ledger, output, split: str) -> dict[str, Any]:
+    """The audio block of one split of ``output`` (see the module contract)."""
+    written = sum(ledger.status_counts(output.name, split, "written").values())
+    without = sum(ledger.status_counts(output.name, split, "written", NO_AUDIO + "%").values())
+    failed: dict[str, int] = {}
+    for pattern in ("failed:no_audio_stream", "failed:audio_%"):
+        failed.update(ledger.status_counts(output.name, split, pattern))
+    return {"with_audio": written - without, "without_audio": without, "failed": failed}
+
+
+def gate(ledger, recipe, output, blocks: dict[str, dict[str, Any]]) -> None:
+    """Raise :class:`AudioGateError` when audio is required and no item of ``output`` decoded audio
+    (``blocks``: split -> :func:`audio_counts`)."""
+    if not recipe.audio_required or any(b["with_audio"] for b in blocks.values()):
+        return
+    lost = []
+    for split in blocks:
+        lost += ledger.result_details(output.name, split, "failed:%audio%", limit=10 - len(lost))
+        lost += ledger.result_details(output.name, split, "written", NO_AUDIO + "%", limit=max(0, 10 - len(lost)))
+    n = sum(sum(b["failed"].values()) + b["without_audio"] for b in blocks.values())
+    lines = "\n".join(f"  {item_id}: {status}: {detail}" for item_id, status, detail in lost)
+    raise AudioGateError(
+        f"output {output.name!r}: audio is required, but no item decoded audio ({n} item(s) without it); the first:\n"
+        f"{lines or '  (no item reached the audio decoder)'}\n"
+        "fix the files (or the audio column), pass --skip-audio to build without audio, or set audio.required: false")

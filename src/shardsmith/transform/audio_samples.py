@@ -1,0 +1,96 @@
+"""The audio half of a latent sample: one item -> its processed waveform for the audio encoder.
+
+Runs in worker processes (picklable), beside :class:`~shardsmith.transform.latent_pixels.LatentPixelMaker`.
+
+Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, whether audio is
+``required``, the ``durations`` buckets of audio-only items):
+
+- ``for_clip(item, geom, pr)``: the audio of a video sample, cut to the clip as actually sampled:
+  it starts at the time of the first chosen source frame and lasts the bucket's frames ÷ the
+  sample's fps (:func:`~shardsmith.transform.audio.clip_window`). It comes from the item's
+  ``audio`` partner when it has one (``columns.audio``), else from the clip's own audio stream.
+  Returns ``(wave [2, N] float32 at rate, info)``.
+- ``for_file(item)``: an audio-only item (an audio file as the target): the largest duration bucket
+  not longer than the file (``skipped:too_short`` naming its duration when it is shorter than every
+  bucket), or the whole file without buckets; cut from the start.
+- Without audio (no stream, an image, a decode error): with ``required`` the item fails
+  (``failed:no_audio_stream`` / ``failed:audio_decode_error``, the detail names the file, FFmpeg's
+  message and the fix); without, the sample has no audio and ``info["status"]`` says why.
+- ``info`` (``SampleResult.info["audio"]``): ``status`` (``written``, or the reason there is none),
+  ``duration`` / ``start`` (seconds), ``samples``, ``rate``, the source's ``source_rate`` /
+  ``source_channels`` / ``layout``, ``padded`` (seconds of silence added at the end) and, from an
+  audio partner, ``partner``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardsmith.records import ItemError, PlannedItem
+from shardsmith.transform.audio import DecodedAudio, choose_duration, clip_window, decode_audio, probe_audio
+from shardsmith.transform.geometry import Geometry
+
+AUDIO_ROLE = "audio"
+
+
+@dataclass(frozen=True)
+class AudioCutter:
+    rate: int
+    required: bool = True
+    durations: tuple[float, ...] | None = None
+
+    def _missing(self, item: PlannedItem, err: ItemError) -> tuple[None, dict[str, Any]]:
+        """No audio for ``item``: the item fails when audio is required, else the sample goes without."""
+        if self.required:
+            raise ItemError(err.reason, err.detail)  # failed (never skipped): an audio loss is loud
+        return None, {"status": f"failed:{err.reason}", "detail": err.detail}
+
+    def _info(self, dec: DecodedAudio, start: float, duration: float) -> dict[str, Any]:
+        return {"status": "written", "duration": duration, "start": start, "samples": int(dec.wave.shape[-1]),
+                "rate": dec.rate, "source_rate": dec.probe.rate, "source_channels": dec.probe.channels,
+                "layout": dec.probe.layout, "padded": dec.padded}
+
+    def for_clip(self, item: PlannedItem, geom: Geometry, source_fps: float) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The audio matching a video sample whose geometry is ``geom`` (see the module contract)."""
+        partner = item.media.get(AUDIO_ROLE)
+        path = partner.path if partner is not None else item.path
+        name = f"{item.item_id} (its audio {partner.relpath})" if partner is not None else item.item_id
+        first = geom.frame_indices[0] if geom.frame_indices else 0
+        start, duration = clip_window(first, source_fps, geom.bucket.frames, geom.fps)
+        try:
+            dec = decode_audio(path, name, rate=self.rate, start=start, duration=duration)
+        except ItemError as err:
+            return self._missing(item, err)
+        info = self._info(dec, start, duration)
+        if partner is not None:
+            info["partner"] = partner.relpath
+        return dec.wave, info
+
+    def for_image(self, item: PlannedItem) -> tuple[None, dict[str, Any]]:
+        """An image has no audio: failed when audio is required (an image in an audio dataset)."""
+        return self._missing(item, ItemError("no_audio_stream", f"{item.item_id} is an image and has no audio; "
+                                             "keep images out of datasets with audio (limit the output's "
+                                             "sources:), or set audio.required: false"))
+
+    def for_file(self, item: PlannedItem) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """An audio-only item's waveform (see the module contract)."""
+        try:
+            probe = probe_audio(item.path, item.item_id)
+        except ItemError as err:
+            return self._missing(item, err)
+        duration = probe.duration
+        if self.durations:
+            chosen = choose_duration(probe.duration, self.durations)
+            if chosen is None:
+                raise ItemError("too_short", f"{item.item_id} lasts {probe.duration:.3f} s, shorter than the "
+                                f"smallest audio duration bucket ({min(self.durations):g} s); add a shorter one to "
+                                "audio.durations (--audio-durations) to keep it", skip=True)
+            duration = chosen
+        try:
+            dec = decode_audio(item.path, item.item_id, rate=self.rate, start=0.0, duration=duration)
+        except ItemError as err:
+            return self._missing(item, err)
+        return dec.wave, self._info(dec, 0.0, duration)

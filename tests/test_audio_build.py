@@ -1,0 +1,181 @@
+"""Audio through a whole build (issue 17): clips with real speech (espeak-ng) muxed into videos of
+real photos, mono / stereo / 5.1; a clip without audio, a clip whose audio does not decode; the
+gate (exit 3), ``--skip-audio``, audio-only duration buckets, and the LTX trainer's view of the
+``.precomputed/`` tree (keys, shapes, dtypes, durations equal to the sampled frames)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from shardsmith.build import build
+from shardsmith.recipe import recipe_from_dict
+from shardsmith.safety.audio import AudioGateError
+from video_factory import audio_file, broken_audio_video, pan_video
+
+pytestmark = pytest.mark.slow
+
+FPS = 24
+BUCKET = "64x64x17"  # 17 frames at 24 fps: 0.708 s of audio per sample
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "shardsmith", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def _recipe(src: Path, **over) -> dict:
+    r = {"sources": [{"path": str(src)}], "geometry": {"buckets": [BUCKET]},
+         "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"},
+                    "batch_size": 2},
+         "outputs": [{"format": "precomputed"}]}
+    r.update(over)
+    return r
+
+
+def _clips(src: Path, layouts=("mono", "stereo", "5.1")) -> list[Path]:
+    src.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, layout in enumerate(layouts):
+        p = pan_video(src / f"clip_{layout.replace('.', '')}.mp4", frames=30, fps=FPS, size=(96, 64),
+                      photo=("astronaut", "coffee", "chelsea")[i % 3], audio="speech", audio_layout=layout)
+        p.with_suffix(".txt").write_text(f"a clip with {layout} speech", encoding="utf-8")
+        out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def av_tree(tmp_path_factory):
+    src = tmp_path_factory.mktemp("av_src")
+    _clips(src)
+    silent = pan_video(src / "silent.mp4", frames=30, fps=FPS, size=(96, 64), photo="rocket")
+    silent.with_suffix(".txt").write_text("no sound here", encoding="utf-8")
+    out = tmp_path_factory.mktemp("av") / "out"
+    manifest = build(recipe_from_dict(_recipe(src)), out, quiet=True)
+    return out, manifest
+
+
+def test_every_clip_with_audio_gets_audio_latents_the_silent_one_fails_loudly(av_tree):
+    out, manifest = av_tree
+    tree = out / ".precomputed"
+    lat = sorted(p.relative_to(tree / "latents").as_posix() for p in (tree / "latents").rglob("*.pt"))
+    aud = sorted(p.relative_to(tree / "audio_latents").as_posix() for p in (tree / "audio_latents").rglob("*.pt"))
+    assert lat == aud == ["clip_51.pt", "clip_mono.pt", "clip_stereo.pt"]
+    block = manifest["outputs"]["precomputed"]
+    assert block["audio"]["required"] is True
+    assert block["audio"]["splits"]["train"] == {"with_audio": 3, "without_audio": 0,
+                                                "failed": {"failed:no_audio_stream": 1}}
+    assert block["counts"]["failed"] == {"no_audio_stream": 1}
+
+
+def test_audio_latents_are_what_the_ltx_trainer_reads(av_tree):
+    out, _ = av_tree
+    tree = out / ".precomputed"
+    for name in ("clip_mono.pt", "clip_stereo.pt", "clip_51.pt"):
+        a = torch.load(tree / "audio_latents" / name, weights_only=True)
+        v = torch.load(tree / "latents" / name, weights_only=True)
+        assert set(a) == {"latents", "num_time_steps", "frequency_bins", "duration"}
+        assert a["latents"].dtype == torch.float32 and a["latents"].ndim == 3
+        c, t, f = a["latents"].shape
+        assert a["num_time_steps"] == t and a["frequency_bins"] == f and isinstance(a["num_time_steps"], int)
+        assert torch.isfinite(a["latents"]).all() and a["latents"].abs().sum() > 0
+        # the audio lasts exactly the sampled frames: 17 frames at the clip's 24 fps
+        assert a["duration"] == pytest.approx(17 / FPS, abs=1e-9)
+        pixel_frames = (v["num_frames"] - 1) * 8 + 1
+        assert abs(a["duration"] - pixel_frames / v["fps"]) < 1 / 25
+
+
+def test_verify_checks_the_audio_and_names_missing_audio_embeddings(av_tree):
+    """A MiniLM text encoder writes no audio_prompt_embeds: the LTX-2 trainer's audio connector would
+    stop; verify says so (and passes the audio itself)."""
+    out, _ = av_tree
+    r = cli("verify", out / ".precomputed")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "[PASS] folders:t2v" in r.stdout and "[PASS] audio_duration" in r.stdout
+    assert "[FAIL] conditions_keys: 3 of 3 condition(s) lack audio_prompt_embeds" in r.stdout
+
+
+def test_no_audio_anywhere_stops_before_the_run_with_exit_3(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(2):
+        pan_video(src / f"quiet{i}.mp4", frames=30, fps=FPS, size=(96, 64)).with_suffix(".txt").write_text("q")
+    rec = tmp_path / "r.yaml"
+    rec.write_text(yaml.safe_dump(_recipe(src)))
+    r = cli("build", rec, "--out", tmp_path / "out", "--no-report")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "audio is required" in r.stderr and "--skip-audio" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / ".precomputed" / "latents").exists()  # stopped before any sample
+
+
+def test_a_broken_decoder_stops_the_run_at_once(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(2):
+        broken_audio_video(src / f"broken{i}.mp4").with_suffix(".txt").write_text("b")
+    with pytest.raises(AudioGateError, match="audio decoder failed on every file tried"):
+        build(recipe_from_dict(_recipe(src)), tmp_path / "out", quiet=True)
+    assert not (tmp_path / "out" / ".precomputed" / "latents").exists()
+
+
+def test_one_broken_audio_stream_fails_that_item_only(tmp_path):
+    src = tmp_path / "src"
+    _clips(src, ("stereo",))
+    broken_audio_video(src / "broken.mp4").with_suffix(".txt").write_text("b")
+    m = build(recipe_from_dict(_recipe(src)), tmp_path / "out", quiet=True)
+    split = m["outputs"]["precomputed"]["audio"]["splits"]["train"]
+    assert split["with_audio"] == 1 and split["failed"] == {"failed:audio_decode_error": 1}
+
+
+def test_skip_audio_writes_no_audio_and_says_so(tmp_path):
+    src = tmp_path / "src"
+    _clips(src, ("stereo",))
+    rec = tmp_path / "r.yaml"
+    rec.write_text(yaml.safe_dump(_recipe(src)))
+    r = cli("build", rec, "--out", tmp_path / "out", "--skip-audio", "--no-report", "-q")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["outputs"]["precomputed"]["audio"]["skipped"] is True
+    assert not (tmp_path / "out" / ".precomputed" / "audio_latents").exists() or not any(
+        (tmp_path / "out" / ".precomputed" / "audio_latents").rglob("*.pt"))
+    assert len(list((tmp_path / "out" / ".precomputed" / "latents").rglob("*.pt"))) == 1
+
+
+def test_audio_only_dataset_uses_duration_buckets(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, dur in (("long.wav", 2.6), ("mid.flac", 1.3), ("short.wav", 0.4)):
+        audio_file(src / name, kind="speech", duration=dur, rate=22050, layout="mono")
+        (src / name).with_suffix(".txt").write_text(f"{name} speech")
+    rec = {"sources": [{"path": str(src)}],
+           "models": {"text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"}},
+           "audio": {"durations": "1.0;2.0"}, "outputs": [{"format": "precomputed"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    tree = tmp_path / "out" / ".precomputed"
+    assert not (tree / "latents").exists() or not any((tree / "latents").rglob("*.pt"))
+    got = {p.name: torch.load(p, weights_only=True)["duration"] for p in (tree / "audio_latents").rglob("*.pt")}
+    assert got == {"long.pt": 2.0, "mid.pt": 1.0}
+    assert sorted(p.name for p in (tree / "conditions").rglob("*.pt")) == ["long.pt", "mid.pt"]
+    assert m["outputs"]["precomputed"]["counts"]["skipped"] == {"too_short": 1}
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith import formats
+
+    led = Ledger(tmp_path / "out" / formats.LEDGER_FILE)
+    [(item, status, detail)] = led.result_details("precomputed", "train", "skipped:%")
+    assert status == "skipped:too_short" and "0.400 s" in detail
+
+
+def test_audio_not_required_writes_the_silent_clip_without_audio(tmp_path):
+    src = tmp_path / "src"
+    _clips(src, ("mono",))
+    pan_video(src / "silent.mp4", frames=30, fps=FPS, size=(96, 64)).with_suffix(".txt").write_text("s")
+    m = build(recipe_from_dict(_recipe(src, audio={"required": False})), tmp_path / "out", quiet=True)
+    assert m["outputs"]["precomputed"]["audio"]["splits"]["train"]["without_audio"] == 1
+    assert m["outputs"]["precomputed"]["counts"]["written"] == 2
