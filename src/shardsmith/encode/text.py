@@ -12,6 +12,7 @@ t5      T5EncoderModel                         512       right    no      zero (
 umt5    UMT5EncoderModel                       512       right    no      zero (Wan umT5)
 clip    CLIPTextModel                          77        right    yes     model output (as SD/SDXL)
 gemma   Gemma3TextModel / AutoModel (decoder)  1024      left     no      zero (LTX-style)
+ltx2    Gemma 3 + LTX-2 feature extractor      1024      left     no      V1 zero, V2 bias (ltx2_text.py)
 ======  =====================================  ========  =======  ======  ==========================
 
 Choices worth knowing:
@@ -63,6 +64,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
                  desc="CLIP text encoder (CLIPTextModel): 77 tokens + pooled vector"),
     "gemma": dict(max_length=1024, padding_side="left", zero_padding=True, pooled=False,
                   desc="decoder-only Gemma 3 text model as used by LTX-2; left padding to 1024"),
+    "ltx2": dict(max_length=1024, padding_side="left", zero_padding=True, pooled=False,
+                 desc="LTX-2 conditions: Gemma 3 hidden states of all layers through LTX-2's feature extractor "
+                      "(video and audio prompt embeddings, as the LTX-2 trainer caches them; encode/ltx2_text.py)"),
 }
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -90,12 +94,14 @@ NAMED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
 @dataclass
 class TextEmbeddings:
     """Encoded prompts: ``emb [B,L,D]`` (spec dtype), ``mask [B,L]`` int64 (1 = prompt token),
-    ``pooled [B,P]`` or None, and ``truncated[i]`` True when prompt i was cut to max_length."""
+    ``pooled [B,P]`` or None, ``truncated[i]`` True when prompt i was cut to max_length, and
+    ``audio_emb [B,L,D_a]`` for an encoder that also makes audio features (``ltx2``), else None."""
 
     emb: torch.Tensor
     mask: torch.Tensor
     pooled: torch.Tensor | None = None
     truncated: list[bool] | None = None
+    audio_emb: torch.Tensor | None = None
 
 
 def minilm_path() -> Path:
@@ -366,6 +372,15 @@ def load_text_encoder(
 
     if family not in FAMILIES:
         raise ValueError(f"unknown text family {family!r}; known: {sorted(FAMILIES)}")
+    if family == "ltx2":  # Gemma 3 + LTX-2's feature extractor: a pipeline folder, not one model
+        if subfolder or tokenizer or tokenizer_subfolder or hidden_states != "last":
+            raise ValueError("ltx2 takes a diffusers LTX-2 folder as pretrained (text_encoder/, tokenizer/, "
+                             "connectors/) and always uses all hidden states: no subfolder, tokenizer, "
+                             "tokenizer_subfolder or hidden_states")
+        from .ltx2_text import load_ltx2_text_encoder
+
+        return load_ltx2_text_encoder(pretrained=pretrained, revision=revision, config=config, max_length=max_length,
+                                      dtype=dtype, device=device, cache_dir=cache_dir)
     if hidden_states not in ("last", "mean_all"):
         raise ValueError("hidden_states must be 'last' or 'mean_all'")
     fam = FAMILIES[family]
