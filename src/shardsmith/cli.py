@@ -647,7 +647,8 @@ def _register_precomputed(dataset: Path, preset: Optional[str], name: str, confi
 @command("decode")
 def decode_cmd(
     build_dir: Path = typer.Argument(..., help="A shardsmith build folder (the --out of a build with latents)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for the decoded PNG/MP4 files and the report."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for the decoded PNG/MP4 (and WAV) files and the "
+                             "report."),
     output: Optional[str] = typer.Option(None, help="Which latent output (default: the first)."),
     split: str = typer.Option("train"),
     limit: Optional[int] = typer.Option(None, help="Decode at most this many samples."),
@@ -656,7 +657,8 @@ def decode_cmd(
     device: str = typer.Option("auto", help="auto (the GPU when there is one), cuda or cpu."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ):
-    """Decode cached latents back to PNG/MP4 with the recorded VAE; report round-trip PSNR."""
+    """Decode cached latents back to PNG/MP4 with the recorded VAE (audio latents to WAV with the recorded audio
+    VAE); report round-trip PSNR."""
     from shardsmith.progress import Progress
     from shardsmith.verify.decode import decode
 
@@ -664,10 +666,17 @@ def decode_cmd(
         _fail(f"--device {device!r}: use auto, cuda or cpu")
     rep = decode(build_dir, out, output=output, split=split, limit=limit, overwrite=overwrite, device=device,
                  progress=Progress(quiet=quiet))
-    typer.echo(f"decoded {rep['samples']} sample(s) of {rep['output']}/{rep['split']} into {out}; "
-               f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
+    audio = rep.get("audio")
+    if rep["samples"] or audio is None:
+        typer.echo(f"decoded {rep['samples']} sample(s) of {rep['output']}/{rep['split']} into {out}; "
+                   f"mean round-trip PSNR {rep['mean_psnr_db']} dB")
     if rep["note"]:
         typer.echo(f"note: {rep['note']}")
+    if audio is not None:
+        typer.echo(f"decoded {audio['wavs']} WAV(s) of {rep['output']}/{rep['split']} at {audio['rate']} Hz "
+                   f"(stereo, 16-bit) into {out}")
+        if audio["note"]:
+            typer.echo(f"note: {audio['note']}")
 
 
 @command("report")

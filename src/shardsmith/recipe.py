@@ -287,6 +287,10 @@ class VideoWdsOutput(_Strict):
                     "veryslow"] = Field("medium", description="x264 speed / size trade-off of re-encoded clips")
     require_caption: bool = Field(True, description="skip clips without a caption (skipped:no_caption): video "
                                   "loaders read txt as the condition; false writes an empty txt instead")
+    audio: Literal["none", "wav", "flac"] = Field(
+        "none", description="also write each clip's audio, cut to the written frames at the source's sample rate "
+        "(stereo, 16-bit), as a wav or flac member; a clip without audio gets none, one whose audio does not "
+        "decode is failed:audio_decode_error")
     sources: list[str] | None = None
 
 

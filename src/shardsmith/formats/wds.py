@@ -35,6 +35,7 @@ INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE
 
 # member suffixes (FastGen's key_map values)
 JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"
+WAV, FLAC = "wav", "flac"  # video_wds with ``audio: wav | flac``: the clip's audio over the written frames
 LATENT = "latent.pth"  # cached latents
 TEXT_EMB = "txt_emb.pth"  # text-encoder embeddings
 AUDIO_LATENT = "audio_latent.pth"  # cached audio latents [C, T, F] (float32, as the LTX trainer stores them)

@@ -18,6 +18,16 @@ Contract of :class:`VideoSampleMaker` (one :class:`PlannedItem` in, one :class:`
   bit-exact muxer flags (no creation time, no muxer version string), ``fps`` = the clip's output
   fps. The same frames give the same bytes on every run with one PyAV/FFmpeg build. The audio is
   dropped (``json.audio = "dropped"``; ``"none"`` when the source had none).
+- Audio (``audio: wav | flac``; nothing of this with the default ``none``): a clip with an audio
+  stream also gets a ``wav`` / ``flac`` member, its audio cut to the written frames
+  (:func:`~shardsmith.transform.audio.clip_window`: from the first chosen source frame's time for
+  the bucket's frames ÷ the sample's fps), decoded at the stream's own sample rate, stereo as
+  :func:`~shardsmith.transform.audio.to_stereo` makes it (zero-padded when the stream ends early),
+  16-bit PCM: a WAV file (:func:`~shardsmith.encode.audio_vae.wav_bytes`) or FLAC (:func:`flac_bytes`),
+  the same bytes on every run; ``json.audio`` = ``"wav"`` / ``"flac"`` and ``json.audio_window``
+  its start, duration, rate, samples and padding. A clip without audio gets no member
+  (``json.audio = "none"``); one whose audio does not decode is ``failed:audio_decode_error`` (the
+  detail names the file and FFmpeg's message).
 - Members: ``mp4``; ``txt`` = the caption (UTF-8). A clip without a caption (or only whitespace)
   is ``skipped:no_caption`` unless ``require_caption: false``, which writes an empty ``txt``;
   ``json`` = source, id, path, sha256, fps, frames, original size and fps and frame count, crop
@@ -37,9 +47,10 @@ from pathlib import Path
 import av
 import numpy as np
 
-from shardsmith.formats.wds import JSON, MP4, TXT
+from shardsmith.formats.wds import FLAC, JSON, MP4, TXT, WAV
 from shardsmith.recipe import ImageRules, VideoWdsOutput
 from shardsmith.records import NO_CAPTION, WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
+from shardsmith.transform.audio import clip_window, decode_audio, probe_audio
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.geometry import Geometry
 from shardsmith.transform.latent_pixels import LatentPixelMaker
@@ -75,6 +86,32 @@ def encode_mp4(frames: np.ndarray, fps: float, *, codec: str = "h264", crf: int 
         for i, arr in enumerate(frames):
             fr = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
             fr.pts = i
+            for p in s.encode(fr):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    return buf.getvalue()
+
+
+def pcm16(wave: np.ndarray) -> np.ndarray:
+    """float ``[C, N]`` in [-1, 1] (clipped) -> int16 ``[C, N]``: ``round(x * 32767)``, as ``wav_bytes`` quantises."""
+    return np.round(np.clip(np.asarray(wave, dtype=np.float64), -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def flac_bytes(wave: np.ndarray, rate: int) -> bytes:
+    """A stereo waveform float ``[2, N]`` as the bytes of a 16-bit FLAC file at ``rate`` Hz (lossless: it decodes
+    to :func:`pcm16` of ``wave``). Deterministic: bit-exact muxer and encoder (no version string)."""
+    pcm = pcm16(wave)
+    if pcm.ndim != 2 or pcm.shape[0] != 2:
+        raise ValueError(f"expected a stereo waveform [2, N], got shape {pcm.shape}")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="flac", options={"fflags": "+bitexact"}) as c:
+        s = c.add_stream("flac", rate=int(rate), layout="stereo")
+        s.format = "s16"
+        s.codec_context.flags |= av.codec.context.Flags.bitexact
+        if pcm.shape[1]:
+            fr = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm.T.reshape(1, -1)), format="s16", layout="stereo")
+            fr.sample_rate, fr.pts = int(rate), 0
             for p in s.encode(fr):
                 c.mux(p)
         for p in s.encode(None):
@@ -133,6 +170,7 @@ class VideoSampleMaker:
         read_checked(item)  # same bytes as planned (and readable)
         pr = probe_video(item.path, item.item_id)
         geom = self.pixels.video_geometry(item, pr)
+        sound = self._sound(item, pr, geom) if self.o.audio != "none" and pr.has_audio else None  # before the video
         why_not = self._why_not_passthrough(item, pr, geom)
         if why_not is None:
             with open(item.path, "rb") as f:
@@ -153,9 +191,29 @@ class VideoSampleMaker:
             "codec": "h264" if why_not is None else self.o.codec, "caption": item.caption,
             "license": src.license, "origin": src.origin, "meta": item.meta,
         }
-        members = {MP4: mp4, TXT: txt, JSON: json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")}
+        members = {MP4: mp4, TXT: txt}
+        if sound is not None:
+            meta["audio"], meta["audio_window"] = self.o.audio, sound[1]
+            members[WAV if self.o.audio == "wav" else FLAC] = sound[0]
+        members[JSON] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return SampleResult(idx=item.idx, status=WRITTEN, members=members,
                             info={"bucket": str(b), "passthrough": why_not is None})
+
+    def _sound(self, item: PlannedItem, pr: VideoProbe, geom: Geometry) -> tuple[bytes, dict]:
+        """The clip's audio member (``wav`` or ``flac`` bytes) over the sample's frames, and its window
+        (see the module contract); ``ItemError`` (``audio_decode_error``, ...) when it does not decode."""
+        rate = pr.audio_rate or probe_audio(item.path, item.item_id).rate
+        first = geom.frame_indices[0] if geom.frame_indices else 0
+        start, duration = clip_window(first, pr.fps, geom.bucket.frames, geom.fps)
+        dec = decode_audio(item.path, item.item_id, rate=rate, start=start, duration=duration)
+        if self.o.audio == "wav":
+            from shardsmith.encode.audio_vae import wav_bytes  # numpy only (torch is imported by its models)
+
+            data = wav_bytes(dec.wave, dec.rate)
+        else:
+            data = flac_bytes(dec.wave, dec.rate)
+        return data, {"start": start, "duration": duration, "rate": dec.rate, "samples": int(dec.wave.shape[-1]),
+                      "source_channels": dec.probe.channels, "layout": dec.probe.layout, "padded": dec.padded}
 
     def _why_not_passthrough(self, item: PlannedItem, pr: VideoProbe, geom: Geometry) -> str | None:
         """None when the file's bytes already are the sample's clip; else why it is re-encoded."""

@@ -9,6 +9,11 @@ Contract
 - The VAE is rebuilt from the manifest's provenance: ``from_pretrained`` for real weights,
   the same seeded architecture for random weights — then the report says the pictures are
   meaningless and PSNR only checks plumbing.
+- Audio: when the output holds audio latents (``.precomputed/audio_latents/`` or ``audio_latent.pth``
+  members) the recorded audio VAE is rebuilt the same way (``models.audio_vae``) and each becomes
+  ``<stem>.wav`` through its decoder and vocoder, journalled like the pictures; the report's
+  ``audio`` block counts the WAVs, gives their rate and says so loudly when its weights are random
+  (:mod:`shardsmith.verify.decode_audio`). An audio-only dataset (no ``models.vae``) decodes its audio only.
 - Nothing in the build folder is written: an ``out`` inside it is refused.
 - An ``out`` that holds anything is refused (two decodes never mix) unless ``overwrite``; then
   only the files an earlier decode wrote there are removed first: the ones its journal
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import os
@@ -44,6 +50,7 @@ from shardsmith.recipe import recipe_from_dict
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
+from shardsmith.verify.decode_audio import audio_latents, audio_report, decode_audio_into, recorded_audio_vae
 
 
 REPORT_FILE = "decode_report.json"
@@ -139,7 +146,8 @@ def _decoded_before(out: Path) -> set[str]:
     report = out / REPORT_FILE
     if report.is_file():
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            owned |= {row["file"] for row in json.loads(report.read_text(encoding="utf-8"))["rows"]}
+            rep = json.loads(report.read_text(encoding="utf-8"))
+            owned |= {row["file"] for row in rep["rows"] + ((rep.get("audio") or {}).get("rows") or [])}
     return owned
 
 
@@ -259,22 +267,43 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     device = resolve_device(device, "--device")
     prepare_out(out, root, overwrite)
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
-    with progress.spin(f"load the recorded VAE on {device}"):
-        vae, random = _vae_from_manifest(manifest, recipe, device)
-    maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
-    ledger = Ledger(root / LEDGER_FILE)
-    try:
-        sources = _items_by_path(ledger, recipe, name, block["format"], split)
-    finally:
-        ledger.close()
-    written = block.get("splits", {}).get(split, {}).get("written")
-    total = written if limit is None or written is None else min(limit, written)
-    with progress.task(f"decode {name}/{split}", total=total) as tick:
-        rows = _decode_into(out, vae, maker, sources, _latents(root, block, split), limit, tick)
+    audio = None  # the audio latents (first one peeked), when the output holds any
+    if recipe.models.audio_vae is not None and manifest["models"].get("audio_vae"):
+        found = audio_latents(root, block, split)
+        first = next(found, None)
+        audio = None if first is None else itertools.chain([first], found)
+    if recipe.models.vae is None and audio is None:
+        raise DecodeError(f"output {name!r} holds neither latents with a recorded VAE nor audio latents: nothing "
+                          "to decode")
+    rows, random = [], False
+    if audio is not None:  # loaded first: a missing vocoder is refused before any file is written
+        with progress.spin(f"load the recorded audio VAE on {device}"):
+            avae, audio_random = recorded_audio_vae(manifest, recipe, device, DecodeError)
+    if recipe.models.vae is not None:
+        with progress.spin(f"load the recorded VAE on {device}"):
+            vae, random = _vae_from_manifest(manifest, recipe, device)
+        maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
+        ledger = Ledger(root / LEDGER_FILE)
+        try:
+            sources = _items_by_path(ledger, recipe, name, block["format"], split)
+        finally:
+            ledger.close()
+        written = block.get("splits", {}).get(split, {}).get("written")
+        total = written if limit is None or written is None else min(limit, written)
+        with progress.task(f"decode {name}/{split}", total=total) as tick:
+            rows = _decode_into(out, vae, maker, sources, _latents(root, block, split), limit, tick)
     vals = [r["psnr_db"] for r in rows if "psnr_db" in r and math.isfinite(r["psnr_db"])]
     report = {"build": str(root), "output": name, "split": split, "samples": len(rows),
               "random_weights": random, "mean_psnr_db": round(sum(vals) / len(vals), 3) if vals else None,
               "note": ("the VAE has RANDOM WEIGHTS: the pictures are meaningless and PSNR only proves the "
                        "plumbing round-trips") if random else None, "rows": rows}
+    if audio is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        with_audio = (block.get("audio") or {}).get("splits", {}).get(split, {}).get("with_audio")
+        total = with_audio if limit is None or with_audio is None else min(limit, with_audio)
+        with progress.task(f"decode {name}/{split} audio", total=total) as tick, \
+                open(out / JOURNAL_FILE, "a", encoding="utf-8") as journal:
+            report["audio"] = audio_report(decode_audio_into(out, avae, audio, limit, journal, tick), avae,
+                                           audio_random)
     atomic_write_json(out / REPORT_FILE, report)
     return report

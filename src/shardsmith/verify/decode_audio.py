@@ -1,0 +1,112 @@
+"""``decode``'s audio half: cached audio latents back to WAV files with the audio VAE the build recorded.
+
+Contract
+- :func:`audio_latents`: ``(sample path, latents [C, T, F], recorded duration or None)`` of one output's
+  split, in the output's order: ``.precomputed/audio_latents/<rel>.pt`` (the LTX trainer's dicts) or
+  the ``audio_latent.pth`` members of ``latent_wds`` shards (only the json and that member are read).
+  Samples without audio have no entry.
+- :func:`recorded_audio_vae`: the audio VAE rebuilt from the manifest's ``models.audio_vae`` and the
+  recipe's (same family, config, pretrained, revision, dtype as the build: :func:`load_audio_vae`), with
+  whether its weights are random. One without a vocoder cannot make waveforms: :class:`DecodeError`
+  (raised before any file is written).
+- :func:`decode_audio_into`: each latent through the VAE decoder and the vocoder
+  (:meth:`AudioVae.decode`: ``(4T - 3)`` mel frames, times the vocoder's upsampling) into
+  ``<out>/<rel stem>.wav``, 16-bit PCM stereo at the vocoder's rate (:func:`wav_bytes`), mirroring the
+  tree as the picture decode does. Each file's path is appended to the decode journal before the file
+  is written (an interrupted decode's files stay removable by ``--overwrite``). One report row per WAV.
+- :func:`audio_report`: the report's ``audio`` block (count, rate, random weights and the loud note).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterator, TextIO
+
+import torch
+
+from shardsmith.errors import UserError
+from shardsmith.formats import wds as wds_layout
+from shardsmith.formats.precomputed import AUDIO_LATENTS, CACHE_EXT
+from shardsmith.loaders.shard_reader import read_member, shard_samples
+from shardsmith.atomic import atomic_write_bytes
+
+WAV_EXT = ".wav"
+RANDOM_NOTE = ("the audio VAE has RANDOM WEIGHTS: the sounds are meaningless and only prove the plumbing "
+               "round-trips")
+
+
+def audio_latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[str, torch.Tensor, float | None]]:
+    """(sample path, audio latents [C, T, F], duration in seconds or None) in the output's order."""
+    files = output["files"][split]
+    folder = root / files["dir"]
+    if output["format"] == "precomputed":
+        for p in sorted((folder / AUDIO_LATENTS).rglob(f"*{CACHE_EXT}")):  # in path order (by component)
+            d = torch.load(p, map_location="cpu", weights_only=True)
+            yield p.relative_to(folder / AUDIO_LATENTS).as_posix(), d["latents"], float(d["duration"])
+        return
+    for shard in files["shards"]:
+        path = folder / shard["name"]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for _key, refs in shard_samples(path, fd):
+                if wds_layout.AUDIO_LATENT not in refs:
+                    continue
+                meta = json.loads(read_member(fd, refs[wds_layout.JSON], str(path)))
+                z = torch.load(io.BytesIO(read_member(fd, refs[wds_layout.AUDIO_LATENT], str(path))),
+                               map_location="cpu", weights_only=True)
+                duration = (meta.get("audio") or {}).get("duration")
+                yield (PurePosixPath(meta["path"]).with_suffix(CACHE_EXT).as_posix(), z,
+                       None if duration is None else float(duration))
+        finally:
+            os.close(fd)
+
+
+def recorded_audio_vae(manifest: dict[str, Any], recipe, device: str, error: type[UserError] = UserError):
+    """(the recorded audio VAE, whether its weights are random); ``error`` when it has no vocoder."""
+    from shardsmith.encode.audio_vae import VOCODER_SUBFOLDER, load_audio_vae
+
+    a = recipe.models.audio_vae
+    avae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+                          config=a.config, dtype=a.dtype, device=device)
+    if avae.vocoder is None:
+        raise error(f"the recorded audio VAE ({a.pretrained or a.config}) has no vocoder, so its latents cannot become "
+                    f"sound: put the vocoder in {VOCODER_SUBFOLDER}/ beside the audio VAE's folder (as a diffusers "
+                    "LTX-2 repo has it)")
+    random = manifest["models"]["audio_vae"]["provenance"]["weights"] == "random-weights"
+    return avae, random
+
+
+def wav_path(out: Path, rel: str) -> Path:
+    """Where the WAV of the sample stored under ``rel`` goes: ``out/<rel with .wav>``."""
+    return out / PurePosixPath(rel).with_suffix(WAV_EXT)
+
+
+def decode_audio_into(out: Path, avae, latents: Iterator[tuple[str, torch.Tensor, float | None]],
+                      limit: int | None, journal: TextIO,
+                      tick: Callable[[], Any] = lambda: None) -> list[dict[str, Any]]:
+    """Decode up to ``limit`` audio latents into WAV files under ``out`` (each journalled first); one row each."""
+    from shardsmith.encode.audio_vae import wav_bytes
+
+    rows = []
+    for i, (rel, z, duration) in enumerate(latents):
+        if limit is not None and i >= limit:
+            break
+        wave, rate = avae.decode(z[None])
+        target = wav_path(out, rel)
+        journal.write(target.relative_to(out).as_posix() + "\n")
+        journal.flush()  # recorded before the file exists: an interrupted decode's files stay ours
+        atomic_write_bytes(target, wav_bytes(wave[0].numpy(), rate))
+        rows.append({"path": rel, "file": target.relative_to(out).as_posix(), "latent_shape": list(z.shape),
+                     "rate": rate, "samples": int(wave.shape[-1]), "seconds": round(wave.shape[-1] / rate, 6),
+                     "latent_duration": duration})
+        tick()
+    return rows
+
+
+def audio_report(rows: list[dict[str, Any]], avae, random: bool) -> dict[str, Any]:
+    """The report's ``audio`` block: how many WAVs, their rate, and whether the weights are random."""
+    return {"wavs": len(rows), "rate": avae.output_rate, "random_weights": random,
+            "note": RANDOM_NOTE if random else None, "rows": rows}
