@@ -31,9 +31,9 @@ def cli(*args):
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
-def _recipe(src: Path, **over) -> dict:
+def _recipe(src: Path, text: str = "minilm", **over) -> dict:
     r = {"sources": [{"path": str(src)}], "geometry": {"buckets": [BUCKET]},
-         "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"},
+         "models": {"vae": {"family": "ltx2"}, "text": {"family": text}, "audio_vae": {"family": "ltx2_audio"},
                     "batch_size": 2},
          "outputs": [{"format": "precomputed"}]}
     r.update(over)
@@ -58,7 +58,7 @@ def av_tree(tmp_path_factory):
     silent = pan_video(src / "silent.mp4", frames=30, fps=FPS, size=(96, 64), photo="rocket")
     silent.with_suffix(".txt").write_text("no sound here", encoding="utf-8")
     out = tmp_path_factory.mktemp("av") / "out"
-    manifest = build(recipe_from_dict(_recipe(src)), out, quiet=True)
+    manifest = build(recipe_from_dict(_recipe(src, text="ltx2")), out, quiet=True)
     return out, manifest
 
 
@@ -92,14 +92,54 @@ def test_audio_latents_are_what_the_ltx_trainer_reads(av_tree):
         assert abs(a["duration"] - pixel_frames / v["fps"]) < 1 / 25
 
 
-def test_verify_checks_the_audio_and_names_missing_audio_embeddings(av_tree):
-    """A MiniLM text encoder writes no audio_prompt_embeds: the LTX-2 trainer's audio connector would
-    stop; verify says so (and passes the audio itself)."""
+def test_verify_passes_the_tree(av_tree):
     out, _ = av_tree
     r = cli("verify", out / ".precomputed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in ("[PASS] folders:t2v", "[PASS] conditions_keys", "[PASS] audio_latents", "[PASS] audio_duration"):
+        assert line in r.stdout
+
+
+def test_the_tree_holds_what_the_ltx2_trainer_reads(av_tree):
+    """The contract checked with the LTX-2 trainer's own PrecomputedDataset and training step (400fd31,
+    run locally on such a tree, not in CI): folders latents / audio_latents / conditions paired by relative
+    path, no stem starting with ``latent_`` (the trainer pairs those by its legacy naming and loses them),
+    video latents with an int grid equal to their shape, audio latents [C, T, F] with C x F = 128 for the
+    published audio VAE (the tiny test one is C=2), conditions with bf16 video and audio prompt
+    embeddings of L rows, L a multiple of 128 (its connectors' registers), and an int64 0/1 mask."""
+    out, _ = av_tree
+    tree = out / ".precomputed"
+    rels = {d: sorted(p.relative_to(tree / d).as_posix() for p in (tree / d).rglob("*.pt"))
+            for d in ("latents", "audio_latents", "conditions")}
+    assert rels["latents"] == rels["audio_latents"] == rels["conditions"]
+    assert not any(Path(r).name.startswith("latent_") for r in rels["latents"])
+    for rel in rels["latents"]:
+        v = torch.load(tree / "latents" / rel, weights_only=True)
+        a = torch.load(tree / "audio_latents" / rel, weights_only=True)
+        c = torch.load(tree / "conditions" / rel, weights_only=True)
+        assert v["latents"].dtype == torch.bfloat16 and v["latents"].shape[0] == 128
+        assert list(v["latents"].shape[1:]) == [v["num_frames"], v["height"], v["width"]]
+        assert all(type(v[k]) is int for k in ("num_frames", "height", "width")) and type(v["fps"]) is float
+        assert a["latents"].dtype == torch.float32 and a["latents"].shape[2] == 16
+        assert set(c) == {"video_prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask"}
+        L = c["prompt_attention_mask"].shape[0]
+        assert L == 1024 and L % 128 == 0 and c["prompt_attention_mask"].dtype == torch.int64
+        assert set(c["prompt_attention_mask"].unique().tolist()) <= {0, 1}
+        assert c["prompt_attention_mask"][-1] == 1 and c["prompt_attention_mask"][0] == 0  # left padding
+        for key in ("video_prompt_embeds", "audio_prompt_embeds"):
+            assert c[key].dtype == torch.bfloat16 and c[key].shape[0] == L
+
+
+def test_a_minilm_tree_is_refused_by_verify_naming_the_missing_audio_embeddings(tmp_path):
+    """A MiniLM text encoder writes no audio_prompt_embeds: the LTX-2 trainer's audio connector would
+    stop; verify says so (and passes the audio itself)."""
+    src = tmp_path / "src"
+    _clips(src, ("stereo",))
+    build(recipe_from_dict(_recipe(src)), tmp_path / "out", quiet=True)
+    r = cli("verify", tmp_path / "out" / ".precomputed")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "[PASS] folders:t2v" in r.stdout and "[PASS] audio_duration" in r.stdout
-    assert "[FAIL] conditions_keys: 3 of 3 condition(s) lack audio_prompt_embeds" in r.stdout
+    assert "[FAIL] conditions_keys: 1 of 1 condition(s) lack audio_prompt_embeds" in r.stdout
 
 
 def test_no_audio_anywhere_stops_before_the_run_with_exit_3(tmp_path):

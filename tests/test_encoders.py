@@ -373,7 +373,7 @@ def test_random_weights_are_built_on_the_target_device():
 
 def test_registry():
     assert set(families("vae")) == set(IMAGE + VIDEO)
-    assert set(families("text")) == {"minilm", "t5", "umt5", "clip", "gemma"}
+    assert set(families("text")) == {"minilm", "t5", "umt5", "clip", "gemma", "ltx2"}
     assert ("video_vae", "wan") in ENCODERS and ("text", "minilm") in ENCODERS
     assert all(isinstance(v, str) and v for v in ENCODERS.values())
     enc = load_encoder("image_vae", "sdxl")

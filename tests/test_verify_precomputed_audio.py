@@ -306,3 +306,17 @@ def test_inspect_and_repair_pair_the_audio_folders(tmp_path):
     assert run(tree, mode="av2av-ic")["checks"][0]["detail"].startswith("mode av2av-ic (as asked) reads latents/, "
                                                                          "conditions/, audio_latents/, "
                                                                          "reference_latents/, reference_audio_latents/")
+
+
+def test_a_video_only_tree_made_for_ltx2_needs_audio_embeddings_too(tmp_path):
+    """The LTX-2 trainer builds its audio connector in every mode (checked with its own training step on
+    CPU: video-only modes fail the same way): a tree whose stamp says LTX-2 needs audio_prompt_embeds."""
+    tree = make_tree(tmp_path / "v", audio=False, audio_embeds=False)
+    (tree / layout.PRECOMPUTED_STAMP).write_text(json.dumps({"vae": {"family": "ltx2"}, "text": {"family": "t5"}}))
+    rep = run(tree)
+    c = checks(rep)
+    assert rep["mode"] == "video" and not rep["ok"] and not c["conditions_keys"]["ok"]
+    assert "made for LTX-2 (its stamp), whose trainer builds its audio connector in every mode, video too" \
+        in c["conditions_keys"]["detail"]
+    (tree / layout.PRECOMPUTED_STAMP).write_text(json.dumps({"vae": {"family": "ltx"}, "text": {"family": "t5"}}))
+    assert run(tree)["ok"]  # an LTX-Video tree: no audio connector

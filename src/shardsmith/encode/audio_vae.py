@@ -487,8 +487,10 @@ def _load_pretrained_vocoder(pretrained: str, subfolder: str | None, revision: s
 
 def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None, subfolder: str | None = None,
                    revision: str | None = None, config: str | dict = "tiny", dtype: str = "float32",
-                   device: "str | torch.device" = "cpu", cache_dir: str | None = None) -> AudioVae:
-    """Load the audio VAE of ``family`` and its vocoder.
+                   device: "str | torch.device" = "cpu", cache_dir: str | None = None,
+                   vocoder: bool = True) -> AudioVae:
+    """Load the audio VAE of ``family`` and its vocoder (``vocoder=False``: without it, for encoding
+    alone; the build's encode stage does not need it, only ``decode`` does).
 
     With ``pretrained`` (a local folder or hub repo id; ``subfolder`` e.g. ``"audio_vae"`` of a diffusers
     LTX-2 repo) the real weights are loaded and hashed; the vocoder comes from ``vocoder/`` beside the
@@ -510,7 +512,9 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
             str(pretrained), **pretrained_kwargs("torch_dtype", tdt, subfolder, revision, cache_dir))
         sha, files, resolved, hnotes = hash_pretrained(str(pretrained), subfolder, revision, cache_dir)
         notes += hnotes
-        vocoder = _load_pretrained_vocoder(str(pretrained), subfolder, revision, tdt, cache_dir, notes)
+        want_vocoder = vocoder
+        vocoder = _load_pretrained_vocoder(str(pretrained), subfolder, revision, tdt, cache_dir, notes) \
+            if want_vocoder else None
         cfg_in = dict(model.config)
         settings = _settings(family, cfg_in, None)
         prov = Provenance(cls=CLS, weights="pretrained", path_or_repo=str(pretrained), subfolder=subfolder,
@@ -520,10 +524,10 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
         cfg_in, cfg_name, voc_cfg = _config(family, config)
         settings = _settings(family, cfg_in, cfg_name)
         model_cfg = {k: v for k, v in cfg_in.items() if k != "n_fft"}
+        want_vocoder, vocoder = vocoder, None
         with seeded_init(device):
             model = AutoencoderKLLTX2Audio(**model_cfg)
-            vocoder = None
-            if voc_cfg is not None:
+            if voc_cfg is not None and want_vocoder:
                 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
                 full = _full(model_cfg)

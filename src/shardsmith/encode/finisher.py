@@ -21,7 +21,8 @@ Contract
   encode with the VAE) is queued apart from the buckets; its batches run only the text encoder,
   through the stage's caption cache (``stage.text``) on the device thread, and are rendered with
   ``z`` None. They are not put in the memo (it keeps latents); the caption cache already encodes a
-  caption once. Batches with pixels go exactly as before.
+  caption once. Batches with pixels go exactly as before. Audio-only results queue by their audio's
+  length (:func:`queue_of`).
 - Audio: a result with ``res.audio`` (a processed waveform, ``[2, N]`` float32) has it encoded by the
   stage's audio encoder on the device thread with its batch (after the batch's VAE launch), and the
   renderer gets ``audio=`` one latent per item (None for an item without audio); a batch without any
@@ -49,6 +50,17 @@ def geometry(res: SampleResult) -> str:
 
 
 TEXT_ONLY = "text-only"  # the queue of results without pixels (never a bucket's name, WxHxF)
+
+
+def queue_of(res: SampleResult) -> str:
+    """The queue an encoder result waits in for its batch: its pixel bucket; without pixels, its
+    audio's length (``audio:<samples>``: every batch of an audio-only dataset has one shape, so the
+    encoder meets few shapes and never splits a batch), else :data:`TEXT_ONLY`."""
+    if res.pixels is not None:
+        return res.info["bucket"]
+    if res.audio is not None:
+        return f"audio:{res.audio.shape[-1]}"
+    return TEXT_ONLY
 
 
 class TextOnlyBatch:
@@ -220,7 +232,7 @@ class LatentFinisher:
                 self._render([(item, res)], z[None], [text] if text is not None else None,
                              None if audio is None else [audio])
             return
-        q = self.pending.setdefault(TEXT_ONLY if res.pixels is None else res.info["bucket"], [])
+        q = self.pending.setdefault(queue_of(res), [])
         q.append((item, res, self.unit))
         if len(q) >= self.stage.batch_size:
             self._submit(list(q))

@@ -131,7 +131,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
 
             a = m.audio_vae
             audio_vae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
-                                       config=a.config, dtype=a.dtype, device=place)
+                                       config=a.config, dtype=a.dtype, device=place, vocoder=False)
         return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index,
                    audio_vae=audio_vae)
 

@@ -55,6 +55,16 @@ def text_shape(t: TextModel) -> tuple[int, int] | str:
     from shardsmith.encode.vae_config import pretrained_config
 
     length = int(t.max_length or FAMILIES[t.family]["max_length"])
+    if t.family == "ltx2":  # Gemma through LTX-2's feature extractor: the projection's width
+        from shardsmith.encode.ltx2_text import feature_dims, pretrained_feature_dims
+
+        try:
+            dims = pretrained_feature_dims(t.pretrained) if t.pretrained is not None else feature_dims(t.config)
+        except ValueError as exc:
+            return f"the ltx2 text encoder's config: {exc}"
+        if dims is None:
+            return f"the text encoder {t.pretrained!r} has no connectors/config.json on disk to read its size from"
+        return length, dims[0]
     if t.pretrained is not None:
         cfg = pretrained_config(t.pretrained)
         dim = _dim_of(cfg) if cfg else None

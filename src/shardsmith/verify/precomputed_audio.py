@@ -50,6 +50,12 @@ def read_stamp(root: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+def made_for_ltx2(stamp: dict[str, Any]) -> bool:
+    """Whether the stamp says the tree was made for LTX-2 (its video VAE or text encoder is LTX-2's),
+    whose trainer needs ``audio_prompt_embeds`` in every mode."""
+    return any(isinstance(stamp.get(k), dict) and stamp[k].get("family") == "ltx2" for k in ("vae", "text"))
+
+
 def temporal_factor(stamp: dict[str, Any]) -> tuple[int, str]:
     """The video VAE's temporal compression: the stamp's vae ``temporal`` (or its spec's) when
     present, else the LTX VAEs' 8; and where it came from."""
@@ -117,9 +123,12 @@ class SampleChecks:
     checks ``conditions_keys``, ``audio_latents`` and ``audio_duration`` (the last two only when
     the mode reads audio latents, resp. both video and audio latents)."""
 
-    def __init__(self, mode: str, dirs: list[str], temporal: tuple[int, str]):
+    def __init__(self, mode: str, dirs: list[str], temporal: tuple[int, str], ltx2: bool = False):
         self.mode, self.dirs, (self.temporal, self.temporal_from) = mode, dirs, temporal
-        self.need_audio = mode in L.AUDIO_MODES
+        # the LTX-2 trainer builds its audio connector in every mode (checked with its training step):
+        # a tree made for LTX-2 needs audio_prompt_embeds even in a video-only mode
+        self.need_audio = mode in L.AUDIO_MODES or ltx2
+        self.ltx2 = ltx2
         self.cond_seen, self.no_audio, self.cond_bad, self.cond_shapes = 0, [], [], {}
         self.audio_seen, self.audio_bad, self.audio_t, self.audio_dur = 0, [], [], []
         self.dur_seen, self.dur_off, self.steps_off = 0, [], []  # (steps apart, path, text)
@@ -227,7 +236,10 @@ class SampleChecks:
         if self.no_audio:
             problems.append(
                 f"{len(self.no_audio)} of {n} condition(s) lack {L.AUDIO_PROMPT_EMBEDS} (e.g. {self.no_audio[0]}): "
-                f"mode {self.mode} runs the LTX-2 audio connector, so the trainer's training step fails with "
+                + (f"mode {self.mode} runs the LTX-2 audio connector" if self.mode in L.AUDIO_MODES else
+                   f"the tree was made for LTX-2 (its stamp), whose trainer builds its audio connector in every "
+                   f"mode, {self.mode} too")
+                + ", so the trainer's training step fails with "
                 f"`{AUDIO_CONNECTOR_ERROR}`; fix: rebuild with models.text.family: ltx2, which writes both "
                 f"{L.VIDEO_PROMPT_EMBEDS} and {L.AUDIO_PROMPT_EMBEDS}")
         if self.cond_bad:

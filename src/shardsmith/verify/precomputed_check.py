@@ -30,8 +30,8 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     import torch
 
     from shardsmith.loaders.precomputed import PrecomputedDataset
-    from shardsmith.verify.precomputed_audio import (SampleChecks, folders_check, read_stamp, resolve_mode,
-                                                     temporal_factor)
+    from shardsmith.verify.precomputed_audio import (SampleChecks, folders_check, made_for_ltx2, read_stamp,
+                                                     resolve_mode, temporal_factor)
 
     root = Path(root)
     stamp = read_stamp(root)
@@ -48,7 +48,7 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     n = len(ds) if ds is not None else 0
     report.update(world=1, workers=0, dirs=dirs, mode=mode, mode_from=mode_from)
     rec, bad_grid, bad_mask = ContractRecorder(), [], []
-    audio = SampleChecks(mode, dirs, temporal_factor(stamp))
+    audio = SampleChecks(mode, dirs, temporal_factor(stamp), ltx2=made_for_ltx2(stamp))
     frames = set()
     for i in range(n):
         it = ds[i]

@@ -1,0 +1,186 @@
+"""Audio preprocessing through ``shardsmith build`` vs the audio encoder alone (issue 17), one lease.
+
+Dataset: ``--files`` audio files of real speech (espeak-ng, padded with silence to 4.5-9.5 s), half AAC ``.m4a`` stereo at 48 kHz, half FLAC mono at 44.1 kHz, so every file is
+decoded, down-mixed / duplicated, resampled to the encoder's 16 kHz and cut to a duration bucket
+(``--durations``, LTX's ``--audio-durations``). Made once per folder (outside every timing).
+
+1. **build**: ``shardsmith build recipe.yaml --out OUT --no-report -q`` in a subprocess, wall time from
+   the command to its exit (the manifest is the build's last write): interpreter start, plan, model
+   build (random weights of LTX-2's published audio VAE: ``config: published``), decode workers,
+   mel + encode on the GPU, ``audio_latent.pth`` shards.
+2. **encoder alone**: in the same lease, a fresh process builds the same model, decodes the same files
+   to the same waveforms (not timed), then times the encoder (mel + VAE encode, ``AudioVae.encode``)
+   over every item in the build's batches (``--batch`` items of one audio length a batch, as the build
+   queues them), after one warm-up batch; ``torch.cuda.synchronize`` around.
+Ratio = encoder-alone seconds ÷ whole-build seconds (items per second, build ÷ encoder); goal ≥ 0.9.
+
+Usage (GPU machine): ``PYTHONPATH=src:tests python3 bench/audio_build.py --work /tmp/ab --out $OUT/audio.json``
+CPU check of the code paths: ``... --files 24 --config tiny --device cpu``
+On a machine without espeak-ng, ``SHARDSMITH_SPEECH_DIR`` names a folder of espeak-ng WAVs made elsewhere
+(``espeak-ng -w s0.wav "..."``), which the files are made from instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
+
+def _carried_speech(duration: float, rate: int = 16000, text: str = ""):
+    """Real speech from ``$SHARDSMITH_SPEECH_DIR/*.wav`` (espeak-ng WAVs made where espeak-ng exists
+    and carried to a machine without it), one per call in turn, resampled and padded to ``duration``."""
+    import wave
+
+    import numpy as np
+
+    files = sorted(Path(os.environ["SHARDSMITH_SPEECH_DIR"]).glob("*.wav"))
+    f = files[_carried_speech.calls % len(files)]
+    _carried_speech.calls += 1
+    with wave.open(str(f)) as wf:
+        sr, x = wf.getframerate(), np.frombuffer(wf.readframes(wf.getnframes()), "<i2").astype(np.float32) / 32768
+    x = np.interp(np.arange(int(len(x) * rate / sr)) * sr / rate, np.arange(len(x)), x).astype(np.float32)
+    out = np.zeros(int(round(duration * rate)), np.float32)
+    out[: min(len(out), len(x))] = x[: len(out)]
+    return out
+
+
+_carried_speech.calls = 0
+
+
+def _one(args) -> str:
+    """Write file ``i`` (picklable for the pool): real speech (espeak-ng) padded to its duration."""
+    i, folder = args
+    import video_factory
+    from video_factory import audio_file
+
+    if os.environ.get("SHARDSMITH_SPEECH_DIR") and not shutil.which("espeak-ng"):
+        _carried_speech.calls = i
+        video_factory.speech_wave = _carried_speech
+
+    dur = round(4.5 + (i * 0.00125) % 5.0, 5)  # distinct bytes for each file (no exact duplicates to drop)
+    path = Path(folder) / (f"s{i:05d}.m4a" if i % 2 else f"s{i:05d}.flac")
+    audio_file(path, kind="speech", duration=dur, rate=48000 if i % 2 else 44100,
+               layout="stereo" if i % 2 else "mono")
+    return path.name
+
+
+def make_dataset(folder: Path, n: int) -> None:
+    marker = folder / ".made"
+    if marker.exists() and marker.read_text() == f"{n} v2":
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(_one, [(i, str(folder)) for i in range(n)], chunksize=16))
+    for p in folder.iterdir():  # files of an older recipe of this dataset
+        if p.suffix in (".m4a", ".flac") and int(p.stem[1:]) >= n:
+            p.unlink()
+    marker.write_text(f"{n} v2")
+
+
+def recipe(src: Path, args) -> dict:
+    return {"sources": [{"path": str(src)}],
+            "models": {"audio_vae": {"family": "ltx2_audio", "config": args.config}, "batch_size": args.batch,
+                       "device": args.device},
+            "audio": {"durations": args.durations},
+            "outputs": [{"format": "latent_wds", "dir": "audio", "samples_per_shard": 1000}]}
+
+
+def run_build(src: Path, out: Path, args) -> dict:
+    import shutil
+
+    import yaml
+
+    shutil.rmtree(out, ignore_errors=True)
+    rec = out.parent / "recipe.yaml"
+    rec.write_text(yaml.safe_dump(recipe(src, args)))
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(rec), "--out", str(out), "--no-report", "-q"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"build failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    m = json.loads((out / "manifest.json").read_text())
+    return {"wall_s": round(wall, 3), "written": m["counts"]["written"], "timings": m.get("timings"),
+            "models": {k: m["models"].get(k) for k in ("device", "batch_size", "seconds", "steady_state")}}
+
+
+def encoder_alone(src: Path, args) -> dict:
+    """Runs in a fresh process (``--encoder-alone``): the build's batches through ``AudioVae.encode``."""
+    import torch
+
+    from shardsmith.encode.audio_vae import load_audio_vae
+    from shardsmith.transform.audio import choose_duration, decode_audio, probe_audio
+
+    t0 = time.perf_counter()
+    vae = load_audio_vae("ltx2_audio", config=args.config, device=args.device, vocoder=False)
+    load_s = time.perf_counter() - t0  # (without the vocoder, as the build's encode stage)
+    buckets = [float(d) for d in args.durations.split(";")]
+    waves = []
+    for p in sorted(src.iterdir()):
+        if p.suffix not in (".m4a", ".flac"):
+            continue
+        d = choose_duration(probe_audio(str(p), p.name).duration, buckets)
+        if d is not None:
+            waves.append(decode_audio(str(p), p.name, rate=vae.spec.sample_rate, duration=d).wave)
+    by_length: dict[int, list] = {}  # the build's queues: one per audio length, batches of --batch
+    for w in waves:
+        by_length.setdefault(w.shape[-1], []).append(w)
+    batches = [q[i:i + args.batch] for q in by_length.values() for i in range(0, len(q), args.batch)]
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    vae.encode(batches[0])  # warm-up (cuDNN plans), as the build's warm-up
+    sync()
+    t0 = time.perf_counter()
+    for b in batches:
+        vae.encode(b)
+    sync()
+    enc = time.perf_counter() - t0
+    return {"items": len(waves), "encode_s": round(enc, 3), "items_per_s": round(len(waves) / enc, 1),
+            "load_s": round(load_s, 3), "batch": args.batch}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--files", type=int, default=4000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--config", default="published")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--durations", default="4.0;8.0")
+    ap.add_argument("--encoder-alone", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    src = args.work / "src"
+    if args.encoder_alone:
+        print(json.dumps(encoder_alone(src, args)))
+        return
+    t0 = time.perf_counter()
+    make_dataset(src, args.files)
+    res = {"files": args.files, "dataset_s": round(time.perf_counter() - t0, 1), "config": args.config,
+           "device": args.device, "batch": args.batch, "durations": args.durations}
+    res["build"] = run_build(src, args.work / "out", args)
+    r = subprocess.run([sys.executable, __file__, "--encoder-alone", "--work", str(args.work), "--batch",
+                        str(args.batch), "--config", args.config, "--device", args.device, "--durations",
+                        args.durations], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr[-3000:])
+    res["encoder_alone"] = json.loads(r.stdout.strip().splitlines()[-1])
+    res["ratio"] = round(res["encoder_alone"]["encode_s"] / res["build"]["wall_s"], 3)
+    res["build_items_per_s"] = round(res["build"]["written"] / res["build"]["wall_s"], 1)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
