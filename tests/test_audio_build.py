@@ -73,6 +73,10 @@ def test_every_clip_with_audio_gets_audio_latents_the_silent_one_fails_loudly(av
     assert block["audio"]["splits"]["train"] == {"with_audio": 3, "without_audio": 0,
                                                 "failed": {"failed:no_audio_stream": 1}}
     assert block["counts"]["failed"] == {"no_audio_stream": 1}
+    from shardsmith.manifest import summary
+
+    assert "  train audio: 3 sample(s) with audio latents, failed for their audio: 1 no_audio_stream " \
+        "(resampled to 16000 Hz, required)" in summary(manifest)
 
 
 def test_audio_latents_are_what_the_ltx_trainer_reads(av_tree):
@@ -219,3 +223,24 @@ def test_audio_not_required_writes_the_silent_clip_without_audio(tmp_path):
     m = build(recipe_from_dict(_recipe(src, audio={"required": False})), tmp_path / "out", quiet=True)
     assert m["outputs"]["precomputed"]["audio"]["splits"]["train"]["without_audio"] == 1
     assert m["outputs"]["precomputed"]["counts"]["written"] == 2
+
+
+def test_latent_wds_gets_the_same_audio_latents_encoded_once(tmp_path):
+    """Both latent outputs write audio: latent_wds's audio_latent.pth holds the very tensor of the
+    precomputed tree's audio_latents/ (the memo: each item's audio encoded once for both)."""
+    import io
+    import tarfile
+
+    src = tmp_path / "src"
+    _clips(src, ("mono", "stereo"))
+    rec = _recipe(src, outputs=[{"format": "precomputed"}, {"format": "latent_wds", "dir": "lat"}])
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["outputs"]["latent_wds"]["audio"]["splits"]["train"]["with_audio"] == 2
+    with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
+        members = {x.name: tf.extractfile(x).read() for x in tf.getmembers()}
+    for stem in ("clip_mono", "clip_stereo"):
+        wds = torch.load(io.BytesIO(members[f"{stem}.audio_latent.pth"]), weights_only=True)
+        pre = torch.load(tmp_path / "out" / ".precomputed" / "audio_latents" / f"{stem}.pt", weights_only=True)
+        assert wds.dtype == torch.float32 and torch.equal(wds, pre["latents"])
+        meta = json.loads(members[f"{stem}.json"])
+        assert meta["audio"]["status"] == "written" and meta["audio"]["duration"] == pytest.approx(17 / FPS)

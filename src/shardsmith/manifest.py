@@ -100,7 +100,25 @@ def summary(manifest: dict[str, Any]) -> list[str]:
                                                  o["splits"][HOLDOUT]["written"]))
         for split, blk in o.get("files", {}).items():
             lines += bucket_lines(split, blk.get("buckets") or {})
+        lines += audio_lines(o.get("audio"))
     lines += [f"warning: {w}" for w in manifest["warnings"]]
+    return lines
+
+
+def audio_lines(audio: dict[str, Any] | None) -> list[str]:
+    """One summary line per split of an output that writes audio: samples with audio, without, and
+    the items that failed for their audio (by reason); one line when audio was skipped."""
+    if not audio:
+        return []
+    if audio.get("skipped"):
+        return ["  audio: skipped (--skip-audio): no audio latents written"]
+    lines = []
+    for split, b in audio.get("splits", {}).items():
+        failed = ", ".join(f"{n} {st.split(':', 1)[1]}" for st, n in sorted(b["failed"].items()))
+        lines.append(f"  {split} audio: {b['with_audio']} sample(s) with audio latents"
+                     + (f", {b['without_audio']} written without audio" if b["without_audio"] else "")
+                     + (f", failed for their audio: {failed}" if failed else "")
+                     + f" (resampled to {audio['rate']} Hz{', required' if audio.get('required') else ''})")
     return lines
 
 

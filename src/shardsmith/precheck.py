@@ -14,7 +14,8 @@ Contract
   - a package a model needs is not installed (the MiniLM package for text models without
     ``pretrained``: their tokenizer, or the model itself);
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
-  - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config.
+  - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
+  - ``models.text.config`` names no config of the ``ltx2`` family.
 - Nothing is written, no model class is touched; torch is imported only for that last question.
 - ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cuda:N`` / ``cpu`` into the device to use.
 - ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
@@ -174,7 +175,21 @@ def check_audio(recipe: Recipe) -> None:
         raise RecipeError(f"models.audio_vae: {exc}") from None
 
 
-CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio)
+def check_text_config(recipe: Recipe) -> None:
+    """``models.text.config`` of the ``ltx2`` family names one of its configs (or is a valid dict)."""
+    text = recipe.models.text
+    if text is None or text.family != "ltx2" or text.pretrained is not None or not _builds_models(recipe):
+        return
+    from shardsmith.encode.ltx2_text import resolve_config
+
+    try:
+        resolve_config(text.config)
+    except ValueError as exc:
+        raise RecipeError(f"models.text.config: {exc}") from None
+
+
+CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio,
+          check_text_config)
 
 
 def precheck(recipe: Recipe) -> None:

@@ -1,7 +1,7 @@
 """Audio is never lost quietly: a preflight before an output with audio starts, and a gate after it.
 
 Contract
-- ``preflight(ctx, output, cutter)``: before any item of ``output`` is made, the first items of its
+- ``preflight(ledger, recipe, output, cutter)``: before any item of ``output`` is made, the first items of its
   train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container has an
   audio stream: probed, up to :data:`PREFLIGHT_PROBES` items) are decoded in this process through the
   exact path the workers use (:func:`~shardsmith.transform.audio.decode_audio` at the encoder's rate).
@@ -12,8 +12,9 @@ Contract
 - ``audio_counts(ledger, output, split)``: the manifest's audio block of one split: ``with_audio``
   (samples written with audio latents), ``without_audio`` (written without: audio not required),
   ``failed`` (status -> count of items that failed for their audio).
-- ``gate(ctx, output, splits)``: with audio required, a run in which no item of ``output`` decoded
-  audio raises :class:`AudioGateError` listing the first items without audio and their reasons.
+- ``gate(ledger, recipe, output, blocks)``: with audio required, a run in which no item of ``output``
+  decoded audio raises :class:`AudioGateError` listing the first items without audio and their
+  reasons (an output with no item at all passes: nothing was lost).
 - ``records.NO_AUDIO`` starts the detail of a sample written without audio (audio not required).
 """
 
@@ -104,6 +105,9 @@ def gate(ledger, recipe, output, blocks: dict[str, dict[str, Any]]) -> None:
     (``blocks``: split -> :func:`audio_counts`)."""
     if not recipe.audio_required or any(b["with_audio"] for b in blocks.values()):
         return
+    if not any(b["without_audio"] or b["failed"] for b in blocks.values()) and not any(
+            ledger.result_details(output.name, split, "%", limit=1) for split in blocks):
+        return  # no item at all: nothing was lost (the summary says the output is empty)
     lost = []
     for split in blocks:
         lost += ledger.result_details(output.name, split, "failed:%audio%", limit=10 - len(lost))
