@@ -21,7 +21,8 @@ from shardsmith.plan.ledger import Ledger
 from shardsmith import formats
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.transform.audio import decode_audio, num_samples
-from shardsmith.transform.video_samples import flac_bytes, pcm16
+from shardsmith.transform.audio import pcm16
+from shardsmith.transform.video_samples import flac_bytes
 from video_factory import broken_audio_video, pan_video
 
 FPS = 24

@@ -16,7 +16,7 @@ Contract
   its batch-mates. :meth:`AudioVae.record` is the ``audio_latents/*.pt`` dict exactly as LTX's
   ``process_videos.py`` / ``compute_audio_latents`` save it. :meth:`AudioVae.decode`: latents ->
   ``(waveform [B, 2, N'], rate)`` through the VAE decoder and the vocoder (LTX's ``decode_latents`` path).
-- :func:`wav_bytes`: a waveform as a 16-bit PCM WAV file's bytes (stdlib ``wave``).
+- :func:`wav_bytes` (from :mod:`shardsmith.transform.audio`): a waveform as a 16-bit PCM WAV file's bytes.
 
 What LTX-2 computes, and how this module matches it (ltx-core ``model/audio_vae``; ltx-trainer
 ``scripts/process_videos.py``):
@@ -47,9 +47,7 @@ steps. LTX's ``AudioLatentShape.from_duration`` (used to size generated audio) s
 from __future__ import annotations
 
 import copy
-import io
 import logging
-import wave as _wave
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -429,26 +427,6 @@ class AudioVae:
         return wave.float().cpu(), self.output_rate
 
 
-def wav_bytes(wave: np.ndarray, rate: int) -> bytes:
-    """A waveform (``[channels, N]`` or ``[N]``, floats in [-1, 1]; values outside are clipped) as the bytes
-    of a 16-bit PCM WAV file at ``rate`` Hz (``round(x * 32767)``, channels interleaved)."""
-    a = np.asarray(wave, dtype=np.float64)
-    if a.ndim == 1:
-        a = a[None]
-    if a.ndim != 2 or a.shape[0] < 1:
-        raise ValueError(f"expected a waveform [channels, N] or [N], got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError("waveform has non-finite samples")
-    pcm = np.round(np.clip(a, -1.0, 1.0) * 32767.0).astype("<i2").T  # [N, channels]
-    buf = io.BytesIO()
-    with _wave.open(buf, "wb") as w:
-        w.setnchannels(a.shape[0])
-        w.setsampwidth(2)
-        w.setframerate(int(rate))
-        w.writeframes(np.ascontiguousarray(pcm).tobytes())
-    return buf.getvalue()
-
-
 # ----------------------------------------------------------------------------- loading
 
 
@@ -573,6 +551,8 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
         prov.notes.append(f"diffusers temporal_compression_ratio={theirs} differs from {settings.temporal}")
     return AudioVae(spec=spec, provenance=prov, model=model, vocoder=vocoder, settings=settings)
 
+
+from shardsmith.transform.audio import wav_bytes  # noqa: E402 - re-exported: decode writes WAVs
 
 __all__ = ["AUDIO_FAMILIES", "AudioSettings", "AudioVae", "CONFIGS", "audio_vae_settings", "load_audio_vae",
            "mel_filters", "wav_bytes"]

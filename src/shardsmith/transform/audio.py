@@ -24,8 +24,10 @@ weights, other layouts averaged then duplicated).
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import wave as _wave
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -565,3 +567,29 @@ def decode_audio(
         probe = replace(probe, layout=layout, channels=channels)
     wave = np.ascontiguousarray(to_stereo(got, layout), dtype=np.float32)
     return DecodedAudio(wave=wave, rate=int(rate), probe=probe, padded=max(0, short) / rate)
+
+
+def pcm16(wave: np.ndarray) -> np.ndarray:
+    """float ``[C, N]`` in [-1, 1] (clipped) -> int16 ``[C, N]``: ``round(x * 32767)``."""
+    return np.round(np.clip(np.asarray(wave, dtype=np.float64), -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def wav_bytes(wave: np.ndarray, rate: int) -> bytes:
+    """A waveform (``[channels, N]`` or ``[N]``, floats in [-1, 1]; values outside are clipped) as the bytes
+    of a 16-bit PCM WAV file at ``rate`` Hz (:func:`pcm16`, channels interleaved; stdlib ``wave``).
+    Refuses another shape or non-finite samples (``ValueError``)."""
+    a = np.asarray(wave, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.shape[0] < 1:
+        raise ValueError(f"expected a waveform [channels, N] or [N], got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("waveform has non-finite samples")
+    pcm = pcm16(a).astype("<i2").T  # [N, channels]
+    buf = io.BytesIO()
+    with _wave.open(buf, "wb") as w:
+        w.setnchannels(a.shape[0])
+        w.setsampwidth(2)
+        w.setframerate(int(rate))
+        w.writeframes(np.ascontiguousarray(pcm).tobytes())
+    return buf.getvalue()

@@ -23,7 +23,7 @@ Contract of :class:`VideoSampleMaker` (one :class:`PlannedItem` in, one :class:`
   (:func:`~shardsmith.transform.audio.clip_window`: from the first chosen source frame's time for
   the bucket's frames ÷ the sample's fps), decoded at the stream's own sample rate, stereo as
   :func:`~shardsmith.transform.audio.to_stereo` makes it (zero-padded when the stream ends early),
-  16-bit PCM: a WAV file (:func:`~shardsmith.encode.audio_vae.wav_bytes`) or FLAC (:func:`flac_bytes`),
+  16-bit PCM: a WAV file (:func:`~shardsmith.transform.audio.wav_bytes`) or FLAC (:func:`flac_bytes`),
   the same bytes on every run; ``json.audio`` = ``"wav"`` / ``"flac"`` and ``json.audio_window``
   its start, duration, rate, samples and padding. A clip without audio gets no member
   (``json.audio = "none"``); one whose audio does not decode is ``failed:audio_decode_error`` (the
@@ -50,7 +50,7 @@ import numpy as np
 from shardsmith.formats.wds import FLAC, JSON, MP4, TXT, WAV
 from shardsmith.recipe import ImageRules, VideoWdsOutput
 from shardsmith.records import NO_CAPTION, WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
-from shardsmith.transform.audio import clip_window, decode_audio, probe_audio
+from shardsmith.transform.audio import clip_window, decode_audio, pcm16, probe_audio, wav_bytes
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.geometry import Geometry
 from shardsmith.transform.latent_pixels import LatentPixelMaker
@@ -81,7 +81,8 @@ def encode_mp4(frames: np.ndarray, fps: float, *, codec: str = "h264", crf: int 
     with av.open(buf, "w", format="mp4", options={"fflags": "+bitexact"}) as c:
         s = c.add_stream(ENCODERS[codec], rate=output_rate(fps))
         s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        s.options = {"crf": str(crf), "preset": preset, "threads": "1"}
+        # mbtree=0: with x264's macroblock-tree rate control this FFmpeg build's output varies between runs
+        s.options = {"crf": str(crf), "preset": preset, "threads": "1", "x264-params": "mbtree=0"}
         s.codec_context.flags |= av.codec.context.Flags.bitexact
         for i, arr in enumerate(frames):
             fr = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
@@ -91,11 +92,6 @@ def encode_mp4(frames: np.ndarray, fps: float, *, codec: str = "h264", crf: int 
         for p in s.encode(None):
             c.mux(p)
     return buf.getvalue()
-
-
-def pcm16(wave: np.ndarray) -> np.ndarray:
-    """float ``[C, N]`` in [-1, 1] (clipped) -> int16 ``[C, N]``: ``round(x * 32767)``, as ``wav_bytes`` quantises."""
-    return np.round(np.clip(np.asarray(wave, dtype=np.float64), -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
 def flac_bytes(wave: np.ndarray, rate: int) -> bytes:
@@ -207,8 +203,6 @@ class VideoSampleMaker:
         start, duration = clip_window(first, pr.fps, geom.bucket.frames, geom.fps)
         dec = decode_audio(item.path, item.item_id, rate=rate, start=start, duration=duration)
         if self.o.audio == "wav":
-            from shardsmith.encode.audio_vae import wav_bytes  # numpy only (torch is imported by its models)
-
             data = wav_bytes(dec.wave, dec.rate)
         else:
             data = flac_bytes(dec.wave, dec.rate)
