@@ -466,3 +466,15 @@ def test_seek_in_video_and_fallback(tmp_path, monkeypatch):
     again = decode_audio(str(p), "v", rate=16000, start=start, duration=dur)
     assert calls == ["fallback"]
     np.testing.assert_array_equal(again.wave, want)
+
+
+def test_ci_has_real_speech():
+    """CI installs espeak-ng (.ci/run): the audio tests there run on real synthesised speech, never on the
+    factory's speech-like fallback."""
+    import os
+
+    from video_factory import SPEECH_IS_REAL
+
+    if os.environ.get("CI") and not SPEECH_IS_REAL:
+        pytest.fail("CI has no espeak-ng: .ci/run must install it (the audio tests would use synthetic sound)")
+    assert SPEECH_IS_REAL or not os.environ.get("CI")
