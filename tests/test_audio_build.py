@@ -244,3 +244,19 @@ def test_latent_wds_gets_the_same_audio_latents_encoded_once(tmp_path):
         assert wds.dtype == torch.float32 and torch.equal(wds, pre["latents"])
         meta = json.loads(members[f"{stem}.json"])
         assert meta["audio"]["status"] == "written" and meta["audio"]["duration"] == pytest.approx(17 / FPS)
+
+
+def test_the_plan_probes_every_clips_audio(av_tree):
+    """Probed at plan time: the ledger keeps each clip's audio stream (rate, channels, layout, duration)
+    or why it has none, before any item is made."""
+    from shardsmith import formats
+    from shardsmith.plan.ledger import Ledger
+
+    out, _ = av_tree
+    led = Ledger(out / formats.LEDGER_FILE)
+    facts = {Path(it.relpath).name: it.media["target"].audio for it in led.items()}
+    assert facts["silent.mp4"] == {"none": "no_audio_stream"}
+    assert facts["clip_mono.mp4"]["channels"] == 1 and facts["clip_51.mp4"]["channels"] == 6
+    assert facts["clip_stereo.mp4"]["layout"] == "stereo" and facts["clip_stereo.mp4"]["rate"] == 16000
+    assert facts["clip_stereo.mp4"]["duration"] == pytest.approx(30 / FPS, abs=0.05)
+    assert facts["clip_51.mp4"]["codec"] == "aac"

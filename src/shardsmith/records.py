@@ -65,6 +65,8 @@ class MediaRef:
     ``path`` is absolute (symlinks resolved), ``relpath`` as the source names it. The probed facts
     (``kind`` from the extension, then ``size_bytes`` / ``sha256`` of the bytes and, for images,
     the header's ``width`` / ``height`` / ``image_format`` / ``mode``) are None until probed.
+    ``audio``: when an output writes audio, the plan's probe of the file's first audio stream
+    (``AudioProbe.to_json()``: rate, channels, layout, duration, codec, stream) or ``{"none": reason}``.
     """
 
     path: str
@@ -76,6 +78,7 @@ class MediaRef:
     height: int | None = None
     image_format: str | None = None
     mode: str | None = None
+    audio: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,13 +43,14 @@ def with_trigger(caption: str | None, trigger: str | None) -> str | None:
 
 
 class Prober:
-    """``probe_item`` with the recipe's pixel limit, picklable for worker processes."""
+    """``probe_item`` with the recipe's pixel limit (and, when an output writes audio, the audio
+    probe), picklable for worker processes."""
 
-    def __init__(self, max_pixels: int):
-        self.max_pixels = max_pixels
+    def __init__(self, max_pixels: int, audio: bool = False):
+        self.max_pixels, self.audio = max_pixels, audio
 
     def __call__(self, item: Item):
-        return probe_item(item, self.max_pixels)
+        return probe_item(item, self.max_pixels, self.audio)
 
 
 def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]],
@@ -63,7 +64,7 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
     split = recipe.split
     count_mode = split.holdout >= 1
     idx = 0
-    prober = Prober(recipe.images.max_pixels)
+    prober = Prober(recipe.images.max_pixels, audio=bool(recipe.audio_outputs()))
     pool = None
     if workers is not None and workers.pool is not None:
         def probed(items: Iterator[Item]) -> Iterator[tuple[Item, Any]]:

@@ -12,6 +12,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 from shardsmith.records import NO_CAPTION, TARGET, TEXT_KIND, Item, ItemError, MediaRef
+
+AUDIO_ROLE = "audio"
 from shardsmith.sources import paths
 from shardsmith.sources.base import media_kind
 from shardsmith.transform.image import identify
@@ -57,7 +59,7 @@ def read_failure(item: Item, exc: OSError) -> tuple[str, str]:
     return f"failed:{reason}", f"{item.item_id}: cannot read {item.path} ({why})"
 
 
-def probe_item(item: Item, max_pixels: int) -> Probe:
+def probe_item(item: Item, max_pixels: int, audio: bool = False) -> Probe:
     """Probe one item: its target as the flat fields, then every partner role (only while the
     item is still ok), each role's facts in ``media``. A source verdict that leaves no bytes to
     read (:data:`paths.NO_BYTES`) is returned without opening the file; any other source verdict
@@ -81,7 +83,25 @@ def probe_item(item: Item, max_pixels: int) -> Probe:
         pr.media[role], failure = probe_partner(item, role, ref, max_pixels)
         if failure is not None:
             pr.status, pr.detail = failure
+    if audio and pr.status == "ok":
+        probe_audio_of(item, pr)
     return pr
+
+
+def probe_audio_of(item: Item, pr: Probe) -> None:
+    """Record on the ref the item's audio comes from (its ``audio`` partner, else a clip or audio
+    target) what its first audio stream is, or why it has none (``{"none": reason}``). Facts only:
+    whether an item without audio fails is each output's decision (an output without audio takes it)."""
+    from shardsmith.transform.audio import probe_audio
+
+    role = AUDIO_ROLE if AUDIO_ROLE in pr.media else TARGET
+    ref = pr.media.get(role)
+    if ref is None or ref.kind not in ("video", "audio"):
+        return
+    try:
+        ref.audio = probe_audio(ref.path, item.item_id).to_json()
+    except ItemError as e:
+        ref.audio = {"none": e.reason}
 
 
 def _target(item: Item, pr: Probe, max_pixels: int) -> None:

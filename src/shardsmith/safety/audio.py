@@ -1,14 +1,14 @@
 """Audio is never lost quietly: a preflight before an output with audio starts, and a gate after it.
 
 Contract
-- ``preflight(ledger, recipe, output, cutter)``: before any item of ``output`` is made, the first items of its
-  train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container has an
-  audio stream: probed, up to :data:`PREFLIGHT_PROBES` items) are decoded in this process through the
-  exact path the workers use (:func:`~shardsmith.transform.audio.decode_audio` at the encoder's rate).
-  The first one that decodes passes. When every one tried fails to decode, the decoder is broken:
-  :class:`AudioGateError` (exit code 3) with FFmpeg's message and the fix, before any slow work. When
-  audio is required and not one eligible item carries audio (all of them probed), the same error
-  says so at once.
+- ``preflight(ledger, recipe, output, cutter)``: before any item of ``output`` is made, the first items
+  of its train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container
+  has an audio stream, as the plan's probe recorded: ``MediaRef.audio``) are decoded in this process
+  through the exact path the workers use (:func:`~shardsmith.transform.audio.decode_audio` at the
+  encoder's rate). The first one that decodes passes. When :data:`PREFLIGHT_DECODES` in a row fail to
+  decode, the decoder is broken: :class:`AudioGateError` (exit code 3) with FFmpeg's message and the
+  fix, before any slow work. When audio is required and not one eligible item carries audio, the same
+  error says so at once.
 - ``audio_counts(ledger, output, split)``: the manifest's audio block of one split: ``with_audio``
   (samples written with audio latents), ``without_audio`` (written without: audio not required),
   ``failed`` (status -> count of items that failed for their audio).
@@ -25,7 +25,6 @@ from typing import Any
 from shardsmith.errors import UserError
 from shardsmith.records import NO_AUDIO, ItemError
 
-PREFLIGHT_PROBES = 64  # items probed for an audio stream before the run starts
 PREFLIGHT_DECODES = 3  # items with audio decoded before the decoder is declared broken
 
 
@@ -35,13 +34,15 @@ class AudioGateError(UserError):
     exit_code = 3
 
 
-def _audio_source(item) -> tuple[str, str] | None:
-    """``(path, name)`` of the file an item's audio comes from, or None (an image)."""
+def _audio_source(item):
+    """``(ref, name)`` of the file an item's audio comes from (its ``audio`` partner, else a clip or
+    audio target), or None (an image)."""
     partner = item.media.get("audio")
     if partner is not None:
-        return partner.path, f"{item.item_id} (its audio {partner.relpath})"
-    if item.kind in ("video", "audio"):
-        return item.path, item.item_id
+        return partner, f"{item.item_id} (its audio {partner.relpath})"
+    target = item.media.get("target")
+    if target is not None and item.kind in ("video", "audio"):
+        return target, item.item_id
     return None
 
 
@@ -51,43 +52,43 @@ def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
     from shardsmith.transform.audio import decode_audio, probe_audio
 
     srcs = recipe.source_ids(output)
-    probed, failures, no_stream = 0, [], 0
-    total = ledger.eligible(TRAIN, srcs)
+    seen = with_stream = 0
+    failures: list[str] = []
     for item in ledger.items(split=TRAIN, sources=srcs, status="ok"):
-        if probed >= PREFLIGHT_PROBES or len(failures) >= PREFLIGHT_DECODES:
-            break
-        probed += 1
+        seen += 1
         src = _audio_source(item)
         if src is None:
-            no_stream += 1
             continue
-        path, name = src
+        ref, name = src
+        facts = ref.audio
+        if facts is None:  # planned without the audio probe (a ledger from before it)
+            try:
+                facts = probe_audio(ref.path, name).to_json()
+            except ItemError as err:
+                facts = {"none": err.reason}
+        if "none" in facts:
+            continue
+        with_stream += 1
         try:
-            pr = probe_audio(path, name)
-        except ItemError as err:
-            if err.reason == "no_audio_stream":
-                no_stream += 1
-                continue
-            failures.append(err.detail)
-            continue
-        try:
-            decode_audio(path, name, rate=cutter.rate, start=0.0, duration=min(pr.duration, 1.0) or None)
+            decode_audio(ref.path, name, rate=cutter.rate, start=0.0, duration=min(facts["duration"], 1.0) or None)
         except ItemError as err:
             failures.append(err.detail)
+            if len(failures) >= PREFLIGHT_DECODES:
+                break
             continue
-        return {"decoded": item.item_id, "probed": probed}
+        return {"decoded": item.item_id, "items_looked_at": seen}
     if failures:
         raise AudioGateError(
             f"output {output.name!r}: the audio decoder failed on every file tried ({len(failures)}), before the "
             f"run started; the first: {failures[0]}. Check that PyAV's FFmpeg can decode these files "
             "(pip install --force-reinstall av), or convert the audio (e.g. ffmpeg -i in -c:a pcm_s16le out.wav); "
             "--skip-audio builds without audio")
-    if recipe.audio_required and probed and no_stream == probed and probed == total:
+    if recipe.audio_required and seen and not with_stream:
         raise AudioGateError(
-            f"output {output.name!r}: audio is required (models.audio_vae is set) but none of the {total} item(s) "
-            "has an audio stream or an audio partner; give the clips audio (or an audio column: columns.audio), "
-            "pass --skip-audio to build without audio, or set audio.required: false")
-    return {"decoded": None, "probed": probed}
+            f"output {output.name!r}: audio is required (models.audio_vae is set) but none of the {seen} item(s) "
+            "has an audio stream or an audio partner (the plan probed each); give the clips audio (or an audio "
+            "column: columns.audio), pass --skip-audio to build without audio, or set audio.required: false")
+    return {"decoded": None, "items_looked_at": seen}
 
 
 def audio_counts(ledger, output, split: str) -> dict[str, Any]:
