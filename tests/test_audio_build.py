@@ -260,3 +260,21 @@ def test_the_plan_probes_every_clips_audio(av_tree):
     assert facts["clip_stereo.mp4"]["layout"] == "stereo" and facts["clip_stereo.mp4"]["rate"] == 16000
     assert facts["clip_stereo.mp4"]["duration"] == pytest.approx(30 / FPS, abs=0.05)
     assert facts["clip_51.mp4"]["codec"] == "aac"
+
+
+def test_an_audio_column_gives_each_clip_its_own_audio_file(tmp_path):
+    """A table's audio column (columns.audio): the clip's audio comes from its partner file (a silent
+    clip with a separate WAV), cut to the same window; a row whose audio file is missing fails."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pan_video(src / "a.mp4", frames=30, fps=FPS, size=(96, 64))
+    pan_video(src / "b.mp4", frames=30, fps=FPS, size=(96, 64), photo="coffee")
+    audio_file(src / "a.wav", kind="speech", duration=1.25, rate=44100, layout="mono")
+    (src / "rows.csv").write_text("video,voice,caption\na.mp4,a.wav,first clip\nb.mp4,gone.wav,second clip\n")
+    rec = _recipe(src / "rows.csv")
+    rec["sources"][0]["columns"] = {"media": "video", "audio": "voice", "caption": "caption"}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    a = torch.load(tmp_path / "out" / ".precomputed" / "audio_latents" / "a.pt", weights_only=True)
+    assert a["duration"] == pytest.approx(17 / FPS, abs=1e-9)
+    assert m["outputs"]["precomputed"]["counts"]["written"] == 1
+    assert m["outputs"]["precomputed"]["counts"]["failed"] == {"missing_audio": 1}
