@@ -419,8 +419,29 @@ class Geometry(_Strict):
         return v
 
 
+#: what a dataset is for (``mode``) -> the partner roles every item must have (from table columns).
+#: The LTX modes of reference/ltx-trainer.md §5, plus image editing and camera-controlled video.
+MODE_ROLES: dict[str, tuple[str, ...]] = {
+    "t2i": (), "t2v": (), "i2v": (), "v2v-ic": ("reference",), "a2v": (), "v2a": (), "t2a": (),
+    "video-inpaint": ("mask",), "audio-inpaint": ("mask",), "av2av-ic": ("reference",), "a2a-ic": ("reference",),
+    "image-edit": ("source",), "camera-video": ("camera",)}
+#: the modes that encode audio (an output with audio latents, models.audio_vae)
+AUDIO_MODES = ("a2v", "v2a", "t2a", "audio-inpaint", "av2av-ic", "a2a-ic")
+#: the target media each mode takes (the plan skips an item of another kind as
+#: skipped:unsupported_kind_<kind>); t2v takes stills too, as one-frame clips (LTX's F = 1 buckets)
+MODE_TARGETS: dict[str, tuple[str, ...]] = {
+    "t2i": ("image",), "t2v": ("image", "video"), "i2v": ("video",), "v2v-ic": ("video",), "a2v": ("video",),
+    "v2a": ("video",), "t2a": ("audio",), "video-inpaint": ("video",), "audio-inpaint": ("audio",),
+    "av2av-ic": ("video",), "a2a-ic": ("audio",), "image-edit": ("image",), "camera-video": ("video",)}
+
+
 class Recipe(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
+    mode: Literal["t2i", "t2v", "i2v", "v2v-ic", "a2v", "v2a", "t2a", "video-inpaint", "audio-inpaint", "av2av-ic",
+                  "a2a-ic", "image-edit", "camera-video"] | None = Field(
+        None, description="what the dataset is for: the roles every item needs (v2v-ic a reference, image-edit a "
+        "source, video-inpaint a mask, camera-video camera data: table columns) and the audio a mode encodes; "
+        "recorded in the manifest and the .precomputed/ stamp, and checked by verify")
     split: SplitSpec = Field(default_factory=SplitSpec)
     images: ImageRules = Field(default_factory=ImageRules)
     outputs: list[Output] = Field(min_length=1)
@@ -524,6 +545,23 @@ class Recipe(_Strict):
         if self.audio.required and self.models.audio_vae is None:
             raise ValueError("audio.required is true but nothing encodes audio; set models.audio_vae (e.g. "
                              "{family: ltx2_audio}) or remove audio.required")
+        return self
+
+    @model_validator(mode="after")
+    def _mode(self) -> "Recipe":
+        """A mode's partner roles must come from a column of every source (a folder gives none), and
+        a mode that encodes audio needs an audio encoder (or audio.skip said plainly)."""
+        if self.mode is None:
+            return self
+        for role in MODE_ROLES[self.mode]:
+            for s in self.sources:
+                if getattr(s.columns, role) is None:
+                    raise ValueError(f"mode {self.mode} needs a {role} for every item, and source {s.name!r} names no "
+                                     f"{role} column; give it one (sources[*].columns.{role}: <column>, a table "
+                                     f"source) or choose another mode")
+        if self.mode in AUDIO_MODES and self.models.audio_vae is None:
+            raise ValueError(f"mode {self.mode} encodes audio, but models.audio_vae is not set; set it (e.g. "
+                             "{family: ltx2_audio}) or choose a mode without audio")
         return self
 
     @model_validator(mode="after")

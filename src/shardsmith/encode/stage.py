@@ -306,6 +306,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         out = {**{name: model_identity(d[name]) if name in d else None for name in ENCODER_NAMES
                   if name != "audio_vae" or name in d},
                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
+        if getattr(recipe, "mode", None):  # the LTX training mode the tree is for (verify reads it)
+            from shardsmith.formats.precomputed import MODE_KEY, tree_mode
+
+            out[MODE_KEY] = tree_mode(recipe.mode, bool(recipe.audio_outputs()))
         if recipe.audio.skip:
             out["audio"] = "skipped"
         elif recipe.audio.durations:

@@ -166,3 +166,18 @@ def infer_mode(present: list[str] | tuple[str, ...]) -> str:
 def pixel_frames(latent_frames: int, temporal: int = VIDEO_TEMPORAL_FACTOR) -> int:
     """The pixel frames ``F'`` latent frames decode to: ``(F' - 1) * temporal + 1``."""
     return (int(latent_frames) - 1) * int(temporal) + 1
+
+
+#: a recipe's ``mode`` -> the LTX training mode of its tree (with audio latents, without); the
+#: modes LTX does not have (image editing, camera-controlled video) are video or image trees
+TREE_MODES: dict[str, tuple[str, str]] = {
+    "t2i": ("image", "image"), "t2v": ("t2v", "video"), "i2v": ("i2v", "video"), "v2v-ic": ("v2v-ic", "v2v-ic"),
+    "a2v": ("a2v", "a2v"), "v2a": ("v2a", "v2a"), "t2a": ("t2a", "t2a"), "video-inpaint": ("video-inpaint", "video-inpaint"),
+    "audio-inpaint": ("audio-inpaint", "audio-inpaint"), "av2av-ic": ("av2av-ic", "av2av-ic"),
+    "a2a-ic": ("a2a-ic", "a2a-ic"), "image-edit": ("image", "image"), "camera-video": ("video", "video")}
+
+
+def tree_mode(mode: str, audio: bool) -> str:
+    """The LTX training mode a ``.precomputed/`` tree built for recipe ``mode`` is for (``audio``: the
+    tree has audio latents)."""
+    return TREE_MODES[mode][0 if audio else 1]

@@ -25,7 +25,7 @@ from shardsmith import formats
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.probe import probe_item
 from shardsmith.records import Item, PlannedItem, SourceInfo
-from shardsmith.recipe import Recipe
+from shardsmith.recipe import MODE_TARGETS, Recipe
 from shardsmith.split import assign
 
 BATCH = 256
@@ -46,11 +46,11 @@ class Prober:
     """``probe_item`` with the recipe's pixel limit (and, when an output writes audio, the audio
     probe), picklable for worker processes."""
 
-    def __init__(self, max_pixels: int, audio: bool = False):
-        self.max_pixels, self.audio = max_pixels, audio
+    def __init__(self, max_pixels: int, audio: bool = False, mode: tuple[str, tuple[str, ...]] | None = None):
+        self.max_pixels, self.audio, self.mode = max_pixels, audio, mode
 
     def __call__(self, item: Item):
-        return probe_item(item, self.max_pixels, self.audio)
+        return probe_item(item, self.max_pixels, self.audio, self.mode)
 
 
 def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]],
@@ -64,7 +64,8 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
     split = recipe.split
     count_mode = split.holdout >= 1
     idx = 0
-    prober = Prober(recipe.images.max_pixels, audio=bool(recipe.audio_outputs()))
+    mode = (recipe.mode, MODE_TARGETS[recipe.mode]) if recipe.mode else None
+    prober = Prober(recipe.images.max_pixels, audio=bool(recipe.audio_outputs()), mode=mode)
     pool = None
     if workers is not None and workers.pool is not None:
         def probed(items: Iterator[Item]) -> Iterator[tuple[Item, Any]]:

@@ -59,19 +59,31 @@ def read_failure(item: Item, exc: OSError) -> tuple[str, str]:
     return f"failed:{reason}", f"{item.item_id}: cannot read {item.path} ({why})"
 
 
-def probe_item(item: Item, max_pixels: int, audio: bool = False) -> Probe:
+def probe_item(item: Item, max_pixels: int, audio: bool = False,
+               mode: tuple[str, tuple[str, ...]] | None = None) -> Probe:
     """Probe one item: its target as the flat fields, then every partner role (only while the
     item is still ok), each role's facts in ``media``. A source verdict that leaves no bytes to
     read (:data:`paths.NO_BYTES`) is returned without opening the file; any other source verdict
     wins after the target's bytes are hashed. An item with no media (a captions-only row) has
     kind ``text``, opens nothing and is ``ok`` (``failed:no_caption`` when its caption is empty).
-    A partner that cannot be read is ``failed:<role>_<reason>``."""
+    A partner that cannot be read is ``failed:<role>_<reason>``. With ``mode`` (its name and the
+    target kinds it takes), a target of another kind is ``skipped:unsupported_kind_<kind>``, unopened."""
     if not item.media and not item.path and (item.error is None or item.error[0] == NO_CAPTION):
         pr = Probe(kind=TEXT_KIND)
+        if mode is not None:
+            pr.status = f"skipped:unsupported_kind_{TEXT_KIND}"
+            pr.detail = f"{item.item_id} is a caption without media, and mode {mode[0]} takes {' and '.join(mode[1])}"
+            return pr
         if item.error is not None:
             pr.status, pr.detail = paths.status_of(item.error[0]), item.error[1]
         return pr
     pr = Probe(kind=media_kind(item.relpath or item.path))
+    if mode is not None and pr.kind not in mode[1] and not (item.error and item.error[0] in paths.NO_BYTES):
+        name, kinds = mode
+        pr.status = f"skipped:unsupported_kind_{pr.kind}"
+        pr.detail = (f"{item.item_id} is {pr.kind} media, and mode {name} takes {' and '.join(kinds)} targets; "
+                     "limit the sources to those, or choose another mode")
+        return pr
     _target(item, pr, max_pixels)
     target = item.media.get(TARGET)
     if target is not None:
