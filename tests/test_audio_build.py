@@ -139,7 +139,8 @@ def test_a_minilm_tree_is_refused_by_verify_naming_the_missing_audio_embeddings(
     stop; verify says so (and passes the audio itself)."""
     src = tmp_path / "src"
     _clips(src, ("stereo",))
-    build(recipe_from_dict(_recipe(src)), tmp_path / "out", quiet=True)
+    m = build(recipe_from_dict(_recipe(src)), tmp_path / "out", quiet=True)
+    assert any("conditions come from a minilm text encoder, without audio_prompt_embeds" in w for w in m["warnings"])
     r = cli("verify", tmp_path / "out" / ".precomputed")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "[PASS] folders:t2v" in r.stdout and "[PASS] audio_duration" in r.stdout

@@ -28,6 +28,9 @@ Contract
   renderer gets ``audio=`` one latent per item (None for an item without audio); a batch without any
   audio is rendered as before (no ``audio`` argument). An audio-only item has no pixels: it goes in
   the queue without pixels, whose batches then run the audio encoder too.
+- Partners (``res.partners``: a reference, a source, the first frame; issue 18) are encoded by the
+  VAE on the device thread after their batch's launch, grouped by name and shape, and reach the
+  renderer as ``partners={name: latent per item}``. Items with partners bypass the memo.
 """
 
 from __future__ import annotations
@@ -76,6 +79,25 @@ class TextOnlyBatch:
 
     def result_batch(self) -> tuple[None, list[tuple[torch.Tensor, torch.Tensor]]]:
         return None, self.texts
+
+
+def _partner_latents(stage, partners: list | None) -> dict[str, list] | None:
+    """Encoder thread: ``{name: one latent per item of the batch (None where the item has no such
+    partner)}`` of the batch's partners, each name's pixels of one shape encoded together by the VAE."""
+    if partners is None:
+        return None
+    out: dict[str, list] = {}
+    for name in sorted({n for p in partners if p for n in p}):
+        by_shape: dict[tuple, list[int]] = {}
+        for i, p in enumerate(partners):
+            if p and name in p:
+                by_shape.setdefault(p[name].shape, []).append(i)
+        got: list = [None] * len(partners)
+        for rows in by_shape.values():
+            for i, z in zip(rows, stage.latents([partners[i][name] for i in rows])):
+                got[i] = z
+        out[name] = got
+    return out
 
 
 def _audio_latents(stage, waves: list | None) -> list | None:
@@ -166,10 +188,13 @@ class LatentFinisher:
         stage = self.stage
         batch = [(item, res) for item, res, _ in entries]
         waves = [res.audio for _, res in batch]
+        partners = [res.partners for _, res in batch]
         for _, res in batch:
-            res.audio = None
+            res.audio = res.partners = None
         if all(w is None for w in waves):
             waves = None
+        if all(p is None for p in partners):
+            partners = None
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
             self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves)))
             while len(self.in_flight) > self.max_in_flight:
@@ -180,18 +205,21 @@ class LatentFinisher:
             r.pixels = None
         # on the stage's device thread (where the warm-up tuned cuDNN), queued behind earlier batches
         self.in_flight.append((entries[0][2], batch, stage.submit(self._gpu, stage, batch, host,
-                                                                  time.perf_counter(), waves)))
+                                                                  time.perf_counter(), waves, partners)))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
     @staticmethod
-    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float, waves=None):
+    def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float, waves=None,
+             partners=None):
         """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
         on a GPU it returns once the batch is queued there, so the next batch is queued behind it.
-        With ``waves``, their audio latents are made after the launch (``pend.audio``)."""
+        With ``waves``, their audio latents are made after the launch (``pend.audio``); with
+        ``partners`` (per item ``{name: pixels}``), the partners' latents (``pend.partners``)."""
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
         pend = stage.launch(host, len(batch), captions, staged_at=staged_at)
         pend.audio = _audio_latents(stage, waves)
+        pend.partners = _partner_latents(stage, partners)
         return pend
 
     @staticmethod
@@ -210,20 +238,23 @@ class LatentFinisher:
             done = fut.result()
             z, texts = done.result_batch()
             audio = getattr(done, "audio", None)
-            if self.memo is not None and z is not None:
+            partners = getattr(done, "partners", None)
+            if self.memo is not None and z is not None and partners is None:
                 self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch], audio)
-            self._render(batch, z, texts, audio)
+            self._render(batch, z, texts, audio, partners)
 
-    def _render(self, batch, z, texts, audio) -> None:
-        """``members.render``, with ``audio=`` only for a renderer that writes audio (``takes_audio``):
-        a latent kept in the memo by an output with audio may be read by one without."""
-        if audio is None or not getattr(self.members, "takes_audio", False):
+    def _render(self, batch, z, texts, audio, partners=None) -> None:
+        """``members.render``, with ``audio=`` / ``partners=`` only for a renderer that writes them
+        (``takes_audio``): a latent kept in the memo by an output with audio may be read by one without."""
+        extra = {k: v for k, v in (("audio", audio), ("partners", partners)) if v is not None}
+        if not extra or not getattr(self.members, "takes_audio", False):
             self.members.render(batch, z, texts)
         else:
-            self.members.render(batch, z, texts, audio=audio)
+            self.members.render(batch, z, texts, **extra)
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
-        kept = self.memo.get(item, geometry(res)) if self.memo is not None else None
+        # (an item with partners is encoded whole: the memo keeps no partner latents)
+        kept = self.memo.get(item, geometry(res)) if self.memo is not None and res.partners is None else None
         if kept is not None:  # encoded for another output already: rendered now, not encoded again
             _ = self.stage  # (the renderer takes the models' identities at the first batch)
             z, text, audio = kept

@@ -31,6 +31,7 @@ class PendingBatch:
         self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, launch queued
         self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.audio: list | None = None  # one audio latent per item (None: no audio), set by the finisher
+        self.partners: dict | None = None  # {partner name: latent per item}, set by the finisher
         self.todo: list[str] = []
         self._out = None
 

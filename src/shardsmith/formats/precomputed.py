@@ -37,8 +37,8 @@ AUDIO_MASKS = "audio_masks"
 #: every folder an LTX trainer reads, in the order verify lists them
 TRAINER_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, AUDIO_MASKS,
                 REFERENCE_AUDIO_LATENTS)
-#: the folders shardsmith writes (a video/image cache, its audio cache and its text conditions)
-WRITTEN_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS)
+#: the folders shardsmith writes (a video/image cache, its audio cache, its text conditions, its references)
+WRITTEN_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS)
 #: the folders a trainer needs at least (``conditions/`` is always required)
 DEFAULT_DIRS = (LATENTS, CONDITIONS)
 #: any of these directly in a folder makes it a ``.precomputed/`` tree

@@ -38,6 +38,12 @@ JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"
 WAV, FLAC = "wav", "flac"  # video_wds with ``audio: wav | flac``: the clip's audio over the written frames
 LATENT = "latent.pth"  # cached latents
 TEXT_EMB = "txt_emb.pth"  # text-encoder embeddings
+REF_LATENT = "ref_latent.pth"  # IC-LoRA: the reference's latents, cut with the target's geometry
+SRC_LATENT = "src_latent.pth"  # image editing: the source image's latents
+FIRST_FRAME_JPG = "first_frame.jpg"  # image-conditioned video: the target's first frame after its crop
+FIRST_FRAME_LATENT = "first_frame_latent.pth"  # ... and its latents
+#: a partner's latent member in a latent_wds sample, by partner name
+PARTNER_LATENTS = {"reference": REF_LATENT, "source": SRC_LATENT, "first_frame": FIRST_FRAME_LATENT}
 AUDIO_LATENT = "audio_latent.pth"  # cached audio latents [C, T, F] (float32, as the LTX trainer stores them)
 NOISE = "noise.pth"  # KD pair: the noise a teacher trajectory started from
 PATH = "path.pth"  # KD path: the teacher's trajectory

@@ -20,6 +20,15 @@ def audio_cutter(o, recipe):
     return AudioCutter(settings.sample_rate, recipe.audio_required, durations)
 
 
+def partner_cutter(recipe):
+    """The partners the recipe's ``mode`` gives each latent sample (a reference, a source, the first
+    frame), or None."""
+    from shardsmith.transform.partners import MODE_PARTNERS, PartnerCutter
+
+    names = MODE_PARTNERS.get(recipe.mode or "")
+    return PartnerCutter(names, recipe.images.max_pixels) if names else None
+
+
 AUDIO_CHECKED_CLIPS = 32  # clips of an output without audio probed for an audio track it drops
 
 
@@ -63,7 +72,7 @@ class LatentKind(OutputKind):
         r = ctx.recipe
         buckets = parse_buckets(r.geometry.buckets) if r.geometry.buckets else []  # none: an audio-only dataset
         return LatentPixelMaker(buckets, r.images, r.geometry.fps,
-                                audio=audio_cutter(o, r))
+                                audio=audio_cutter(o, r), partners=partner_cutter(r))
 
     def warnings(self, o, ctx: OutputContext, files: dict) -> list[str]:
         return unencoded_audio(o, ctx)

@@ -38,6 +38,12 @@ class PrecomputedKind(LatentKind):
 
     def warnings(self, o, ctx: OutputContext, files: dict[str, Any]) -> list[str]:
         out = super().warnings(o, ctx, files)
+        m = ctx.recipe.models
+        if m.vae is not None and m.vae.family == "ltx2" and m.text is not None and m.text.family != "ltx2":
+            out.append(f"{o.name}: the tree is made with LTX-2's VAE but its conditions come from a {m.text.family} "
+                       "text encoder, without audio_prompt_embeds: the LTX-2 trainer builds its audio connector in "
+                       "every mode and stops ('Audio connector is configured but no audio features were provided.'); "
+                       "set models.text.family: ltx2 to write the conditions it reads")
         for split, blk in files.items():
             shapes = {tuple(b["latent_shape"]) for b in blk.get("buckets", {}).values() if b.get("latent_shape")}
             if len(shapes) > 1:

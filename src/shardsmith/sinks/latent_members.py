@@ -9,6 +9,9 @@ Members
   (source, bucket, fps, crop, models) and, with ``include_media``, the source bytes under
   their own extension plus the caption as ``txt`` when the item has one (FastGen's raw-media
   key_maps, e.g. ``{real: mp4, condition: txt}``, need it).
+- partners (a ``mode`` with them, issue 18): ``latent_wds`` ``ref_latent.pth`` / ``src_latent.pth`` /
+  ``first_frame_latent.pth`` and ``first_frame.jpg``; ``precomputed`` ``reference_latents/<mirrored
+  path>.pt`` (the reference's, or an edit's source's, latents; named after the target).
 - ``precomputed``: ``latents/<mirrored path>.pt``, ``conditions/<mirrored path>.pt`` (with
   ``audio_prompt_embeds`` when the text encoder makes them: LTX-2) and, with audio,
   ``audio_latents/<mirrored path>.pt`` as reference/ltx-trainer.md §2.5 describes; an audio-only
@@ -25,8 +28,9 @@ import os
 import numpy as np
 import torch
 
-from shardsmith.formats.precomputed import AUDIO_LATENTS, CONDITIONS, LATENTS, cache_member, mirrored
-from shardsmith.formats.wds import AUDIO_LATENT, JSON, LATENT, TEXT_EMB, TXT, media_suffix
+from shardsmith.formats.precomputed import (AUDIO_LATENTS, CONDITIONS, LATENTS, REFERENCE_LATENTS, cache_member,
+                                            mirrored)
+from shardsmith.formats.wds import AUDIO_LATENT, JSON, LATENT, PARTNER_LATENTS, TEXT_EMB, TXT, media_suffix
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.atomic import atomic_write_bytes
@@ -56,9 +60,10 @@ class LatentMembers:
         self.audio_record = audio_vae.record if audio_vae is not None else None
 
     def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor | None, texts,
-               audio: list | None = None) -> None:
+               audio: list | None = None, partners: dict[str, list] | None = None) -> None:
         """Set ``res.members`` (and drop ``res.pixels``) of every item of a finished batch; ``z`` is
-        None for a batch without pixels (audio-only items), ``audio`` one audio latent per item (or None)."""
+        None for a batch without pixels (audio-only items), ``audio`` one audio latent per item (or None),
+        ``partners`` ``{name: latent per item}`` (a reference, a source, the first frame)."""
         latents: list = [None] * len(batch)
         shape: tuple[int, ...] = ()
         if z is not None:
@@ -72,10 +77,20 @@ class LatentMembers:
         for i, (item, res) in enumerate(batch):
             text = texts[i] if texts else None
             a = audio[i] if audio is not None else None
+            mine = {n: zs[i] for n, zs in (partners or {}).items() if zs[i] is not None}
+            made = res.members or {}  # made by the sample maker (the first frame's JPEG)
             if isinstance(self.o, LatentWdsOutput):
                 res.members = self._wds_members(item, res, latents[i], shape, text, a)
+                for n, zp in sorted(mine.items()):
+                    res.members[PARTNER_LATENTS[n]] = pt_bytes(zp.to(_DTYPES[self.o.latent_dtype]).contiguous())
+                res.members.update(made)
             else:
                 res.members = self._precomputed_members(item, res, latents[i], text, a)
+                if "reference" in mine or "source" in mine:  # IC-LoRA / edit conditions: reference_latents/
+                    rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
+                    zp = mine.get("reference", mine.get("source"))
+                    res.members[cache_member(REFERENCE_LATENTS, rel)] = pt_bytes(
+                        latent_record(zp.to(_DTYPES[self.o.latent_dtype]), res.info.get("fps", 1.0)))
             res.pixels = None
 
     def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes | None, shape: tuple[int, ...],
@@ -128,6 +143,10 @@ class LatentMembers:
         if stage.text_encoder is not None:
             ts = stage.text_encoder.spec
             out.append((TEXT_EMB, _pth_size((ts.max_length, ts.dim), self.o.text_dtype)))
+        for n, frames in sorted((res.partners or {}).items()):
+            pixel = (3, *frames.shape[1:3]) if stage.vae.spec.kind == "image_vae" else (3, *frames.shape[:3])
+            out.append((PARTNER_LATENTS[n], _pth_size(stage.vae.spec.latent_shape(pixel), self.o.latent_dtype)))
+        out += [(k, len(v)) for k, v in sorted((res.members or {}).items())]  # made by the sample maker
         if res.audio is not None:
             a = stage.audio_vae.spec
             steps = stage.audio_vae.latent_steps(int(res.audio.shape[-1]))

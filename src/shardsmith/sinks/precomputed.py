@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from shardsmith.formats.precomputed import AUDIO_LATENTS, CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
+from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.records import SampleResult, UnitFile, Written
 from shardsmith.atomic import atomic_write_bytes, atomic_write_json
 from shardsmith.sinks.pt_write import pt_bytes_fast
@@ -100,6 +100,7 @@ class PrecomputedSink:
     def finalize(self, units: list[dict]) -> dict[str, Any]:
         counts = {sub: sum(1 for p in (self.dest / sub).rglob(f"*{CACHE_EXT}")) if (self.dest / sub).exists() else 0
                   for sub in WRITTEN_DIRS}
-        if not counts[AUDIO_LATENTS]:  # a tree without audio: its manifest block as before audio existed
-            del counts[AUDIO_LATENTS]
+        for sub in WRITTEN_DIRS[2:]:  # a tree without audio or references: its manifest block as before them
+            if not counts[sub]:
+                del counts[sub]
         return {"dir": str(self.dest), "files": counts, "bytes": sum(u["bytes"] for u in units)}

@@ -31,6 +31,7 @@ from shardsmith.transform.video import VideoProbe, decode_frames, probe_video, r
 
 if TYPE_CHECKING:
     from shardsmith.transform.audio_samples import AudioCutter
+    from shardsmith.transform.partners import PartnerCutter
 
 IMAGE_FPS = 1.0  # what LTX's trainer stores for images
 
@@ -45,8 +46,9 @@ def no_audio(info: dict) -> str | None:
 
 class LatentPixelMaker:
     def __init__(self, buckets: list[Bucket], rules: ImageRules, target_fps: float | None = None,
-                 audio: AudioCutter | None = None):
+                 audio: AudioCutter | None = None, partners: PartnerCutter | None = None):
         self.buckets, self.rules, self.target_fps, self.audio = buckets, rules, target_fps, audio
+        self.partners = partners
         self.image_buckets = [b for b in buckets if b.frames == 1]
 
     def _fit(self, item: PlannedItem, geom: Geometry) -> None:
@@ -89,7 +91,8 @@ class LatentPixelMaker:
                 "source_frames": 1}
         if self.audio is not None:
             info["audio"] = self.audio.for_image(item)[1]
-        return SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info=info, detail=no_audio(info))
+        res = SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info=info, detail=no_audio(info))
+        return self._with_partners(item, geom, res)
 
     def image_geometry(self, item: PlannedItem, w: int, h: int) -> Geometry:
         """An image's one geometry decision from its upright size ``w`` x ``h``: the 1-frame
@@ -142,7 +145,22 @@ class LatentPixelMaker:
         wave = None
         if self.audio is not None:
             wave, info["audio"] = self.audio.for_clip(item, geom, pr.fps)
-        return SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info=info, audio=wave, detail=no_audio(info))
+        res = SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info=info, audio=wave, detail=no_audio(info))
+        return self._with_partners(item, geom, res)
+
+    def _with_partners(self, item: PlannedItem, geom: Geometry, res: SampleResult) -> SampleResult:
+        """``res`` with its partners' pixels (``res.partners``) and, for ``first_frame``, the frame's JPEG
+        as a member made here (``first_frame.jpg``; the latent outputs that write it keep it)."""
+        if self.partners is None:
+            return res
+        res.partners = self.partners.cut(item, geom, res.pixels)
+        if "first_frame" in res.partners:
+            from shardsmith.formats.wds import FIRST_FRAME_JPG
+            from shardsmith.transform.partners import first_frame_jpeg
+
+            res.members = {FIRST_FRAME_JPG: first_frame_jpeg(res.partners["first_frame"])}
+        res.info["partners"] = sorted(res.partners)
+        return res
 
     def _audio(self, item: PlannedItem) -> SampleResult:
         """An audio file: an audio-only sample (its waveform, no pixels)."""

@@ -1,0 +1,100 @@
+"""The partners of a latent sample, cut with its target's one geometry (issue 18).
+
+Runs in worker processes, beside :class:`~shardsmith.transform.latent_pixels.LatentPixelMaker`.
+
+Contract of :class:`PartnerCutter` (``names``: the partners the recipe's ``mode`` asks for):
+
+- ``reference`` (IC-LoRA, ``v2v-ic`` / ``av2av-ic``): the item's ``reference`` clip (or image) through
+  the target's resize, crop, frame indices and fps (:func:`~shardsmith.transform.geometry.for_partner`),
+  so its pixels have the target's bucket and line up with it: uint8 ``[F, H, W, 3]`` (a still
+  reference: one frame). A reference of
+  another aspect ratio is ``failed:reference_geometry_mismatch``; one with fewer frames than the target
+  takes is ``failed:reference_too_short``; one that does not decode ``failed:reference_<reason>``.
+- ``source`` (``image-edit``): the item's ``source`` image through the target's resize and crop,
+  ``[1, H, W, 3]``; the same refusals with ``source_``.
+- ``first_frame`` (``i2v``): the target's first frame after its crop (``pixels[:1]``), never decoded
+  again from the file at another geometry; also given as JPEG bytes (``first_frame_jpeg``).
+- ``cut(item, geom, pixels)`` returns ``{name: frames}`` for the latent encoder.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardsmith.records import ItemError, PlannedItem
+from shardsmith.transform.geometry import Geometry, for_partner
+
+PARTNER_NAMES = ("reference", "source", "first_frame")
+#: the partners each mode's latent samples carry
+MODE_PARTNERS: dict[str, tuple[str, ...]] = {"v2v-ic": ("reference",), "av2av-ic": ("reference",),
+                                             "image-edit": ("source",), "i2v": ("first_frame",)}
+FIRST_FRAME_QUALITY = 95
+
+
+def first_frame_jpeg(pixels: np.ndarray) -> bytes:
+    """The first frame of uint8 ``[F, H, W, 3]`` pixels as JPEG bytes (quality 95, 4:4:4; deterministic)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels[0])).save(buf, format="JPEG", quality=FIRST_FRAME_QUALITY,
+                                                          subsampling=0)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class PartnerCutter:
+    names: tuple[str, ...]
+    max_pixels: int = 89_478_485
+
+    def cut(self, item: PlannedItem, geom: Geometry, pixels: np.ndarray) -> dict[str, np.ndarray]:
+        """``{name: uint8 [F, H, W, 3]}`` of the partners (see the module contract)."""
+        out: dict[str, np.ndarray] = {}
+        for name in self.names:
+            if name == "first_frame":
+                out[name] = np.ascontiguousarray(pixels[:1])
+            else:
+                out[name] = self._partner(item, name, geom, pixels.shape)
+        return out
+
+    def _partner(self, item: PlannedItem, role: str, geom: Geometry, shape: tuple[int, ...]) -> np.ndarray:
+        ref = item.media.get(role)
+        if ref is None:
+            raise ItemError(f"missing_{role}", f"{item.item_id} has no {role}; give it one (sources[*].columns.{role})")
+        name = f"{item.item_id}: its {role} {ref.relpath}"
+        if ref.kind == "video":
+            from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames
+
+            pr = _partner_error(role, lambda: probe_video(ref.path, name))
+            pg = for_partner(geom, role, pr.width, pr.height, frames=pr.frames, name=item.item_id)
+            indices = list(geom.frame_indices or range(shape[0]))
+            frames = _partner_error(role, lambda: decode_frames(ref.path, indices, name))
+            if (frames.shape[2], frames.shape[1]) != pg.source_size:  # the decoder's size wins over the probe's
+                pg = for_partner(geom, role, frames.shape[2], frames.shape[1], name=item.item_id)
+            out = resize_crop_frames(frames, pg)
+        elif ref.kind == "image":
+            from shardsmith.transform.image import decode_image
+            from shardsmith.transform.video import resize_crop_image
+
+            with open(ref.path, "rb") as f:
+                data = f.read()
+            dec = _partner_error(role, lambda: decode_image(data, name=name, max_pixels=self.max_pixels))
+            pg = for_partner(geom, role, *dec.image.size, name=item.item_id)
+            out = resize_crop_image(dec.image, pg)[None]  # a still: one frame
+        else:
+            raise ItemError(f"{role}_unsupported_kind_{ref.kind}",
+                            f"{name} is {ref.kind} media; a {role} is an image or a clip")
+        if out.shape[1:] != shape[1:]:
+            raise ItemError(f"{role}_geometry_mismatch", f"{name} came out {out.shape[2]}x{out.shape[1]}, its target "
+                            f"{shape[2]}x{shape[1]}; give a {role} of the target's shape")
+        return out
+
+
+def _partner_error(role: str, fn):
+    """``fn()``, its :class:`ItemError` renamed to the partner's role (``reference_truncated`` ...)."""
+    try:
+        return fn()
+    except ItemError as e:
+        raise ItemError(f"{role}_{e.reason}", e.detail) from None

@@ -1,0 +1,157 @@
+"""Partners of latent samples (issue 18): an IC-LoRA reference, an edit's source and the first frame are
+cut with their target's one geometry, encoded by the same VAE and written beside the target's latents
+(``reference_latents/``, ``ref_latent.pth``, ``src_latent.pth``, ``first_frame.jpg`` /
+``first_frame_latent.pth``); a partner that cannot line up fails the item, naming it."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from media_factory import source_photo
+from shardsmith.build import build
+from shardsmith.recipe import recipe_from_dict
+from shardsmith.records import MediaRef, PlannedItem
+from shardsmith.transform.buckets import parse_buckets
+from shardsmith.transform.geometry import decide
+from shardsmith.transform.partners import PartnerCutter
+from shardsmith.transform.video import decode_frames, resize_crop_frames
+from video_factory import pan_video
+
+pytestmark = pytest.mark.slow
+FPS = 24
+
+
+def _item(target, **partners) -> PlannedItem:
+    media = {"target": MediaRef(str(target), target.name, "video")}
+    for role, p in partners.items():
+        media[role] = MediaRef(str(p), p.name, "video" if p.suffix == ".mp4" else "image")
+    return PlannedItem(0, "s/t", "t", 0, str(target), target.name, "c", None, None, {}, None, None, "video", None,
+                       None, None, None, "train", "ok", media=media)
+
+
+def test_a_reference_at_another_resolution_lands_on_the_targets_pixels(tmp_path):
+    target = pan_video(tmp_path / "t.mp4", frames=30, fps=FPS, size=(192, 128), photo="coffee")
+    ref = pan_video(tmp_path / "r.mp4", frames=30, fps=FPS, size=(96, 64), photo="coffee")
+    geom = decide(192, 128, parse_buckets(["64x64x17"])[0], frame_indices=list(range(3, 20)), fps=FPS)
+    pixels = resize_crop_frames(decode_frames(str(target), list(geom.frame_indices), "t"), geom)
+    got = PartnerCutter(("reference", "first_frame")).cut(_item(target, reference=ref), geom, pixels)
+    assert got["reference"].shape == pixels.shape == (17, 64, 64, 3)
+    # the same pan at half the resolution: after the same crop the pictures agree (to the codecs' and the
+    # resizes' loss), far better than the same frames 4 px to the side or 3 frames later would
+    ref_px, tgt = got["reference"].astype(int), pixels.astype(int)
+    aligned = np.abs(ref_px - tgt).mean()
+    shifted = np.abs(ref_px[:, :, 4:] - tgt[:, :, :-4]).mean()
+    later = np.abs(ref_px[:-3] - tgt[3:]).mean()
+    assert aligned < 8 and aligned < 0.6 * min(shifted, later), (aligned, shifted, later)
+    assert np.array_equal(got["first_frame"], pixels[:1])  # the first frame after the crop, never re-decoded
+
+
+def test_a_reference_of_another_shape_or_length_is_refused(tmp_path):
+    from shardsmith.records import ItemError
+
+    target = pan_video(tmp_path / "t.mp4", frames=30, fps=FPS, size=(192, 128))
+    wide = pan_video(tmp_path / "w.mp4", frames=30, fps=FPS, size=(192, 96))
+    short = pan_video(tmp_path / "s.mp4", frames=10, fps=FPS, size=(96, 64))
+    geom = decide(192, 128, parse_buckets(["64x64x17"])[0], frame_indices=list(range(17)), fps=FPS)
+    px = np.zeros((17, 64, 64, 3), np.uint8)
+    with pytest.raises(ItemError) as e:
+        PartnerCutter(("reference",)).cut(_item(target, reference=wide), geom, px)
+    assert e.value.reason == "reference_geometry_mismatch" and "192x96" in e.value.detail
+    with pytest.raises(ItemError) as e:
+        PartnerCutter(("reference",)).cut(_item(target, reference=short), geom, px)
+    assert e.value.reason == "reference_too_short"
+
+
+def _ic_table(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["clip,ref,caption"]
+    for i, photo in enumerate(("astronaut", "coffee")):
+        pan_video(src / f"c{i}.mp4", frames=30, fps=FPS, size=(128, 128), photo=photo)
+        pan_video(src / f"r{i}.mp4", frames=30, fps=FPS, size=(64, 64), photo=photo)
+        rows.append(f"c{i}.mp4,r{i}.mp4,clip {i}")
+    pan_video(src / "c2.mp4", frames=30, fps=FPS, size=(128, 128), photo="chelsea")
+    rows.append("c2.mp4,,a clip without its reference")
+    (src / "rows.csv").write_text("\n".join(rows) + "\n")
+    return {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "clip", "reference": "ref",
+                                                                   "caption": "caption"}}],
+            "mode": "v2v-ic", "geometry": {"buckets": ["64x64x17"]},
+            "models": {"vae": {"family": "ltx2"}, "text": {"family": "ltx2"}, "batch_size": 2}}
+
+
+def test_ic_lora_references_in_both_latent_outputs(tmp_path):
+    rec = _ic_table(tmp_path)
+    rec["outputs"] = [{"format": "precomputed"}, {"format": "latent_wds", "dir": "lat"}]
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["outputs"]["precomputed"]["counts"]["failed"] == {"missing_reference": 1}
+    tree = tmp_path / "out" / ".precomputed"
+    assert sorted(p.name for p in (tree / "reference_latents").rglob("*.pt")) == ["c0.pt", "c1.pt"]
+    for name in ("c0.pt", "c1.pt"):
+        v = torch.load(tree / "latents" / name, weights_only=True)
+        r = torch.load(tree / "reference_latents" / name, weights_only=True)
+        assert r["latents"].shape == v["latents"].shape and r["fps"] == v["fps"]
+        assert not torch.equal(r["latents"], v["latents"])  # the reference's own pixels
+    with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
+        members = {x.name: tf.extractfile(x).read() for x in tf.getmembers()}
+    pre = torch.load(tree / "reference_latents" / "c0.pt", weights_only=True)["latents"]
+    wds = torch.load(io.BytesIO(members["c0.ref_latent.pth"]), weights_only=True)
+    assert torch.equal(wds.to(pre.dtype), pre)
+    assert {k.split(".", 1)[0] for k in members if k.endswith("ref_latent.pth")} == {"c0", "c1"}
+    from shardsmith.verify.runner import verify
+
+    rep = verify(tree)
+    assert rep["mode"] == "v2v-ic" and rep["mode_from"] == "stamp" and rep["ok"], rep["checks"]
+
+
+def test_i2v_first_frames(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, photo in enumerate(("astronaut", "rocket")):
+        pan_video(src / f"c{i}.mp4", frames=30, fps=FPS, size=(96, 64), photo=photo)
+    rec = {"sources": [{"path": str(src)}], "mode": "i2v", "geometry": {"buckets": ["64x64x17"]},
+           "models": {"vae": {"family": "ltx2"}}, "outputs": [{"format": "latent_wds", "dir": "lat"}]}
+    build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
+        members = {x.name: tf.extractfile(x).read() for x in tf.getmembers()}
+    for key in ("c0", "c1"):
+        img = np.asarray(Image.open(io.BytesIO(members[f"{key}.first_frame.jpg"])))
+        lat = torch.load(io.BytesIO(members[f"{key}.latent.pth"]), weights_only=True)
+        ff = torch.load(io.BytesIO(members[f"{key}.first_frame_latent.pth"]), weights_only=True)
+        assert img.shape == (64, 64, 3) and ff.shape == (lat.shape[0], 1, *lat.shape[2:])
+        geom = decide(96, 64, parse_buckets(["64x64x17"])[0], frame_indices=[0], fps=FPS)
+        first = resize_crop_frames(decode_frames(str(src / f"{key}.mp4"), [0], key), geom)[0]
+        assert np.abs(img.astype(int) - first.astype(int)).mean() < 2.0  # JPEG q95 of the very frame
+
+
+def test_image_edit_source_latents(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    photo = source_photo("astronaut").convert("RGB").resize((96, 96))
+    photo.save(src / "before.png")
+    edited = np.asarray(photo).copy()
+    edited[20:40, 30:60] = 255
+    Image.fromarray(edited).save(src / "after.png")
+    photo.resize((48, 48)).save(src / "before_small.png")
+    (src / "rows.csv").write_text("target,before,instruction\nafter.png,before.png,paint a white box\n"
+                                  "after.png,before_small.png,the same edit from a smaller source\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "target", "source": "before",
+                                                                  "caption": "instruction"}}],
+           "mode": "image-edit", "split": {"dedup": False}, "geometry": {"buckets": ["64x64x1"]},
+           "images": {"upscale": True}, "models": {"vae": {"family": "sd"}},
+           "outputs": [{"format": "latent_wds", "dir": "lat"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 2
+    with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
+        members = {x.name: tf.extractfile(x).read() for x in tf.getmembers()}
+    keys = sorted(k.rsplit(".", 2)[0] for k in members if k.endswith(".src_latent.pth"))
+    assert len(keys) == 2
+    for k in keys:
+        lat = torch.load(io.BytesIO(members[f"{k}.latent.pth"]), weights_only=True)
+        srcl = torch.load(io.BytesIO(members[f"{k}.src_latent.pth"]), weights_only=True)
+        assert srcl.shape == lat.shape and not torch.equal(srcl, lat)
