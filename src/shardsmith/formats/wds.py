@@ -44,6 +44,15 @@ FIRST_FRAME_JPG = "first_frame.jpg"  # image-conditioned video: the target's fir
 FIRST_FRAME_LATENT = "first_frame_latent.pth"  # ... and its latents
 #: a partner's latent member in a latent_wds sample, by partner name
 PARTNER_LATENTS = {"reference": REF_LATENT, "source": SRC_LATENT, "first_frame": FIRST_FRAME_LATENT}
+SRC_JPG = "src.jpg"  # image editing (raw wds): the edit's source image, cut with the target's geometry
+
+
+def source_member(ext: str) -> str:
+    """The member of an edit pair's source image beside a target member of suffix ``ext``
+    (``"jpg" -> "src.jpg"``): same format, same sample key."""
+    return f"src.{ext}"
+
+
 AUDIO_LATENT = "audio_latent.pth"  # cached audio latents [C, T, F] (float32, as the LTX trainer stores them)
 NOISE = "noise.pth"  # KD pair: the noise a teacher trajectory started from
 PATH = "path.pth"  # KD path: the teacher's trajectory

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import NamedTuple
 
 import numpy as np
 
+from shardsmith.formats.wds import source_member
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
 from shardsmith.recipe import ImageRules, WdsOutput, ZipOutput
 from shardsmith.transform.image import (decode_image, edm_transform, encode_image, fixed_size, passthrough_ok,
                                         resize_max_side)
+from shardsmith.transform.pairs import SOURCE, SourceCut, cut_source, source_facts, wds_geometry
 
 
 def read_checked(item: PlannedItem) -> bytes:
@@ -42,8 +45,16 @@ def _check_min_size(item: PlannedItem, size: tuple[int, int], rules: ImageRules)
                         skip=True)
 
 
+class _Pair(NamedTuple):
+    cut: SourceCut
+    why_not: str | None  # the pair's passthrough verdict (None: both members keep their bytes)
+
+
 class WdsSampleMaker:
-    """Members ``jpg|png|webp`` (+ ``txt``, ``cls``, ``json``) for one WebDataset sample."""
+    """Members ``jpg|png|webp`` (+ ``txt``, ``cls``, ``json``) for one WebDataset sample; an item
+    with an edit ``source`` also gets ``src.<ext>`` (:func:`~shardsmith.formats.wds.source_member`):
+    the source through the target's very resize and crop, same format and quality, same key, its
+    facts in the json's ``partners.source`` (see :meth:`_source` for passthrough)."""
 
     def __init__(self, output: WdsOutput, rules: ImageRules, sources: list[SourceInfo]):
         self.o, self.rules, self.sources = output, rules, sources
@@ -60,10 +71,16 @@ class WdsSampleMaker:
             enc = self.o.image
             resized = self._geometry(item, img)
             why_not = passthrough_ok(dec, enc.format, resized is not img) if enc.passthrough else "not asked"
+            pair = self._source(item, img, resized, why_not) if SOURCE in item.media else None
+            if pair is not None:
+                why_not = pair.why_not
             payload = data if why_not is None else encode_image(resized, enc.format, enc.quality)
         except ItemError as e:
             return SampleResult(idx=item.idx, status=e.status, detail=e.detail)
         members = {enc.format: payload}
+        if pair is not None:
+            members[source_member(enc.format)] = (pair.cut.data if why_not is None else
+                                                  encode_image(pair.cut.image, enc.format, enc.quality))
         if item.caption is not None:
             members["txt"] = item.caption.encode("utf-8")
         if item.label is not None:
@@ -77,8 +94,27 @@ class WdsSampleMaker:
                 "label": item.label, "label_name": item.label_name, "license": src.license, "origin": src.origin,
                 "passthrough": why_not is None, "notes": dec.notes, "meta": item.meta,
             }
+            if pair is not None:  # "source" is the dataset's name: the edit's source is a partner
+                meta["partners"] = {SOURCE: source_facts(item, pair.cut, source_member(enc.format), why_not is None)}
             members["json"] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return SampleResult(idx=item.idx, status=WRITTEN, members=members, info=info)
+
+    def _source(self, item: PlannedItem, img, resized, why_not: str | None) -> _Pair:
+        """The item's edit source through the target's decision (:mod:`~shardsmith.transform.pairs`),
+        and the pair's passthrough verdict: both members keep their bytes only when both could
+        (the target's ``why_not`` is None and the source is of the output's format, its pixels
+        untouched by decode and decision); otherwise both are encoded at ``image.quality``, so a
+        pair never mixes original bytes with re-encoded ones."""
+        enc = self.o.image
+        geom = wds_geometry(*img.size, enc, self.rules.upscale)
+        if geom is None or geom.out_size != resized.size:  # the same decision the target just took
+            raise AssertionError(f"{item.item_id}: wds_geometry disagrees with the target's picture")
+        cut = cut_source(item, geom, max_pixels=self.rules.max_pixels, background=self.rules.background)
+        if why_not is None and enc.passthrough:
+            src_why = passthrough_ok(cut.dec, enc.format, cut.changed)
+            if src_why is not None:
+                why_not = f"its source: {src_why}"
+        return _Pair(cut, why_not)
 
     def _geometry(self, item: PlannedItem, img):
         """The picture this output writes: ``image.max_aspect`` screened (skipped:aspect_ratio), then
