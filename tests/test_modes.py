@@ -68,12 +68,15 @@ def test_an_edit_row_without_its_source_fails_missing_source(tmp_path):
     src = tmp_path / "src"
     real_photos(src, 2, seed=5, min_side=64, max_side=96)
     a, b = sorted(p.name for p in src.glob("*.jpg"))
-    (src / "rows.csv").write_text(f"target,before,instruction\n{a},{b},make it brighter\n{b},,make it darker\n")
+    (src / "rows.csv").write_text(f"target,before,instruction\n{a},{a},make it brighter\n{b},,make it darker\n"
+                                  f"{b},{a},a source of another shape\n")
     m = build(recipe_from_dict({"sources": [{"path": str(src / "rows.csv"),
                                              "columns": {"media": "target", "source": "before",
                                                          "caption": "instruction"}}],
-                                "mode": "image-edit", "outputs": [{"format": "wds"}]}), tmp_path / "out", quiet=True)
-    assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"missing_source": 1}
+                                "mode": "image-edit", "split": {"dedup": False},
+                                "outputs": [{"format": "wds"}]}), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 1
+    assert m["counts"]["failed"] == {"missing_source": 1, "source_geometry_mismatch": 1}
 
 
 @pytest.mark.slow
