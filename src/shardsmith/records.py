@@ -170,6 +170,7 @@ class SampleResult:
     pixels: Any = None  # latent outputs: uint8 frames [F, H, W, 3] in their bucket, awaiting the encoder
     audio: Any = None  # outputs with audio latents: float32 [2, N] at the audio encoder's rate, awaiting it
     partners: Any = None  # latent outputs of a mode with partners: {name: uint8 [F, H, W, 3]}, awaiting the VAE
+    conditions: Any = None  # arrays written as they are (a latent-grid mask, camera rows): {name: ndarray}
 
 
 class UnitFile(NamedTuple):

@@ -33,12 +33,13 @@ REFERENCE_LATENTS = "reference_latents"
 REFERENCE_AUDIO_LATENTS = "reference_audio_latents"
 VIDEO_MASKS = "video_masks"
 AUDIO_MASKS = "audio_masks"
+CAMERAS = "cameras"  # camera-controlled video: {"camera": [F, 20]} per sample (extrinsics row-major, fx fy cx cy)
 
 #: every folder an LTX trainer reads, in the order verify lists them
 TRAINER_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, AUDIO_MASKS,
                 REFERENCE_AUDIO_LATENTS)
 #: the folders shardsmith writes (a video/image cache, its audio cache, its text conditions, its references)
-WRITTEN_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS)
+WRITTEN_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, CAMERAS)
 #: the folders a trainer needs at least (``conditions/`` is always required)
 DEFAULT_DIRS = (LATENTS, CONDITIONS)
 #: any of these directly in a folder makes it a ``.precomputed/`` tree

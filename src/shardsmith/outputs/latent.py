@@ -29,6 +29,25 @@ def partner_cutter(recipe):
     return PartnerCutter(names, recipe.images.max_pixels) if names else None
 
 
+def condition_cutter(recipe):
+    """The arrays the recipe's ``mode`` gives each latent sample as they are (a mask on the VAE's latent
+    grid, camera rows), or None; the VAE's compression comes from its config (no model loaded)."""
+    from shardsmith.transform.partners import MODE_CONDITIONS, ConditionCutter
+
+    names = MODE_CONDITIONS.get(recipe.mode or "")
+    if not names:
+        return None
+    spatial, temporal = 8, 1
+    v = recipe.models.vae
+    if v is not None:
+        from shardsmith.encode.vae_config import geometry
+
+        geo = geometry(v.family, v.config, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision)
+        if geo is not None:
+            spatial, temporal = geo["spatial"], geo["temporal"]
+    return ConditionCutter(names, spatial, temporal)
+
+
 AUDIO_CHECKED_CLIPS = 32  # clips of an output without audio probed for an audio track it drops
 
 
@@ -72,7 +91,7 @@ class LatentKind(OutputKind):
         r = ctx.recipe
         buckets = parse_buckets(r.geometry.buckets) if r.geometry.buckets else []  # none: an audio-only dataset
         return LatentPixelMaker(buckets, r.images, r.geometry.fps,
-                                audio=audio_cutter(o, r), partners=partner_cutter(r))
+                                audio=audio_cutter(o, r), partners=partner_cutter(r), conditions=condition_cutter(r))
 
     def warnings(self, o, ctx: OutputContext, files: dict) -> list[str]:
         return unencoded_audio(o, ctx)

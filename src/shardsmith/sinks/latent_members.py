@@ -28,9 +28,10 @@ import os
 import numpy as np
 import torch
 
-from shardsmith.formats.precomputed import (AUDIO_LATENTS, CONDITIONS, LATENTS, REFERENCE_LATENTS, cache_member,
-                                            mirrored)
-from shardsmith.formats.wds import AUDIO_LATENT, JSON, LATENT, PARTNER_LATENTS, TEXT_EMB, TXT, media_suffix
+from shardsmith.formats.precomputed import (AUDIO_LATENTS, CAMERAS, CONDITIONS, LATENTS, REFERENCE_LATENTS,
+                                            VIDEO_MASKS, cache_member, mirrored)
+from shardsmith.formats.wds import (AUDIO_LATENT, CAMERA, JSON, LATENT, MASK, PARTNER_LATENTS, TEXT_EMB, TXT,
+                                    media_suffix)
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.atomic import atomic_write_bytes
@@ -81,11 +82,15 @@ class LatentMembers:
             made = res.members or {}  # made by the sample maker (the first frame's JPEG)
             if isinstance(self.o, LatentWdsOutput):
                 res.members = self._wds_members(item, res, latents[i], shape, text, a)
+                res.members.update(condition_members(res.conditions))
                 for n, zp in sorted(mine.items()):
                     res.members[PARTNER_LATENTS[n]] = pt_bytes(zp.to(_DTYPES[self.o.latent_dtype]).contiguous())
                 res.members.update(made)
             else:
                 res.members = self._precomputed_members(item, res, latents[i], text, a)
+                rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
+                for folder, key, arr in precomputed_conditions(res.conditions):
+                    res.members[cache_member(folder, rel)] = pt_bytes({key: torch.from_numpy(arr)})
                 if "reference" in mine or "source" in mine:  # IC-LoRA / edit conditions: reference_latents/
                     rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
                     zp = mine.get("reference", mine.get("source"))
@@ -147,6 +152,7 @@ class LatentMembers:
             pixel = (3, *frames.shape[1:3]) if stage.vae.spec.kind == "image_vae" else (3, *frames.shape[:3])
             out.append((PARTNER_LATENTS[n], _pth_size(stage.vae.spec.latent_shape(pixel), self.o.latent_dtype)))
         out += [(k, len(v)) for k, v in sorted((res.members or {}).items())]  # made by the sample maker
+        out += [(k, len(v)) for k, v in sorted(condition_members(res.conditions).items())]
         if res.audio is not None:
             a = stage.audio_vae.spec
             steps = stage.audio_vae.latent_steps(int(res.audio.shape[-1]))
@@ -157,6 +163,27 @@ class LatentMembers:
             if item.caption is not None:
                 out.append((TXT, len(item.caption.encode("utf-8"))))
         return out
+
+
+def condition_members(conditions: dict | None) -> dict[str, bytes]:
+    """A ``latent_wds`` sample's condition members: ``mask.pth`` (the latent-grid mask, a tensor) and
+    ``camera.npy`` (float32 ``[F, 20]``, no pickle)."""
+    out: dict[str, bytes] = {}
+    for name, arr in sorted((conditions or {}).items()):
+        if name == "mask":
+            out[MASK] = pt_bytes(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)))
+        elif name == "camera":
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
+            out[CAMERA] = buf.getvalue()
+    return out
+
+
+def precomputed_conditions(conditions: dict | None) -> list[tuple[str, str, np.ndarray]]:
+    """``(folder, key, array)`` of a ``.precomputed/`` sample's conditions: ``video_masks/`` ``{"mask":
+    [F', H', W']}`` as LTX's trainer reads it, ``cameras/`` ``{"camera": [F, 20]}``."""
+    folders = {"mask": (VIDEO_MASKS, "mask"), "camera": (CAMERAS, "camera")}
+    return [(*folders[n], np.ascontiguousarray(a, dtype=np.float32)) for n, a in sorted((conditions or {}).items())]
 
 
 @functools.lru_cache(maxsize=64)

@@ -31,7 +31,7 @@ from shardsmith.transform.video import VideoProbe, decode_frames, probe_video, r
 
 if TYPE_CHECKING:
     from shardsmith.transform.audio_samples import AudioCutter
-    from shardsmith.transform.partners import PartnerCutter
+    from shardsmith.transform.partners import ConditionCutter, PartnerCutter
 
 IMAGE_FPS = 1.0  # what LTX's trainer stores for images
 
@@ -46,9 +46,10 @@ def no_audio(info: dict) -> str | None:
 
 class LatentPixelMaker:
     def __init__(self, buckets: list[Bucket], rules: ImageRules, target_fps: float | None = None,
-                 audio: AudioCutter | None = None, partners: PartnerCutter | None = None):
+                 audio: AudioCutter | None = None, partners: PartnerCutter | None = None,
+                 conditions: ConditionCutter | None = None):
         self.buckets, self.rules, self.target_fps, self.audio = buckets, rules, target_fps, audio
-        self.partners = partners
+        self.partners, self.conditions = partners, conditions
         self.image_buckets = [b for b in buckets if b.frames == 1]
 
     def _fit(self, item: PlannedItem, geom: Geometry) -> None:
@@ -92,7 +93,7 @@ class LatentPixelMaker:
         if self.audio is not None:
             info["audio"] = self.audio.for_image(item)[1]
         res = SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info=info, detail=no_audio(info))
-        return self._with_partners(item, geom, res)
+        return self._with_partners(item, geom, res, 1)
 
     def image_geometry(self, item: PlannedItem, w: int, h: int) -> Geometry:
         """An image's one geometry decision from its upright size ``w`` x ``h``: the 1-frame
@@ -146,11 +147,15 @@ class LatentPixelMaker:
         if self.audio is not None:
             wave, info["audio"] = self.audio.for_clip(item, geom, pr.fps)
         res = SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info=info, audio=wave, detail=no_audio(info))
-        return self._with_partners(item, geom, res)
+        return self._with_partners(item, geom, res, pr.frames)
 
-    def _with_partners(self, item: PlannedItem, geom: Geometry, res: SampleResult) -> SampleResult:
+    def _with_partners(self, item: PlannedItem, geom: Geometry, res: SampleResult, source_frames: int) -> SampleResult:
         """``res`` with its partners' pixels (``res.partners``) and, for ``first_frame``, the frame's JPEG
-        as a member made here (``first_frame.jpg``; the latent outputs that write it keep it)."""
+        as a member made here (``first_frame.jpg``; the latent outputs that write it keep it), and the
+        arrays its conditions give (``res.conditions``: a latent-grid mask, camera rows)."""
+        if self.conditions is not None:
+            res.conditions = self.conditions.cut(item, geom, source_frames)
+            res.info["conditions"] = sorted(res.conditions)
         if self.partners is None:
             return res
         res.partners = self.partners.cut(item, geom, res.pixels)

@@ -98,3 +98,43 @@ def _partner_error(role: str, fn):
         return fn()
     except ItemError as e:
         raise ItemError(f"{role}_{e.reason}", e.detail) from None
+
+
+#: the arrays each mode's samples carry as they are (no encoder): a mask on the latent grid, camera rows
+MODE_CONDITIONS: dict[str, tuple[str, ...]] = {"video-inpaint": ("mask",), "camera-video": ("camera",)}
+
+
+@dataclass(frozen=True)
+class ConditionCutter:
+    """The arrays of a sample made on the CPU from its partners, with its target's geometry:
+
+    - ``mask`` (``video-inpaint``): the item's mask file through the target's exact resize, crop and
+      frames (:func:`~shardsmith.transform.masks.target_mask`), pooled onto the VAE's latent grid
+      (:func:`~shardsmith.transform.masks.latent_mask`, frame 0 alone then groups of ``temporal``; a
+      cell is masked when any of its pixels is): float32 0/1 ``[F', H', W']``, the latent's grid exactly.
+    - ``camera`` (``camera-video``): the item's camera track sampled at the target's frame indices,
+      intrinsics moved onto the output pixels (:func:`~shardsmith.transform.camera.camera_for`): float32
+      ``[F, 20]`` (16 world-to-camera extrinsic values row-major, then fx, fy, cx, cy).
+    Problems are the item's ``failed:<role>_<reason>`` / ``failed:camera_length_mismatch``."""
+
+    names: tuple[str, ...]
+    spatial: int = 8
+    temporal: int = 1
+
+    def cut(self, item: PlannedItem, geom: Geometry, source_frames: int) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name in self.names:
+            ref = item.media.get(name)
+            if ref is None:
+                raise ItemError(f"missing_{name}", f"{item.item_id} has no {name}; give it one "
+                                f"(sources[*].columns.{name})")
+            if name == "mask":
+                from shardsmith.transform.masks import latent_mask, target_mask
+
+                pixel = target_mask(ref.path, geom, item.item_id)
+                out[name] = latent_mask(pixel, self.spatial, self.temporal)
+            elif name == "camera":
+                from shardsmith.transform.camera import camera_for, load_camera
+
+                out[name] = camera_for(load_camera(ref.path, item.item_id), geom, source_frames, item.item_id)
+        return out

@@ -47,7 +47,7 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     unmatched = ds.unmatched if ds is not None else []
     n = len(ds) if ds is not None else 0
     report.update(world=1, workers=0, dirs=dirs, mode=mode, mode_from=mode_from)
-    rec, bad_grid, bad_mask = ContractRecorder(), [], []
+    rec, bad_grid, bad_mask, bad_vmask = ContractRecorder(), [], [], []
     audio = SampleChecks(mode, dirs, temporal_factor(stamp), ltx2=made_for_ltx2(stamp))
     frames = set()
     for i in range(n):
@@ -63,6 +63,11 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
                     bad_grid.append(f"{d}/{it['path']} ({why})")
                 elif d == precomputed_layout.LATENTS:
                     frames.add(it[d]["num_frames"])
+        vm = it.get(precomputed_layout.VIDEO_MASKS)
+        if vm is not None:
+            why = _mask_problem(vm, it.get(precomputed_layout.LATENTS))
+            if why:
+                bad_vmask.append(f"{it['path']} ({why})")
         cond = it.get(precomputed_layout.CONDITIONS)
         mask = cond.get(precomputed_layout.PROMPT_ATTENTION_MASK) if isinstance(cond, dict) else None
         if torch.is_tensor(mask) and mask.dtype != torch.int64:
@@ -85,6 +90,10 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
               f"{list(precomputed_layout.LATENT_KEYS)}, e.g. {bad_grid[:2]}")
         check("attention_mask", not bad_mask, "prompt_attention_mask is int64 everywhere" if not bad_mask else
               f"{len(bad_mask)} condition(s) with a non-int64 mask, e.g. {bad_mask[:2]}")
+        if precomputed_layout.VIDEO_MASKS in dirs:
+            check("mask_grid", not bad_vmask, "every video mask is 0/1 on its latent's grid [F', H', W']" if not
+                  bad_vmask else f"{len(bad_vmask)} video mask(s) the LTX trainer cannot reshape to its latent's "
+                  f"tokens, e.g. {bad_vmask[:2]}; rebuild the masks (mode: video-inpaint cuts them with the target)")
         audio.emit(check)
     c = rec.to_dict()
     report["contract"] = c
@@ -99,6 +108,20 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     report["checks"] = checks
     report["ok"] = all(ch["ok"] for ch in checks)
     return report
+
+
+def _mask_problem(vm: dict, lat: dict | None) -> str | None:
+    """Why a ``video_masks/`` dict is not a 0/1 ``mask`` on its latent's grid ``[F', H', W']``, or None."""
+    import torch
+
+    m = vm.get("mask") if isinstance(vm, dict) else None
+    if not torch.is_tensor(m) or m.ndim != 3:
+        return f"mask is {getattr(m, 'shape', type(m).__name__)}, not [F', H', W']"
+    if lat is not None and torch.is_tensor(lat.get("latents")) and tuple(m.shape) != tuple(lat["latents"].shape[1:]):
+        return f"mask {list(m.shape)} vs latent grid {list(lat['latents'].shape[1:])}"
+    if not bool(((m == 0) | (m == 1)).all()):
+        return "mask holds values other than 0 and 1"
+    return None
 
 
 def _grid_problem(lat: Any) -> str | None:
