@@ -155,3 +155,35 @@ def test_image_edit_source_latents(tmp_path):
         lat = torch.load(io.BytesIO(members[f"{k}.latent.pth"]), weights_only=True)
         srcl = torch.load(io.BytesIO(members[f"{k}.src_latent.pth"]), weights_only=True)
         assert srcl.shape == lat.shape and not torch.equal(srcl, lat)
+
+
+def test_reference_scale_factors(tmp_path):
+    """LTX's --reference-downscale-factor / --reference-temporal-scale-factor: the reference keeps the
+    target's view at 1/k the size, and the target's first frame then every k-th, at fps / k."""
+    cutter = PartnerCutter(("reference",), downscale=2, temporal_scale=2)
+    assert cutter.reference_frames(17) == [0, 1, 3, 5, 7, 9, 11, 13, 15]
+    assert PartnerCutter(("reference",)).reference_frames(5) == [0, 1, 2, 3, 4]
+    rec = _ic_table(tmp_path)
+    rec["geometry"] = {"buckets": ["128x128x17"], "reference_downscale_factor": 2,
+                       "reference_temporal_scale_factor": 2}
+    rec["outputs"] = [{"format": "precomputed"}]
+    build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    tree = tmp_path / "out" / ".precomputed"
+    v = torch.load(tree / "latents" / "c0.pt", weights_only=True)
+    r = torch.load(tree / "reference_latents" / "c0.pt", weights_only=True)
+    assert list(v["latents"].shape[1:]) == [3, 4, 4] and list(r["latents"].shape[1:]) == [2, 2, 2]  # 9 frames, 64 px
+    assert r["fps"] == v["fps"] / 2
+
+
+def test_reference_scale_factors_the_vae_cannot_encode_are_refused(tmp_path):
+    from shardsmith.precheck import precheck
+    from shardsmith.recipe import RecipeError
+
+    rec = _ic_table(tmp_path)
+    rec["outputs"] = [{"format": "precomputed"}]
+    rec["geometry"] = {"buckets": ["64x64x17"], "reference_downscale_factor": 4}
+    with pytest.raises(RecipeError, match="gives references of 16x16, not multiples of the VAE's spatial factor 32"):
+        precheck(recipe_from_dict(rec))
+    rec["geometry"] = {"buckets": ["64x64x17"], "reference_temporal_scale_factor": 4}
+    with pytest.raises(RecipeError, match="leave 1 \\+ 8n frames \\(gives 5\\)"):
+        precheck(recipe_from_dict(rec))

@@ -15,7 +15,8 @@ Contract
     ``pretrained``: their tokenizer, or the model itself);
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
-  - ``models.text.config`` names no config of the ``ltx2`` family.
+  - ``models.text.config`` names no config of the ``ltx2`` family;
+  - the reference scale factors give a reference the VAE cannot encode.
 - Nothing is written, no model class is touched; torch is imported only for that last question.
 - ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cuda:N`` / ``cpu`` into the device to use.
 - ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
@@ -175,6 +176,30 @@ def check_audio(recipe: Recipe) -> None:
         raise RecipeError(f"models.audio_vae: {exc}") from None
 
 
+def check_reference_scale(recipe: Recipe) -> None:
+    """The reference scale factors keep every bucket encodable: W/k, H/k multiples of the VAE's spatial
+    factor; (F - 1) divisible by the temporal scale and the reference's frame count 1 + temporal*n."""
+    g = recipe.geometry
+    k, t = g.reference_downscale_factor, g.reference_temporal_scale_factor
+    if (k, t) == (1, 1) or recipe.models.vae is None or not g.buckets:
+        return
+    geo = _vae_geometry(recipe)
+    if geo is None:
+        return
+    s_f, t_f = geo["spatial"], geo["temporal"]
+    for b in parse_buckets(g.buckets):
+        if b.width % (k * s_f) or b.height % (k * s_f):
+            raise RecipeError(f"geometry.reference_downscale_factor {k}: bucket {b} gives references of "
+                              f"{b.width / k:g}x{b.height / k:g}, not multiples of the VAE's spatial factor {s_f}; "
+                              f"use buckets whose sides are multiples of {k * s_f}, or another factor")
+        if b.frames > 1 and t > 1:
+            n = 1 + (b.frames - 1) // t
+            if (b.frames - 1) % t or (n - 1) % t_f:
+                raise RecipeError(f"geometry.reference_temporal_scale_factor {t}: bucket {b} has {b.frames} frames; "
+                                  f"(F - 1) must divide by {t} and leave 1 + {t_f}n frames (gives {n}); choose "
+                                  "another factor or bucket")
+
+
 def check_text_config(recipe: Recipe) -> None:
     """``models.text.config`` of the ``ltx2`` family names one of its configs (or is a valid dict)."""
     text = recipe.models.text
@@ -189,7 +214,7 @@ def check_text_config(recipe: Recipe) -> None:
 
 
 CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio,
-          check_text_config)
+          check_text_config, check_reference_scale)
 
 
 def precheck(recipe: Recipe) -> None:

@@ -410,6 +410,13 @@ class Geometry(_Strict):
 
     buckets: list[str] = Field(default_factory=list)
     fps: float | None = Field(None, gt=0, description="resample video to this frame rate (default: native)")
+    reference_downscale_factor: int = Field(
+        1, ge=1, description="IC-LoRA references at the target's bucket divided by this on each side (LTX's "
+        "--reference-downscale-factor); W/k and H/k must stay multiples of the VAE's spatial factor")
+    reference_temporal_scale_factor: int = Field(
+        1, ge=1, description="IC-LoRA references keep the target's first frame, then every k-th of the rest "
+        "(frames 0, 1, 1+k, ...; LTX's --reference-temporal-scale-factor) at fps / k; the count must keep the "
+        "VAE's 1 + temporal*n rule")
 
     @field_validator("buckets")
     @classmethod

@@ -26,7 +26,9 @@ def partner_cutter(recipe):
     from shardsmith.transform.partners import MODE_PARTNERS, PartnerCutter
 
     names = MODE_PARTNERS.get(recipe.mode or "")
-    return PartnerCutter(names, recipe.images.max_pixels) if names else None
+    g = recipe.geometry
+    return PartnerCutter(names, recipe.images.max_pixels, g.reference_downscale_factor,
+                         g.reference_temporal_scale_factor) if names else None
 
 
 def condition_cutter(recipe):

@@ -95,7 +95,8 @@ class LatentMembers:
                     rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
                     zp = mine.get("reference", mine.get("source"))
                     res.members[cache_member(REFERENCE_LATENTS, rel)] = pt_bytes(
-                        latent_record(zp.to(_DTYPES[self.o.latent_dtype]), res.info.get("fps", 1.0)))
+                        latent_record(zp.to(_DTYPES[self.o.latent_dtype]),
+                                      res.info.get("reference_fps", res.info.get("fps", 1.0))))
             res.pixels = None
 
     def _wds_members(self, item: PlannedItem, res: SampleResult, latent: bytes | None, shape: tuple[int, ...],

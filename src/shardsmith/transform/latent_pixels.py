@@ -159,6 +159,8 @@ class LatentPixelMaker:
         if self.partners is None:
             return res
         res.partners = self.partners.cut(item, geom, res.pixels)
+        if "reference" in res.partners and self.partners.temporal_scale > 1 and res.pixels.shape[0] > 1:
+            res.info["reference_fps"] = res.info["fps"] / self.partners.temporal_scale  # as LTX stores it
         if "first_frame" in res.partners:
             from shardsmith.formats.wds import FIRST_FRAME_JPG
             from shardsmith.transform.partners import first_frame_jpeg

@@ -7,7 +7,8 @@ Contract of :class:`PartnerCutter` (``names``: the partners the recipe's ``mode`
 - ``reference`` (IC-LoRA, ``v2v-ic`` / ``av2av-ic``): the item's ``reference`` clip (or image) through
   the target's resize, crop, frame indices and fps (:func:`~shardsmith.transform.geometry.for_partner`),
   so its pixels have the target's bucket and line up with it: uint8 ``[F, H, W, 3]`` (a still
-  reference: one frame). A reference of
+  reference: one frame); with ``downscale`` k, ``[F, H/k, W/k, 3]`` (the same view, smaller), with
+  ``temporal_scale`` k the target's first frame then every k-th (:meth:`PartnerCutter.reference_frames`). A reference of
   another aspect ratio is ``failed:reference_geometry_mismatch``; one with fewer frames than the target
   takes is ``failed:reference_too_short``; one that does not decode ``failed:reference_<reason>``.
 - ``source`` (``image-edit``): the item's ``source`` image through the target's resize and crop,
@@ -48,6 +49,14 @@ def first_frame_jpeg(pixels: np.ndarray) -> bytes:
 class PartnerCutter:
     names: tuple[str, ...]
     max_pixels: int = 89_478_485
+    downscale: int = 1  # the reference's sides: the target's bucket / downscale (LTX's reference downscale)
+    temporal_scale: int = 1  # the reference's frames: the target's first, then every temporal_scale-th
+
+    def reference_frames(self, count: int) -> list[int]:
+        """Positions in the target's frames that the reference keeps: ``[0, 1, 1 + k, 1 + 2k, ...]``
+        (LTX's temporal subsampling: 49 frames with k = 2 -> 25); all of them for k = 1."""
+        k = self.temporal_scale
+        return list(range(count)) if k == 1 or count <= 1 else [0, *range(1, count, k)]
 
     def cut(self, item: PlannedItem, geom: Geometry, pixels: np.ndarray) -> dict[str, np.ndarray]:
         """``{name: uint8 [F, H, W, 3]}`` of the partners (see the module contract)."""
@@ -70,6 +79,8 @@ class PartnerCutter:
             pr = _partner_error(role, lambda: probe_video(ref.path, name))
             pg = for_partner(geom, role, pr.width, pr.height, frames=pr.frames, name=item.item_id)
             indices = list(geom.frame_indices or range(shape[0]))
+            if role == "reference":
+                indices = [indices[i] for i in self.reference_frames(len(indices))]
             frames = _partner_error(role, lambda: decode_frames(ref.path, indices, name))
             if (frames.shape[2], frames.shape[1]) != pg.source_size:  # the decoder's size wins over the probe's
                 pg = for_partner(geom, role, frames.shape[2], frames.shape[1], name=item.item_id)
@@ -89,7 +100,20 @@ class PartnerCutter:
         if out.shape[1:] != shape[1:]:
             raise ItemError(f"{role}_geometry_mismatch", f"{name} came out {out.shape[2]}x{out.shape[1]}, its target "
                             f"{shape[2]}x{shape[1]}; give a {role} of the target's shape")
+        if role == "reference" and self.downscale > 1:
+            out = downscale_frames(out, self.downscale)
         return out
+
+
+def downscale_frames(frames: np.ndarray, k: int) -> np.ndarray:
+    """uint8 ``[F, H, W, 3]`` -> ``[F, H/k, W/k, 3]``: the same field of view at 1/k the size (PIL
+    bicubic, antialiased as every other resize here). ``H`` and ``W`` must divide by ``k``."""
+    from PIL import Image
+
+    f, h, w, _ = frames.shape
+    if h % k or w % k:
+        raise ValueError(f"{w}x{h} does not divide by the reference downscale factor {k}")
+    return np.stack([np.asarray(Image.fromarray(fr).resize((w // k, h // k), Image.BICUBIC)) for fr in frames])
 
 
 def _partner_error(role: str, fn):
