@@ -124,3 +124,37 @@ def test_camera_rows_follow_the_frames_and_the_crop(tmp_path):
     assert np.allclose(cam[0, 16:], [100.0, 100.0, 48.0 - 16.0, 32.0])
     pre = torch.load(tmp_path / "out" / ".precomputed" / "cameras" / "c0.pt", weights_only=True)["camera"]
     assert torch.equal(pre, torch.from_numpy(cam))
+
+
+def test_audio_inpainting_masks_on_the_audio_latent_steps(tmp_path):
+    """audio-inpaint: each audio file's mask (an array over the file, or an audio file's envelope) lands
+    on its audio latent's steps, ``audio_masks/`` ``{"mask": [T]}`` as LTX's trainer reads it."""
+    from video_factory import audio_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["audio,mask,caption"]
+    for i in range(2):
+        audio_file(src / f"a{i}.wav", kind="speech", duration=2.5, rate=22050, layout="mono")
+        m = np.zeros(250, np.float32)
+        m[: 100 + 50 * i] = 1.0  # the first 1.0 s / 1.5 s is kept (conditioning), the rest generated
+        np.save(src / f"m{i}.npy", m)
+        rows.append(f"a{i}.wav,m{i}.npy,speech {i}")
+    (src / "rows.csv").write_text("\n".join(rows) + "\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "audio", "mask": "mask",
+                                                                  "caption": "caption"}}],
+           "mode": "audio-inpaint", "audio": {"durations": [2.0]}, "split": {"dedup": False},
+           "models": {"text": {"family": "ltx2"}, "audio_vae": {"family": "ltx2_audio"}},
+           "outputs": [{"format": "precomputed"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 2
+    tree = tmp_path / "out" / ".precomputed"
+    for i in range(2):
+        a = torch.load(tree / "audio_latents" / f"a{i}.pt", weights_only=True)
+        mask = torch.load(tree / "audio_masks" / f"a{i}.pt", weights_only=True)["mask"]
+        assert mask.shape == (a["num_time_steps"],) == (51,)  # 2.0 s: 32000 // 640 + 1 steps
+        # nearest resampling of the 250-sample array (2.5 s) onto 51 steps: step j takes sample j*250//51
+        want = np.array([1.0 if j * 250 // 51 < 100 + 50 * i else 0.0 for j in range(51)], np.float32)
+        assert np.array_equal(mask.numpy(), want)
+    rep = verify(tree)
+    assert rep["mode"] == "audio-inpaint" and rep["ok"], [c for c in rep["checks"] if not c["ok"]]

@@ -47,7 +47,14 @@ def condition_cutter(recipe):
         geo = geometry(v.family, v.config, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision)
         if geo is not None:
             spatial, temporal = geo["spatial"], geo["temporal"]
-    return ConditionCutter(names, spatial, temporal)
+    audio = None
+    if "audio_mask" in names and recipe.models.audio_vae is not None:
+        from shardsmith.encode.audio_vae import audio_vae_settings
+
+        a = recipe.models.audio_vae
+        audio = audio_vae_settings(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+                                   config=a.config)
+    return ConditionCutter(names, spatial, temporal, audio)
 
 
 AUDIO_CHECKED_CLIPS = 32  # clips of an output without audio probed for an audio track it drops

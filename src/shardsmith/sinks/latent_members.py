@@ -28,9 +28,9 @@ import os
 import numpy as np
 import torch
 
-from shardsmith.formats.precomputed import (AUDIO_LATENTS, CAMERAS, CONDITIONS, LATENTS, REFERENCE_LATENTS,
+from shardsmith.formats.precomputed import (AUDIO_LATENTS, AUDIO_MASKS, CAMERAS, CONDITIONS, LATENTS, REFERENCE_LATENTS,
                                             VIDEO_MASKS, cache_member, mirrored)
-from shardsmith.formats.wds import (AUDIO_LATENT, CAMERA, JSON, LATENT, MASK, PARTNER_LATENTS, TEXT_EMB, TXT,
+from shardsmith.formats.wds import (AUDIO_LATENT, AUDIO_MASK, CAMERA, JSON, LATENT, MASK, PARTNER_LATENTS, TEXT_EMB, TXT,
                                     media_suffix)
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
@@ -167,12 +167,13 @@ class LatentMembers:
 
 
 def condition_members(conditions: dict | None) -> dict[str, bytes]:
-    """A ``latent_wds`` sample's condition members: ``mask.pth`` (the latent-grid mask, a tensor) and
-    ``camera.npy`` (float32 ``[F, 20]``, no pickle)."""
+    """A ``latent_wds`` sample's condition members: ``mask.pth`` (the latent-grid mask, a tensor),
+    ``audio_mask.pth`` (``[T]``) and ``camera.npy`` (float32 ``[F, 20]``, no pickle)."""
     out: dict[str, bytes] = {}
     for name, arr in sorted((conditions or {}).items()):
-        if name == "mask":
-            out[MASK] = pt_bytes(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)))
+        if name in ("mask", "audio_mask"):
+            tensor = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+            out[MASK if name == "mask" else AUDIO_MASK] = pt_bytes(tensor)
         elif name == "camera":
             buf = io.BytesIO()
             np.save(buf, np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
@@ -182,8 +183,9 @@ def condition_members(conditions: dict | None) -> dict[str, bytes]:
 
 def precomputed_conditions(conditions: dict | None) -> list[tuple[str, str, np.ndarray]]:
     """``(folder, key, array)`` of a ``.precomputed/`` sample's conditions: ``video_masks/`` ``{"mask":
-    [F', H', W']}`` as LTX's trainer reads it, ``cameras/`` ``{"camera": [F, 20]}``."""
-    folders = {"mask": (VIDEO_MASKS, "mask"), "camera": (CAMERAS, "camera")}
+    [F', H', W']}`` and ``audio_masks/`` ``{"mask": [T]}`` as LTX's trainer reads them, ``cameras/``
+    ``{"camera": [F, 20]}``."""
+    folders = {"mask": (VIDEO_MASKS, "mask"), "camera": (CAMERAS, "camera"), "audio_mask": (AUDIO_MASKS, "mask")}
     return [(*folders[n], np.ascontiguousarray(a, dtype=np.float32)) for n, a in sorted((conditions or {}).items())]
 
 

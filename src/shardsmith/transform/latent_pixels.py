@@ -175,4 +175,7 @@ class LatentPixelMaker:
         wave, info = self.audio.for_file(item)
         if wave is None:  # audio not required, but an audio-only item has nothing else to write
             raise ItemError(info["status"].split(":", 1)[1], info["detail"])
-        return SampleResult(idx=item.idx, status=WRITTEN, info={"audio": info}, audio=wave)
+        res = SampleResult(idx=item.idx, status=WRITTEN, info={"audio": info}, audio=wave)
+        if self.conditions is not None:
+            res.conditions = self.conditions.cut_audio(item, info) or None
+        return res

@@ -125,7 +125,8 @@ def _partner_error(role: str, fn):
 
 
 #: the arrays each mode's samples carry as they are (no encoder): a mask on the latent grid, camera rows
-MODE_CONDITIONS: dict[str, tuple[str, ...]] = {"video-inpaint": ("mask",), "camera-video": ("camera",)}
+MODE_CONDITIONS: dict[str, tuple[str, ...]] = {"video-inpaint": ("mask",), "camera-video": ("camera",),
+                                               "audio-inpaint": ("audio_mask",)}
 
 
 @dataclass(frozen=True)
@@ -139,15 +140,36 @@ class ConditionCutter:
     - ``camera`` (``camera-video``): the item's camera track sampled at the target's frame indices,
       intrinsics moved onto the output pixels (:func:`~shardsmith.transform.camera.camera_for`): float32
       ``[F, 20]`` (16 world-to-camera extrinsic values row-major, then fx, fy, cx, cy).
+    - ``audio_mask`` (``audio-inpaint``, audio-only samples): :meth:`cut_audio`.
     Problems are the item's ``failed:<role>_<reason>`` / ``failed:camera_length_mismatch``."""
 
     names: tuple[str, ...]
     spatial: int = 8
     temporal: int = 1
+    audio: object = None  # the audio encoder's settings (encode.audio_vae.AudioSettings): its latent steps
+
+    def cut_audio(self, item: PlannedItem, info: dict) -> dict[str, np.ndarray]:
+        """An audio-only sample's conditions: ``audio_mask`` (``audio-inpaint``), the item's ``mask`` file
+        on the audio latent's steps (:func:`~shardsmith.transform.masks.load_audio_mask`; an audio file's
+        envelope over the very window the target was cut to, resampled as the target was), float32 0/1
+        ``[T]``, T the audio latent's exactly."""
+        out: dict[str, np.ndarray] = {}
+        if "audio_mask" in self.names:
+            from shardsmith.transform.masks import load_audio_mask
+
+            ref = item.media.get("mask")
+            if ref is None:
+                raise ItemError("missing_mask", f"{item.item_id} has no mask; give it one (sources[*].columns.mask)")
+            steps = self.audio.latent_steps(int(info["samples"]))
+            out["audio_mask"] = load_audio_mask(ref.path, item.item_id, steps, rate=info["rate"], start=info["start"],
+                                                duration=info["duration"])
+        return out
 
     def cut(self, item: PlannedItem, geom: Geometry, source_frames: int) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for name in self.names:
+            if name == "audio_mask":
+                continue  # audio-only samples (cut_audio)
             ref = item.media.get(name)
             if ref is None:
                 raise ItemError(f"missing_{name}", f"{item.item_id} has no {name}; give it one "
