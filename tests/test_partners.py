@@ -187,3 +187,57 @@ def test_reference_scale_factors_the_vae_cannot_encode_are_refused(tmp_path):
     rec["geometry"] = {"buckets": ["64x64x17"], "reference_temporal_scale_factor": 4}
     with pytest.raises(RecipeError, match="leave 1 \\+ 8n frames \\(gives 5\\)"):
         precheck(recipe_from_dict(rec))
+
+
+def test_sigkill_mid_build_resumes_partners_byte_identical(tmp_path):
+    """kill -9 of a build with IC-LoRA references and first frames, then a resume: every file equals an
+    uninterrupted build's (same keys, same partner latents, same first frames)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from test_build import tree_bytes
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["clip,ref,caption"]
+    photos = ("astronaut", "coffee", "chelsea", "rocket")
+    for i in range(8):
+        pan_video(src / f"c{i}.mp4", frames=20 + i, fps=FPS, size=(96, 96), photo=photos[i % 4])
+        pan_video(src / f"r{i}.mp4", frames=20 + i, fps=FPS, size=(64, 64), photo=photos[(i + 1) % 4])
+        rows.append(f"c{i}.mp4,r{i}.mp4,clip {i}")
+    (src / "rows.csv").write_text("\n".join(rows) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "sources": [{"path": "src/rows.csv", "columns": {"media": "clip", "reference": "ref", "caption": "caption"}}],
+        "mode": "v2v-ic", "geometry": {"buckets": ["64x64x17"]},
+        "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}, "batch_size": 2},
+        "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}, {"format": "precomputed", "unit": 2}]}))
+
+    def start(out):
+        return subprocess.Popen([sys.executable, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "-q",
+                                 "--workers", "2", "--no-report"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+
+    t0 = time.monotonic()
+    assert start(tmp_path / "ref").wait(timeout=600) == 0
+    full = time.monotonic() - t0
+    want = tree_bytes(tmp_path / "ref")
+    assert sum(k.endswith("ref_latent.pth") for k in want) == 0  # (members live inside the tars)
+    assert len([k for k in want if k.startswith(".precomputed/reference_latents/")]) == 8
+    out, kills = tmp_path / "crashy", 0
+    for frac in (0.55, 0.7, 0.8):
+        p = start(out)
+        time.sleep(full * frac)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            kills += 1
+    assert kills >= 1, "the build finished before it could be killed; the test proves nothing"
+    assert start(out).wait(timeout=600) == 0
+    got = tree_bytes(out)
+    assert got.keys() == want.keys() and got == want
