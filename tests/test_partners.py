@@ -241,3 +241,57 @@ def test_sigkill_mid_build_resumes_partners_byte_identical(tmp_path):
     assert start(out).wait(timeout=600) == 0
     got = tree_bytes(out)
     assert got.keys() == want.keys() and got == want
+
+
+def test_ic_lora_with_audio_writes_the_references_audio_latents(tmp_path):
+    """av2av-ic: the reference clip's pixels and its audio, both over the target's window: the four
+    folders the LTX-2 trainer reads in that mode, and verify passes the tree."""
+    from video_factory import audio_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["clip,ref,caption"]
+    for i, photo in enumerate(("astronaut", "coffee")):
+        pan_video(src / f"c{i}.mp4", frames=30 + i, fps=FPS, size=(128, 128), photo=photo, audio="speech")
+        pan_video(src / f"r{i}.mp4", frames=30 + i, fps=FPS, size=(64, 64), photo=photo, audio="tone")
+        rows.append(f"c{i}.mp4,r{i}.mp4,clip {i}")
+    (src / "rows.csv").write_text("\n".join(rows) + "\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "clip", "reference": "ref",
+                                                                  "caption": "caption"}}],
+           "mode": "av2av-ic", "geometry": {"buckets": ["64x64x17"]},
+           "models": {"vae": {"family": "ltx2"}, "text": {"family": "ltx2"}, "audio_vae": {"family": "ltx2_audio"},
+                      "batch_size": 2},
+           "outputs": [{"format": "precomputed"}, {"format": "latent_wds", "dir": "lat"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 2
+    tree = tmp_path / "out" / ".precomputed"
+    for name in ("c0.pt", "c1.pt"):
+        a = torch.load(tree / "audio_latents" / name, weights_only=True)
+        ra = torch.load(tree / "reference_audio_latents" / name, weights_only=True)
+        assert ra["latents"].shape == a["latents"].shape and ra["duration"] == a["duration"] == 17 / FPS
+        assert not torch.equal(ra["latents"], a["latents"])  # a tone, not the target's speech
+    with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
+        names = {x.name for x in tf.getmembers()}
+    assert {"c0.ref_audio_latent.pth", "c0.ref_latent.pth", "c0.audio_latent.pth"} <= names
+    from shardsmith.verify.runner import verify
+
+    rep = verify(tree)
+    assert rep["mode"] == "av2av-ic" and rep["ok"], [c for c in rep["checks"] if not c["ok"]]
+
+    # a2a-ic: audio files with audio references
+    asrc = tmp_path / "asrc"
+    asrc.mkdir()
+    audio_file(asrc / "t.wav", kind="speech", duration=2.2, rate=16000, layout="mono")
+    audio_file(asrc / "r.flac", kind="tone", duration=2.4, rate=44100, layout="stereo")
+    (asrc / "rows.csv").write_text("audio,ref,caption\nt.wav,r.flac,a voice\n")
+    arec = {"sources": [{"path": str(asrc / "rows.csv"), "columns": {"media": "audio", "reference": "ref",
+                                                                    "caption": "caption"}}],
+            "mode": "a2a-ic", "audio": {"durations": [2.0]},
+            "models": {"text": {"family": "ltx2"}, "audio_vae": {"family": "ltx2_audio"}},
+            "outputs": [{"format": "precomputed"}]}
+    build(recipe_from_dict(arec), tmp_path / "aout", quiet=True)
+    at = tmp_path / "aout" / ".precomputed"
+    ra = torch.load(at / "reference_audio_latents" / "t.pt", weights_only=True)
+    assert ra["duration"] == 2.0 and ra["num_time_steps"] == 51
+    rep = verify(at)
+    assert rep["mode"] == "a2a-ic" and rep["ok"], [c for c in rep["checks"] if not c["ok"]]

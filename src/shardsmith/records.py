@@ -171,6 +171,7 @@ class SampleResult:
     audio: Any = None  # outputs with audio latents: float32 [2, N] at the audio encoder's rate, awaiting it
     partners: Any = None  # latent outputs of a mode with partners: {name: uint8 [F, H, W, 3]}, awaiting the VAE
     conditions: Any = None  # arrays written as they are (a latent-grid mask, camera rows): {name: ndarray}
+    audio_reference: Any = None  # IC-LoRA with audio: the reference's waveform [2, N], awaiting the audio encoder
 
 
 class UnitFile(NamedTuple):

@@ -189,14 +189,18 @@ class LatentFinisher:
         batch = [(item, res) for item, res, _ in entries]
         waves = [res.audio for _, res in batch]
         partners = [res.partners for _, res in batch]
+        ref_waves = [res.audio_reference for _, res in batch]
         for _, res in batch:
-            res.audio = res.partners = None
+            res.audio = res.partners = res.audio_reference = None
         if all(w is None for w in waves):
             waves = None
+        if all(w is None for w in ref_waves):
+            ref_waves = None
         if all(p is None for p in partners):
             partners = None
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
-            self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves)))
+            self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves,
+                                                                      ref_waves)))
             while len(self.in_flight) > self.max_in_flight:
                 self._finish(self.in_flight.pop(0))
             return
@@ -205,13 +209,14 @@ class LatentFinisher:
             r.pixels = None
         # on the stage's device thread (where the warm-up tuned cuDNN), queued behind earlier batches
         self.in_flight.append((entries[0][2], batch, stage.submit(self._gpu, stage, batch, host,
-                                                                  time.perf_counter(), waves, partners)))
+                                                                  time.perf_counter(), waves, partners,
+                                                                  ref_waves)))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
 
     @staticmethod
     def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float, waves=None,
-             partners=None):
+             partners=None, ref_waves=None):
         """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
         on a GPU it returns once the batch is queued there, so the next batch is queued behind it.
         With ``waves``, their audio latents are made after the launch (``pend.audio``); with
@@ -220,14 +225,18 @@ class LatentFinisher:
         pend = stage.launch(host, len(batch), captions, staged_at=staged_at)
         pend.audio = _audio_latents(stage, waves)
         pend.partners = _partner_latents(stage, partners)
+        pend.audio_reference = _audio_latents(stage, ref_waves)
         return pend
 
     @staticmethod
-    def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]], waves=None) -> "TextOnlyBatch":
+    def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]], waves=None,
+                   ref_waves=None) -> "TextOnlyBatch":
         """Encoder thread: the captions of a batch without pixels through the text encoder, and
-        their audio through the audio encoder."""
+        their audio (and their references' audio) through the audio encoder."""
         texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
-        return TextOnlyBatch(texts, _audio_latents(stage, waves))
+        done = TextOnlyBatch(texts, _audio_latents(stage, waves))
+        done.audio_reference = _audio_latents(stage, ref_waves)
+        return done
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
@@ -239,14 +248,17 @@ class LatentFinisher:
             z, texts = done.result_batch()
             audio = getattr(done, "audio", None)
             partners = getattr(done, "partners", None)
-            if self.memo is not None and z is not None and partners is None:
+            ref_audio = getattr(done, "audio_reference", None)
+            if self.memo is not None and z is not None and partners is None and ref_audio is None:
                 self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch], audio)
-            self._render(batch, z, texts, audio, partners)
+            self._render(batch, z, texts, audio, partners, ref_audio)
 
-    def _render(self, batch, z, texts, audio, partners=None) -> None:
-        """``members.render``, with ``audio=`` / ``partners=`` only for a renderer that writes them
-        (``takes_audio``): a latent kept in the memo by an output with audio may be read by one without."""
-        extra = {k: v for k, v in (("audio", audio), ("partners", partners)) if v is not None}
+    def _render(self, batch, z, texts, audio, partners=None, ref_audio=None) -> None:
+        """``members.render``, with ``audio=`` / ``partners=`` / ``audio_reference=`` only for a renderer
+        that writes them (``takes_audio``): a latent kept in the memo by an output with audio may be read
+        by one without."""
+        extra = {k: v for k, v in (("audio", audio), ("partners", partners), ("audio_reference", ref_audio))
+                 if v is not None}
         if not extra or not getattr(self.members, "takes_audio", False):
             self.members.render(batch, z, texts)
         else:
@@ -254,7 +266,8 @@ class LatentFinisher:
 
     def add(self, item: PlannedItem, res: SampleResult) -> None:
         # (an item with partners is encoded whole: the memo keeps no partner latents)
-        kept = self.memo.get(item, geometry(res)) if self.memo is not None and res.partners is None else None
+        kept = self.memo.get(item, geometry(res)) if self.memo is not None and res.partners is None and \
+            res.audio_reference is None else None
         if kept is not None:  # encoded for another output already: rendered now, not encoded again
             _ = self.stage  # (the renderer takes the models' identities at the first batch)
             z, text, audio = kept

@@ -32,6 +32,7 @@ class PendingBatch:
         self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.audio: list | None = None  # one audio latent per item (None: no audio), set by the finisher
         self.partners: dict | None = None  # {partner name: latent per item}, set by the finisher
+        self.audio_reference: list | None = None  # the references' audio latents per item, set by the finisher
         self.todo: list[str] = []
         self._out = None
 

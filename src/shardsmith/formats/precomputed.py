@@ -39,7 +39,8 @@ CAMERAS = "cameras"  # camera-controlled video: {"camera": [F, 20]} per sample (
 TRAINER_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, AUDIO_MASKS,
                 REFERENCE_AUDIO_LATENTS)
 #: the folders shardsmith writes (a video/image cache, its audio cache, its text conditions, its references)
-WRITTEN_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, AUDIO_MASKS, CAMERAS)
+WRITTEN_DIRS = (LATENTS, CONDITIONS, AUDIO_LATENTS, REFERENCE_LATENTS, REFERENCE_AUDIO_LATENTS, VIDEO_MASKS,
+                AUDIO_MASKS, CAMERAS)
 #: the folders a trainer needs at least (``conditions/`` is always required)
 DEFAULT_DIRS = (LATENTS, CONDITIONS)
 #: any of these directly in a folder makes it a ``.precomputed/`` tree

@@ -43,6 +43,7 @@ SRC_LATENT = "src_latent.pth"  # image editing: the source image's latents
 FIRST_FRAME_JPG = "first_frame.jpg"  # image-conditioned video: the target's first frame after its crop
 FIRST_FRAME_LATENT = "first_frame_latent.pth"  # ... and its latents
 MASK = "mask.pth"  # inpainting: the mask on the latent grid [F', H', W'] float32 0/1
+REF_AUDIO_LATENT = "ref_audio_latent.pth"  # IC-LoRA with audio: the reference's audio latents [C, T, F]
 AUDIO_MASK = "audio_mask.pth"  # audio inpainting: the mask on the audio latent's steps [T] float32 0/1
 CAMERA = "camera.npy"  # camera-controlled video: [F, 20] float32 (extrinsics row-major, fx fy cx cy)
 #: a partner's latent member in a latent_wds sample, by partner name

@@ -17,7 +17,8 @@ def audio_cutter(o, recipe):
     settings = audio_vae_settings(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
                                   config=a.config)
     durations = tuple(recipe.audio.durations) if recipe.audio.durations else None
-    return AudioCutter(settings.sample_rate, recipe.audio_required, durations)
+    return AudioCutter(settings.sample_rate, recipe.audio_required, durations,
+                       reference=recipe.mode in ("av2av-ic", "a2a-ic"))
 
 
 def partner_cutter(recipe):

@@ -28,10 +28,11 @@ import os
 import numpy as np
 import torch
 
-from shardsmith.formats.precomputed import (AUDIO_LATENTS, AUDIO_MASKS, CAMERAS, CONDITIONS, LATENTS, REFERENCE_LATENTS,
-                                            VIDEO_MASKS, cache_member, mirrored)
-from shardsmith.formats.wds import (AUDIO_LATENT, AUDIO_MASK, CAMERA, JSON, LATENT, MASK, PARTNER_LATENTS, TEXT_EMB, TXT,
-                                    media_suffix)
+from shardsmith.formats.precomputed import (AUDIO_LATENTS, AUDIO_MASKS, CAMERAS, CONDITIONS, LATENTS,
+                                            REFERENCE_AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, cache_member,
+                                            mirrored)
+from shardsmith.formats.wds import (AUDIO_LATENT, AUDIO_MASK, CAMERA, JSON, LATENT, MASK, PARTNER_LATENTS,
+                                    REF_AUDIO_LATENT, TEXT_EMB, TXT, media_suffix)
 from shardsmith.recipe import LatentWdsOutput
 from shardsmith.records import PlannedItem, SampleResult, SourceInfo
 from shardsmith.atomic import atomic_write_bytes
@@ -61,7 +62,8 @@ class LatentMembers:
         self.audio_record = audio_vae.record if audio_vae is not None else None
 
     def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor | None, texts,
-               audio: list | None = None, partners: dict[str, list] | None = None) -> None:
+               audio: list | None = None, partners: dict[str, list] | None = None,
+               audio_reference: list | None = None) -> None:
         """Set ``res.members`` (and drop ``res.pixels``) of every item of a finished batch; ``z`` is
         None for a batch without pixels (audio-only items), ``audio`` one audio latent per item (or None),
         ``partners`` ``{name: latent per item}`` (a reference, a source, the first frame)."""
@@ -79,10 +81,13 @@ class LatentMembers:
             text = texts[i] if texts else None
             a = audio[i] if audio is not None else None
             mine = {n: zs[i] for n, zs in (partners or {}).items() if zs[i] is not None}
+            ra = audio_reference[i] if audio_reference is not None else None
             made = res.members or {}  # made by the sample maker (the first frame's JPEG)
             if isinstance(self.o, LatentWdsOutput):
                 res.members = self._wds_members(item, res, latents[i], shape, text, a)
                 res.members.update(condition_members(res.conditions))
+                if ra is not None:
+                    res.members[REF_AUDIO_LATENT] = pt_bytes(ra.to(torch.float32).contiguous())
                 for n, zp in sorted(mine.items()):
                     res.members[PARTNER_LATENTS[n]] = pt_bytes(zp.to(_DTYPES[self.o.latent_dtype]).contiguous())
                 res.members.update(made)
@@ -91,6 +96,9 @@ class LatentMembers:
                 rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
                 for folder, key, arr in precomputed_conditions(res.conditions):
                     res.members[cache_member(folder, rel)] = pt_bytes({key: torch.from_numpy(arr)})
+                if ra is not None:
+                    res.members[cache_member(REFERENCE_AUDIO_LATENTS, rel)] = pt_bytes(
+                        self.audio_record(ra, res.info["reference_audio"]["duration"]))
                 if "reference" in mine or "source" in mine:  # IC-LoRA / edit conditions: reference_latents/
                     rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
                     zp = mine.get("reference", mine.get("source"))
@@ -154,10 +162,11 @@ class LatentMembers:
             out.append((PARTNER_LATENTS[n], _pth_size(stage.vae.spec.latent_shape(pixel), self.o.latent_dtype)))
         out += [(k, len(v)) for k, v in sorted((res.members or {}).items())]  # made by the sample maker
         out += [(k, len(v)) for k, v in sorted(condition_members(res.conditions).items())]
-        if res.audio is not None:
-            a = stage.audio_vae.spec
-            steps = stage.audio_vae.latent_steps(int(res.audio.shape[-1]))
-            out.append((AUDIO_LATENT, _pth_size((a.latent_channels, steps, a.frequency_bins), "float32")))
+        for member, wave in ((AUDIO_LATENT, res.audio), (REF_AUDIO_LATENT, res.audio_reference)):
+            if wave is not None:
+                a = stage.audio_vae.spec
+                steps = stage.audio_vae.latent_steps(int(wave.shape[-1]))
+                out.append((member, _pth_size((a.latent_channels, steps, a.frequency_bins), "float32")))
         out.append((JSON, len(self._json(item, res, shape))))
         if self.o.include_media:
             out.append((media_suffix(item.path), os.path.getsize(item.path)))

@@ -41,6 +41,21 @@ class AudioCutter:
     rate: int
     required: bool = True
     durations: tuple[float, ...] | None = None
+    reference: bool = False  # IC-LoRA with audio (av2av-ic, a2a-ic): the reference's audio too
+
+    def for_reference(self, item: PlannedItem, target: dict[str, Any]) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The ``reference`` partner's audio over the very window the target's was cut to (``target``: the
+        target's ``info["audio"]``), for ``reference_audio_latents/``: a clip's audio stream or an audio
+        file. Without it the item fails (``failed:reference_no_audio_stream`` ...) when audio is required."""
+        ref = item.media.get("reference")
+        if ref is None or target.get("status") != "written":
+            return None, {"status": "none"}
+        name = f"{item.item_id} (its reference {ref.relpath})"
+        try:
+            dec = decode_audio(ref.path, name, rate=self.rate, start=target["start"], duration=target["duration"])
+        except ItemError as err:
+            return self._missing(item, ItemError(f"reference_{err.reason}", err.detail))
+        return dec.wave, self._info(dec, target["start"], target["duration"])
 
     def _missing(self, item: PlannedItem, err: ItemError) -> tuple[None, dict[str, Any]]:
         """No audio for ``item``: the item fails when audio is required, else the sample goes without."""

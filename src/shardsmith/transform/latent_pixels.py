@@ -147,7 +147,15 @@ class LatentPixelMaker:
         if self.audio is not None:
             wave, info["audio"] = self.audio.for_clip(item, geom, pr.fps)
         res = SampleResult(idx=item.idx, status=WRITTEN, pixels=out, info=info, audio=wave, detail=no_audio(info))
+        self._reference_audio(item, res)
         return self._with_partners(item, geom, res, pr.frames)
+
+    def _reference_audio(self, item: PlannedItem, res: SampleResult) -> None:
+        """With IC-LoRA audio (``av2av-ic``, ``a2a-ic``): the reference's audio over the target's window
+        (``res.audio_reference``, ``info["reference_audio"]``)."""
+        if self.audio is None or not self.audio.reference or res.audio is None:
+            return
+        res.audio_reference, res.info["reference_audio"] = self.audio.for_reference(item, res.info["audio"])
 
     def _with_partners(self, item: PlannedItem, geom: Geometry, res: SampleResult, source_frames: int) -> SampleResult:
         """``res`` with its partners' pixels (``res.partners``) and, for ``first_frame``, the frame's JPEG
@@ -176,6 +184,7 @@ class LatentPixelMaker:
         if wave is None:  # audio not required, but an audio-only item has nothing else to write
             raise ItemError(info["status"].split(":", 1)[1], info["detail"])
         res = SampleResult(idx=item.idx, status=WRITTEN, info={"audio": info}, audio=wave)
+        self._reference_audio(item, res)
         if self.conditions is not None:
             res.conditions = self.conditions.cut_audio(item, info) or None
         return res
