@@ -169,19 +169,8 @@ def speech_wave(duration: float, rate: int = 16000, text: str = "shardsmith make
 
 
 def _encode_audio(container, stream, samples: np.ndarray, rate: int) -> None:
-    """Encode mono float32 ``samples`` as stereo fltp into ``stream`` (AAC)."""
-    stereo = np.stack([samples, samples * 0.8]).astype(np.float32)
-    chunk = 1024
-    for i in range(0, stereo.shape[1], chunk):
-        part = np.ascontiguousarray(stereo[:, i : i + chunk])
-        frame = av.AudioFrame.from_ndarray(part, format="fltp", layout="stereo")
-        frame.sample_rate = rate
-        frame.pts = i
-        frame.time_base = fractions.Fraction(1, rate)
-        for p in stream.encode(frame):
-            container.mux(p)
-    for p in stream.encode(None):
-        container.mux(p)
+    """Encode mono float32 ``samples`` as stereo fltp into ``stream`` (AAC): left = samples, right = 0.8 x."""
+    _encode_channels(container, stream, np.stack([samples, samples * 0.8]).astype(np.float32), rate, "stereo")
 
 
 def channel_signals(mono: np.ndarray, layout: str, rate: int) -> np.ndarray:

@@ -476,10 +476,9 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
     built from ``config`` ("tiny", "published" or a dict; see :data:`CONFIGS`) and labelled
     ``"random-weights"``: such latents are not model-space data.
     """
-    import torch
     from diffusers import AutoencoderKLLTX2Audio
 
-    from .vae import _dtype_name, _torch_dtype, device_init_note, seeded_init
+    from .vae import _dtype_name, _torch_dtype, device_init_note, seeded_init, seeded_statistics
 
     if family not in AUDIO_FAMILIES:
         raise ValueError(f"unknown audio VAE family {family!r}; known: {list(AUDIO_FAMILIES)}")
@@ -512,13 +511,7 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
                 voc_kw = {"in_channels": int(full["output_channels"]) * int(full["mel_bins"]), **voc_cfg}
                 vocoder = LTX2Vocoder(**voc_kw)
             if cfg_name == "tiny":
-                # Non-trivial (seeded) statistics so the normalisation shows in tests; real checkpoints
-                # carry their own. Drawn on the CPU on every device, so they are the same everywhere.
-                n = model.latents_mean.shape[0]
-                g = torch.Generator().manual_seed(SEED + 1)
-                model.latents_mean.copy_(torch.randn(n, generator=g, device="cpu") * 0.1)
-                model.latents_std.copy_(0.5 + torch.rand(n, generator=g, device="cpu"))
-                notes.append("tiny config: latents_mean/std buffers set to seeded random statistics")
+                seeded_statistics(model, notes)
         if next(model.parameters()).dtype != tdt:
             model = model.to(tdt)
         if vocoder is not None and next(vocoder.parameters()).dtype != tdt:

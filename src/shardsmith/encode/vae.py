@@ -87,6 +87,19 @@ def seeded_init(device: str | torch.device = "cpu") -> Iterator[torch.device]:
                 yield dev
 
 
+def seeded_statistics(model, notes: list[str]) -> None:
+    """Give a tiny random-weight model's ``latents_mean`` / ``latents_std`` buffers non-trivial seeded
+    values, so the normalisation shows in tests (real checkpoints carry their own); drawn on the CPU
+    on every device, so they are the same everywhere. Says so in ``notes``."""
+    import torch
+
+    n = model.latents_mean.shape[0]
+    g = torch.Generator().manual_seed(SEED + 1)
+    model.latents_mean.copy_(torch.randn(n, generator=g, device="cpu") * 0.1)
+    model.latents_std.copy_(0.5 + torch.rand(n, generator=g, device="cpu"))
+    notes.append("tiny config: latents_mean/std buffers set to seeded random statistics")
+
+
 def device_init_note(device: str | torch.device) -> str | None:
     """Provenance note for random weights initialised on a non-CPU device (None on CPU)."""
     dev = torch.device(device)
@@ -302,14 +315,7 @@ def load_vae(
         with seeded_init(device):
             model = cls(**cfg_in)
             if family in ("ltx", "ltx2") and cfg_name == "tiny":
-                # Non-trivial (seeded) statistics so normalisation is visible in tests;
-                # real checkpoints carry their own in these buffers. Drawn on the CPU on
-                # every device, so they are the same everywhere.
-                c = model.latents_mean.shape[0]
-                g = torch.Generator().manual_seed(SEED + 1)
-                model.latents_mean.copy_(torch.randn(c, generator=g, device="cpu") * 0.1)
-                model.latents_std.copy_(0.5 + torch.rand(c, generator=g, device="cpu"))
-                notes.append("tiny config: latents_mean/std buffers set to seeded random statistics")
+                seeded_statistics(model, notes)
         if next(model.parameters()).dtype != tdt:
             model = model.to(tdt)
         notes.append("random weights (torch.manual_seed(0)): latents are NOT model-space data")

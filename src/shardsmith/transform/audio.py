@@ -261,12 +261,9 @@ def to_stereo(x: np.ndarray, layout: str) -> np.ndarray:
 
 def _open(path: str, name: str):
     """Open ``path`` with PyAV or raise ``empty_file`` / ``unreadable`` (never an FFmpeg exception)."""
-    try:
-        size = os.path.getsize(path)
-    except OSError as e:
-        raise ItemError("unreadable", f"{name}: cannot read {path!r} ({e.strerror or e}); check the path") from None
-    if size == 0:
-        raise ItemError("empty_file", f"{name} is 0 bytes; re-copy it from the original or remove it")
+    from shardsmith.transform.video import media_size
+
+    media_size(path, name)
     try:
         return av.open(path, "r")
     except (av.FFmpegError, OSError, ValueError) as exc:

@@ -20,7 +20,6 @@ Runs in worker processes, inside :class:`~shardsmith.transform.samples.WdsSample
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from PIL import Image
@@ -111,14 +110,9 @@ def cut_source(item: PlannedItem, target_geom: Geometry, *, max_pixels: int,
     if ref.kind != "image":
         raise ItemError(f"source_unsupported_kind_{ref.kind}",
                         f"{name} is {ref.kind} media; an image output's source is an image")
-    try:
-        with open(ref.path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ItemError("source_unreadable", f"{name}: cannot read {ref.path}: {exc}") from None
-    if ref.sha256 is not None and hashlib.sha256(data).hexdigest() != ref.sha256:
-        raise ItemError("source_changed_since_plan", f"{name} changed after it was planned; "
-                        "re-run with --overwrite to plan again")
+    from shardsmith.transform.samples import read_verified  # (samples imports this module)
+
+    data = read_verified(ref.path, ref.sha256, name, prefix="source_")
     try:
         dec = decode_image(data, name=name, max_pixels=max_pixels, background=background)
     except ItemError as e:

@@ -21,16 +21,23 @@ from shardsmith.transform.image import (decode_image, edm_transform, encode_imag
 from shardsmith.transform.pairs import SOURCE, SourceCut, cut_source, source_facts, wds_geometry
 
 
-def read_checked(item: PlannedItem) -> bytes:
+def read_verified(path: str, sha256: str | None, name: str, prefix: str = "") -> bytes:
+    """The bytes of ``path``: ``<prefix>unreadable`` when they cannot be read, ``<prefix>changed_since_plan``
+    when they are not the ``sha256`` the plan hashed (:class:`ItemError`, naming ``name``)."""
     try:
-        with open(item.path, "rb") as f:
+        with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise ItemError("unreadable", f"{item.item_id}: cannot read {item.path}: {exc}") from None
-    if item.sha256 is not None and hashlib.sha256(data).hexdigest() != item.sha256:
-        raise ItemError("changed_since_plan", f"{item.item_id}: {item.path} changed after it was planned; "
+        raise ItemError(f"{prefix}unreadable", f"{name}: cannot read {path}: {exc}") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ItemError(f"{prefix}changed_since_plan", f"{name}: {path} changed after it was planned; "
                         "re-run with --overwrite to plan again")
     return data
+
+
+def read_checked(item: PlannedItem) -> bytes:
+    """The target's bytes, as planned (:func:`read_verified`)."""
+    return read_verified(item.path, item.sha256, item.item_id)
 
 
 def _not_image(item: PlannedItem) -> ItemError:

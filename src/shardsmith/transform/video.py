@@ -130,14 +130,21 @@ def _mp4_boxes(path: str, size: int) -> tuple[list[str], str | None]:
     return types, None
 
 
-def _open(path: str, name: str):
-    """Open ``path`` with PyAV or raise the right ItemError (never an FFmpeg exception)."""
+def media_size(path: str, name: str) -> int:
+    """The size of a media file about to be opened: ``unreadable`` when it cannot be read,
+    ``empty_file`` when it has no bytes (:class:`ItemError`, naming ``name`` and the fix)."""
     try:
         size = os.path.getsize(path)
     except OSError as e:
         raise ItemError("unreadable", f"{name}: cannot read {path!r} ({e.strerror or e}); check the path") from None
     if size == 0:
         raise ItemError("empty_file", f"{name} is 0 bytes; re-copy it from the original or remove it")
+    return size
+
+
+def _open(path: str, name: str):
+    """Open ``path`` with PyAV or raise the right ItemError (never an FFmpeg exception)."""
+    size = media_size(path, name)
     try:
         return av.open(path, "r"), size
     except (av.FFmpegError, OSError, ValueError) as exc:
