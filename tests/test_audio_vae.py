@@ -314,3 +314,15 @@ def test_wav_bytes():
     assert wav_bytes(x, 16000) == data
     with pytest.raises(ValueError, match="non-finite"):
         wav_bytes(np.array([0.0, np.nan]), 16000)
+
+
+def test_the_spec_records_the_per_channel_statistics():
+    """The manifest's spec says how the latents were normalised: LTX-2's statistics over the patchified
+    channels (c, f) -> c * F + f, latent_channels x frequency_bins of them (not "stored raw")."""
+    from shardsmith.encode.audio_vae import load_audio_vae
+
+    vae = load_audio_vae("ltx2_audio", config="tiny", vocoder=False)
+    n = vae.spec.normalisation
+    assert n["type"] == "mean_std" and len(n["mean"]) == len(n["std"]) == 2 * 16
+    assert n["mean"] == vae.model.latents_mean.tolist() and n["std"] == vae.model.latents_std.tolist()
+    assert vae.spec.to_dict()["normalisation"]["type"] == "mean_std"

@@ -535,7 +535,9 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
                          "(base_channels must equal latent_channels * mel_bins / 4)")
     spec = EncoderSpec(
         kind="audio_vae", family=family, dtype=_dtype_name(tdt), latent_channels=settings.latent_channels,
-        temporal=settings.temporal, normalisation=None, store="mean", sample_rate=settings.sample_rate,
+        temporal=settings.temporal, store="mean", sample_rate=settings.sample_rate,
+        normalisation={"type": "mean_std", "mean": model.latents_mean.float().cpu().tolist(),
+                       "std": model.latents_std.float().cpu().tolist()},
         hop_length=settings.hop_length, n_fft=settings.n_fft, mel_bins=settings.mel_bins,
         frequency_bins=settings.frequency_bins,
     )

@@ -13,6 +13,8 @@ Normalisation conventions (``EncoderSpec.normalisation``):
   config's ``latents_mean`` / ``latents_std``; LTX / LTX-2 use the model's
   ``latents_mean`` / ``latents_std`` buffers and ``k = config.scaling_factor``
   (exactly diffusers' ``LTXPipeline._normalize_latents``). ``scale`` is omitted when 1.
+  An audio VAE (LTX-2's) normalises its patchified channels ``(c, f)`` -> ``c * F + f``: its
+  ``mean`` / ``std`` have ``latent_channels x frequency_bins`` entries.
 * ``None``: latents are stored raw.
 
 Stored latents (``EncoderSpec.store``):
@@ -111,11 +113,14 @@ class EncoderSpec:
             if t not in ("scale_shift", "mean_std"):
                 raise ValueError(f"unknown normalisation type {t!r}")
             if t == "mean_std" and self.latent_channels is not None:
+                # an audio VAE normalises its patchified channels: latent_channels x frequency_bins
+                want = self.latent_channels * (self.frequency_bins if self.kind == "audio_vae" else 1)
                 for key in ("mean", "std"):
-                    if len(self.normalisation[key]) != self.latent_channels:
+                    if len(self.normalisation[key]) != want:
                         raise ValueError(
                             f"normalisation {key} has {len(self.normalisation[key])} entries, "
-                            f"expected latent_channels={self.latent_channels}"
+                            f"expected {want} (latent_channels={self.latent_channels}"
+                            + (f" x frequency_bins={self.frequency_bins})" if self.kind == "audio_vae" else ")")
                         )
         if self.padding_side not in (None, "left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
