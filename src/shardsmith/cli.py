@@ -423,7 +423,9 @@ def _key_map(text: Optional[str]) -> Optional[dict[str, str]]:
 @command(also=(ValueError, KeyError, FileNotFoundError))  # verify's API raises these for a wrong dataset or option
 def verify(
     dataset: Path = typer.Argument(..., help="A WebDataset folder (*.tar) or an EDM .zip."),
-    preset: Optional[str] = typer.Option(None, help="Loader preset: image, image_latent, kd_pair, class_zip, ..."),
+    preset: Optional[str] = typer.Option(None, help="Loader preset: image, image_latent, kd_pair, class_zip, "
+                                         "latent_v2v_ic, image_edit, ... (default for a dataset built with a "
+                                         "recipe mode: that mode's preset, from the build's manifest)"),
     key_map: Optional[str] = typer.Option(None, "--key-map", help="real=jpg,condition=txt (default: inferred)"),
     world: int = typer.Option(2, help="Simulated ranks (real processes)."),
     workers: int = typer.Option(2, help="DataLoader workers per rank."),
@@ -567,7 +569,9 @@ def repair(
 def register(
     dataset: Path = typer.Argument(..., help="A WebDataset folder, an EDM .zip or a .precomputed/ tree."),
     preset: Optional[str] = typer.Option(None, help="Loader preset (see shardsmith.loaders.LOADER_PRESETS); "
-                                         "not for a .precomputed/ tree (it gets the LTX trainer's data section)."),
+                                         "default for a dataset built with a recipe mode: that mode's preset "
+                                         "(latent_v2v_ic, image_edit, ...); not for a .precomputed/ tree (it gets "
+                                         "the LTX trainer's data section)."),
     name: str = typer.Option(..., help="Name of the entry in the data config."),
     config: Optional[Path] = typer.Option(None, help="Data-config YAML (default $SHARDSMITH_DATA_CONFIG or "
                                                       "~/.config/shardsmith/data.yaml)."),
@@ -585,10 +589,17 @@ def register(
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return
-    if preset is None:
-        _fail(f"--preset is required for {dataset} (a {dataset_kind(dataset)} dataset): e.g. --preset image")
-    p = get_preset(preset)
     kind = dataset_kind(dataset)
+    picked = None
+    if preset is None and kind in ("wds", "wds_buckets"):
+        from shardsmith.loaders.mode_presets import mode_preset_for
+
+        picked = mode_preset_for(dataset)  # a build's recipe mode: that mode's preset
+    if preset is None and picked is None:
+        _fail(f"--preset is required for {dataset} (a {kind} dataset): e.g. --preset image")
+    if picked is not None:
+        preset = picked[0]
+    p = get_preset(preset)
     if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
         _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset")
     overrides = dict(_setting("--set", s) for s in set_ or [])
@@ -598,6 +609,8 @@ def register(
     cfg_file = config_path(config)
     add_entry(cfg_file, name, entry, replace=replace)
     typer.echo(f"registered {name!r} in {cfg_file}: preset {preset}, path {path}")
+    if picked is not None:
+        typer.echo(f"preset {preset}: mode {picked[1].mode} of the build that wrote it ({picked[1].where})")
     import os
 
     if root_env not in os.environ:
@@ -623,13 +636,21 @@ def _register_precomputed(dataset: Path, preset: Optional[str], name: str, confi
               "without --preset (it prints the LTX trainer's data section)")
     if sets:
         _fail("--set: a .precomputed/ tree has no loader overrides; set batch size and workers in the LTX config")
+    from shardsmith.formats.precomputed import MODE_KEY, PRECOMPUTED_STAMP, mode_dirs
+    from shardsmith.loaders.ltx import ltx_mode_section
     from shardsmith.progress import Progress
+    from shardsmith.verify.precomputed_audio import read_stamp
 
     dirs = present_dirs(dataset)
+    mode = read_stamp(dataset).get(MODE_KEY)  # the LTX training mode the build made the tree for
     rep = inspect_precomputed(dataset, progress=Progress())  # every .pt is read for its shape: a bar
     several = any(len(rep["dirs"][d]["shapes"]) > 1 for d in dirs if d.endswith("latents"))
     try:
-        snippet = ltx_data_section(dataset, dirs, several)
+        if mode is not None:  # the mode's folders, modalities and conditions
+            snippet = ltx_mode_section(dataset, dirs, mode, f"from {PRECOMPUTED_STAMP}", several)
+            dirs = mode_dirs(mode)
+        else:
+            snippet = ltx_data_section(dataset, dirs, several)
     except ValueError as exc:
         _fail(str(exc))
     path, root = portable_path(dataset, root_env)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, read_buckets_index
+from shardsmith.formats.wds import IGNORE_INDEX_FILE, NEG_PROMPT_FILE, SHARD_COUNT_FILE, read_buckets_index
 from shardsmith.loaders.decoders import size_hw
 
 
@@ -59,13 +59,33 @@ def fastgen_snippet(name: str, preset, portable: str, dataset: Path, root_env: s
     return "\n".join(head + ["\n".join(parts)])
 
 
+def mode_comments(preset, dataset: Path) -> list[str]:
+    """The comment lines above a recipe mode's config: which mode and key_map it is, what FastGen
+    v0.1.0 lacks to train it (``preset.gap``), and a missing text condition."""
+    from shardsmith.loaders.mode_presets import MODE_PRESETS, fastgen_gap
+
+    km = preset.defaults_for(dataset)["key_map"]
+    out = [f"# mode {preset.mode} (shardsmith preset {preset.name}): key_map " + ", ".join(f"{k} <- {v}"
+                                                                                        for k, v in km.items())]
+    gap = fastgen_gap(preset.mode, km, MODE_PRESETS[preset.name].fmt)
+    if gap:
+        out += [f"# FastGen v0.1.0 has no config for mode {preset.mode}: {gap}.",
+                f"# This is {preset.fastgen} with the mode's key_map, for a trainer that reads those batch keys."]
+    if "condition" not in km:
+        out.append("# no txt_emb.pth in these samples (the build had no models.text): FastGen's trainer needs a "
+                   "condition; build with models.text to get one")
+    return out
+
+
 def _snippet(name: str, preset, portable: str, dataset: Path, root_env: str, overrides: dict[str, Any],
              files_root: tuple[str, Path] | None = None) -> str:
     """One FastGen config; ``files_root``: (portable, folder) where ``files_map`` files lie, when
     not the dataset's own folder (a multi-bucket output keeps one constant beside its buckets)."""
     var = f"{name.upper().replace('-', '_')}_Loader_Config"
-    lines = ["import os", f"from fastgen.configs.data import {preset.fastgen}", "",
-             f"{var} = {preset.fastgen}.copy()"]
+    lines = ["import os", f"from fastgen.configs.data import {preset.fastgen}", ""]
+    if preset.mode is not None:  # a recipe mode's preset: its key_map, and what FastGen v0.1.0 lacks for it
+        lines += mode_comments(preset, dataset)
+    lines.append(f"{var} = {preset.fastgen}.copy()")
     if preset.kind == "zip":
         lines.append(f"{var}.dataset.path = {_expr(portable, root_env)}")
     else:
@@ -77,7 +97,11 @@ def _snippet(name: str, preset, portable: str, dataset: Path, root_env: str, ove
         if (dataset / IGNORE_INDEX_FILE).exists():
             lines.append(f"{var}.ignore_index_paths = [{_expr(portable, root_env, IGNORE_INDEX_FILE)}]")
         defaults = preset.defaults_for(dataset)
-        if defaults is not preset.defaults:  # a variant for what this folder holds (the prompt preset's embeddings)
+        if preset.mode is not None:  # the mode's key_map, as the build wrote its samples
+            lines.append(f"{var}.key_map = {defaults['key_map']!r}")
+            if not defaults.get("files_map") and preset.defaults.get("files_map"):
+                lines.append(f"{var}.files_map = {{}}  # no {NEG_PROMPT_FILE}: the build had no models.text")
+        elif defaults is not preset.defaults:  # a variant for what this folder holds (the prompt preset's embeddings)
             lines.append(f"{var}.key_map = {defaults['key_map']!r}")
             lines.append(f"{var}.presets_map = {defaults.get('presets_map', {})!r}")
         for key, rel in defaults.get("files_map", {}).items():

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardsmith.formats.wds import JPG, LATENT, MP4, NEG_PROMPT_FILE, NOISE, PATH, TEXT_EMB, TXT
+from shardsmith.formats.wds import BUCKETS_INDEX_FILE, JPG, LATENT, MP4, NEG_PROMPT_FILE, NOISE, PATH, TEXT_EMB, TXT
 from shardsmith.loaders import registry
+# the recipe modes' key_maps, in one table: mode_presets.MODE_KEY_MAPS (latent_wds), RAW_MODE_KEY_MAPS (wds)
+from shardsmith.loaders.mode_presets import MODE_PRESETS
 from shardsmith.loaders.wds import WdsLoader
 from shardsmith.loaders.wds_config import WdsLoaderConfig, files_ref
 from shardsmith.loaders.zip import ZipLoaderConfig
@@ -28,9 +30,20 @@ class Preset:
     note: str = ""
     # (file, defaults): when the dataset folder holds ``file``, these defaults replace the keys they name
     variant: tuple[str, dict[str, Any]] | None = None
+    # a mode preset (loaders/mode_presets.py): the recipe mode whose datasets it reads; its key_map
+    # follows what the build wrote (text encoder, audio), read from the build's manifest
+    mode: str | None = None
+    # what FastGen v0.1.0 lacks to train this mode (register prints it as a comment); None: nothing
+    gap: str | None = None
+    name: str = ""  # a mode preset's own name (its key in PRESETS)
 
     def defaults_for(self, path: str | Path) -> dict[str, Any]:
-        """The defaults for the dataset at ``path`` (the variant's, where its file lies there)."""
+        """The defaults for the dataset at ``path`` (the variant's, where its file lies there; a mode
+        preset's key_map as the build that wrote ``path`` made its samples)."""
+        if self.mode is not None:
+            from shardsmith.loaders import mode_presets
+
+            return mode_presets.defaults_for(mode_presets.MODE_PRESETS[self.name], path)
         if self.variant is not None and (Path(path) / self.variant[0]).is_file():
             return {**self.defaults, **self.variant[1]}
         return self.defaults
@@ -69,6 +82,9 @@ PRESETS: dict[str, Preset] = {
                                                 "files_map": {"neg_condition": NEG_PROMPT_FILE}})),
     "class_zip": Preset("zip", "ImageNet64_Loader_Config", {"batch_size": 32, "use_labels": True, "shuffle": True}),
 }
+# one preset per recipe mode (latent_v2v_ic, latent_i2v, image_edit, ...): MODE_KEY_MAPS in one place
+PRESETS.update({name: Preset("wds", mp.fastgen, mp.defaults, mp.note, mode=mp.mode, gap=mp.gap, name=name)
+                for name, mp in MODE_PRESETS.items()})
 
 
 def get_preset(name: str) -> Preset:
@@ -93,11 +109,13 @@ def preset_config(name: str, path: str | Path, **overrides: Any) -> WdsLoaderCon
     kw = {**copy.deepcopy(p.defaults_for(path)), **overrides}
     if p.kind == "zip":
         return ZipLoaderConfig(path=Path(path), **kw)
-    if "files_map" not in overrides and not _bucketed(path):
+    in_buckets = (Path(path).parent / BUCKETS_INDEX_FILE).is_file()  # one bucket's folder of a multi-bucket output
+    if "files_map" not in overrides and not _bucketed(path) and not in_buckets:
         # a preset's files_map names files inside the shard folder (the build writes
         # neg_prompt_emb.npy there); written as the relative path FastGen's rule resolves to that
         # file (``train/neg_prompt_emb.npy`` for ``.../train``), so FastGen and this loader open the
-        # same file. A multi-bucket folder keeps the bare name: each bucket's datatag's dirname is it.
+        # same file. A multi-bucket folder keeps the bare name: each bucket's datatag's dirname is it
+        # (so one bucket's folder, verified on its own, keeps it too: the file beside the buckets).
         kw["files_map"] = {k: files_ref(path, v) for k, v in kw.get("files_map", {}).items()}
     return WdsLoaderConfig(shards=path if isinstance(path, str) else Path(path), **kw)
 

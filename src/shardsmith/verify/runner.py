@@ -18,6 +18,11 @@ Contract
   each tensor key has one shape; no NaN/Inf; with ``contract_in="workers"`` (``auto``'s choice
   from 4 workers per rank on) every batch reached its rank as the worker collated it
   (``rank_batches``).
+- The loader config: the preset or key_map asked for; else, for a WebDataset a build wrote for a
+  recipe ``mode`` (its manifest's recipe), that mode's preset (``loaders.mode_presets``: its partner
+  members in the key_map; ``report["preset"]``, ``report["preset_from"]``); else the key_map inferred
+  from the first shard. Check ``members`` (WebDataset): every sample holds each key_map member no
+  constant stands in for, naming the samples that lack one and the member (a lost ``ref_latent.pth``).
 - ``fastgen_partial`` (WebDataset): per rank-worker, the samples FastGen's deterministic loader
   with ``partial=False`` (its default) drops at this batch size (its last incomplete batch); the
   coverage check then says "N samples per pass are never trained on at batch B" (a warning: this
@@ -62,7 +67,9 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
            image_size: int | None = None, timeout: float = 600, contract_in: str = "auto",
            overrides: dict[str, Any] | None = None, progress=None, mode: str | None = None) -> dict[str, Any]:
-    """``batch_size=None``: the preset's own batch size (8 without a preset). ``progress``: a
+    """``preset=None`` and ``key_map=None``: the preset of the recipe mode the build that wrote the
+    dataset was for (its manifest), else the key_map of the first shard's members.
+    ``batch_size=None``: the preset's own batch size (8 without a preset). ``progress``: a
     :class:`~shardsmith.progress.Progress` whose task counts the samples the ranks read (n/N).
 
     ``mode`` (``.precomputed/`` trees only): the LTX training mode whose folders and keys are checked,
@@ -95,6 +102,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         contract_in = "workers" if workers >= AUTO_WORKERS else "rank"
     from shardsmith.loaders.presets import get_preset, preset_config
 
+    asked_batch_size = batch_size
     if batch_size is None:
         batch_size = int(get_preset(preset).defaults.get("batch_size", 8)) if preset else 8
     dataset = Path(dataset).resolve()
@@ -105,12 +113,23 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     kind = dataset_kind(dataset)
     if mode is not None and kind != "precomputed":
         raise ValueError(f"a training mode ({mode!r}) applies to .precomputed/ trees; {dataset} is {kind}")
+    picked = None
+    if preset is None and key_map is None and kind in ("wds", "wds_buckets"):
+        # a dataset a build wrote for a recipe mode: that mode's preset (its partner members in key_map)
+        picked = _mode_preset(dataset)
+        if picked is not None:
+            preset = picked["preset"]
+            if asked_batch_size is None:
+                batch_size = int(get_preset(preset).defaults.get("batch_size", 8))
     if kind == "wds_buckets":  # one WebDataset folder per bucket: each verified on its own
         from shardsmith.verify.buckets import verify_buckets
 
-        return verify_buckets(dataset, verify, world=world, workers=workers, batch_size=batch_size, preset=preset,
-                              key_map=key_map, batches=batches, image_size=image_size, timeout=timeout,
-                              contract_in=contract_in, overrides=overrides, progress=progress)
+        rep = verify_buckets(dataset, verify, world=world, workers=workers, batch_size=batch_size, preset=preset,
+                             key_map=key_map, batches=batches, image_size=image_size, timeout=timeout,
+                             contract_in=contract_in, overrides=overrides, progress=progress)
+        if picked is not None:
+            rep["preset"], rep["preset_from"] = picked["preset"], picked["from"]
+        return rep
     checks: list[dict[str, Any]] = []
 
     def check(name: str, ok: bool, detail: str) -> None:
@@ -119,6 +138,9 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     report: dict[str, Any] = {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers,
                               "batch_size": batch_size, "batches_per_rank": batches,
                               "contract_in": contract_in if kind == "wds" else "rank"}
+    if preset is not None and kind != "precomputed":
+        report["preset"] = preset
+        report["preset_from"] = picked["from"] if picked is not None else "asked"
     if kind == "precomputed":
         return verify_precomputed(dataset, report, check, checks, mode=mode)
     if preset is not None and get_preset(preset).kind != kind:
@@ -157,6 +179,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         # the expected sample list first (every shard's headers): forked ranks
         # and their workers then find these listings in memory instead of reading them again
         expected, count_file, ignore = expected_wds(dataset)
+        members_check(dataset, cfg, ignore, check, mode_of(preset))
         ranks = Ranks(spec, world)
     else:
         from shardsmith.loaders.zip import ZipImageDataset
@@ -227,10 +250,15 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
             check("shard_count", False, f"no {SHARD_COUNT_FILE}: deterministic resume in FastGen needs it "
                   "(shardsmith repair writes it)")
         dropped: Counter = Counter()
+        examples: dict[str, str] = {}
         for r in results:
             dropped.update(r["stats"].get("dropped", {}))
+            for why, ex in (r["stats"].get("examples") or {}).items():
+                if ex:
+                    examples.setdefault(why, ex[0])
         check("no_drops", not dropped, "loader dropped nothing" if not dropped else
-              "loader dropped " + ", ".join(f"{n} ({why})" for why, n in dropped.items()))
+              "loader dropped " + ", ".join(f"{n} ({why}" + (f", e.g. {examples[why]})" if why in examples else ")")
+                                            for why, n in dropped.items()))
     manifest_check(dataset, kind, expected, report, check)
     check("empty_splits", not report["empty_slots"],
           "every rank-worker gets samples" if not report["empty_slots"] else
@@ -270,6 +298,56 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     return report
 
 
+def _mode_preset(dataset: Path) -> dict[str, str] | None:
+    """The preset of the recipe mode the build that wrote ``dataset`` was for (its manifest's recipe),
+    and where that was read, or None (no build manifest names it, no mode, no preset for its format)."""
+    from shardsmith.loaders.mode_presets import mode_preset_for
+
+    got = mode_preset_for(dataset)
+    if got is None:
+        return None
+    name, facts = got
+    return {"preset": name, "mode": facts.mode, "from": f"mode {facts.mode} of the build ({facts.where})"}
+
+
+def mode_of(preset: str | None) -> str | None:
+    """The recipe mode a preset reads (a mode preset's), else None."""
+    if preset is None:
+        return None
+    from shardsmith.loaders.presets import get_preset
+
+    return get_preset(preset).mode
+
+
+def members_check(dataset: Path, cfg, ignore: dict[str, list[str]], check, mode: str | None) -> None:
+    """Check ``members``: every sample (less ``ignore_index.json``) holds each ``key_map`` member that no
+    ``files_map`` / ``presets_map`` constant stands in for; the loader drops a sample lacking one
+    (``missing:<suffix>``). Names the samples and members (a partner a mode's samples need, e.g. a
+    lost ``ref_latent.pth``). Reads the shard listings ``expected_wds`` cached: no data."""
+    from shardsmith.loaders.shard_reader import list_shards, shard_samples
+
+    optional = set(cfg.files_map) | set(cfg.presets_map)
+    need = {k: v for k, v in cfg.key_map.items() if k not in optional}
+    lacking: list[str] = []
+    n = 0
+    for shard in list_shards(dataset):
+        skip = set(ignore.get(shard, ()))
+        for key, members in shard_samples(dataset / shard):
+            if key in skip:
+                continue
+            n += 1
+            gone = [f"{suffix} ({bkey})" for bkey, suffix in need.items() if suffix not in members]
+            if gone:
+                lacking.append(f"{shard}/{key} has no {', '.join(gone)}")
+    what = f"mode {mode}'s key_map" if mode else "key_map"
+    km = ", ".join(f"{k}={v}" for k, v in need.items())
+    if lacking:
+        check("members", False, f"{len(lacking)} of {n} sample(s) lack a member of the {what} ({km}), so the loader "
+              f"drops them: " + "; ".join(lacking[:5]) + ("; ..." if len(lacking) > 5 else ""))
+    else:
+        check("members", True, f"each of the {n} sample(s) has every member of the {what} ({km})")
+
+
 def _unfinished_report(dataset: Path, why: str, world: int, workers: int, batch_size: int,
                        batches: int | None) -> dict[str, Any]:
     """The report of a dataset whose build is not finished: one failed check, no loader run."""
@@ -289,6 +367,9 @@ def format_verify(report: dict[str, Any]) -> str:
              + {"workers": ", contract recorded in the workers (batches sent to the ranks)",
                 "workers-only": ", contract recorded in the workers (batches not sent to the ranks)"}.get(
                  report.get("contract_in"), "")]
+    if report.get("preset"):
+        lines.append(f"  preset: {report['preset']}" + (f" ({report['preset_from']})"
+                                                          if report.get("preset_from") not in (None, "asked") else ""))
     if report.get("key_map"):
         lines.append("  key_map: " + ", ".join(f"{k}={v}" for k, v in report["key_map"].items()))
     for ch in report["checks"]:
