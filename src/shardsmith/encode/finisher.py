@@ -71,14 +71,24 @@ class TextOnlyBatch:
     (:class:`~shardsmith.encode.pending.PendingBatch`): no latents, ``(emb [L, D], mask [L])`` per item
     (None without a text encoder), and ``audio``: one audio latent per item (None without audio)."""
 
-    def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]] | None, audio: list | None = None):
-        self.texts, self.audio = texts, audio
+    def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]] | None, audio: list | None = None,
+                 audio_reference: list | None = None):
+        self.texts, self.audio, self.audio_reference = texts, audio, audio_reference
 
     def done(self) -> bool:
         return True
 
     def result_batch(self) -> tuple[None, list[tuple[torch.Tensor, torch.Tensor]]]:
         return None, self.texts
+
+
+def _take(batch: list[tuple[PlannedItem, SampleResult]], attr: str) -> list | None:
+    """The batch's results' ``attr`` (one per item; each result's is cleared: the device thread owns it
+    now), or None when no item has one."""
+    values = [getattr(res, attr) for _, res in batch]
+    for _, res in batch:
+        setattr(res, attr, None)
+    return None if all(v is None for v in values) else values
 
 
 def _partner_latents(stage, partners: list | None) -> dict[str, list] | None:
@@ -119,7 +129,8 @@ class MemberRenderer(Protocol):
     def render(self, batch: list[tuple[PlannedItem, SampleResult]], z: torch.Tensor, texts) -> None:
         """Set ``res.members`` of every item of a finished batch (``z``: its latents, ``[n, ...]``,
         None for a batch without pixels; ``texts``: ``(emb, mask)`` per item, or None). A renderer
-        of outputs with audio also takes ``audio=``: one ``[C, T, F]`` latent per item, or None."""
+        with ``takes_audio`` also takes ``audio=`` / ``audio_reference=`` (one ``[C, T, F]`` latent per
+        item, or None) and ``partners=`` (``{name: latent per item}``), each only when the batch has it."""
 
     def sizes(self, item: PlannedItem, res: SampleResult, stage: Any) -> list[tuple[str, int]]:
         """``(suffix, bytes)`` of the members ``item`` will have, exactly, before it is encoded."""
@@ -187,17 +198,7 @@ class LatentFinisher:
         # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
         stage = self.stage
         batch = [(item, res) for item, res, _ in entries]
-        waves = [res.audio for _, res in batch]
-        partners = [res.partners for _, res in batch]
-        ref_waves = [res.audio_reference for _, res in batch]
-        for _, res in batch:
-            res.audio = res.partners = res.audio_reference = None
-        if all(w is None for w in waves):
-            waves = None
-        if all(w is None for w in ref_waves):
-            ref_waves = None
-        if all(p is None for p in partners):
-            partners = None
+        waves, partners, ref_waves = (_take(batch, a) for a in ("audio", "partners", "audio_reference"))
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
             self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves,
                                                                       ref_waves)))
@@ -234,9 +235,7 @@ class LatentFinisher:
         """Encoder thread: the captions of a batch without pixels through the text encoder, and
         their audio (and their references' audio) through the audio encoder."""
         texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
-        done = TextOnlyBatch(texts, _audio_latents(stage, waves))
-        done.audio_reference = _audio_latents(stage, ref_waves)
-        return done
+        return TextOnlyBatch(texts, _audio_latents(stage, waves), _audio_latents(stage, ref_waves))
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
