@@ -65,8 +65,10 @@ class LatentMembers:
                audio: list | None = None, partners: dict[str, list] | None = None,
                audio_reference: list | None = None) -> None:
         """Set ``res.members`` (and drop ``res.pixels``) of every item of a finished batch; ``z`` is
-        None for a batch without pixels (audio-only items), ``audio`` one audio latent per item (or None),
-        ``partners`` ``{name: latent per item}`` (a reference, a source, the first frame)."""
+        None for a batch without pixels (audio-only items), ``audio`` / ``audio_reference`` one audio
+        latent per item (or None: the item's and its reference's), ``partners`` ``{name: latent per item}``
+        (a reference, a source, the first frame); ``res.conditions`` (a mask, camera rows) are written as
+        they are."""
         latents: list = [None] * len(batch)
         shape: tuple[int, ...] = ()
         if z is not None:
@@ -100,7 +102,6 @@ class LatentMembers:
                     res.members[cache_member(REFERENCE_AUDIO_LATENTS, rel)] = pt_bytes(
                         self.audio_record(ra, res.info["reference_audio"]["duration"]))
                 if "reference" in mine or "source" in mine:  # IC-LoRA / edit conditions: reference_latents/
-                    rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
                     zp = mine.get("reference", mine.get("source"))
                     res.members[cache_member(REFERENCE_LATENTS, rel)] = pt_bytes(
                         latent_record(zp.to(_DTYPES[self.o.latent_dtype]),
