@@ -63,12 +63,12 @@ def slow_plan(monkeypatch, tmp_path):
     real = planner.probe_item
     seen = []
 
-    def slow(item, max_pixels):
+    def slow(item, max_pixels, *rest):
         seen.append(item)
         if len(seen) > 6:
             _wait_for(flag)
             time.sleep(0.5)
-        return real(item, max_pixels)
+        return real(item, max_pixels, *rest)
 
     monkeypatch.setattr(planner, "probe_item", slow)
 

@@ -50,7 +50,8 @@ class Prober:
         self.max_pixels, self.audio, self.mode = max_pixels, audio, mode
 
     def __call__(self, item: Item):
-        return probe_item(item, self.max_pixels, self.audio, self.mode)
+        extra = {k: v for k, v in (("audio", self.audio), ("mode", self.mode)) if v}  # only what is asked
+        return probe_item(item, self.max_pixels, **extra)
 
 
 def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]],
