@@ -156,6 +156,9 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
         _say_carried(progress, swap.finish_interrupted(out))
         mode = check_existing(out, fp, recipe, overwrite)
         if mode == "done":
+            # a run killed after its manifest (while writing the HTML report) leaves a temporary file
+            if remove_stale_tmp(out):
+                progress.say("removed the temporary file(s) of a run killed after it finished")
             progress.say(f"{out} already holds this build, complete; nothing to do (pass --overwrite to rebuild)")
             return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
         if mode == "reset":
