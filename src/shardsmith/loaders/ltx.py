@@ -23,6 +23,17 @@ from pathlib import Path
 from shardsmith.formats import precomputed as layout
 
 
+
+def _head(about: str, root, workers: int) -> list[str]:
+    """The first lines of a printed LTX-2 trainer config: its comment (``about`` after the trainer's
+    name), the data section and the flexible strategy's name."""
+    return [f"# LTX-2 trainer config (packages/ltx-trainer){about}: the data section and the strategy's folders",
+            "data:",
+            f"  preprocessed_data_root: {json.dumps(str(root))}",
+            f"  num_dataloader_workers: {workers}",
+            "training_strategy:",
+            '  name: "flexible"']
+
 def ltx_data_section(root: Path, dirs: list[str], several_shapes: bool, workers: int = 2) -> str:
     """The YAML to paste into an LTX-2 trainer config for the tree at ``root`` holding ``dirs``."""
     root = Path(root).resolve()
@@ -33,12 +44,7 @@ def ltx_data_section(root: Path, dirs: list[str], several_shapes: bool, workers:
     if layout.CONDITIONS not in dirs:
         raise ValueError(f"{root} has no {layout.CONDITIONS}/: the LTX trainer always reads the text conditions")
     q = json.dumps  # a double-quoted YAML scalar
-    lines = ["# LTX-2 trainer config (packages/ltx-trainer): the data section and the strategy's folders",
-             "data:",
-             f"  preprocessed_data_root: {q(str(root))}",
-             f"  num_dataloader_workers: {workers}",
-             "training_strategy:",
-             '  name: "flexible"']
+    lines = _head("", root, workers)
     sources = [f"{layout.CONDITIONS} -> conditions"]
     if video:
         lines += ["  video:", "    is_generated: true", f"    latents_dir: {q(layout.LATENTS)}"]
@@ -101,13 +107,7 @@ def ltx_mode_section(root: Path, present: list[str], mode: str, mode_from: str, 
                          f"{', '.join(d + '/' for d in missing)} is missing: the LTX trainer refuses to start "
                          "without a folder its mode lists (rebuild, or fix the stamp's mode)")
     q = json.dumps
-    lines = [f"# LTX-2 trainer config (packages/ltx-trainer) for mode {mode} ({mode_from}): the data section "
-             "and the strategy's folders",
-             "data:",
-             f"  preprocessed_data_root: {q(str(root))}",
-             f"  num_dataloader_workers: {workers}",
-             "training_strategy:",
-             '  name: "flexible"']
+    lines = _head(f" for mode {mode} ({mode_from})", root, workers)
     sources = [f"{layout.CONDITIONS} -> conditions"]
     for modality, (generated, conditions) in MODE_STRATEGY[mode].items():
         lines += [f"  {modality}:", f"    is_generated: {'true' if generated else 'false'}",
