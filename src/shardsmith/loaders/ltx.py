@@ -23,7 +23,6 @@ from pathlib import Path
 from shardsmith.formats import precomputed as layout
 
 
-
 def _head(about: str, root, workers: int) -> list[str]:
     """The first lines of a printed LTX-2 trainer config: its comment (``about`` after the trainer's
     name), the data section and the flexible strategy's name."""
