@@ -31,7 +31,6 @@ import io
 import itertools
 import json
 import math
-import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
@@ -43,7 +42,7 @@ from shardsmith.errors import UserError
 from shardsmith.formats import wds as wds_layout
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
 from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
-from shardsmith.loaders.shard_reader import read_member, shard_samples
+from shardsmith.verify.latent_records import latent_records
 from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import resolve_device
 from shardsmith.recipe import recipe_from_dict
@@ -116,24 +115,8 @@ def _vae_from_manifest(manifest: dict[str, Any], recipe, device: str) -> Any:
 
 def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[str, torch.Tensor, float]]:
     """(sample path, latents [C, F', H', W'] or [C, H', W'], fps) in the output's order."""
-    files = output["files"][split]
-    folder = root / files["dir"]
-    if output["format"] == "precomputed":
-        for p in sorted((folder / LATENTS).rglob(f"*{CACHE_EXT}")):  # in path order (by component)
-            d = torch.load(p, map_location="cpu", weights_only=True)
-            yield p.relative_to(folder / LATENTS).as_posix(), d["latents"], float(d["fps"])
-        return
-    for shard in files["shards"]:  # only the json and latent.pth members are read, one sample at a time
-        path = folder / shard["name"]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for _key, refs in shard_samples(path, fd):
-                meta = json.loads(read_member(fd, refs[wds_layout.JSON], str(path)))
-                z = torch.load(io.BytesIO(read_member(fd, refs[wds_layout.LATENT], str(path))), map_location="cpu",
-                               weights_only=True)
-                yield PurePosixPath(meta["path"]).with_suffix(CACHE_EXT).as_posix(), z, float(meta["fps"])
-        finally:
-            os.close(fd)
+    for rel, z, facts in latent_records(root, output, split, LATENTS, wds_layout.LATENT):
+        yield rel, z, float(facts["fps"])
 
 
 def _decoded_before(out: Path) -> set[str]:

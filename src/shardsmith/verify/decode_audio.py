@@ -19,9 +19,6 @@ Contract
 
 from __future__ import annotations
 
-import io
-import json
-import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, TextIO
 
@@ -29,8 +26,8 @@ import torch
 
 from shardsmith.errors import UserError
 from shardsmith.formats import wds as wds_layout
-from shardsmith.formats.precomputed import AUDIO_LATENTS, CACHE_EXT
-from shardsmith.loaders.shard_reader import read_member, shard_samples
+from shardsmith.formats.precomputed import AUDIO_LATENTS
+from shardsmith.verify.latent_records import latent_records
 from shardsmith.atomic import atomic_write_bytes
 
 WAV_EXT = ".wav"
@@ -40,28 +37,10 @@ RANDOM_NOTE = ("the audio VAE has RANDOM WEIGHTS: the sounds are meaningless and
 
 def audio_latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[str, torch.Tensor, float | None]]:
     """(sample path, audio latents [C, T, F], duration in seconds or None) in the output's order."""
-    files = output["files"][split]
-    folder = root / files["dir"]
-    if output["format"] == "precomputed":
-        for p in sorted((folder / AUDIO_LATENTS).rglob(f"*{CACHE_EXT}")):  # in path order (by component)
-            d = torch.load(p, map_location="cpu", weights_only=True)
-            yield p.relative_to(folder / AUDIO_LATENTS).as_posix(), d["latents"], float(d["duration"])
-        return
-    for shard in files["shards"]:
-        path = folder / shard["name"]
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for _key, refs in shard_samples(path, fd):
-                if wds_layout.AUDIO_LATENT not in refs:
-                    continue
-                meta = json.loads(read_member(fd, refs[wds_layout.JSON], str(path)))
-                z = torch.load(io.BytesIO(read_member(fd, refs[wds_layout.AUDIO_LATENT], str(path))),
-                               map_location="cpu", weights_only=True)
-                duration = (meta.get("audio") or {}).get("duration")
-                yield (PurePosixPath(meta["path"]).with_suffix(CACHE_EXT).as_posix(), z,
-                       None if duration is None else float(duration))
-        finally:
-            os.close(fd)
+    for rel, z, facts in latent_records(root, output, split, AUDIO_LATENTS, wds_layout.AUDIO_LATENT):
+        audio = facts.get("audio") if isinstance(facts.get("audio"), dict) else facts  # a sample's json: its audio
+        duration = audio.get("duration")
+        yield rel, z, None if duration is None else float(duration)
 
 
 def recorded_audio_vae(manifest: dict[str, Any], recipe, device: str, error: type[UserError] = UserError):
