@@ -1,0 +1,1 @@
+"""Knowledge-distillation data: teacher trajectories (time grids, ODE solvers, teachers)."""

@@ -1,0 +1,94 @@
+"""Time grids for the teacher's ODE: ``steps`` solver steps from ``t_list[0]`` down to 0 that hold
+every ``t_list`` entry exactly.
+
+Contract
+- ``time_grid(steps, t_list, rho)`` -> ``(grid, where)``: ``grid`` is a strictly decreasing list of
+  ``steps + 1`` floats from ``t_list[0]`` to ``t_list[-1] == 0.0``; ``grid[where[i]] == t_list[i]``
+  exactly (the very same float). Works in the variable ``u = t ** (1 / rho)``: each segment
+  ``[t_list[i], t_list[i+1]]`` gets a share of the steps proportional to its length in ``u``
+  (largest-remainder rounding, at least one step each), and inside a segment the points are evenly
+  spaced in ``u`` (``rho = 1``: uniform in ``t``, the flow default; ``rho = 7``: Karras et al.'s
+  spacing, the edm default).
+- Nested grids: when every quota ``steps * length_i / total`` is an integer (e.g. ``t_list
+  [1.0, 0.5, 0.0]``, ``rho = 1``, even ``steps``), the allocation is exact, doubling ``steps``
+  doubles every segment's count and ``time_grid(2 * steps, ...)[0][::2] == time_grid(steps, ...)[0]``.
+  Otherwise rounding may move a step between segments as ``steps`` grows.
+- Refused (``ValueError`` naming the numbers and the fix): ``t_list`` with fewer than 2 entries, a
+  non-finite or negative entry, entries that are not strictly decreasing, a last entry other than
+  0.0, ``steps`` not an integer or fewer than the ``len(t_list) - 1`` segments, ``rho <= 0``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+
+def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
+    ts = [float(t) for t in t_list]
+    if len(ts) < 2:
+        raise ValueError(f"t_list {ts} has {len(ts)} entr{'y' if len(ts) == 1 else 'ies'}; it needs at least 2: "
+                         "the start time and the final 0.0 (e.g. [0.999, 0.0])")
+    bad = [t for t in ts if not math.isfinite(t)]
+    if bad:
+        raise ValueError(f"t_list {ts} holds {bad[0]}; every entry must be a finite number")
+    negative = [t for t in ts if t < 0]
+    if negative:
+        raise ValueError(f"t_list {ts} holds the negative time {negative[0]}; times run from t_list[0] down to 0.0, "
+                         "so every entry must be >= 0")
+    for i in range(len(ts) - 1):
+        if not ts[i] > ts[i + 1]:
+            raise ValueError(f"t_list {ts} is not strictly decreasing: entry {i} is {ts[i]} and entry {i + 1} is "
+                             f"{ts[i + 1]}; list the times from the start (largest) down to 0.0 without repeats")
+    if ts[-1] != 0.0:
+        raise ValueError(f"t_list {ts} ends at {ts[-1]}, not 0.0; the trajectory ends at the clean sample: "
+                         "append 0.0")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+        raise ValueError(f"steps {steps!r} is not an integer; give a whole number of solver steps")
+    segments = len(ts) - 1
+    if steps < segments:
+        raise ValueError(f"steps {steps} is fewer than the {segments} segments of t_list {ts}: each segment "
+                         f"needs at least one step; set steps >= {segments}")
+    if not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho {rho} must be a finite number > 0 (1 for uniform steps in t, 7 for Karras spacing)")
+    return ts
+
+
+def _allocate(steps: int, lengths: list[float]) -> list[int]:
+    """Largest-remainder shares of ``steps`` proportional to ``lengths``, at least 1 each. An integral
+    quota that float rounding puts just below its integer keeps its count: its remainder is near 1."""
+    total = sum(lengths)
+    quotas = [steps * length / total for length in lengths]
+    counts = [int(math.floor(q)) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: steps - sum(counts)]:
+        counts[i] += 1
+    for i in range(len(counts)):
+        if counts[i] == 0:  # a segment too short for its share: take a step from the one most over its quota
+            donor = max((j for j in range(len(counts)) if counts[j] >= 2),
+                        key=lambda j: (counts[j] - quotas[j], counts[j], -j))
+            counts[donor] -= 1
+            counts[i] = 1
+    return counts
+
+
+def time_grid(steps: int, t_list: Sequence[float], rho: float = 1.0) -> tuple[list[float], list[int]]:
+    """A strictly decreasing grid of ``steps + 1`` times from ``t_list[0]`` to 0 holding every
+    ``t_list`` entry; returns ``(grid, where)`` with ``grid[where[i]] == t_list[i]``."""
+    ts = _check(steps, t_list, float(rho))
+    rho = float(rho)
+    us = [t ** (1.0 / rho) for t in ts]
+    counts = _allocate(int(steps), [us[i] - us[i + 1] for i in range(len(us) - 1)])
+    grid, where = [ts[0]], [0]
+    for i, n in enumerate(counts):
+        ua, ub = us[i], us[i + 1]
+        for j in range(1, n):
+            grid.append((ua + (ub - ua) * (j / n)) ** rho)
+        grid.append(ts[i + 1])
+        where.append(len(grid) - 1)
+    for k in range(len(grid) - 1):
+        if not grid[k] > grid[k + 1]:
+            raise ValueError(f"steps {steps} with rho {rho} puts two grid points at {grid[k]} (between t_list "
+                             f"entries {ts}); the segment is too short for its steps in float64: use fewer steps")
+    return grid, where
