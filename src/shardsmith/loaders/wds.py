@@ -45,7 +45,8 @@ Accounting
 ----------
 Dropped samples (filter, missing member, decode error, a video clip with fewer than
 ``num_frames`` frames) are never silent: reasons are ``filter:<name>``,
-``missing:<suffix>``, ``decode:<key>``, ``too_short:<key>`` and ``incomplete_batch``. Workers send
+``missing:<suffix>``, ``decode:<key>``, ``too_short:<key>``, ``mask_grid:<key>`` (a ``mask.pth`` that is
+not 0/1 on its ``latent.pth``'s grid ``[F', H', W']``: ``formats.mask_grid``) and ``incomplete_batch``. Workers send
 counters to the main process between the batches (every ``STATS_EVERY_BATCHES`` batches and
 at the end of their pass) and :attr:`WdsLoader.stats` holds,
 for the latest pass, ``samples`` and ``batches`` yielded, ``read`` (samples taken from the

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from shardsmith.formats import wds as wds_layout
+from shardsmith.formats.mask_grid import mask_grid_problem
 from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, MemberRef
 from shardsmith.loaders import decoders as dec
 from shardsmith.loaders.collate import ScratchBuffers, collate_samples
@@ -32,6 +33,14 @@ class _Drop(Exception):
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(reason)
         self.reason, self.detail = reason, detail
+
+
+def mask_grid_keys(key_map: dict[str, str]) -> list[tuple[str, str | None]]:
+    """``[(batch key of a mask.pth member, batch key of the latent.pth member or None)]``: a latent sample's
+    inpainting mask must be 0/1 on its latent's grid (``formats.mask_grid``); one that is not is dropped as
+    ``mask_grid:<key>``, naming both shapes, instead of reaching a batch that misplaces it."""
+    latent = next((k for k, s in key_map.items() if s == wds_layout.LATENT), None)
+    return [(k, latent) for k, s in key_map.items() if s == wds_layout.MASK]
 
 
 def new_delta() -> dict:
@@ -71,6 +80,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
         self._scratch: Optional[ScratchBuffers] = None
         need = list(config.key_map.values()) + ([wds_layout.JSON] if "score" in config.filters else [])
         self._need = tuple(dict.fromkeys(need))
+        self._mask_grids = mask_grid_keys(config.key_map)
 
     # ---------------------------------------------------------------- one sample
     def _read_members(self, fd: int, shard: str, key: str, members: dict[str, MemberRef]) -> dict[str, bytes]:
@@ -123,6 +133,10 @@ class WdsDataset(torch.utils.data.IterableDataset):
                 if self.cfg.strict:
                     raise type(e)(f"{shard}/{key}.{suffix}: {e}") from e
                 raise _Drop(f"{e.reason}:{bkey}", str(e)) from e
+        for mkey, lkey in self._mask_grids:
+            why = mask_grid_problem(sample.get(mkey), sample.get(lkey) if lkey is not None else None)
+            if why:
+                raise _Drop(f"mask_grid:{mkey}", why)
         return sample
 
     def _count_drop(self, shard: str, key: str, d: _Drop) -> None:

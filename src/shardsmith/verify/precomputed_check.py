@@ -111,17 +111,12 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
 
 
 def _mask_problem(vm: dict, lat: dict | None) -> str | None:
-    """Why a ``video_masks/`` dict is not a 0/1 ``mask`` on its latent's grid ``[F', H', W']``, or None."""
-    import torch
+    """Why a ``video_masks/`` dict is not a 0/1 ``mask`` on its latent's grid ``[F', H', W']``, or None
+    (the rule of ``formats.mask_grid``, which the WebDataset loader applies to ``mask.pth`` too)."""
+    from shardsmith.formats.mask_grid import mask_grid_problem
 
-    m = vm.get("mask") if isinstance(vm, dict) else None
-    if not torch.is_tensor(m) or m.ndim != 3:
-        return f"mask is {getattr(m, 'shape', type(m).__name__)}, not [F', H', W']"
-    if lat is not None and torch.is_tensor(lat.get("latents")) and tuple(m.shape) != tuple(lat["latents"].shape[1:]):
-        return f"mask {list(m.shape)} vs latent grid {list(lat['latents'].shape[1:])}"
-    if not bool(((m == 0) | (m == 1)).all()):
-        return "mask holds values other than 0 and 1"
-    return None
+    return mask_grid_problem(vm.get("mask") if isinstance(vm, dict) else None,
+                             lat.get("latents") if isinstance(lat, dict) else None)
 
 
 def _grid_problem(lat: Any) -> str | None:
