@@ -165,3 +165,29 @@ def test_partners_keep_their_key_across_ranks_workers_and_shuffling(tmp_path, ca
     assert Counter(order).keys() == truth.keys()  # every sample came, some more than once
     tar_order = list(truth)
     assert [x for x in order if x in tar_order][:N] != tar_order  # not the tars' order
+
+
+def test_verify_of_a_built_inpainting_set_names_the_sample_whose_mask_is_off_the_grid(tmp_path):
+    """The build's own video-inpaint shards, verified with the mode preset verify picks from the manifest:
+    one sample's mask.pth replaced by a mask on another grid fails, naming its shard, its key and both shapes."""
+    import io
+
+    from shardsmith.verify.runner import verify
+
+    lat = _video_set(tmp_path, "video-inpaint") / "lat"
+    assert verify(lat, world=WORLD, workers=WORKERS)["ok"]
+    shard = next(p for p in sorted(lat.glob("*.tar")) if "c3.mask.pth" in tarfile.open(p).getnames())
+    with tarfile.open(shard) as tf:
+        kept = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    buf = io.BytesIO()
+    torch.save(torch.zeros(3, 4, 4), buf)
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as out:
+        for m, data in kept:
+            data = buf.getvalue() if m.name == "c3.mask.pth" else data
+            m.size = len(data)
+            out.addfile(m, io.BytesIO(data))
+    rep = verify(lat, world=WORLD, workers=WORKERS)
+    c = {ch["name"]: ch for ch in rep["checks"]}
+    assert not rep["ok"] and rep["preset"] == "latent_video_inpaint"
+    assert f"mask_grid:mask, e.g. {shard.name}/c3: mask [3, 4, 4] vs latent grid [3, 2, 2]" in c["no_drops"]["detail"]
+    assert not c["coverage"]["ok"] and f"{shard.name}/c3" in c["coverage"]["detail"]
