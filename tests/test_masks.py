@@ -325,6 +325,49 @@ def test_mask_to_target_then_latent_mask_has_the_latent_grid_of_the_bucket(tmp_p
     assert px.shape == (17, 64, 128) and lat.shape == (3, 2, 4)
 
 
+def _latent_mask_by_hand(px: np.ndarray, spatial: int, temporal: int) -> np.ndarray:
+    """The LTX VAE's grouping written out cell by cell: latent frame 0 is pixel frame 0 alone, latent
+    frame t > 0 is pixel frames 1 + temporal (t - 1) .. temporal t; a cell is masked when any of its pixels is."""
+    f, h, w = px.shape
+    out = np.zeros((1 + (f - 1) // temporal, h // spatial, w // spatial), np.float32)
+    for t in range(out.shape[0]):
+        group = [0] if t == 0 else list(range(1 + temporal * (t - 1), 1 + temporal * t))
+        for y in range(out.shape[1]):
+            for x in range(out.shape[2]):
+                out[t, y, x] = float(px[group, spatial * y:spatial * (y + 1), spatial * x:spatial * (x + 1)].any())
+    return out
+
+
+# (source W x H, bucket): a portrait, a landscape and a square target, each cropped on another axis
+GRID_CASES = [((360, 640), Bucket(96, 160, 17)), ((640, 360), Bucket(160, 96, 25)), ((400, 300), Bucket(128, 128, 17))]
+
+
+@pytest.mark.parametrize("size,bucket", GRID_CASES, ids=["portrait", "landscape", "square"])
+def test_a_moving_source_mask_on_the_latent_grid_equals_the_hand_pooling(tmp_path, size, bucket):
+    """A mask drawn on the target's source (a square that moves and grows), cut with the target's geometry
+    and pooled with the real VAE's factors (32 px, 8 frames): the latent mask of each bucket equals the
+    cell-by-cell computation, and its grid is the latent's [1 + (F - 1) / 8, H / 32, W / 32]."""
+    w, h = size
+    n = bucket.frames + 6
+    frames = np.zeros((n, h, w), np.uint8)
+    for i in range(n):
+        y, x = (h * i) // (2 * n), (w * (n - i)) // (2 * n)
+        frames[i, y:y + h // 6 + 2 * i, x:x + w // 8 + 3 * i] = 255
+    np.save(tmp_path / "m.npy", frames)
+    geom = decide(w, h, bucket, frame_indices=list(range(3, 3 + bucket.frames)), fps=24.0)
+    px = target_mask(tmp_path / "m.npy", geom, "s/x")
+    assert px.shape == (bucket.frames, bucket.height, bucket.width)
+    got = latent_mask(px, 32, 8)
+    want = _latent_mask_by_hand(px, 32, 8)
+    assert got.shape == (1 + (bucket.frames - 1) // 8, bucket.height // 32, bucket.width // 32)
+    assert np.array_equal(got, want)
+    assert 0 < want.sum() < want.size and len({want[t].tobytes() for t in range(len(want))}) == len(want)
+    # the hand pooling has teeth: grouping from frame 0 (LTX's {0..7}, {8..15}, ...) gives another mask here
+    ltx = np.stack([px[8 * t:8 * (t + 1)].reshape(-1, bucket.height // 32, 32, bucket.width // 32, 32)
+                    .any(axis=(0, 2, 4)) for t in range(len(want))]).astype(np.float32)
+    assert not np.array_equal(ltx, want)
+
+
 # ----------------------------------------------------------------------------- audio
 
 
