@@ -18,7 +18,8 @@ A recipe's ``mode`` (``recipe.MODE_ROLES``) gives its samples partner members (`
 - :func:`build_facts`: the mode, format, text encoder and audio of the shardsmith build that wrote
   a dataset, from that build's ``manifest.json`` (its recorded recipe); :func:`folder_facts` the
   same guessed from the folder when no manifest names it; :func:`mode_preset_for` the preset
-  ``verify`` and ``register`` pick for a dataset by themselves.
+  ``verify`` and ``register`` pick for a dataset by themselves; :func:`kd_preset_for` the one
+  ``verify`` picks for a knowledge-distillation dataset (``kd_wds``, no mode: ``kd_path`` / ``kd_pair``).
 
 Imports ``formats`` only (no torch): ``verify`` and the CLI read it before any loader starts.
 """
@@ -298,6 +299,34 @@ def defaults_for(mp: ModePreset, dataset: str | Path) -> dict[str, Any]:
     if not facts.text:
         d["files_map"] = {}
     return d
+
+
+#: the output format ``shardsmith distill`` writes; read by ``kd_path`` (with ``path.pth``) or ``kd_pair``
+KD_WDS = "kd_wds"
+
+
+def kd_preset_for(dataset: str | Path) -> tuple[str, str] | None:
+    """``(preset, where it was read)`` of a knowledge-distillation dataset, or None for another: one
+    the manifest of the build that wrote it calls ``format: kd_wds``, or, where no manifest names it,
+    whose ``index.json`` says ``format: shardsmith-kd``. ``kd_pair`` where index.json says
+    ``has_path: false``, else ``kd_path``."""
+    from shardsmith.formats.kd import KD_FORMAT, read_kd_index
+
+    facts = build_facts(dataset)
+    try:
+        index = read_kd_index(dataset)
+    except (OSError, ValueError):
+        index = None
+    if facts is not None:
+        if facts.format != KD_WDS:
+            return None
+        where = f"output format {KD_WDS} of the build ({facts.where})"
+    elif isinstance(index, dict) and index.get("format") == KD_FORMAT:
+        where = f"{Path(dataset) / 'index.json'} says format {KD_FORMAT} (no build manifest names the folder)"
+    else:
+        return None
+    has_path = not isinstance(index, dict) or index.get("has_path", True) is not False
+    return ("kd_path" if has_path else "kd_pair"), where
 
 
 def mode_preset_for(dataset: str | Path) -> tuple[str, ModeFacts] | None:

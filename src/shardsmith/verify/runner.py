@@ -23,6 +23,9 @@ Contract
   members in the key_map; ``report["preset"]``, ``report["preset_from"]``); else the key_map inferred
   from the first shard. Check ``members`` (WebDataset): every sample holds each key_map member no
   constant stands in for, naming the samples that lack one and the member (a lost ``ref_latent.pth``).
+  A knowledge-distillation dataset (its build's output format ``kd_wds``, or its ``index.json``) gets
+  ``kd_path`` (``kd_pair`` without ``path.pth``); with either preset, ``verify/kd.py`` checks each
+  sample's pair and trajectory against ``index.json`` (checks ``kd_*``, ``report["kd"]``).
 - ``fastgen_partial`` (WebDataset): per rank-worker, the samples FastGen's deterministic loader
   with ``partial=False`` (its default) drops at this batch size (its last incomplete batch); the
   coverage check then says "N samples per pass are never trained on at batch B" (a warning: this
@@ -180,6 +183,10 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         # and their workers then find these listings in memory instead of reading them again
         expected, count_file, ignore = expected_wds(dataset)
         members_check(dataset, cfg, ignore, check, mode_of(preset))
+        if preset in ("kd_pair", "kd_path"):  # each sample's pair and trajectory against index.json (verify/kd.py)
+            from shardsmith.verify.kd import check_kd
+
+            report["kd"] = check_kd(dataset, preset, ignore, check)
         ranks = Ranks(spec, world)
     else:
         from shardsmith.loaders.zip import ZipImageDataset
@@ -300,9 +307,13 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
 
 def _mode_preset(dataset: Path) -> dict[str, str] | None:
     """The preset of the recipe mode the build that wrote ``dataset`` was for (its manifest's recipe),
-    and where that was read, or None (no build manifest names it, no mode, no preset for its format)."""
-    from shardsmith.loaders.mode_presets import mode_preset_for
+    or of a knowledge-distillation dataset (``kd_path`` / ``kd_pair``), and where that was read, or None
+    (no build manifest names it, no mode, no preset for its format)."""
+    from shardsmith.loaders.mode_presets import kd_preset_for, mode_preset_for
 
+    kd = kd_preset_for(dataset)  # a knowledge-distillation dataset: kd_path, or kd_pair without path.pth
+    if kd is not None:
+        return {"preset": kd[0], "mode": None, "from": kd[1]}
     got = mode_preset_for(dataset)
     if got is None:
         return None
