@@ -29,11 +29,18 @@ def test_the_stage_describes_and_stamps_its_encoders_by_name():
 
     audio = _enc("ltx2_audio", "audio_vae", "random-weights")
     av = EncodeStage(vae, text, batch_size=2, device="cpu", audio_vae=audio)
-    assert list(av.encoders) == list(ENCODER_NAMES) == ["vae", "text", "audio_vae"]
+    assert list(av.encoders) == list(ENCODER_NAMES)[:3] == ["vae", "text", "audio_vae"]
     assert av.describe()["random_weights"] == ["audio_vae", "vae"]
     assert list(av.stamp(recipe)) == ["vae", "text", "audio_vae", "buckets", "fps"]
     skipped = SimpleNamespace(**{**vars(recipe), "audio": SimpleNamespace(skip=True, durations=None)})
     assert both.stamp(skipped)["audio"] == "skipped"  # a tree built with --skip-audio is another cache
+
+    teacher = _enc("sana", "teacher", "random-weights")  # shardsmith distill: the text encoder and the teacher
+    kd = EncodeStage(None, text, batch_size=2, device="cpu", teacher=teacher)
+    assert list(kd.encoders) == ["text", "teacher"] and ENCODER_NAMES[-1] == "teacher"
+    assert kd.describe()["random_weights"] == ["teacher"]
+    assert list(kd.stamp(recipe)) == ["vae", "text", "teacher", "buckets", "fps"]
+    assert list(both.stamp(recipe)) == ["vae", "text", "buckets", "fps"]  # no teacher: as before
 
     text_only = EncodeStage(None, text, batch_size=2, device="cpu")  # a prompt_wds recipe loads no VAE
     assert list(text_only.encoders) == ["text"] and "vae" not in text_only.describe()

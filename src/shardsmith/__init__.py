@@ -4,18 +4,19 @@ The Python API (:mod:`shardsmith.api`), loaded on first use so that ``import sha
 light (no torch):
 
 - ``shardsmith.build(recipe, out)`` -> :class:`~shardsmith.api.BuildResult`
+- ``shardsmith.distill(recipe, out)`` -> :class:`~shardsmith.api.BuildResult` (teacher pairs and trajectories)
 - ``shardsmith.scan(recipe)`` -> :class:`~shardsmith.api.ScanResult`
 - ``shardsmith.verify(dataset, preset=...)`` -> :class:`~shardsmith.api.VerifyResult`
 - ``shardsmith.inspect(dataset)`` -> :class:`~shardsmith.api.InspectResult`
 - ``shardsmith.repair(dataset)`` -> :class:`~shardsmith.api.RepairResult`
 
-``build``, ``scan`` and ``verify`` are also the modules of those names; calling one calls the API
+``build``, ``distill``, ``scan`` and ``verify`` are also the modules of those names; calling one calls the API
 function.
 """
 
 __version__ = "0.1.0"
 
-_MODULES = ("build", "scan", "verify")  # modules that, called, are the API function of their name
+_MODULES = ("build", "distill", "scan", "verify")  # modules that, called, are the API function of their name
 _API = ("inspect", "repair", "BuildResult", "ScanResult", "VerifyResult", "InspectResult", "RepairResult",
         "OutputResult", "Counts", "Check")
 __all__ = [*_MODULES, *_API, "__version__"]

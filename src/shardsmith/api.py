@@ -1,4 +1,4 @@
-"""The Python API: ``shardsmith.build``, ``scan``, ``verify``, ``inspect`` and ``repair``, each the
+"""The Python API: ``shardsmith.build``, ``distill``, ``scan``, ``verify``, ``inspect`` and ``repair``, each the
 CLI command of that name as a function with a typed result.
 
 Contract
@@ -144,7 +144,20 @@ def build(recipe: RecipeLike, out: str | os.PathLike, *, overwrite: bool = False
     from shardsmith.build import build as run_build
 
     out = Path(out)
-    manifest = run_build(_recipe(recipe, base_dir), out, overwrite=overwrite, quiet=quiet, workers=workers)
+    return _result(out, run_build(_recipe(recipe, base_dir), out, overwrite=overwrite, quiet=quiet, workers=workers))
+
+
+def distill(recipe: RecipeLike, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = True,
+            workers: int | None = None, base_dir: str | os.PathLike | None = None) -> BuildResult:
+    """Sample the teacher on every training prompt of ``recipe`` (a ``kd_wds`` output) into ``out``
+    (``shardsmith distill``): pairs and trajectories, resumable, every prompt accounted for."""
+    from shardsmith.distill.run import distill as run_distill
+
+    return _result(Path(out), run_distill(_recipe(recipe, base_dir), out, overwrite=overwrite, quiet=quiet,
+                                          workers=workers))
+
+
+def _result(out: Path, manifest: dict[str, Any]) -> BuildResult:
     outputs = {name: OutputResult(name, o["format"], Counts.of(o["counts"]),
                                   {s: Counts.of(c) for s, c in o.get("splits", {}).items()})
                for name, o in manifest["outputs"].items()}

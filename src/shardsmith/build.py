@@ -456,7 +456,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
                            "preflight": audio_safety.preflight(ledger, recipe, output, cutter), "splits": {}}
     elif recipe.audio.skip:
         result["audio"] = {"skipped": True, "why": "--skip-audio (audio.skip): no audio latents were written"}
-    for split in _splits(recipe):
+    splits = kind.splits(output, recipe) or _splits(recipe)
+    for split in splits:
         if ahead is not None and split != TRAIN:
             ahead.wait()
             _check_plan(ctx)
@@ -488,6 +489,9 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         _check_plan(ctx)
     # plan-level outcomes (unreadable, duplicate ...) are this output's outcomes too
     ledger.record_results(output.name, ledger.plan_outcomes(srcs))
+    for split in _splits(recipe):
+        if split not in splits:  # a split the output does not write (kd_wds: the holdout)
+            _skip_split(ledger, output, srcs, split)
     missing = ledger.missing_results(output.name, srcs)
     if missing:
         raise InvariantError(f"output {output.name}: {missing} planned item(s) have no terminal status; "
@@ -496,6 +500,19 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         result["audio"]["splits"] = {split: audio_safety.audio_counts(ledger, output, split) for split in _splits(recipe)}
         audio_safety.gate(ledger, recipe, output, result["audio"]["splits"])
     return result
+
+
+def _skip_split(ledger: Ledger, output, srcs: list[int], split: str, batch: int = 4096) -> None:
+    """Every planned item of ``split`` gets ``skipped:holdout`` in ``output`` (it writes no such split)."""
+    why = f"output {output.name!r} ({output.format}) writes the train split only; {split} items are never used"
+    rows: list = []
+    for item in ledger.items(split=split, sources=srcs, status="ok"):
+        rows.append((item.idx, f"skipped:{HOLDOUT}", why))
+        if len(rows) >= batch:
+            ledger.record_results(output.name, rows)
+            rows = []
+    if rows:
+        ledger.record_results(output.name, rows)
 
 
 from shardsmith.api import callable_module  # noqa: E402 - after the module's own names

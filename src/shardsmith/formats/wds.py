@@ -28,10 +28,11 @@ NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embe
 # a multi-bucket output: one WebDataset folder per bucket (``<bucket>/`` named ``WxHxF``, each with
 # its shard_count.json) and this index beside them: {bucket: {dir, samples, shards, latent_shape}}
 BUCKETS_INDEX_FILE = "buckets.json"
+KD_INDEX_FILE = "index.json"  # kd_wds: path_timesteps, solver, teacher and every sample's seed (formats/kd.py)
 SHARD_EXT = ".tar"
 BACKUP_SUFFIX = ".orig"  # repair keeps a rewritten file's original bytes under its name plus this
 #: files a WebDataset output folder holds beside its shards (repair's and latent outputs' included)
-INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE, BUCKETS_INDEX_FILE)
+INDEX_FILES = (SHARD_COUNT_FILE, IGNORE_INDEX_FILE, REPAIR_FILE, NEG_PROMPT_FILE, BUCKETS_INDEX_FILE, KD_INDEX_FILE)
 
 # member suffixes (FastGen's key_map values)
 JPG, PNG, TXT, JSON, MP4 = "jpg", "png", "txt", "json", "mp4"

@@ -5,7 +5,8 @@ Contract
 - ``dest(root, o, split)``: the output's file or folder for ``split`` (the holdout under ``holdout/``).
 - ``encoders_for(o, recipe)``: the encoders the output needs under ``recipe`` (``encoders``, less
   ``text`` where ``models.text`` is unset); an output that needs none is written without models.
-- ``per_unit(o)``: items per unit of work; ``byte_bounded(o)``: units close on a byte budget that
+- ``splits(o, recipe)``: the splits the output writes (None: all; ``kd_wds`` writes the train split
+  alone); ``per_unit(o)``: items per unit of work; ``byte_bounded(o)``: units close on a byte budget that
   only the written samples' sizes decide (such an output's units are cut as they are written, in
   order; every other output's units are planned ahead, see :mod:`shardsmith.units.plan`).
 - ``maker(o, ctx)``: the picklable per-item sample maker (runs in worker processes).
@@ -67,6 +68,11 @@ class OutputKind(ABC):
         present = {"text": recipe.models.text is not None, "vae": recipe.models.vae is not None,
                    "audio_vae": any(a is o for a in recipe.audio_outputs())}
         return tuple(e for e in self.encoders if present.get(e, True))
+
+    def splits(self, o, recipe) -> tuple[str, ...] | None:
+        """The splits ``o`` writes; None: every split of the recipe. An item of another split gets
+        ``skipped:holdout`` in ``o``."""
+        return None
 
     def per_unit(self, o) -> int:
         return o.samples_per_shard

@@ -35,7 +35,7 @@ class PromptSampleMaker:
         caption = item.caption
         if caption is None or not caption.strip():
             return SampleResult(idx=item.idx, status=f"skipped:{NO_CAPTION}",
-                                detail=f"{item.item_id} has no caption, and output {self.o.name!r} (prompt_wds) "
+                                detail=f"{item.item_id} has no caption, and output {self.o.name!r} ({self.o.format}) "
                                        "writes prompts only; give it a caption (columns.caption, or a sidecar "
                                        ".txt) or leave its source out of the output's sources:")
         members = {TXT: caption.encode("utf-8")}

@@ -5,6 +5,7 @@ line here."""
 from __future__ import annotations
 
 from shardsmith.outputs.base import OutputKind
+from shardsmith.outputs.kd_wds import KdWdsKind
 from shardsmith.outputs.latent_wds import LatentWdsKind
 from shardsmith.outputs.latent_zip import LatentZipKind
 from shardsmith.outputs.precomputed import PrecomputedKind
@@ -13,7 +14,7 @@ from shardsmith.outputs.video_wds import VideoWdsKind
 from shardsmith.outputs.wds import WdsKind
 from shardsmith.outputs.zip import ZipKind
 
-REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind(), VideoWdsKind(), PromptWdsKind())}
+REGISTRY: dict[str, OutputKind] = {k.format: k for k in (WdsKind(), ZipKind(), LatentWdsKind(), PrecomputedKind(), LatentZipKind(), VideoWdsKind(), PromptWdsKind(), KdWdsKind())}
 
 
 def kind_of(o) -> OutputKind:

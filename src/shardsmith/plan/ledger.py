@@ -359,6 +359,12 @@ class Ledger:
             args.append(shard)
         yield from self.db.execute(sql + " ORDER BY r.idx", args)
 
+    def written_ids(self, output: str, split: str) -> Iterator[tuple[str, str, str]]:
+        """(shard, key, item_id) of written items of one output/split, in plan order."""
+        yield from self.db.execute(
+            "SELECT r.shard, i.key, i.item_id FROM results r JOIN items i ON i.idx=r.idx "
+            "WHERE r.output=? AND i.split=? AND r.status='written' ORDER BY r.idx", (output, split))
+
     def status_rows(self, output: str, *, written: bool = True) -> Iterator[tuple[str, str, str, str | None]]:
         """(split, item_id, status, detail) for every item that has a result in ``output``
         (``written=False``: only those not written)."""

@@ -43,6 +43,23 @@ class BuildData:
     stats: ItemStats | None  # None without a ledger
     verify: list[dict[str, Any]]  # verify/record.py documents, newest first
     notes: list[str] = field(default_factory=list)
+    preview: dict[str, Any] | None = None  # distill.preview's preview.json, each picture with its PNG bytes
+
+
+def read_preview(root: Path, limit: int = 16) -> dict[str, Any] | None:
+    """``distill.preview``'s ``preview.json`` with each picture's bytes (``png``; at most ``limit``),
+    or None when the build wrote none (or it cannot be read: the page says nothing then)."""
+    from shardsmith.distill.preview import PREVIEW_DIR, PREVIEW_FILE
+
+    folder = root / PREVIEW_DIR
+    try:
+        info = json.loads((folder / PREVIEW_FILE).read_text(encoding="utf-8"))
+        for pic in info.get("pictures", [])[:limit]:
+            pic["png"] = (folder / Path(pic["file"]).name).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    info["pictures"] = [p for p in info.get("pictures", [])[:limit] if "png" in p]
+    return info
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -114,7 +131,7 @@ def gather(root: Path) -> BuildData:
     manifest = read_manifest(root)
     ledger = root / LEDGER_FILE
     stats = item_stats(ledger) if ledger.exists() else None
-    data = BuildData(root, manifest, stats, latest(root))
+    data = BuildData(root, manifest, stats, latest(root), preview=read_preview(root))
     if stats is None:
         data.notes.append(f"no ledger ({LEDGER_FILE}): no size histograms")
     return data

@@ -154,6 +154,25 @@ def _sheets(sheets: list[Sheet], random: bool) -> str:
     return "".join(parts)
 
 
+def _teacher_preview(preview: dict[str, Any] | None) -> str:
+    """``distill.preview``: the teacher's samples of a few training prompts, decoded before the run."""
+    if not preview or not preview.get("pictures"):
+        return ""
+    import base64
+
+    parts = ['<h2 id="teacher-preview">Teacher preview</h2>',
+             '<p class="muted">the teacher on training prompts, decoded by models.vae, before the run</p>']
+    if preview.get("meaningless"):
+        parts.append(f'<p class="random">{esc(preview.get("why") or "random weights: the pictures are meaningless")}</p>')
+    if preview.get("warning"):
+        parts.append(f'<p class="warn">{esc(preview["warning"])}</p>')
+    figs = [f'<figure class="thumb"><img src="data:image/png;base64,{base64.b64encode(p["png"]).decode()}" '
+            f'alt="{esc(p.get("prompt"))}"><figcaption>{esc(str(p.get("prompt", ""))[:160])}<br>'
+            f'<code>seed {esc(p.get("seed"))}</code></figcaption></figure>' for p in preview["pictures"]]
+    parts.append(f'<div class="sheet">{"".join(figs)}</div>')
+    return "".join(parts)
+
+
 def _histograms(data: BuildData, facts: dict[str, SampleFacts]) -> str:
     plots, notes = [], []
     st = data.stats
@@ -237,7 +256,8 @@ def render(data: BuildData, sheets: list[Sheet], facts: dict[str, SampleFacts], 
     warns = "".join(f'<p class="warn">warning: {esc(w)}</p>' for w in m.get("warnings") or [])
     extra = "".join(f'<p class="warn">{esc(n)}</p>' for n in notes + data.notes)
     body = "".join([f"<h1>{esc(title)}</h1>", head, warns, extra, _counts(m), _buckets(m), _sources(m),
-                    _models(m, random), _sheets(sheets, random), _histograms(data, facts), _verify(data.verify)])
+                    _models(m, random), _teacher_preview(data.preview), _sheets(sheets, random),
+                    _histograms(data, facts), _verify(data.verify)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'

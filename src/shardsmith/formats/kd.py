@@ -1,0 +1,43 @@
+"""The ``index.json`` of a knowledge-distillation dataset (``kd_wds``), beside its shards.
+
+Contract
+- ``kd_index(...)`` builds the file's content: ``format`` (``"shardsmith-kd"``), ``version``,
+  ``path_timesteps`` (the times of ``path.pth``'s states: ``t_list`` without its final 0; FastGen's
+  ``KDModel`` docstring asks to check them here), ``t_list``, ``parameterisation``, ``solver``,
+  ``steps``, ``rho``, ``guidance``, ``negative_prompt``, ``shape``, ``dtype``, ``has_path``,
+  ``seed``, ``teacher`` (its spec and provenance, ``random-weights`` plain to see), ``text``
+  (the text encoder's), ``count`` and ``samples``: ``[shard, key, seed]`` of every sample, in
+  shard order.
+- ``read_kd_index(folder)``: the parsed file, or None when the folder has none.
+- The noise convention: ``noise.pth`` is unit-normal; the trajectory starts from ``noise`` (flow)
+  or ``noise * t_list[0]`` (edm, sigma_max): ``path[0]`` is that start state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shardsmith.formats.wds import KD_INDEX_FILE
+
+KD_FORMAT = "shardsmith-kd"
+KD_VERSION = 1
+
+
+def kd_index(*, t_list: list[float], parameterisation: str, solver: str, steps: int, rho: float, guidance: float,
+             negative_prompt: str, shape: list[int], dtype: str, has_path: bool, seed: int,
+             teacher: dict[str, Any], text: dict[str, Any] | None, samples: list[tuple[str, str, int]]) -> dict:
+    return {"format": KD_FORMAT, "version": KD_VERSION, "path_timesteps": list(t_list[:-1]), "t_list": list(t_list),
+            "parameterisation": parameterisation, "solver": solver, "steps": steps, "rho": rho,
+            "guidance": guidance, "negative_prompt": negative_prompt, "shape": list(shape), "dtype": dtype,
+            "has_path": has_path, "seed": seed,
+            "noise": "unit normal; path[0] = noise (flow) or noise * t_list[0] (edm)",
+            "teacher": teacher, "text": text, "count": len(samples), "samples": [list(s) for s in samples]}
+
+
+def read_kd_index(folder: str | Path) -> dict | None:
+    f = Path(folder) / KD_INDEX_FILE
+    if not f.is_file():
+        return None
+    return json.loads(f.read_text(encoding="utf-8"))

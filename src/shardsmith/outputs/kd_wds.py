@@ -1,0 +1,94 @@
+"""``format: kd_wds``: knowledge-distillation shards, written by ``shardsmith distill``.
+
+Every sample is one training prompt sampled by the teacher (``models.teacher``, ``distill:``):
+``txt``, ``txt_emb.pth``, ``noise.pth``, ``latent.pth``, ``path.pth`` (``path: true``) and ``json``
+(:mod:`shardsmith.sinks.kd_members`); numeric shards ``NNNNN.tar``, ``shard_count.json`` and
+``index.json`` (:mod:`shardsmith.formats.kd`) beside them. Only the train split is sampled: a
+holdout prompt is ``skipped:holdout`` and never reaches the teacher. An item without a caption is
+``skipped:no_caption``. Read by the ``kd_pair`` and ``kd_path`` loader presets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shardsmith.atomic import atomic_write_json
+from shardsmith.formats.kd import kd_index
+from shardsmith.formats.wds import JSON, KD_INDEX_FILE
+from shardsmith.outputs.base import OutputContext, OutputKind
+from shardsmith.outputs.prompt_wds import PromptSampleMaker
+from shardsmith.recipe import KdWdsOutput
+from shardsmith.records import WRITTEN, PlannedItem, SampleResult
+from shardsmith.split.assign import TRAIN
+
+
+class KdSampleMaker(PromptSampleMaker):
+    """The prompt sample of :class:`PromptSampleMaker`, its ``json`` with the sample's seed."""
+
+    def __init__(self, output: KdWdsOutput, sources, seed: int):
+        super().__init__(output, sources)
+        self.seed = seed
+
+    def __call__(self, item: PlannedItem) -> SampleResult:
+        from shardsmith.distill.trajectories import sample_seed
+
+        res = super().__call__(item)
+        if res.status == WRITTEN and JSON in res.members:
+            meta = json.loads(res.members[JSON])
+            meta["seed"] = sample_seed(self.seed, item.item_id)
+            res.members[JSON] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return res
+
+
+class KdWdsKind(OutputKind):
+    format = "kd_wds"
+    model = KdWdsOutput
+    encoders = ("text", "teacher")
+    roles = ()  # the caption only
+    preset = "kd_path"
+
+    def splits(self, o, recipe) -> tuple[str, ...]:
+        return (TRAIN,)  # the teacher never sees a holdout prompt
+
+    def maker(self, o, ctx: OutputContext):
+        return KdSampleMaker(o, ctx.sources, ctx.recipe.distill.seed)
+
+    def sink(self, o, ctx: OutputContext, dest: Path, split: str):
+        from shardsmith.sinks.wds import WdsSink
+
+        return WdsSink(o, dest)
+
+    def renderer(self, o, ctx: OutputContext):
+        from shardsmith.distill.preview import write_preview
+        from shardsmith.sinks.kd_members import KdMembers
+
+        d = ctx.recipe.distill
+        return KdMembers(o, tuple(d.shape), len(d.t_list) - 1,
+                         preview=lambda stage: write_preview(stage, ctx.recipe, ctx.ledger, ctx.root))
+
+    def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
+        from shardsmith.distill.trajectories import Sampler, sample_seed
+
+        info = super().finalize(o, ctx, sink, split, dest)
+        d, stage = ctx.recipe.distill, ctx.stage()
+        desc = stage.describe()
+        s = Sampler.from_recipe(ctx.recipe)
+        samples = [(shard, key, sample_seed(d.seed, item_id))
+                   for shard, key, item_id in ctx.ledger.written_ids(o.name, split)]
+        index = kd_index(t_list=list(d.t_list), parameterisation=s.parameterisation, solver=s.solver, steps=s.steps,
+                         rho=s.rho, guidance=s.guidance, negative_prompt=d.negative_prompt, shape=list(d.shape),
+                         dtype=o.dtype, has_path=o.path, seed=d.seed, teacher=desc.get("teacher"),
+                         text=desc.get("text"), samples=samples)
+        atomic_write_json(dest / KD_INDEX_FILE, index)
+        info["index"] = KD_INDEX_FILE
+        info["path_timesteps"] = index["path_timesteps"]
+        return info
+
+    def warnings(self, o, ctx: OutputContext, files: dict[str, Any]) -> list[str]:
+        desc = ctx.stage().describe()
+        if "teacher" in desc.get("random_weights", []):
+            return [f"output {o.name!r}: the teacher has RANDOM WEIGHTS: its trajectories check the plumbing "
+                    "and are not a distillation target"]
+        return []
