@@ -304,3 +304,104 @@ def test_preview_decodes_training_prompts_before_the_run_and_says_random_weights
     assert "Teacher preview" in page and "RANDOM WEIGHTS" in page
     assert page.count('src="data:image/png;base64,') >= 2
     assert all(pic["prompt"] in page for pic in info["pictures"])
+
+
+@pytest.fixture(scope="module")
+def prompt_source(tmp_path_factory):
+    """A prompt_wds dataset (MiniLM embeddings, a negative prompt) and a one-bucket latent_wds dataset."""
+    import shardsmith
+
+    tmp = tmp_path_factory.mktemp("kdsrc")
+    (tmp / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    shardsmith.build({"sources": [{"path": str(tmp / "prompts.jsonl"), "columns": {"caption": "prompt"}}],
+                      "models": {"text": {"family": "minilm"}, "device": "cpu"},
+                      "outputs": [{"format": "prompt_wds", "samples_per_shard": 5, "negative_prompt": NEGATIVE}]},
+                     tmp / "pw", workers=1)
+    return tmp / "pw" / "prompts"
+
+
+def _kd_recipe(tmp: Path, source: Path, **distill) -> Path:
+    path = tmp / "kd.yaml"
+    path.write_text(yaml.safe_dump({
+        "sources": [{"path": str(source)}], "split": {"holdout": 2, "seed": 1},
+        "models": {"teacher": {"family": "callable", "entry_point": "shardsmith.distill.gaussian:velocity",
+                               "parameterisation": "flow"}, "device": "cpu"},
+        "distill": {"steps": 16, "text": "source", "guidance": 2.0, **distill},
+        "outputs": [{"format": "kd_wds", "samples_per_shard": 4}]}))
+    return path
+
+
+@pytest.mark.slow
+def test_a_prompt_wds_folder_is_a_source_whose_embeddings_and_negative_the_teacher_takes(prompt_source, tmp_path):
+    import numpy as np
+
+    r = _distill(_kd_recipe(tmp_path, prompt_source, shape=SHAPE), tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    src = _samples(prompt_source)  # key -> members of the prompt_wds shards
+    by_prompt = {m["txt"].decode(): m["txt_emb.pth"] for m in src.values()}
+    neg = torch.from_numpy(np.load(prompt_source / "neg_prompt_emb.npy"))
+    mu_u = gaussian.cond_mean(neg[None]).double()
+    kd = _samples(tmp_path / "out" / "kd")
+    assert len(kd) == len(PROMPTS) - 2
+    for m in kd.values():
+        emb = _load(m["txt_emb.pth"])
+        assert torch.equal(emb, _load(by_prompt[m["txt"].decode()]))  # the source's embedding, not re-encoded
+        noise, latent = _load(m["noise.pth"]), _load(m["latent.pth"])
+        mu_g = mu_u + 2.0 * (gaussian.cond_mean(emb[None]).double() - mu_u)
+        exact = gaussian.flow_solution(noise[None].double(), 0.999, 0.0, mu_g)[0]
+        assert float((latent - exact).abs().max()) < 5e-3
+    idx = read_kd_index(tmp_path / "out" / "kd")
+    assert idx["text"] == {"source": "txt_emb.pth of each sample's source sample (distill.text: source)"}
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert "text" not in m["models"]  # no text encoder was loaded
+
+
+@pytest.mark.slow
+def test_a_latent_wds_folder_gives_each_sample_its_shape(tmp_path):
+    import shardsmith
+    from media_factory import real_photos
+
+    real_photos(tmp_path / "photos", 6, seed=3, min_side=64, max_side=96)
+    for i, p in enumerate(sorted((tmp_path / "photos").glob("*.jpg"))):
+        p.with_suffix(".txt").write_text(PROMPTS[i])
+    shardsmith.build({"sources": [{"path": str(tmp_path / "photos")}], "geometry": {"buckets": ["64x64x1"]},
+                      "models": {"vae": {"family": "sd", "config": "tiny"}, "text": {"family": "minilm"}, "device": "cpu"},
+                      "outputs": [{"format": "latent_wds", "samples_per_shard": 4, "negative_prompt": NEGATIVE}]},
+                     tmp_path / "lat", workers=1)
+    source = tmp_path / "lat" / "latents"
+    latent_shape = tuple(_load(next(iter(_samples(source).values()))["latent.pth"]).shape)
+    r = _distill(_kd_recipe(tmp_path, source), tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    kd = _samples(tmp_path / "out" / "kd")
+    assert len(kd) == 4
+    for m in kd.values():
+        assert tuple(_load(m["latent.pth"]).shape) == latent_shape == tuple(json.loads(m["json"])["shape"])
+        assert _load(m["path.pth"]).shape == (4, *latent_shape)
+        assert m["txt"].decode() in PROMPTS  # the caption from the latent_wds json
+    assert read_kd_index(tmp_path / "out" / "kd")["shape"] is None
+
+
+def test_sources_that_cannot_give_shapes_embeddings_or_a_negative_are_refused_before_anything_runs(tmp_path):
+    from test_cli_mistakes import assert_message, invoke
+
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "a cat"}) + "\n")
+    (tmp_path / "pw").mkdir()
+    (tmp_path / "pw" / "00000.tar").write_bytes(b"\0" * 1024)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "buckets.json").write_text(json.dumps({"64x64x1": {}, "64x32x1": {}}))
+    for source, distill, texts in [
+        (tmp_path / "p.jsonl", {"shape": SHAPE}, ["distill.text is source", "not a WebDataset folder"]),
+        (tmp_path / "p.jsonl", {"text": "encode"}, ["distill.shape is unset", "latent_wds"]),
+        (tmp_path / "b", {}, ["holds 2 buckets", "64x64x1", "distill.shape"]),
+        (tmp_path / "pw", {"shape": SHAPE}, ["distill.guidance 2 needs the negative prompt's embedding",
+                                              "neg_prompt_emb.npy"]),
+    ]:
+        recipe = _kd_recipe(tmp_path, source, **distill)
+        data = yaml.safe_load(recipe.read_text())
+        if source.suffix == ".jsonl":
+            data["sources"][0]["columns"] = {"caption": "prompt"}
+            data["models"]["text"] = {"family": "minilm"}
+        recipe.write_text(yaml.safe_dump(data))
+        code, output = invoke("distill", recipe, "--out", tmp_path / "out")
+        assert_message(code, output, *texts)
+        assert not (tmp_path / "out").exists()

@@ -223,6 +223,9 @@ def check_teacher(recipe: Recipe) -> None:
     tm, d = recipe.models.teacher, recipe.distill
     if tm is None or d is None:
         return
+    from shardsmith.distill.sources import check_sources
+
+    check_sources(recipe)
     from shardsmith.distill.schedule import time_grid
     from shardsmith.encode.teacher import TeacherSpec, check_pairing, resolve_entry_point, teacher_settings
 

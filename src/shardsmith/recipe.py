@@ -105,7 +105,9 @@ class Columns(_Strict):
 class SourceSpec(_Strict):
     path: str
     name: str | None = None
-    kind: Literal["auto", "folder", "table"] = "auto"
+    kind: Literal["auto", "folder", "table", "wds"] = Field(
+        "auto", description="auto: a table file, a folder of NNNNN.tar shards (wds: its samples' prompts, for "
+        "shardsmith distill) or a folder of media")
     origin: str | None = None
     license: str | None = None
     columns: Columns = Field(default_factory=Columns)
@@ -515,16 +517,20 @@ class DistillSpec(_Strict):
                               "t**(1/rho) (default: 1 for flow, 7 for edm, Karras et al.)")
     guidance: float = Field(1.0, ge=0, description="classifier-free guidance scale (1: the conditional model alone)")
     negative_prompt: str = Field("", description="the unconditional prompt of classifier-free guidance")
-    shape: list[int] = Field(description="one sample's latent shape: [C, H, W] or [C, T, H, W]", min_length=3,
-                             max_length=4)
+    shape: list[int] | None = Field(None, description="one sample's latent shape: [C, H, W] or [C, T, H, W]; "
+                                    "unset: each sample takes the shape of its latent.pth in a latent_wds source",
+                                    min_length=3, max_length=4)
+    text: Literal["encode", "source"] = Field(
+        "encode", description="encode: models.text embeds each prompt; source: each sample's txt_emb.pth in its "
+        "prompt_wds / latent_wds source (and neg_prompt_emb.npy beside it for guidance), no text encoder")
     seed: int = Field(0, description="the seed every sample's own seed is derived from (with its item id)")
     preview: int = Field(0, ge=0, description="before the run, sample the teacher on this many training prompts "
                          "and write their decoded pictures to preview/ (needs models.vae)")
 
     @field_validator("shape")
     @classmethod
-    def _shape(cls, v: list[int]) -> list[int]:
-        if any(d <= 0 for d in v):
+    def _shape(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(d <= 0 for d in v):
             raise ValueError(f"distill.shape {v}: every size must be positive")
         return v
 
@@ -681,12 +687,15 @@ class Recipe(_Strict):
             others = [o.name for o in self.outputs if not isinstance(o, KdWdsOutput)]
             raise ValueError(f"a kd_wds output is written by a recipe of its own (shardsmith distill); output(s) "
                              f"{', '.join(others or [kd[1].name])} belong in another recipe")
-        missing = [k for k, v in (("models.teacher", self.models.teacher), ("models.text", self.models.text),
-                                  ("distill", self.distill)) if v is None]
+        missing = [k for k, v in (("models.teacher", self.models.teacher), ("distill", self.distill),
+                                  ("models.text", self.models.text or (self.distill and self.distill.text == "source")))
+                   if not v]
         if missing:
             raise ValueError(f"output {kd[0].name!r} (kd_wds) needs {', '.join(missing)}: e.g. models: {{teacher: "
                              "{family: callable, entry_point: 'shardsmith.distill.gaussian:velocity', "
-                             "parameterisation: flow}, text: {family: minilm}} and distill: {shape: [4, 32, 32]}")
+                             "parameterisation: flow}, text: {family: minilm}} and distill: {shape: [4, 32, 32]} "
+                             "(models.text may be left out with distill.text: source: a prompt_wds / latent_wds "
+                             "source's txt_emb.pth)")
         if self.distill.preview and self.models.vae is None:
             raise ValueError("distill.preview decodes the teacher's samples to pictures and needs models.vae (the "
                              "VAE of the teacher's latent space); set it or leave preview at 0")

@@ -159,6 +159,16 @@ class PlannedItem:
 
 
 @dataclass
+class TeacherInput:
+    """What the teacher samples for one prompt (``shardsmith distill``): the sample's latent shape and,
+    with ``distill.text: source``, the prompt's precomputed embedding ``[L, D]`` (None: the text encoder
+    makes it)."""
+
+    shape: tuple[int, ...]
+    emb: Any = None
+
+
+@dataclass
 class SampleResult:
     """What the transform stage returns for one item and one output."""
 
@@ -172,6 +182,7 @@ class SampleResult:
     partners: Any = None  # latent outputs of a mode with partners: {name: uint8 [F, H, W, 3]}, awaiting the VAE
     conditions: Any = None  # arrays written as they are (a latent-grid mask, camera rows): {name: ndarray}
     audio_reference: Any = None  # IC-LoRA with audio: the reference's waveform [2, N], awaiting the audio encoder
+    teacher: TeacherInput | None = None  # shardsmith distill: what the teacher samples, awaiting it
 
 
 class UnitFile(NamedTuple):

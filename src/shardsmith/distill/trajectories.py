@@ -63,7 +63,7 @@ class Sampler:
     def from_recipe(cls, recipe) -> "Sampler":
         d, p = recipe.distill, recipe.models.teacher.parameterisation
         rho = d.rho if d.rho is not None else (7.0 if p == "edm" else 1.0)
-        return cls(p, d.solver, d.steps, tuple(d.t_list), rho, d.guidance, tuple(d.shape))
+        return cls(p, d.solver, d.steps, tuple(d.t_list), rho, d.guidance, tuple(d.shape or ()))
 
     def grid(self) -> tuple[list[float], list[int]]:
         return time_grid(self.steps, self.t_list, self.rho)
@@ -77,12 +77,16 @@ class Sampler:
 
     def run(self, teacher, seeds: list[int], cond: torch.Tensor, mask: torch.Tensor | None,
             negative: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-            pad_to: int | None = None) -> list[Trajectory]:
+            pad_to: int | None = None, shape: tuple[int, ...] | None = None) -> list[Trajectory]:
+        """``shape``: the batch's sample shape (default: :attr:`shape`, the recipe's)."""
         n = len(seeds)
+        shape = tuple(shape or self.shape)
+        if not shape:
+            raise ValueError("no sample shape: set distill.shape, or read prompts from a latent_wds source")
         if cond.shape[0] != n:
             raise ValueError(f"{n} seeds but {cond.shape[0]} conditions")
         device = teacher.device
-        noise = torch.stack([make_noise(s, self.shape) for s in seeds])
+        noise = torch.stack([make_noise(s, shape) for s in seeds])
         rows = max(n, pad_to or 0)
         x_noise, cond, mask = _pad(noise, rows), _pad(cond, rows), None if mask is None else _pad(mask, rows)
         cond = cond.to(device)

@@ -64,6 +64,8 @@ def queue_of(res: SampleResult) -> str:
     encoder meets few shapes and never splits a batch), else :data:`TEXT_ONLY`."""
     if res.pixels is not None:
         return res.info["bucket"]
+    if res.teacher is not None:  # shardsmith distill: one sample shape a batch
+        return f"teacher:{'x'.join(map(str, res.teacher.shape))}"
     if res.audio is not None:
         return f"audio:{res.audio.shape[-1]}"
     return TEXT_ONLY
@@ -202,10 +204,11 @@ class LatentFinisher:
         # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
         stage = self.stage
         batch = [(item, res) for item, res, _ in entries]
-        waves, partners, ref_waves = (_take(batch, a) for a in ("audio", "partners", "audio_reference"))
+        waves, partners, ref_waves, teach = (_take(batch, a) for a in ("audio", "partners", "audio_reference",
+                                                                        "teacher"))
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
             self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves,
-                                                                      ref_waves)))
+                                                                      ref_waves, teach)))
             while len(self.in_flight) > self.max_in_flight:
                 self._finish(self.in_flight.pop(0))
             return
@@ -235,13 +238,18 @@ class LatentFinisher:
 
     @staticmethod
     def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]], waves=None,
-                   ref_waves=None) -> "TextOnlyBatch":
+                   ref_waves=None, teach=None) -> "TextOnlyBatch":
         """Encoder thread: the captions of a batch without pixels through the text encoder, and
-        their audio (and their references' audio) through the audio encoder."""
-        texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
+        their audio (and their references' audio) through the audio encoder; with ``teach`` (one
+        :class:`~shardsmith.records.TeacherInput` per item, one shape), the teacher's trajectories, from
+        the items' precomputed embeddings where they carry them."""
+        if teach is not None and all(t.emb is not None for t in teach):
+            texts = [(t.emb, None) for t in teach]  # distill.text source: the source's txt_emb.pth
+        else:
+            texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
         teacher = None
-        if getattr(stage, "teacher", None) is not None:  # shardsmith distill: the teacher samples each prompt
-            teacher = stage.trajectories([it.item_id for it, _ in batch], texts)
+        if teach is not None:  # shardsmith distill: the teacher samples each prompt
+            teacher = stage.trajectories([it.item_id for it, _ in batch], texts, teach[0].shape)
         return TextOnlyBatch(texts, _audio_latents(stage, waves), _audio_latents(stage, ref_waves), teacher)
 
     def _finish(self, entry) -> None:

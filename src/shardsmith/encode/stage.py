@@ -66,7 +66,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
 
     def __init__(self, vae, text, *, batch_size: int | None, device: str, compile: str = "off",
                  device_index: int | None = None, audio_vae=None, teacher=None, sampler=None,
-                 distill_seed: int = 0, negative_prompt: str = ""):
+                 distill_seed: int = 0, negative_prompt: str = "", negative=None):
         if compile not in ("auto", "on", "off"):
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {compile!r}")
         self.vae, self.text_encoder, self.device = vae, text, device
@@ -75,6 +75,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         # every sample's seed derives from, and the negative prompt of classifier-free guidance
         self.teacher, self.sampler = teacher, sampler
         self.distill_seed, self.negative_prompt = distill_seed, negative_prompt
+        self.negative = negative  # (emb [L, D], None): distill.text source's neg_prompt_emb.npy
         self.device_index = device_index  # models.device cuda:N (``device`` is then "cuda"); see bind_device
         self.compile_setting = compile
         self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
@@ -137,7 +138,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             a = m.audio_vae
             audio_vae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
                                        config=a.config, dtype=a.dtype, device=place, vocoder=False)
-        teacher = sampler = None
+        teacher = sampler = negative = None
         if m.teacher is not None and recipe.distill is not None:
             from shardsmith.distill.trajectories import Sampler
             from shardsmith.encode.teacher import check_pairing, load_teacher
@@ -148,10 +149,15 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                                    config=tm.config, dtype=tm.dtype, device=place)
             check_pairing(teacher.spec, text.spec.dim if text is not None else None, recipe.distill.shape)
             sampler = Sampler.from_recipe(recipe)
+            if recipe.distill.text == "source" and recipe.distill.guidance != 1.0:
+                from shardsmith.distill.sources import source_negative
+
+                negative = source_negative(recipe)
         return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index,
                    audio_vae=audio_vae, teacher=teacher, sampler=sampler,
                    distill_seed=recipe.distill.seed if recipe.distill is not None else 0,
-                   negative_prompt=recipe.distill.negative_prompt if recipe.distill is not None else "")
+                   negative_prompt=recipe.distill.negative_prompt if recipe.distill is not None else "",
+                   negative=negative)
 
     def bind_device(self) -> None:
         """With ``models.device: cuda:N``, make GPU N the calling thread's current CUDA device (torch's
@@ -285,11 +291,14 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.seconds["audio"] += time.perf_counter() - t0
         return out
 
-    def trajectories(self, item_ids: list[str], texts: list[tuple[torch.Tensor, ...]]) -> list:
+    def trajectories(self, item_ids: list[str], texts: list[tuple[torch.Tensor, ...]],
+                     shape: tuple[int, ...] | None = None) -> list:
         """The teacher's trajectories (:class:`~shardsmith.distill.trajectories.Trajectory`) for a batch
         of prompts (their items' ids give the seeds; ``texts``: ``(emb [L, D], mask [L])`` each), on the
         calling thread (the finisher calls it on the device thread). On a GPU a short batch is padded
-        to ``batch_size`` (:meth:`pads`): a sample's trajectory does not depend on its batch-mates."""
+        to ``batch_size`` (:meth:`pads`): a sample's trajectory does not depend on its batch-mates.
+        ``shape``: the batch's sample shape (default ``distill.shape``). The negative prompt's embedding:
+        ``negative`` when given at construction (a source's ``neg_prompt_emb.npy``), else the text encoder's."""
         from shardsmith.distill.trajectories import sample_seed
 
         if self.teacher is None:
@@ -300,10 +309,13 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         mask = torch.stack([t[1] for t in texts]) if len(texts[0]) > 1 and texts[0][1] is not None else None
         negative = None
         if self.sampler.guidance != 1.0:
-            neg = self.text([self.negative_prompt])[0]
-            negative = (neg[0], neg[1] if len(neg) > 1 else None)
+            if getattr(self, "negative", None) is not None:
+                negative = self.negative
+            else:
+                neg = self.text([self.negative_prompt])[0]
+                negative = (neg[0], neg[1] if len(neg) > 1 else None)
         out = self.sampler.run(self.teacher, seeds, cond, mask, negative,
-                               pad_to=self.batch_size if self.pads() else None)
+                               pad_to=self.batch_size if self.pads() else None, shape=shape)
         self.seconds["teacher"] += time.perf_counter() - t0
         self.launched += len(item_ids)
         return out

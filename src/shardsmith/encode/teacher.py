@@ -196,6 +196,6 @@ def check_pairing(spec: TeacherSpec, text_dim: int | None, shape: list[int]) -> 
         raise TeacherError(f"models.teacher ({spec.family}) takes {spec.text_dim}-wide text embeddings (its "
                            f"caption_channels), but models.text gives {text_dim}-wide ones; use the text encoder "
                            "the teacher was trained with, or a teacher config with that caption_channels")
-    if spec.latent_channels is not None and shape[0] != spec.latent_channels:
+    if spec.latent_channels is not None and shape and shape[0] != spec.latent_channels:
         raise TeacherError(f"distill.shape {list(shape)} has {shape[0]} channels, but models.teacher ({spec.family}) "
                            f"takes {spec.latent_channels}; set distill.shape to [{spec.latent_channels}, ...]")

@@ -4,7 +4,8 @@ Contract
 - ``kd_index(...)`` builds the file's content: ``format`` (``"shardsmith-kd"``), ``version``,
   ``path_timesteps`` (the times of ``path.pth``'s states: ``t_list`` without its final 0; FastGen's
   ``KDModel`` docstring asks to check them here), ``t_list``, ``parameterisation``, ``solver``,
-  ``steps``, ``rho``, ``guidance``, ``negative_prompt``, ``shape``, ``dtype``, ``has_path``,
+  ``steps``, ``rho``, ``guidance``, ``negative_prompt``, ``shape`` (None: each sample's own, from its
+  source's ``latent.pth``; its ``json`` says which), ``dtype``, ``has_path``,
   ``seed``, ``teacher`` (its spec and provenance, ``random-weights`` plain to see), ``text``
   (the text encoder's), ``count`` and ``samples``: ``[shard, key, seed]`` of every sample, in
   shard order.
@@ -26,11 +27,12 @@ KD_VERSION = 1
 
 
 def kd_index(*, t_list: list[float], parameterisation: str, solver: str, steps: int, rho: float, guidance: float,
-             negative_prompt: str, shape: list[int], dtype: str, has_path: bool, seed: int,
+             negative_prompt: str, shape: list[int] | None, dtype: str, has_path: bool, seed: int,
              teacher: dict[str, Any], text: dict[str, Any] | None, samples: list[tuple[str, str, int]]) -> dict:
     return {"format": KD_FORMAT, "version": KD_VERSION, "path_timesteps": list(t_list[:-1]), "t_list": list(t_list),
             "parameterisation": parameterisation, "solver": solver, "steps": steps, "rho": rho,
-            "guidance": guidance, "negative_prompt": negative_prompt, "shape": list(shape), "dtype": dtype,
+            "guidance": guidance, "negative_prompt": negative_prompt, "shape": None if shape is None else list(shape),
+            "dtype": dtype,
             "has_path": has_path, "seed": seed,
             "noise": "unit normal; path[0] = noise (flow) or noise * t_list[0] (edm)",
             "teacher": teacher, "text": text, "count": len(samples), "samples": [list(s) for s in samples]}

@@ -20,24 +20,34 @@ from shardsmith.formats.wds import JSON, KD_INDEX_FILE
 from shardsmith.outputs.base import OutputContext, OutputKind
 from shardsmith.outputs.prompt_wds import PromptSampleMaker
 from shardsmith.recipe import KdWdsOutput
-from shardsmith.records import WRITTEN, PlannedItem, SampleResult
+from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.split.assign import TRAIN
 
 
 class KdSampleMaker(PromptSampleMaker):
-    """The prompt sample of :class:`PromptSampleMaker`, its ``json`` with the sample's seed."""
+    """The prompt sample of :class:`PromptSampleMaker`, its ``json`` with the sample's seed and shape,
+    and what the teacher samples (``res.teacher``: the sample shape, and with ``distill.text: source``
+    the prompt's embedding read from its source)."""
 
-    def __init__(self, output: KdWdsOutput, sources, seed: int):
+    def __init__(self, output: KdWdsOutput, sources, distill):
         super().__init__(output, sources)
-        self.seed = seed
+        self.seed, self.shape, self.text = distill.seed, distill.shape, distill.text
 
     def __call__(self, item: PlannedItem) -> SampleResult:
+        from shardsmith.distill.sources import teacher_input
         from shardsmith.distill.trajectories import sample_seed
 
         res = super().__call__(item)
-        if res.status == WRITTEN and JSON in res.members:
+        if res.status != WRITTEN:
+            return res
+        try:
+            res.teacher = teacher_input(item, self.sources[item.source].path, self.shape, self.text)
+        except ItemError as exc:
+            return SampleResult(idx=item.idx, status=exc.status, detail=exc.detail)
+        if JSON in res.members:
             meta = json.loads(res.members[JSON])
             meta["seed"] = sample_seed(self.seed, item.item_id)
+            meta["shape"] = list(res.teacher.shape)
             res.members[JSON] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return res
 
@@ -53,7 +63,7 @@ class KdWdsKind(OutputKind):
         return (TRAIN,)  # the teacher never sees a holdout prompt
 
     def maker(self, o, ctx: OutputContext):
-        return KdSampleMaker(o, ctx.sources, ctx.recipe.distill.seed)
+        return KdSampleMaker(o, ctx.sources, ctx.recipe.distill)
 
     def sink(self, o, ctx: OutputContext, dest: Path, split: str):
         from shardsmith.sinks.wds import WdsSink
@@ -65,7 +75,7 @@ class KdWdsKind(OutputKind):
         from shardsmith.sinks.kd_members import KdMembers
 
         d = ctx.recipe.distill
-        return KdMembers(o, tuple(d.shape), len(d.t_list) - 1,
+        return KdMembers(o, tuple(d.shape or ()), len(d.t_list) - 1,
                          preview=lambda stage: write_preview(stage, ctx.recipe, ctx.ledger, ctx.root))
 
     def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
@@ -78,9 +88,12 @@ class KdWdsKind(OutputKind):
         samples = [(shard, key, sample_seed(d.seed, item_id))
                    for shard, key, item_id in ctx.ledger.written_ids(o.name, split)]
         index = kd_index(t_list=list(d.t_list), parameterisation=s.parameterisation, solver=s.solver, steps=s.steps,
-                         rho=s.rho, guidance=s.guidance, negative_prompt=d.negative_prompt, shape=list(d.shape),
+                         rho=s.rho, guidance=s.guidance, negative_prompt=d.negative_prompt,
+                         shape=list(d.shape) if d.shape else None,
                          dtype=o.dtype, has_path=o.path, seed=d.seed, teacher=desc.get("teacher"),
-                         text=desc.get("text"), samples=samples)
+                         text=desc.get("text") if d.text == "encode" else {"source": "txt_emb.pth of each sample's "
+                                                                          "source sample (distill.text: source)"},
+                         samples=samples)
         atomic_write_json(dest / KD_INDEX_FILE, index)
         info["index"] = KD_INDEX_FILE
         info["path_timesteps"] = index["path_timesteps"]

@@ -75,6 +75,7 @@ def open_sources(recipe, exclude: list[Path] | None = None) -> list[tuple[Source
     """Resolve each recipe source; raises :class:`SourceError` for a missing or unknown path."""
     from shardsmith.sources.folder import FolderSource
     from shardsmith.sources.table import TableSource
+    from shardsmith.sources.wds import WdsSource
 
     out = []
     for i, spec in enumerate(recipe.sources):
@@ -82,7 +83,7 @@ def open_sources(recipe, exclude: list[Path] | None = None) -> list[tuple[Source
         kind = spec.kind
         if kind == "auto":
             if p.is_dir():
-                kind = "folder"
+                kind = "wds" if is_shard_folder(p) else "folder"
             elif p.is_file() and p.suffix.lower().lstrip(".") in TABLE_EXTENSIONS:
                 kind = "table"
             elif not p.exists():
@@ -90,9 +91,24 @@ def open_sources(recipe, exclude: list[Path] | None = None) -> list[tuple[Source
             else:
                 raise SourceError(f"source {spec.name!r}: {p} is neither a folder nor a table "
                                   f"({', '.join(sorted(TABLE_EXTENSIONS))}); fix sources[{i}].path")
-        src = (FolderSource if kind == "folder" else TableSource)(i, spec, exclude or [])
+        src = {"folder": FolderSource, "table": TableSource, "wds": WdsSource}[kind](i, spec, exclude or [])
         out.append((src.info, src.items))
     return out
+
+
+def is_shard_folder(path: Path) -> bool:
+    """A WebDataset folder (``NNNNN.tar`` shards directly inside, or a bucketed output's
+    ``buckets.json``; no media file beside them): a
+    ``kind: auto`` source there is read as ``kind: wds`` (prompts), not as a folder of media."""
+    from shardsmith.formats.wds import BUCKETS_INDEX_FILE, is_shard_file_name
+
+    try:
+        names = [e.name for e in os.scandir(path) if e.is_file()]
+    except OSError:
+        return False
+    if any(media_kind(n) != "other" for n in names):
+        return False
+    return BUCKETS_INDEX_FILE in names or any(is_shard_file_name(n) for n in names)
 
 
 def count_listed(opened: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]]) -> int | None:

@@ -1,0 +1,134 @@
+"""A WebDataset folder as a prompt source: a ``prompt_wds`` or ``latent_wds`` dataset (``kind: wds``).
+
+Contract
+- The folder's ``NNNNN.tar`` shards (a bucketed ``latent_wds`` output: each bucket folder's of
+  ``buckets.json``, in its order) are listed in loader order from their tar headers only; every
+  sample is one captions-only item: id ``<source>/<shard>/<key>``, its caption the UTF-8 ``txt``
+  member or, without one (latent_wds), its ``json``'s ``caption`` (read at listing time), no media
+  (planned ``ok`` with kind ``text``).
+- ``meta["wds"]``: the shard (relative to the source folder) and the data offset and size of its
+  ``txt_emb.pth`` and ``latent.pth`` members when present: what ``shardsmith distill`` reads later
+  (precomputed embeddings, the latent shape that defines the sample's) without scanning the shard
+  again.
+- A sample without a ``txt`` member or whose ``txt`` is not UTF-8 is ``failed:no_caption`` /
+  ``failed:caption_not_utf8`` naming the shard and key; samples listed in ``ignore_index.json`` are
+  left out. A folder without shards is a :class:`~shardsmith.sources.base.SourceError`.
+- ``neg_prompt_emb.npy`` beside the shards (what ``prompt_wds`` / ``latent_wds`` write; for one bucket's
+  folder, beside its output's ``buckets.json``) is the source's negative prompt embedding
+  (:func:`negative_embedding`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from shardsmith.formats.wds import (BUCKETS_INDEX_FILE, JSON, LATENT, NEG_PROMPT_FILE, TEXT_EMB, TXT, bucket_folder,
+                                    read_buckets_index, read_ignore_index)
+from shardsmith.records import NO_CAPTION, Item, SourceInfo
+from shardsmith.sources.base import SourceError
+
+KEPT_MEMBERS = (TEXT_EMB, LATENT)
+
+
+class WdsSource:
+    def __init__(self, index: int, spec, exclude: list[Path]):
+        from shardsmith.loaders.shard_reader import list_shards
+
+        self.root, self.spec = Path(spec.path), spec
+        buckets = read_buckets_index(self.root) if self.root.is_dir() else None
+        folders = [""] if buckets is None else [bucket_folder(b) for b in buckets]
+        self.shards: list[str] = []  # relative to the source folder
+        self.ignored: dict[str, list[str]] = {}
+        for sub in folders:
+            folder = self.root / sub if sub else self.root
+            try:
+                names = list_shards(folder)
+                ignored = read_ignore_index(folder)
+            except (OSError, ValueError) as exc:
+                raise SourceError(f"source {spec.name!r}: {folder} holds no WebDataset shards to read prompts from "
+                                  f"({exc}); give a prompt_wds or latent_wds folder, or kind: folder / table") from None
+            rel = (lambda n: f"{sub}/{n}") if sub else (lambda n: n)
+            self.shards += [rel(n) for n in names]
+            self.ignored.update({rel(n): v for n, v in ignored.items()})
+        self.info = SourceInfo(index=index, name=spec.name, path=str(self.root), kind="wds",
+                               origin=spec.origin, license=spec.license)
+
+    def _samples(self) -> Iterator[tuple[str, str, dict]]:
+        from shardsmith.loaders.shard_reader import shard_samples
+
+        for shard in self.shards:
+            skip = set(self.ignored.get(shard, []))
+            for key, refs in shard_samples(self.root / shard):
+                if key not in skip:
+                    yield shard, key, refs
+
+    def count(self) -> int:
+        return sum(1 for _ in self._samples())
+
+    def items(self) -> Iterator[Item]:
+        from shardsmith.loaders.shard_reader import read_member
+
+        fds: dict[str, int] = {}
+        try:
+            for shard, key, refs in self._samples():
+                rel = f"{shard}/{key}"
+                meta = {"wds": {"shard": shard, "key": key,
+                                **{m: list(refs[m]) for m in KEPT_MEMBERS if m in refs}}}
+                caption, error = None, None
+                member = TXT if TXT in refs else JSON if JSON in refs else None
+                if member is None:
+                    error = (NO_CAPTION, f"{rel} has neither a {TXT} nor a {JSON} member: no prompt to sample")
+                else:
+                    fd = fds.get(shard)
+                    if fd is None:
+                        fd = fds[shard] = os.open(self.root / shard, os.O_RDONLY)
+                    caption, error = _caption(bytes(read_member(fd, refs[member], rel)), f"{rel}.{member}",
+                                              member == JSON)
+                yield Item(item_id=f"{self.spec.name}/{rel}", source=self.info.index, path="", relpath=rel,
+                           caption=caption, meta=meta, error=error)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+
+def _caption(raw: bytes, where: str, in_json: bool) -> tuple[str | None, tuple[str, str] | None]:
+    """A sample's prompt: its ``txt`` member, or the ``caption`` of its ``json`` (latent_wds writes no
+    ``txt``); ``(caption, None)`` or ``(None, (reason, detail))``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, ("caption_not_utf8", f"{where} is not UTF-8 (byte {exc.start})")
+    if in_json:
+        try:
+            meta = json.loads(text)
+        except ValueError:
+            return None, (NO_CAPTION, f"{where} is not JSON, and the sample has no {TXT} member")
+        text = meta.get("caption") if isinstance(meta, dict) else None
+        if not isinstance(text, str):
+            return None, (NO_CAPTION, f"{where} has no caption, and the sample has no {TXT} member")
+    text = text.strip()
+    return (text, None) if text else (None, (NO_CAPTION, f"{where}: the prompt is empty"))
+
+
+def negative_file(folder: str | os.PathLike) -> Path | None:
+    """Where a source folder's ``neg_prompt_emb.npy`` is, or None."""
+    folder = Path(folder)
+    for where in (folder, folder.parent if (folder.parent / BUCKETS_INDEX_FILE).is_file() else None):
+        if where is not None and (where / NEG_PROMPT_FILE).is_file():
+            return where / NEG_PROMPT_FILE
+    return None
+
+
+def negative_embedding(folder: str | os.PathLike):
+    """The float32 ``[L, D]`` tensor of ``neg_prompt_emb.npy`` beside a source's shards (for one bucket's
+    folder of a bucketed output: beside its ``buckets.json``), or None."""
+    path = negative_file(folder)
+    if path is None:
+        return None
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.load(path, allow_pickle=False).astype("float32"))
