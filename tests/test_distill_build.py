@@ -28,6 +28,7 @@ from shardsmith.distill.trajectories import Sampler, make_noise, sample_seed
 from shardsmith.formats.kd import read_kd_index
 from shardsmith.plan.ledger import Ledger
 from test_build import tree_bytes
+from test_ltx_habits import samples as _samples  # key -> {suffix: bytes}, read with tarfile
 
 PY = sys.executable
 
@@ -70,15 +71,6 @@ def _distill(recipe: Path, out: Path, *extra) -> subprocess.CompletedProcess:
                            *map(str, extra)], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
-def _samples(folder: Path) -> dict[str, dict[str, bytes]]:
-    """key -> {suffix: bytes} of every sample of every shard (read with the tarfile module)."""
-    out: dict[str, dict[str, bytes]] = {}
-    for shard in sorted(folder.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            for m in tar.getmembers():
-                key, _, suffix = m.name.partition(".")
-                out.setdefault(key, {})[suffix] = tar.extractfile(m).read()
-    return out
 
 
 def _load(data: bytes) -> torch.Tensor:

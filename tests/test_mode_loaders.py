@@ -354,22 +354,28 @@ def test_video_inpaint_and_camera_members_reach_the_batch(tmp_path):
     assert not c["members"]["ok"] and f"{shard.name}/c3 has no {MASK} (mask)" in c["members"]["detail"]
 
 
-@pytest.mark.slow
-def test_image_edit_raw_pairs_and_latents(tmp_path):
-    photos = real_photos(tmp_path / "src" / "before", 4, seed=5, min_side=96, max_side=160)
+def edit_pairs_recipe(tmp_path: Path, n: int, seed: int, min_side: int, max_side: int, models: dict) -> dict:
+    """An image-edit recipe over ``n`` real photos (``before/``) and their inverted copies (``after/``):
+    raw ``wds`` pairs at 64 px and ``latent_wds`` latents, two samples a shard."""
+    photos = real_photos(tmp_path / "src" / "before", n, seed=seed, min_side=min_side, max_side=max_side)
     (tmp_path / "src" / "after").mkdir()
     rows = ["target,before,instruction"]
     for i, p in enumerate(photos):
         ImageOps.invert(Image.open(p).convert("RGB")).save(tmp_path / "src" / "after" / p.name, quality=90)
         rows.append(f"after/{p.name},before/{p.name},invert photo {i}")
     (tmp_path / "src" / "edits.csv").write_text("\n".join(rows) + "\n")
-    rec = {"sources": [{"path": str(tmp_path / "src" / "edits.csv"),
-                        "columns": {"media": "target", "source": "before", "caption": "instruction"}}],
-           "mode": "image-edit", "split": {"dedup": False}, "geometry": {"buckets": ["64x64x1"]},
-           "models": {"vae": {"family": "sd"}, "text": TEXT},
-           "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2,
-                        "image": {"size": 64, "resize_mode": "center_crop"}},
-                       {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]}
+    return {"sources": [{"path": str(tmp_path / "src" / "edits.csv"),
+                         "columns": {"media": "target", "source": "before", "caption": "instruction"}}],
+            "mode": "image-edit", "split": {"dedup": False}, "geometry": {"buckets": ["64x64x1"]},
+            "models": models,
+            "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2,
+                         "image": {"size": 64, "resize_mode": "center_crop"}},
+                        {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]}
+
+
+@pytest.mark.slow
+def test_image_edit_raw_pairs_and_latents(tmp_path):
+    rec = edit_pairs_recipe(tmp_path, 4, 5, 96, 160, {"vae": {"family": "sd"}, "text": TEXT})
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["outputs"]["wds"]["counts"]["written"] == 4 and m["outputs"]["latent_wds"]["counts"]["written"] == 4
     raw, lat = tmp_path / "out" / "wds", tmp_path / "out" / "lat"

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
-from media_factory import real_photos
 from shardsmith.build import build
 from shardsmith.loaders import decoders as dec
 from shardsmith.loaders.mode_presets import preset_name
@@ -66,20 +65,9 @@ def _video_set(tmp_path: Path, mode: str) -> Path:
 
 
 def _edit_set(tmp_path: Path) -> Path:
-    photos = real_photos(tmp_path / "src" / "before", N, seed=7, min_side=80, max_side=140)
-    (tmp_path / "src" / "after").mkdir()
-    rows = ["target,before,instruction"]
-    for i, p in enumerate(photos):
-        ImageOps.invert(Image.open(p).convert("RGB")).save(tmp_path / "src" / "after" / p.name, quality=90)
-        rows.append(f"after/{p.name},before/{p.name},invert photo {i}")
-    (tmp_path / "src" / "edits.csv").write_text("\n".join(rows) + "\n")
-    rec = {"sources": [{"path": str(tmp_path / "src" / "edits.csv"),
-                        "columns": {"media": "target", "source": "before", "caption": "instruction"}}],
-           "mode": "image-edit", "split": {"dedup": False}, "geometry": {"buckets": ["64x64x1"]},
-           "models": {"vae": {"family": "sd"}},
-           "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2,
-                        "image": {"size": 64, "resize_mode": "center_crop"}},
-                       {"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]}
+    from test_mode_loaders import edit_pairs_recipe
+
+    rec = edit_pairs_recipe(tmp_path, N, 7, 80, 140, {"vae": {"family": "sd"}})
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["counts"]["written"] == N, m["counts"]
     return tmp_path / "out"
