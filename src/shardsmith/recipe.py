@@ -374,15 +374,16 @@ class AudioVaeModel(_Strict):
 
 class TeacherModel(_Strict):
     """The teacher of ``shardsmith distill``: a diffusers denoiser (``family: sana``, a flow-matching
-    text-to-image DiT, ``from_pretrained`` or a published config with random weights) or a Python
+    text-to-image DiT; ``family: unet``, a Stable-Diffusion-style UNet, epsilon or v prediction, sampled
+    as EDM's denoiser; ``from_pretrained`` or a published config with random weights) or a Python
     callable named by ``entry_point`` (``family: callable``): ``velocity(x, t, cond)`` for
     ``parameterisation: flow``, ``denoise(x, sigma, cond)`` for ``edm``."""
 
-    family: Literal["callable", "sana"]
+    family: Literal["callable", "sana", "unet"]
     entry_point: str | None = Field(None, description="family callable: 'package.module:function'")
     parameterisation: Literal["flow", "edm"] | None = Field(
         None, description="flow (rectified flow: the model gives the velocity) or edm (the model gives the denoised "
-        "sample at noise level sigma); sana is flow")
+        "sample at noise level sigma); sana is flow, unet edm")
     pretrained: str | None = Field(None, description="local path or hub repo id; unset = random weights")
     subfolder: str | None = None
     revision: str | None = None
@@ -402,10 +403,11 @@ class TeacherModel(_Strict):
         else:
             if self.entry_point is not None:
                 raise ValueError(f"models.teacher.entry_point is for family callable, not {self.family}")
-            if self.parameterisation not in (None, "flow"):
-                raise ValueError(f"models.teacher.family {self.family} is a flow-matching model: parameterisation "
-                                 "is flow (or leave it out)")
-            self.parameterisation = "flow"
+            own = "flow" if self.family == "sana" else "edm"
+            if self.parameterisation not in (None, own):
+                raise ValueError(f"models.teacher.family {self.family} is sampled as {own}: parameterisation is "
+                                 f"{own} (or leave it out)")
+            self.parameterisation = own
         return self
 
 
@@ -696,6 +698,10 @@ class Recipe(_Strict):
                              "parameterisation: flow}, text: {family: minilm}} and distill: {shape: [4, 32, 32]} "
                              "(models.text may be left out with distill.text: source: a prompt_wds / latent_wds "
                              "source's txt_emb.pth)")
+        if self.models.teacher.parameterisation == "edm" and "t_list" not in self.distill.model_fields_set:
+            raise ValueError("distill.t_list: an edm teacher's times are noise levels sigma, and the default "
+                             f"{list(FASTGEN_T_LIST)} is FastGen's flow-matching t_list; give sigmas, e.g. "
+                             "[14.6, 3.0, 1.0, 0.3, 0.0] (a Stable Diffusion UNet's range) or [80.0, 10.0, 1.0, 0.1, 0.0]")
         if self.distill.preview and self.models.vae is None:
             raise ValueError("distill.preview decodes the teacher's samples to pictures and needs models.vae (the "
                              "VAE of the teacher's latent space); set it or leave preview at 0")

@@ -8,10 +8,11 @@ Contract
   the denoised sample (``edm``), float32, shaped like ``x``. ``x``: ``[B, C, (T,) H, W]`` float32;
   ``t``: one time for the batch (flow ``t``, edm ``sigma``); ``cond``: ``[B, L, D]``; ``mask``: ``[B, L]``.
 - Families: ``callable`` (``entry_point`` ``package.module:function``, called as ``f(x, t [B], cond)``;
-  its provenance names the function and the sha256 of its module's source) and ``sana`` (diffusers
-  ``SanaTransformer2DModel``, flow matching, the model takes ``t * 1000`` as the Sana pipeline does;
-  ``from_pretrained`` with ``pretrained``, else the ``tiny`` / ``published`` config or a dict with
-  random weights).
+  its provenance names the function and the sha256 of its module's source), ``sana`` (diffusers
+  ``SanaTransformer2DModel``, flow matching, the model takes ``t * 1000`` as the Sana pipeline does) and
+  ``unet`` (diffusers ``UNet2DConditionModel``, Stable Diffusion's epsilon / v prediction on a VP
+  schedule, used as EDM's denoiser: :func:`vp_denoiser`); the diffusers ones ``from_pretrained`` with
+  ``pretrained``, else the ``tiny`` / ``published`` config or a dict, with random weights.
 - ``teacher_settings(...)``: the latent channels and text width from the config alone (no model
   built), for the precheck; ``None`` for a pretrained config that is not on disk.
 - An entry point that cannot be imported or is not callable is a :class:`TeacherError` naming it.
@@ -50,6 +51,25 @@ SANA_CONFIGS: dict[str, dict[str, Any]] = {
                       caption_channels=2304, mlp_ratio=2.5, sample_size=16, patch_size=1,
                       norm_elementwise_affine=False, norm_eps=1e-6),
 }
+
+
+#: UNet2DConditionModel configs: ``tiny`` for tests (MiniLM's 384-wide embeddings), ``published``: Stable
+#: Diffusion 1.5's UNet (320/640/1280/1280 channels, 2 layers a block, 768-wide CLIP captions, 4 channels).
+UNET_CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny": dict(sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=384, attention_head_dim=8,
+                 norm_num_groups=8),
+    "published": dict(sample_size=64, in_channels=4, out_channels=4, block_out_channels=(320, 640, 1280, 1280),
+                      layers_per_block=2, down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
+                                                            "CrossAttnDownBlock2D", "DownBlock2D"),
+                      up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+                      cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32),
+}
+#: Stable Diffusion's training noise schedule (DDPMScheduler): the VP schedule the UNet family assumes
+#: unless a pretrained pipeline's scheduler/scheduler_config.json says otherwise.
+SD_SCHEDULE = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                   prediction_type="epsilon")
 
 
 @dataclass
@@ -116,6 +136,15 @@ def sana_config(config: str | dict[str, Any]) -> dict[str, Any]:
     return dict(SANA_CONFIGS[config])
 
 
+def unet_config(config: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(config, dict):
+        return dict(config)
+    if config not in UNET_CONFIGS:
+        raise TeacherError(f"models.teacher.config {config!r}: unet has the configs {sorted(UNET_CONFIGS)} (or give "
+                           "a dict of UNet2DConditionModel's config)")
+    return dict(UNET_CONFIGS[config])
+
+
 def teacher_settings(family: str, *, config: str | dict[str, Any] = "tiny", pretrained: str | None = None,
                      subfolder: str | None = None) -> dict[str, Any] | None:
     """``{"latent_channels", "text_dim"}`` from the config (None where the callable decides or a
@@ -123,16 +152,75 @@ def teacher_settings(family: str, *, config: str | dict[str, Any] = "tiny", pret
     if family == "callable":
         return {"latent_channels": None, "text_dim": None}
     if pretrained is not None:
-        from pathlib import Path
         import json
+        from pathlib import Path
 
         cfg_file = Path(pretrained, subfolder or "", "config.json")
         if not cfg_file.is_file():
             return None
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     else:
-        cfg = sana_config(config)
+        cfg = sana_config(config) if family == "sana" else unet_config(config)
+    if family == "unet":
+        return {"latent_channels": cfg.get("in_channels", 4), "text_dim": cfg.get("cross_attention_dim", 1280)}
     return {"latent_channels": cfg.get("in_channels", 32), "text_dim": cfg.get("caption_channels", 2304)}
+
+
+def vp_sigmas(schedule: dict[str, Any]) -> torch.Tensor:
+    """The training noise levels of a VP (DDPM) schedule in EDM's terms: sigma_t = sqrt((1 - abar_t) / abar_t),
+    float64, one per training timestep (increasing)."""
+    n, b0, b1 = schedule["num_train_timesteps"], schedule["beta_start"], schedule["beta_end"]
+    kind = schedule.get("beta_schedule", "scaled_linear")
+    if kind == "scaled_linear":
+        betas = torch.linspace(b0 ** 0.5, b1 ** 0.5, n, dtype=torch.float64) ** 2
+    elif kind == "linear":
+        betas = torch.linspace(b0, b1, n, dtype=torch.float64)
+    else:
+        raise TeacherError(f"the teacher's scheduler has beta_schedule {kind!r}; the unet family takes linear or "
+                           "scaled_linear")
+    abar = torch.cumprod(1.0 - betas, 0)
+    return ((1 - abar) / abar).sqrt()
+
+
+def sigma_to_t(sigma: float, sigmas: torch.Tensor) -> float:
+    """The (fractional) training timestep of noise level ``sigma``: linear in log sigma between the two
+    nearest training levels (k-diffusion's rule), clamped to the schedule's range."""
+    log_s, logs = torch.tensor(float(sigma), dtype=torch.float64).log(), sigmas.log()
+    i = int(torch.searchsorted(logs, log_s).clamp(1, len(logs) - 1))
+    w = float(((log_s - logs[i - 1]) / (logs[i] - logs[i - 1])).clamp(0, 1))
+    return (i - 1) + w
+
+
+def vp_denoiser(eps_model: Callable, schedule: dict[str, Any]) -> Callable:
+    """EDM's denoiser ``D(x, sigma, cond)`` of a VP model trained on ``schedule``: the model sees
+    ``x / sqrt(sigma^2 + 1)`` at the training timestep of ``sigma``; ``epsilon`` prediction gives
+    ``x - sigma * eps``, ``v_prediction`` gives ``x / (sigma^2 + 1) - sigma / sqrt(sigma^2 + 1) * v``."""
+    sigmas, kind = vp_sigmas(schedule), schedule.get("prediction_type", "epsilon")
+    if kind not in ("epsilon", "v_prediction"):
+        raise TeacherError(f"the teacher's scheduler has prediction_type {kind!r}; the unet family takes epsilon or "
+                           "v_prediction")
+
+    def denoise(x, sigma: float, cond, mask=None):
+        c_in = 1.0 / (sigma ** 2 + 1) ** 0.5
+        out = eps_model(x * c_in, sigma_to_t(sigma, sigmas), cond, mask).to(x.dtype)
+        if kind == "epsilon":
+            return x - sigma * out
+        return x / (sigma ** 2 + 1) - sigma * c_in * out
+    return denoise
+
+
+def _schedule(pretrained: str | None, subfolder: str | None) -> tuple[dict[str, Any], str]:
+    """The VP schedule of a pretrained pipeline (its ``scheduler/scheduler_config.json`` beside the
+    UNet's folder), else Stable Diffusion's; and where it came from."""
+    import json
+    from pathlib import Path
+
+    if pretrained is not None and subfolder:
+        f = Path(pretrained) / "scheduler" / "scheduler_config.json"
+        if f.is_file():
+            cfg = json.loads(f.read_text(encoding="utf-8"))
+            return {k: cfg.get(k, v) for k, v in SD_SCHEDULE.items()}, str(f)
+    return dict(SD_SCHEDULE), "Stable Diffusion's DDPM schedule (scaled_linear 0.00085-0.012, 1000 steps, epsilon)"
 
 
 def load_teacher(family: str, *, entry_point: str | None = None, parameterisation: str | None = None,
@@ -150,29 +238,17 @@ def load_teacher(family: str, *, entry_point: str | None = None, parameterisatio
             tt = torch.full((x.shape[0],), float(t), dtype=dt, device=x.device)
             return fn(x.to(dt), tt, cond.to(dt))
         return Teacher(spec, prov, call, device)
+    if family == "unet":
+        return _load_unet(pretrained=pretrained, subfolder=subfolder, revision=revision, config=config, dtype=dtype,
+                          device=device)
     if family != "sana":
-        raise TeacherError(f"models.teacher.family {family!r}: use callable or sana")
+        raise TeacherError(f"models.teacher.family {family!r}: use callable, sana or unet")
     from diffusers import SanaTransformer2DModel
 
     dt = _torch_dtype(dtype)
-    if pretrained is not None:
-        model = SanaTransformer2DModel.from_pretrained(pretrained, **pretrained_kwargs("torch_dtype", dt, subfolder,
-                                                                                         revision, None))
-        sha, files, resolved, notes = hash_pretrained(pretrained, subfolder, revision)
-        prov = Provenance(cls="SanaTransformer2DModel", weights="pretrained", path_or_repo=pretrained,
-                          subfolder=subfolder, revision=resolved, config=dict(model.config), weights_sha256=sha,
-                          weight_files=files, notes=notes)
-        model = model.to(device)
-    else:
-        cfg = sana_config(config)
-        with seeded_init(device):
-            model = SanaTransformer2DModel(**cfg)
-        model = model.to(dtype=dt)
-        note = device_init_note(device)
-        prov = Provenance(cls="SanaTransformer2DModel", weights="random-weights", config=dict(model.config),
-                          config_name=config if isinstance(config, str) else "custom", seed=SEED,
-                          notes=[note] if note else [])
-    model.eval().requires_grad_(False)
+    model, prov = _diffusers_model(SanaTransformer2DModel, "SanaTransformer2DModel", pretrained=pretrained,
+                                   subfolder=subfolder, revision=revision, config=config,
+                                   cfg=sana_config(config) if pretrained is None else {}, dtype=dtype, device=device)
     cfg = model.config
     spec = TeacherSpec("sana", "flow", dtype, latent_channels=cfg.in_channels, text_dim=cfg.caption_channels)
     scale = 1000.0
@@ -199,3 +275,54 @@ def check_pairing(spec: TeacherSpec, text_dim: int | None, shape: list[int]) -> 
     if spec.latent_channels is not None and shape and shape[0] != spec.latent_channels:
         raise TeacherError(f"distill.shape {list(shape)} has {shape[0]} channels, but models.teacher ({spec.family}) "
                            f"takes {spec.latent_channels}; set distill.shape to [{spec.latent_channels}, ...]")
+
+
+def _diffusers_model(cls, name: str, *, pretrained, subfolder, revision, config: dict | str, cfg: dict, dtype: str,
+                     device: str):
+    """A diffusers model ``from_pretrained`` or built from ``cfg`` with seeded random weights, and its provenance."""
+    dt = _torch_dtype(dtype)
+    if pretrained is not None:
+        model = cls.from_pretrained(pretrained, **pretrained_kwargs("torch_dtype", dt, subfolder, revision, None))
+        sha, files, resolved, notes = hash_pretrained(pretrained, subfolder, revision)
+        prov = Provenance(cls=name, weights="pretrained", path_or_repo=pretrained, subfolder=subfolder,
+                          revision=resolved, config=dict(model.config), weights_sha256=sha, weight_files=files,
+                          notes=notes)
+        model = model.to(device)
+    else:
+        with seeded_init(device):
+            model = cls(**cfg)
+        model = model.to(dtype=dt)
+        note = device_init_note(device)
+        prov = Provenance(cls=name, weights="random-weights", config=dict(model.config),
+                          config_name=config if isinstance(config, str) else "custom", seed=SEED,
+                          notes=[note] if note else [])
+    return model.eval().requires_grad_(False), prov
+
+
+def _load_unet(*, pretrained, subfolder, revision, config, dtype: str, device: str) -> Teacher:
+    """``family: unet``: a diffusers ``UNet2DConditionModel`` (epsilon or v prediction on a VP schedule),
+    used as EDM's denoiser through :func:`vp_denoiser`."""
+    from diffusers import UNet2DConditionModel
+
+    model, prov = _diffusers_model(UNet2DConditionModel, "UNet2DConditionModel", pretrained=pretrained,
+                                   subfolder=subfolder, revision=revision, config=config,
+                                   cfg=unet_config(config) if pretrained is None else {}, dtype=dtype, device=device)
+    schedule, where = _schedule(pretrained, subfolder)
+    prov.notes.append(f"noise schedule: {where}")
+    dt = _torch_dtype(dtype)
+
+    @torch.inference_mode()
+    def eps(x, t: float, cond, mask):
+        tt = torch.full((x.shape[0],), float(t), dtype=torch.float32, device=x.device)
+        return model(x.to(dt), tt, encoder_hidden_states=cond.to(dt), return_dict=False)[0]
+
+    denoise = vp_denoiser(eps, schedule)
+
+    def call(x, sigma, cond, mask):
+        if x.dim() != 4:
+            raise TeacherError(f"unet is an image model: its samples are [C, H, W], got a state of shape "
+                               f"{tuple(x.shape[1:])}; set distill.shape to [C, H, W]")
+        return denoise(x, sigma, cond, mask)
+    cfg = model.config
+    spec = TeacherSpec("unet", "edm", dtype, latent_channels=cfg.in_channels, text_dim=cfg.cross_attention_dim)
+    return Teacher(spec, prov, call, device)
