@@ -158,3 +158,25 @@ def test_audio_inpainting_masks_on_the_audio_latent_steps(tmp_path):
         assert np.array_equal(mask.numpy(), want)
     rep = verify(tree)
     assert rep["mode"] == "audio-inpaint" and rep["ok"], [c for c in rep["checks"] if not c["ok"]]
+    assert any(c["name"] == "audio_mask_grid" and c["ok"] for c in rep["checks"])
+    # one mask off its audio latent's steps: verify names it (LTX would misplace the generated steps)
+    bad = tree / "audio_masks" / "a1.pt"
+    torch.save({"mask": torch.ones(40)}, bad)
+    rep = verify(tree)
+    check = next(c for c in rep["checks"] if c["name"] == "audio_mask_grid")
+    assert not check["ok"] and "a1" in check["detail"] and "[40] vs audio latent steps [51]" in check["detail"]
+
+
+def test_an_audio_mask_pth_off_its_latents_steps_is_dropped_by_the_loader_and_named():
+    """``audio_mask.pth`` follows the same rule in a latent WebDataset sample (``formats.mask_grid``)."""
+    from shardsmith.formats.mask_grid import audio_mask_problem
+
+    lat = torch.zeros(8, 51, 16)
+    assert audio_mask_problem(torch.ones(51), lat) is None
+    assert audio_mask_problem(torch.ones(50), lat) == "audio mask [50] vs audio latent steps [51]"
+    assert audio_mask_problem(torch.full((51,), 0.5), lat) == "audio mask holds values other than 0 and 1"
+    assert audio_mask_problem(torch.ones(3, 51), lat).startswith("audio mask is [3, 51]")
+    from shardsmith.formats.wds import AUDIO_LATENT, AUDIO_MASK, TEXT_EMB
+    from shardsmith.loaders.wds_dataset import mask_grid_keys
+
+    assert mask_grid_keys({"real": AUDIO_LATENT, "condition": TEXT_EMB, "mask": AUDIO_MASK}) == [("mask", "real")]

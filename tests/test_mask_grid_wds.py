@@ -102,3 +102,23 @@ def test_verify_fails_a_set_whose_every_mask_is_off_the_grid(tmp_path):
     assert not rep["ok"] and "shape:mask" not in c
     assert "loader dropped 2 (mask_grid:mask, e.g. 00000.tar/s0: mask [3, 4, 4] vs latent grid [3, 2, 2])" == \
         c["no_drops"]["detail"]
+
+
+def test_the_loader_drops_an_audio_mask_off_its_audio_latents_steps(tmp_path):
+    """``audio_mask.pth`` beside ``audio_latent.pth`` ``[C, T, F]``: 0/1 ``[T]`` (``formats.mask_grid``)."""
+    folder = tmp_path / "aud"
+    folder.mkdir()
+    with tarfile.open(folder / "00000.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(3):
+            mask = torch.ones(40 if i == 1 else 51)  # s1: a mask on the wrong number of steps
+            for suffix, t in (("audio_latent.pth", torch.zeros(8, 51, 16)), ("audio_mask.pth", mask)):
+                data = _pth(t)
+                info = tarfile.TarInfo(f"s{i}.{suffix}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    (folder / "shard_count.json").write_text(json.dumps({"00000.tar": 3}))
+    cfg = WdsLoaderConfig(shards=folder, key_map={"real": "audio_latent.pth", "mask": "audio_mask.pth"},
+                          deterministic=True, partial=True, batch_size=1)
+    loader = WdsLoader(cfg)
+    assert sorted(k for b in loader for k in b["__key__"]) == ["s0", "s2"]
+    assert loader.stats["examples"]["mask_grid:mask"] == ["00000.tar/s1: audio mask [40] vs audio latent steps [51]"]

@@ -25,3 +25,18 @@ def mask_grid_problem(mask: Any, latents: Any = None) -> str | None:
     if not bool(((mask == 0) | (mask == 1)).all()):
         return "mask holds values other than 0 and 1"
     return None
+
+
+def audio_mask_problem(mask: Any, latents: Any = None) -> str | None:
+    """Why ``mask`` is not a 0/1 tensor ``[T]`` on the steps of ``latents`` (the audio latent ``[C, T, F]``;
+    None or not a tensor: the steps are not compared), or None: the rule of ``audio_masks/<path>.pt``
+    ``{"mask": ...}`` beside ``audio_latents/`` and of ``audio_mask.pth`` beside ``audio_latent.pth``."""
+    import torch
+
+    if not torch.is_tensor(mask) or mask.ndim != 1:
+        return f"audio mask is {list(mask.shape) if torch.is_tensor(mask) else type(mask).__name__}, not [T]"
+    if torch.is_tensor(latents) and latents.ndim == 3 and mask.shape[0] != latents.shape[1]:
+        return f"audio mask [{mask.shape[0]}] vs audio latent steps [{latents.shape[1]}]"
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        return "audio mask holds values other than 0 and 1"
+    return None

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shardsmith.formats import wds as wds_layout
-from shardsmith.formats.mask_grid import mask_grid_problem
+from shardsmith.formats.mask_grid import audio_mask_problem, mask_grid_problem
 from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, MemberRef
 from shardsmith.loaders import decoders as dec
 from shardsmith.loaders.collate import ScratchBuffers, collate_samples
@@ -37,10 +37,13 @@ class _Drop(Exception):
 
 def mask_grid_keys(key_map: dict[str, str]) -> list[tuple[str, str | None]]:
     """``[(batch key of a mask.pth member, batch key of the latent.pth member or None)]``: a latent sample's
-    inpainting mask must be 0/1 on its latent's grid (``formats.mask_grid``); one that is not is dropped as
+    inpainting mask (``mask.pth``) must be 0/1 on its latent's grid and an audio mask (``audio_mask.pth``) 0/1
+    on its audio latent's steps (``formats.mask_grid``); one that is not is dropped as
     ``mask_grid:<key>``, naming both shapes, instead of reaching a batch that misplaces it."""
     latent = next((k for k, s in key_map.items() if s == wds_layout.LATENT), None)
-    return [(k, latent) for k, s in key_map.items() if s == wds_layout.MASK]
+    audio = next((k for k, s in key_map.items() if s == wds_layout.AUDIO_LATENT), None)
+    return ([(k, latent) for k, s in key_map.items() if s == wds_layout.MASK]
+            + [(k, audio) for k, s in key_map.items() if s == wds_layout.AUDIO_MASK])
 
 
 def new_delta() -> dict:
@@ -134,7 +137,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
                     raise type(e)(f"{shard}/{key}.{suffix}: {e}") from e
                 raise _Drop(f"{e.reason}:{bkey}", str(e)) from e
         for mkey, lkey in self._mask_grids:
-            why = mask_grid_problem(sample.get(mkey), sample.get(lkey) if lkey is not None else None)
+            rule = audio_mask_problem if self.cfg.key_map[mkey] == wds_layout.AUDIO_MASK else mask_grid_problem
+            why = rule(sample.get(mkey), sample.get(lkey) if lkey is not None else None)
             if why:
                 raise _Drop(f"mask_grid:{mkey}", why)
         return sample

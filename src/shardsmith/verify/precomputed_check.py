@@ -47,7 +47,7 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     unmatched = ds.unmatched if ds is not None else []
     n = len(ds) if ds is not None else 0
     report.update(world=1, workers=0, dirs=dirs, mode=mode, mode_from=mode_from)
-    rec, bad_grid, bad_mask, bad_vmask = ContractRecorder(), [], [], []
+    rec, bad_grid, bad_mask, bad_vmask, bad_amask = ContractRecorder(), [], [], [], []
     audio = SampleChecks(mode, dirs, temporal_factor(stamp), ltx2=made_for_ltx2(stamp))
     frames = set()
     for i in range(n):
@@ -68,6 +68,11 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
             why = _mask_problem(vm, it.get(precomputed_layout.LATENTS))
             if why:
                 bad_vmask.append(f"{it['path']} ({why})")
+        am = it.get(precomputed_layout.AUDIO_MASKS)
+        if am is not None:
+            why = _audio_mask_problem(am, it.get(precomputed_layout.AUDIO_LATENTS))
+            if why:
+                bad_amask.append(f"{it['path']} ({why})")
         cond = it.get(precomputed_layout.CONDITIONS)
         mask = cond.get(precomputed_layout.PROMPT_ATTENTION_MASK) if isinstance(cond, dict) else None
         if torch.is_tensor(mask) and mask.dtype != torch.int64:
@@ -90,6 +95,10 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
               f"{list(precomputed_layout.LATENT_KEYS)}, e.g. {bad_grid[:2]}")
         check("attention_mask", not bad_mask, "prompt_attention_mask is int64 everywhere" if not bad_mask else
               f"{len(bad_mask)} condition(s) with a non-int64 mask, e.g. {bad_mask[:2]}")
+        if precomputed_layout.AUDIO_MASKS in dirs:
+            check("audio_mask_grid", not bad_amask, "every audio mask is 0/1 on its audio latent's steps [T]" if not
+                  bad_amask else f"{len(bad_amask)} audio mask(s) off their audio latent's steps, e.g. "
+                  f"{bad_amask[:2]}; rebuild the masks (mode: audio-inpaint cuts them with the target)")
         if precomputed_layout.VIDEO_MASKS in dirs:
             check("mask_grid", not bad_vmask, "every video mask is 0/1 on its latent's grid [F', H', W']" if not
                   bad_vmask else f"{len(bad_vmask)} video mask(s) the LTX trainer cannot reshape to its latent's "
@@ -117,6 +126,14 @@ def _mask_problem(vm: dict, lat: dict | None) -> str | None:
 
     return mask_grid_problem(vm.get("mask") if isinstance(vm, dict) else None,
                              lat.get("latents") if isinstance(lat, dict) else None)
+
+
+def _audio_mask_problem(am: dict, lat: dict | None) -> str | None:
+    """Why an ``audio_masks/`` dict is not a 0/1 ``mask`` on its audio latent's steps ``[T]``, or None."""
+    from shardsmith.formats.mask_grid import audio_mask_problem
+
+    return audio_mask_problem(am.get("mask") if isinstance(am, dict) else None,
+                              lat.get("latents") if isinstance(lat, dict) else None)
 
 
 def _grid_problem(lat: Any) -> str | None:
