@@ -291,7 +291,14 @@ def _diffusers_model(cls, name: str, *, pretrained, subfolder, revision, config:
     else:
         with seeded_init(device):
             model = cls(**cfg)
-        model = model.to(dtype=dt)
+        from diffusers.utils import logging as dlog
+
+        level = dlog.get_verbosity()
+        dlog.set_verbosity_error()  # its "modules to keep in float32: []" note on .to(): none are
+        try:
+            model = model.to(dtype=dt)
+        finally:
+            dlog.set_verbosity(level)
         note = device_init_note(device)
         prov = Provenance(cls=name, weights="random-weights", config=dict(model.config),
                           config_name=config if isinstance(config, str) else "custom", seed=SEED,
