@@ -310,3 +310,40 @@ def test_histogram_stats_in_sql(values, median):
     assert list(hist) == [b for b, _ in SHORT_SIDE_BINS]
     assert (hist["<64"], hist["64-127"], hist["1024-2047"], hist[">=2048"]) == (1, 1, 1, 2)
     assert binned(db, "t", "v = 64", "v * 1.0 / 58", ASPECT_BINS)["1.1-1.33"] == 1  # 64/58 = 1.103
+
+
+def test_enough_data_counts_the_effective_batch_and_the_updates_to_the_repeat_limit():
+    """samples seen = batch x grad_accum x world x updates; every sample seen max_repeat times after
+    ceil(max_repeat x unique / effective batch) updates (hand arithmetic)."""
+    from shardsmith.scan.verdicts import enough_data
+
+    en = enough_data(usable=12_000, holdout=2_000, unique=10_000, batch=8, updates=5_000, max_repeat=20,
+                     grad_accum=4, world=8)
+    assert en["effective_batch"] == 256 and en["samples_seen"] == 1_280_000
+    assert en["repetition"] == 128.0
+    assert en["updates_to_max_repeat"] == 782  # ceil(20 * 10000 / 256) = ceil(781.25)
+    assert len(en["warnings"]) == 1 and "seen ~128.0 times" in en["warnings"][0]
+    assert "train at most 782 updates" in en["warnings"][0]
+    # one device, no accumulation: the batch alone, as before
+    en = enough_data(usable=10_000, holdout=0, unique=10_000, batch=8, updates=5_000, max_repeat=20)
+    assert en["effective_batch"] == 8 and en["samples_seen"] == 40_000 and en["repetition"] == 4.0
+    assert en["updates_to_max_repeat"] == 25_000 and not en["warnings"]
+    # a tiny dataset: plumbing only, said loudly even with a modest budget
+    en = enough_data(usable=40, holdout=0, unique=40, batch=4, updates=5, max_repeat=20, world=2)
+    assert en["samples_seen"] == 40 and en["updates_to_max_repeat"] == 100
+    assert any("tiny dataset" in w and "plumbing only" in w for w in en["warnings"])
+
+
+def test_scan_cli_takes_grad_accum_and_world(media):
+    from typer.testing import CliRunner
+
+    from shardsmith import cli
+
+    r = CliRunner().invoke(cli.app, ["scan", str(media), "--batch", "2", "--grad-accum", "3", "--world", "4",
+                                     "--updates", "10", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    en = json.loads(r.output[r.output.index("{"):])["enough_data"]
+    assert en["effective_batch"] == 24 and en["samples_seen"] == 240 and en["grad_accum"] == 3 and en["world"] == 4
+    r = CliRunner().invoke(cli.app, ["scan", str(media), "--batch", "2", "--grad-accum", "3", "--world", "4",
+                                     "--updates", "10", "-q"])
+    assert "batch 2 x grad-accum 3 x world 4 = effective batch 24; x updates 10 = 240 samples seen" in r.output

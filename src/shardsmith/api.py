@@ -166,11 +166,13 @@ def _result(out: Path, manifest: dict[str, Any]) -> BuildResult:
 
 
 def scan(recipe: RecipeLike, *, batch: int | None = None, updates: int | None = None, max_repeat: float = 20.0,
-         base_dir: str | os.PathLike | None = None) -> ScanResult:
-    """Dry-run ``recipe``'s planner and decode, writing nothing (``shardsmith scan``)."""
+         grad_accum: int = 1, world: int = 1, base_dir: str | os.PathLike | None = None) -> ScanResult:
+    """Dry-run ``recipe``'s planner and decode, writing nothing (``shardsmith scan``); the enough-data
+    estimate sees ``batch x grad_accum x world x updates`` samples."""
     from shardsmith.scan import scan as run_scan
 
-    rep = run_scan(_recipe(recipe, base_dir), batch=batch, updates=updates, max_repeat=max_repeat)
+    rep = run_scan(_recipe(recipe, base_dir), batch=batch, updates=updates, max_repeat=max_repeat,
+                   grad_accum=grad_accum, world=world)
     return ScanResult(int(rep["items"]), int(rep["usable"]), dict(rep["kinds"]), list(rep["problems"]),
                       list(rep["warnings"]), dict(rep.get("estimate") or {}), rep)
 

@@ -419,7 +419,9 @@ def scan(
     holdout: Optional[str] = typer.Option(None, help=_HOLDOUT_HELP),
     seed: Optional[int] = typer.Option(None),
     min_size: Optional[int] = typer.Option(None),
-    batch: Optional[int] = typer.Option(None, help="Training batch size (for the repetition estimate)."),
+    batch: Optional[int] = typer.Option(None, help="Training batch size per device (for the repetition estimate)."),
+    grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Gradient-accumulation steps per update."),
+    world: int = typer.Option(1, "--world", min=1, help="Devices (data-parallel ranks) training at once."),
     updates: Optional[int] = typer.Option(None, help="Planned optimizer updates."),
     max_repeat: float = typer.Option(20.0, help="Warn when each sample would be seen more often than this."),
     set_: Optional[list[str]] = typer.Option(None, "--set"),
@@ -443,7 +445,7 @@ def scan(
             o.setdefault("resolution", 64) if o.get("format") == "zip" else None
     recipe = recipe_from_dict(data, base_dir=base, origin="<scan>")
     result = run_scan(recipe, batch=batch, updates=updates, max_repeat=max_repeat, max_probe=max_probe,
-                      progress=Progress(quiet=quiet))
+                      progress=Progress(quiet=quiet), grad_accum=grad_accum, world=world)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     else:

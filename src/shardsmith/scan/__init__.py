@@ -51,7 +51,7 @@ __all__ = ["ASPECT_BINS", "SHORT_SIDE_BINS", "format_scan", "human_bytes", "outp
 
 def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None,
          max_repeat: float = MAX_REPEAT_DEFAULT, size_sample: int = 32, workers: int | None = None,
-         max_probe: int = MAX_PROBE, progress=None) -> dict:
+         max_probe: int = MAX_PROBE, progress=None, grad_accum: int = 1, world: int = 1) -> dict:
     """Dry-run ``recipe``'s plan and decode (writing nothing) and return the scan report (a plain dict).
     ``size_sample``: items made per image output for its size estimate; ``workers``: decode threads;
     ``max_probe``: clips probed at most (a deterministic sample beyond); ``progress``: a
@@ -115,7 +115,7 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
             warnings.append(f"{left_out} clip(s) were not probed (more than {max_probe}): the video and audio "
                             "histograms, the bucket table and latent sizes describe a deterministic sample")
     usable = per_split.get(TRAIN, 0) + per_split.get(HOLDOUT, 0)
-    enough = enough_data(usable, per_split.get(HOLDOUT, 0), unique, batch, updates, max_repeat)
+    enough = enough_data(usable, per_split.get(HOLDOUT, 0), unique, batch, updates, max_repeat, grad_accum, world)
     report.update(usable=usable, estimate=estimate, enough_data=enough, warnings=warnings + enough["warnings"])
     json.dumps(report)  # fail here, not in the caller, if something is not serialisable
     return report

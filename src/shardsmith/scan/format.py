@@ -209,8 +209,13 @@ def format_scan(report: dict) -> str:
           f"+ holdout {en.get('holdout', 0)}; unique training samples: {en.get('unique', 0)}"]
     if en.get("samples_seen") is not None:
         rep = en.get("repetition")
-        L.append(f"  batch {en['batch']} x updates {en['updates']} = {en['samples_seen']:,} samples seen; "
-                 f"repetition {'- (no unique samples)' if rep is None else f'{rep:,.1f}x'} (max_repeat {en['max_repeat']:g})")
+        L.append(f"  batch {en['batch']} x grad-accum {en.get('grad_accum', 1)} x world {en.get('world', 1)} = "
+                 f"effective batch {en['effective_batch']:,}; x updates {en['updates']:,} = "
+                 f"{en['samples_seen']:,} samples seen; repetition "
+                 f"{'- (no unique samples)' if rep is None else f'{rep:,.1f}x'} (max_repeat {en['max_repeat']:g})")
+    if en.get("updates_to_max_repeat") is not None:
+        L.append(f"  every sample seen {en['max_repeat']:g} times after {en['updates_to_max_repeat']:,} updates "
+                 f"at effective batch {en['effective_batch']:,}")
 
     warns = report.get("warnings", [])
     L += ["", f"warnings ({len(warns)})"]

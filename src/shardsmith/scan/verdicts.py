@@ -3,12 +3,16 @@
 Contract: :func:`data_warnings` turns the report's sections into warnings (undeclared licences,
 problems, duplicates, non-image items when an image output would skip them, images below ``images.min_size``, classes without a
 usable image), in that order. :func:`enough_data` compares the distinct usable training
-samples with ``batch * updates`` samples seen (when both are given): more than ``max_repeat``
-views of each is memorisation; fewer than ``TINY`` unique samples validates plumbing only.
+samples with the samples a training run sees, ``batch x grad_accum x world x updates`` (the effective
+batch, per-device batch times gradient-accumulation steps times devices, times the optimizer updates;
+when batch and updates are given): the repetition factor, and the updates after which every sample has
+been seen ``max_repeat`` times; more than ``max_repeat`` views of each is memorisation; fewer than
+``TINY`` unique samples validates plumbing only.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 MAX_REPEAT_DEFAULT = 20.0
@@ -47,20 +51,27 @@ def data_warnings(report: dict[str, Any], image_outputs: bool = True) -> list[st
 
 
 def enough_data(usable: int, holdout: int, unique: int, batch: int | None, updates: int | None,
-                max_repeat: float) -> dict[str, Any]:
+                max_repeat: float, grad_accum: int = 1, world: int = 1) -> dict[str, Any]:
     """The report's ``enough_data`` section; its ``warnings`` are also the report's last ones."""
     enough: dict[str, Any] = {"usable": usable, "holdout": holdout, "unique": unique,
-                              "batch": batch, "updates": updates, "max_repeat": max_repeat}
+                              "batch": batch, "grad_accum": grad_accum, "world": world, "updates": updates,
+                              "max_repeat": max_repeat}
     warn: list[str] = []
+    if batch is not None:
+        effective = batch * grad_accum * world
+        enough["effective_batch"] = effective
+        # the updates after which every sample has been seen max_repeat times (on average)
+        enough["updates_to_max_repeat"] = math.ceil(max_repeat * unique / effective) if unique else None
     if batch is not None and updates is not None:
-        seen = batch * updates
+        seen = enough["effective_batch"] * updates
         enough["samples_seen"] = seen
         enough["repetition"] = round(seen / unique, 1) if unique else None
         if not unique:
             warn.append(f"no usable training samples for {seen:,} samples seen: nothing to train on")
         elif seen / unique > max_repeat:
             warn.append(f"each sample would be seen ~{seen / unique:,.1f} times (> max_repeat {max_repeat:g}): "
-                        "expect memorisation; add data or train shorter")
+                        f"expect memorisation; add data or train at most {enough['updates_to_max_repeat']:,} "
+                        "updates")
     if unique < TINY:
         warn.append(f"tiny dataset ({unique} unique training sample(s)): validates plumbing only, not model quality")
     enough["warnings"] = warn
