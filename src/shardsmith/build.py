@@ -86,6 +86,7 @@ class BuildContext:
     pool: Workers | None = None
     checked: bool = False  # the complete plan was checked (holdout, free space)
     memo: Any = None  # EncodedMemo when several outputs need the encoders (each item encoded once)
+    devices: list[str] | None = None  # distribute.gpus's devices, once resolved ([]: one process)
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -399,6 +400,8 @@ def _ahead_output(recipe: Recipe, root: Path):
     first = recipe.outputs[0] if recipe.outputs else None
     if not PLAN_AHEAD or first is None or not kind_of(first).encoders_for(first, recipe) or not can_plan_ahead(recipe):
         return None
+    if recipe.distribute.gpus != 1:  # the workers claim units of a complete plan
+        return None
     if recipe.audio_outputs():  # the audio preflight decodes planned items before the first one is made
         return None
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
@@ -420,6 +423,15 @@ def _remove_written_ahead(root: Path, ledger: Ledger, progress: Progress) -> Non
             n = outdir.remove_owned_under(root, rel)
             progress.say(f"resuming: the plan was unfinished; removed {rel}/ ({n} file(s) written ahead of it, "
                          "rebuilt from the redone plan)")
+
+
+def _devices(ctx: BuildContext) -> list[str]:
+    """The devices of ``distribute.gpus`` (``[]``: this process encodes), resolved once per build."""
+    if ctx.devices is None:
+        from shardsmith.distribute.gpus import devices
+
+        ctx.devices = devices(ctx.recipe.distribute.gpus)
+    return ctx.devices
 
 
 def _octx(ctx: BuildContext) -> OutputContext:
@@ -474,6 +486,16 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
                              kind.byte_bounded(output), ctx.progress, finisher,
                              ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {})
         check = ctx.preload.raise_if_failed if ctx.preload is not None else None
+        devs = _devices(ctx)
+        if devs and finisher is not None and not run.byte_bounded:  # --gpus N: a worker per GPU claims units
+            from shardsmith.distribute.gpus import run_workers
+
+            if ahead is not None:
+                ahead.wait()
+                _check_plan(ctx)
+            result.setdefault("distribute", {})[split] = run_workers(recipe, ctx.root, output, split, devs,
+                                                                      pool.n, ledger)
+            ahead = None  # (the plan is complete) and what a dead worker left is written below
         try:
             local.run_split(run, pool, ahead if split == TRAIN else None, check=check)
         finally:

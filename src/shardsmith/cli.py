@@ -259,6 +259,11 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
                 o["transform"] = flags["transform"]
     if flags.get("workers") is not None:
         data["workers"] = flags["workers"]
+    if flags.get("gpus") is not None:
+        g = flags["gpus"]
+        if g != "all" and not (g.isdigit() and int(g) >= 1):
+            _fail(f"--gpus {g!r}: give a number of GPUs (1, 2, ...) or all")
+        _section(data, "distribute")["gpus"] = g if g == "all" else int(g)
     if flags.get("one_sample"):
         data["one_sample"] = True
     for s in sets:
@@ -327,6 +332,8 @@ def build(
     resolution: Optional[str] = typer.Option(None, help="zip: resolution, 64 or WxH"),
     transform: Optional[str] = typer.Option(None, help="zip: center-crop | center-crop-wide | center-crop-dhariwal"),
     workers: Optional[int] = typer.Option(None, help="workers: CPU processes (default: all cores, max 8)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="distribute.gpus: one worker process per GPU, N or "
+                                       "all (the same bytes as one GPU)"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Any recipe key: --set outputs[0].image.quality=90"),
     one_sample: bool = typer.Option(False, "--one-sample", help="one_sample=true: only the first usable item, "
                                     "at full resolution (use its own --out, e.g. overfit/)"),
@@ -376,6 +383,7 @@ def distill(
                                           "their decoded pictures to OUT/preview/"),
     device: Optional[str] = typer.Option(None, "--device", help="models.device: auto | cuda | cuda:N | cpu"),
     workers: Optional[int] = typer.Option(None, help="workers: CPU processes (default: all cores, max 8)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="distribute.gpus: one teacher per GPU, N or all"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Any recipe key: --set distill.steps=64"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Rebuild beside the old output; swap in when complete."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
@@ -392,7 +400,8 @@ def distill(
         sets.append(f"distill.negative_prompt={json.dumps(negative_prompt)}")
     if device is not None:
         sets.append(f"models.device={device}")
-    recipe = _recipe(recipe_path, [], {"workers": workers}, [], sets + list(set_ or []), str(recipe_path))
+    recipe = _recipe(recipe_path, [], {"workers": workers, "gpus": gpus}, [], sets + list(set_ or []),
+                     str(recipe_path))
     try:
         manifest = run_distill(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, report=not no_report)
     except InvariantError as exc:  # not the user's doing: a bug, exit code 3

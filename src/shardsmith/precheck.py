@@ -159,9 +159,14 @@ def resolve_device(requested: str, asked_by: str) -> str:
 
 
 def check_device(recipe: Recipe) -> None:
-    """``models.device: cuda`` (or ``cuda:N``) only where torch sees that CUDA device."""
+    """``models.device: cuda`` (or ``cuda:N``) only where torch sees that CUDA device; ``distribute.gpus``
+    (``--gpus``) no more than torch sees."""
     if recipe.models.device.startswith("cuda") and _builds_models(recipe):
         resolve_device(recipe.models.device, "models.device")
+    if recipe.distribute.gpus != 1 and _builds_models(recipe):
+        from shardsmith.distribute.gpus import devices
+
+        devices(recipe.distribute.gpus)
 
 
 def check_audio(recipe: Recipe) -> None:

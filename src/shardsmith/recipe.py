@@ -503,6 +503,15 @@ MODE_TARGETS: dict[str, tuple[str, ...]] = {
     "av2av-ic": ("video",), "a2a-ic": ("audio",), "image-edit": ("image",), "camera-video": ("video",)}
 
 
+class Distribute(_Strict):
+    """Who runs the unit jobs: ``gpus`` worker processes on this machine, each with its own models on
+    one GPU and its own decode workers, claiming units; the same bytes as one process (not part of the
+    fingerprint: a build may resume with another count)."""
+
+    gpus: Annotated[int, Field(ge=1)] | Literal["all"] = Field(
+        1, description="worker processes, one per GPU (cuda:0 .. cuda:N-1; all: every visible GPU)")
+
+
 FASTGEN_T_LIST = (0.999, 0.937, 0.833, 0.624, 0.0)  # FastGen's config_kd_path.py sample_t_cfg.t_list
 
 
@@ -560,6 +569,7 @@ class Recipe(_Strict):
     audio: AudioRules = Field(default_factory=AudioRules)
     one_sample: bool = Field(False, description="plan only the first usable item (sanity check before a full run)")
     distill: DistillSpec | None = Field(None, description="how the teacher samples (shardsmith distill, kd_wds)")
+    distribute: Distribute = Field(default_factory=Distribute, description="several GPUs: --gpus N|all")
     lora_trigger: str | None = Field(None, description="prepended to every caption with one space, as the LTX "
                                      "trainer's --lora-trigger (recorded in the manifest and the cache stamp)")
 
@@ -865,7 +875,7 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     return recipe_from_dict(data, base_dir=p.parent, origin=str(p))
 
 
-_NOT_FINGERPRINTED = {"workers": True, "models": {"compile", "device"}}  # how to run, not what comes out
+_NOT_FINGERPRINTED = {"workers": True, "distribute": True, "models": {"compile", "device"}}  # how to run
 
 
 def canonical(recipe: Recipe) -> dict[str, Any]:

@@ -79,9 +79,12 @@ def _done(value: Any) -> Future:
     return f
 
 
-def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None] | None = None) -> None:
+def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None] | None = None,
+              claim: Callable[[Iterable[UnitJob]], Iterable[UnitJob]] | None = None) -> None:
     """Write every unit of ``run`` not yet recorded (see the module contract). ``check``: called
-    while waiting for a plan's rows (a model that cannot load stops the build there)."""
+    while waiting for a plan's rows (a model that cannot load stops the build there). ``claim``
+    (a worker of :mod:`~shardsmith.distribute.gpus`): the pending units pass through it and only those
+    it yields are written here (units planned ahead only)."""
     ledger = run.ledger
     if run.byte_bounded:
         last = ledger.last_unit(run.name, run.split)
@@ -101,7 +104,8 @@ def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None
     else:
         jobs, completed = pending_jobs(run)
         total = run.eligible()
-        stream = ((j.seq, j.first_pos + k, it) for j in ORDER(jobs)
+        mine = ORDER(jobs) if claim is None else claim(ORDER(jobs))
+        stream = ((j.seq, j.first_pos + k, it) for j in mine
                   for k, it in enumerate(unit_items(ledger, j, run.sources)))
     _Writer(run, seq0, pos0, total, completed, ahead).run(pool, stream)
 

@@ -66,6 +66,13 @@ CREATE TABLE IF NOT EXISTS results (
     shard TEXT,
     PRIMARY KEY (output, idx)
 );
+CREATE TABLE IF NOT EXISTS claims (
+    output TEXT NOT NULL,
+    split TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    PRIMARY KEY (output, split, seq)
+);
 CREATE TABLE IF NOT EXISTS shards (
     output TEXT NOT NULL,
     split TEXT NOT NULL,
@@ -358,6 +365,15 @@ class Ledger:
             sql += " AND r.shard=?"
             args.append(shard)
         yield from self.db.execute(sql + " ORDER BY r.idx", args)
+
+    def clear_claims(self, output: str, split: str) -> None:
+        """Forget every claim on ``output``'s ``split`` (before its units are handed out again)."""
+        self.db.execute("DELETE FROM claims WHERE output=? AND split=?", (output, split))
+
+    def claim(self, output: str, split: str, seq: int, rank: int) -> bool:
+        """Claim unit ``seq`` for worker ``rank``: True for the first worker to ask, False after."""
+        cur = self.db.execute("INSERT OR IGNORE INTO claims VALUES (?,?,?,?)", (output, split, seq, rank))
+        return cur.rowcount == 1
 
     def written_ids(self, output: str, split: str) -> Iterator[tuple[str, str, str]]:
         """(shard, key, item_id) of written items of one output/split, in plan order."""

@@ -1,0 +1,119 @@
+"""``--gpus N`` (issue 21): one worker process per GPU claims the units of an output's split; the files
+are the very bytes of a one-process build, and a worker that dies mid-run has its unit written by the
+build. On this CPU machine the workers run the same code on CPU "devices" (``SHARDSMITH_WORKER_DEVICES``,
+the test hook of :mod:`shardsmith.distribute.gpus`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from media_factory import real_photos
+from test_build import tree_bytes
+from test_cli_mistakes import assert_message, invoke
+
+PY = sys.executable
+
+
+def _recipe(tmp: Path) -> Path:
+    photos = real_photos(tmp / "photos", 20, seed=4, min_side=64, max_side=120)
+    for i, p in enumerate(photos):
+        p.with_suffix(".txt").write_text(f"a photo, number {i % 7}")  # repeated captions: encoded once each
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump({
+        "sources": [{"path": "photos"}], "split": {"holdout": 3, "seed": 2},
+        "geometry": {"buckets": ["64x64x1", "64x48x1"]},
+        "models": {"vae": {"family": "sd", "config": "tiny"}, "text": {"family": "minilm"}, "device": "cpu",
+                   "batch_size": 4},
+        "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 3},
+                    {"format": "prompt_wds", "dir": "prompts", "samples_per_shard": 4}]}))
+    return path
+
+
+def _build(recipe: Path, out: Path, *extra, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--workers", "2",
+                           "--no-report", *extra], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpus")
+    recipe = _recipe(tmp)
+    r = _build(recipe, tmp / "one")
+    assert r.returncode == 0, r.stderr
+    return recipe, tree_bytes(tmp / "one")
+
+
+@pytest.mark.slow
+def test_two_workers_write_the_bytes_of_one_process_for_latent_and_text_outputs(reference, tmp_path):
+    recipe, want = reference
+    r = _build(recipe, tmp_path / "two", "--gpus", "2", env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(tmp_path / "two") == want
+    m = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    for name in ("latent_wds", "prompt_wds"):
+        d = m["outputs"][name]["distribute"]["train"]
+        assert d["gpus"] == 2 and d["died"] == [] and [w["exit_code"] for w in d["workers"]] == [0, 0]
+        per = 3 if name == "latent_wds" else 4
+        assert sum(w["units"] for w in d["workers"]) == -(-17 // per)  # 20 photos, 3 held out: every unit once
+        assert all(w["units"] > 0 for w in d["workers"])  # both workers took units
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_run_has_its_unit_written_and_the_bytes_are_the_same(reference, tmp_path):
+    recipe, want = reference
+    r = _build(recipe, tmp_path / "two", "--gpus", "2",
+               env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu", "SHARDSMITH_WORKER_EXIT": "1:1"})
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(tmp_path / "two") == want
+    d = json.loads((tmp_path / "two" / "manifest.json").read_text())["outputs"]["latent_wds"]["distribute"]["train"]
+    assert d["died"] == [1] and d["workers"][1]["exit_code"] == 1
+
+
+def test_more_gpus_than_the_machine_has_is_one_message_before_anything_runs(tmp_path):
+    os.environ.pop("SHARDSMITH_WORKER_DEVICES", None)
+    (tmp_path / "photos").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"sources": [{"path": "photos"}], "geometry": {"buckets": ["64x64x1"]},
+                                      "models": {"vae": {"family": "sd", "config": "tiny"}},
+                                      "outputs": [{"format": "latent_wds"}]}))
+    code, output = invoke("build", recipe, "--out", tmp_path / "out", "--gpus", "2")
+    assert_message(code, output, "--gpus", "torch sees 0 CUDA device")
+    assert not (tmp_path / "out").exists()
+    code, output = invoke("build", recipe, "--out", tmp_path / "out", "--gpus", "two")
+    assert_message(code, output, "--gpus 'two'")
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_build_takes_its_workers_and_the_resume_gives_the_same_bytes(reference, tmp_path):
+    import signal
+    import time
+
+    recipe, want = reference
+    out = tmp_path / "two"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu"}
+    p = subprocess.Popen([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--workers", "2",
+                          "--no-report", "-q", "--gpus", "2"], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline and len(list(out.glob("lat/*/*.tar"))) < 2:
+        time.sleep(0.05)
+    assert p.poll() is None, "the build ended before it could be killed"
+    os.kill(p.pid, signal.SIGKILL)  # the build's process only: its workers must go with it
+    p.wait()
+    time.sleep(2.0)
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    assert not [ln for ln in ps.splitlines() if "multiprocessing.spawn" in ln], ps  # no worker left running
+    before = {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}
+    time.sleep(1.0)
+    assert before == {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}  # nothing writes there any more
+    r = _build(recipe, out, "--gpus", "2", env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(out) == want
