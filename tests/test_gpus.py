@@ -117,3 +117,20 @@ def test_kill_9_of_the_build_takes_its_workers_and_the_resume_gives_the_same_byt
     r = _build(recipe, out, "--gpus", "2", env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
     assert r.returncode == 0, r.stderr
     assert tree_bytes(out) == want
+
+
+@pytest.mark.slow
+def test_the_ray_engine_writes_the_same_bytes_on_a_local_cluster_even_when_an_actor_is_lost(reference, tmp_path):
+    pytest.importorskip("ray")
+    recipe, want = reference
+    hook = {"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"}
+    r = _build(recipe, tmp_path / "ray", "--gpus", "2", "--engine", "ray", env=hook)
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(tmp_path / "ray") == want
+    d = json.loads((tmp_path / "ray" / "manifest.json").read_text())["outputs"]["latent_wds"]["distribute"]["train"]
+    assert d["engine"] == "ray" and d["failed_units"] == [] and sum(w["units"] for w in d["workers"]) == 6
+    r = _build(recipe, tmp_path / "lost", "--gpus", "2", "--engine", "ray", env={**hook, "SHARDSMITH_WORKER_EXIT": "1:1"})
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(tmp_path / "lost") == want  # the lost actor's unit was written by the build
+    d = json.loads((tmp_path / "lost" / "manifest.json").read_text())["outputs"]["latent_wds"]["distribute"]["train"]
+    assert [f["actor"] for f in d["failed_units"]] == [1]

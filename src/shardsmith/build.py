@@ -489,12 +489,15 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         devs = _devices(ctx)
         if devs and finisher is not None and not run.byte_bounded:  # --gpus N: a worker per GPU claims units
             from shardsmith.distribute.gpus import run_workers
+            from shardsmith.distribute.ray_engine import run_ray
 
             if ahead is not None:
                 ahead.wait()
                 _check_plan(ctx)
-            result.setdefault("distribute", {})[split] = run_workers(recipe, ctx.root, output, split, devs,
-                                                                      pool.n, ledger)
+            d = recipe.distribute
+            result.setdefault("distribute", {})[split] = (
+                run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address) if d.engine == "ray"
+                else run_workers(recipe, ctx.root, output, split, devs, pool.n, ledger))
             ahead = None  # (the plan is complete) and what a dead worker left is written below
         try:
             local.run_split(run, pool, ahead if split == TRAIN else None, check=check)

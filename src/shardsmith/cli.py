@@ -264,6 +264,8 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
         if g != "all" and not (g.isdigit() and int(g) >= 1):
             _fail(f"--gpus {g!r}: give a number of GPUs (1, 2, ...) or all")
         _section(data, "distribute")["gpus"] = g if g == "all" else int(g)
+    if flags.get("engine") is not None:
+        _section(data, "distribute")["engine"] = flags["engine"]
     if flags.get("one_sample"):
         data["one_sample"] = True
     for s in sets:
@@ -334,6 +336,8 @@ def build(
     workers: Optional[int] = typer.Option(None, help="workers: CPU processes (default: all cores, max 8)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="distribute.gpus: one worker process per GPU, N or "
                                        "all (the same bytes as one GPU)"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="distribute.engine: local | ray (a Ray cluster: "
+                                         "--set distribute.address=ray://host:10001)"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Any recipe key: --set outputs[0].image.quality=90"),
     one_sample: bool = typer.Option(False, "--one-sample", help="one_sample=true: only the first usable item, "
                                     "at full resolution (use its own --out, e.g. overfit/)"),

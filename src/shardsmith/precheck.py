@@ -167,6 +167,8 @@ def check_device(recipe: Recipe) -> None:
         from shardsmith.distribute.gpus import devices
 
         devices(recipe.distribute.gpus)
+    if recipe.distribute.engine == "ray":
+        import_optional("ray", "shardsmith[ray]", "distribute.engine: ray (--engine ray)")
 
 
 def check_audio(recipe: Recipe) -> None:

@@ -510,6 +510,11 @@ class Distribute(_Strict):
 
     gpus: Annotated[int, Field(ge=1)] | Literal["all"] = Field(
         1, description="worker processes, one per GPU (cuda:0 .. cuda:N-1; all: every visible GPU)")
+    engine: Literal["local", "ray"] = Field("local", description="local: worker processes on this machine; "
+                                            "ray: Ray actors, one per GPU, on a Ray cluster (pip install "
+                                            "shardsmith[ray])")
+    address: str | None = Field(None, description="ray: the cluster (auto, ray://host:10001); unset: a local "
+                                "cluster started for the build")
 
 
 FASTGEN_T_LIST = (0.999, 0.937, 0.833, 0.624, 0.0)  # FastGen's config_kd_path.py sample_t_cfg.t_list

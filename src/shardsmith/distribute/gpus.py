@@ -69,6 +69,7 @@ class WorkerSpec:
     device: str
     decode_workers: int
     parent: int  # the build's PID: the worker ends with it
+    threads: int | None = None  # the build's torch intra-op threads: a CPU "device" computes as the build would
 
 
 class _Claims:
@@ -102,6 +103,10 @@ def worker_main(spec: WorkerSpec) -> None:
     from shardsmith.parallel import exit_with_parent
 
     exit_with_parent(spec.parent)  # a build killed with -9 takes its workers with it
+    if spec.threads:
+        import torch
+
+        torch.set_num_threads(spec.threads)
     t0 = time.perf_counter()
     recipe = spec.recipe.model_copy(deep=True)
     recipe.models.device = spec.device
@@ -144,6 +149,12 @@ def worker_main(spec: WorkerSpec) -> None:
         ledger.close()
 
 
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def run_workers(recipe, root: Path, output, split: str, devs: list[str], decode_workers: int, ledger,
                 progress=None) -> dict[str, Any]:
     """Run one worker per device on ``output``'s ``split`` until each exits; the manifest block."""
@@ -151,7 +162,8 @@ def run_workers(recipe, root: Path, output, split: str, devs: list[str], decode_
     ctx = mp.get_context("spawn")
     per = max(1, decode_workers // len(devs))
     procs = [ctx.Process(target=worker_main, name=f"shardsmith-gpu{r}",
-                         args=(WorkerSpec(recipe, root, output.name, split, r, len(devs), d, per, os.getpid()),))
+                         args=(WorkerSpec(recipe, root, output.name, split, r, len(devs), d, per, os.getpid(),
+                                          _threads()),))
              for r, d in enumerate(devs)]
     t0 = time.perf_counter()
     for p in procs:
