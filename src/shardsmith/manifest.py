@@ -45,7 +45,9 @@ def make_manifest(ctx, octx: OutputContext, fp: str, blocks: dict[str, Any]) -> 
                                       (info.index,)).fetchone()
         # the item hashes in plan order, concatenated and hashed once
         shas = ledger.db.execute("SELECT COALESCE(sha256,'-') FROM items WHERE source=? ORDER BY idx", (info.index,))
-        h = hashlib.sha256("".join(r[0] for r in shas).encode())
+        h = hashlib.sha256()
+        for (sha,) in shas:  # streamed: the same digest as hashing the joined string
+            h.update(sha.encode())
         sources.append({"name": info.name, "kind": info.kind, "path": info.path, "origin": info.origin,
                         "license": info.license, "items": n, "bytes": nbytes,
                         "labels": list(info.label_names) if info.label_names else None,
