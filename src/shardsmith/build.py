@@ -496,8 +496,9 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
                 _check_plan(ctx)
             d = recipe.distribute
             result.setdefault("distribute", {})[split] = (
-                run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address) if d.engine == "ray"
-                else run_workers(recipe, ctx.root, output, split, devs, pool.n, ledger))
+                run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address, ctx.progress)
+                if d.engine == "ray" else run_workers(recipe, ctx.root, output, split, devs, pool.n, ledger,
+                                                      ctx.progress))
             ahead = None  # (the plan is complete) and what a dead worker left is written below
         try:
             local.run_split(run, pool, ahead if split == TRAIN else None, check=check)

@@ -20,6 +20,7 @@ Contract
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -149,6 +150,24 @@ def worker_main(spec: WorkerSpec) -> None:
         ledger.close()
 
 
+@contextlib.contextmanager
+def progress_row(progress, ledger, output, split: str, sources: list[int], n: int):
+    """A progress row for the workers' units: ``poll()`` moves it to the positions the ledger holds."""
+    if progress is None:
+        yield lambda: None
+        return
+
+    def done() -> int:
+        return sum(u["next_pos"] - u["first_pos"] for u in ledger.units(output.name, split))
+
+    with progress.task(f"{output.name}/{split} on {n} GPUs", total=ledger.eligible(split, sources),
+                       completed=done()) as tick:
+        def poll() -> None:
+            tick.advance(done() - tick.completed)
+        yield poll
+        poll()
+
+
 def _threads() -> int:
     import torch
 
@@ -168,6 +187,10 @@ def run_workers(recipe, root: Path, output, split: str, devs: list[str], decode_
     t0 = time.perf_counter()
     for p in procs:
         p.start()
+    with progress_row(progress, ledger, output, split, recipe.source_ids(output), len(devs)) as poll:
+        while any(p.is_alive() for p in procs):
+            time.sleep(0.5)
+            poll()
     for p in procs:
         p.join()
     wall = time.perf_counter() - t0

@@ -104,9 +104,9 @@ class UnitActor:
 
 
 def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_workers: int, ledger,
-            address: str | None) -> dict[str, Any]:
+            address: str | None, progress=None) -> dict[str, Any]:
     """Run ``output``'s pending units of ``split`` on one Ray actor per device (see the module contract)."""
-    from shardsmith.distribute.gpus import WorkerSpec, _threads
+    from shardsmith.distribute.gpus import WorkerSpec, _threads, progress_row
     from shardsmith.distribute.local import SplitRun, pending_jobs
     from shardsmith.precheck import import_optional
     from shardsmith.progress import Progress
@@ -130,18 +130,20 @@ def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_work
         jobs, _ = pending_jobs(probe)
         queue, running, failed = list(jobs), {}, []
         free = list(range(len(actors)))
-        while queue or running:
-            while queue and free:
-                job, a = queue.pop(0), free.pop(0)
-                items = list(unit_items(ledger, job, srcs))
-                running[actors[a].run_unit.remote(job, items)] = (job, a)
-            ready, _ = ray.wait(list(running), num_returns=1)
-            job, a = running.pop(ready[0])
-            try:
-                ledger.commit_unit(**ray.get(ready[0]))
-                free.append(a)
-            except Exception as exc:  # noqa: BLE001 - a lost actor: its unit stays pending for the build's pass
-                failed.append({"seq": job.seq, "actor": a, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        with progress_row(progress, ledger, output, split, srcs, len(devs)) as poll:
+            while queue or running:
+                while queue and free:
+                    job, a = queue.pop(0), free.pop(0)
+                    items = list(unit_items(ledger, job, srcs))
+                    running[actors[a].run_unit.remote(job, items)] = (job, a)
+                ready, _ = ray.wait(list(running), num_returns=1)
+                job, a = running.pop(ready[0])
+                try:
+                    ledger.commit_unit(**ray.get(ready[0]))
+                    free.append(a)
+                except Exception as exc:  # noqa: BLE001 - a lost actor: its unit stays pending for the build
+                    failed.append({"seq": job.seq, "actor": a, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                poll()
         stats = []
         for a, act in enumerate(actors):
             try:
