@@ -24,6 +24,7 @@ from shardsmith import formats
 from shardsmith.records import TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
 from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption, resolve
+from shardsmith.sources.extsort import SortedNames
 
 Error = tuple[str, str]  # (reason, detail)
 
@@ -54,7 +55,7 @@ class _Listing:
     """One folder's non-hidden entries, sorted: media files and folders to walk (``names``),
     which of them are folders, sidecar ``.txt`` names, and the entries refused by a path rule."""
 
-    names: list[str] = field(default_factory=list)
+    names: SortedNames = field(default_factory=SortedNames)  # iterated once, in sorted order
     dirs: set[str] = field(default_factory=set)
     texts: set[str] = field(default_factory=set)
     refused: dict[str, Error] = field(default_factory=dict)  # name -> (reason, detail); media and folders
@@ -99,14 +100,14 @@ def _sort_entry(e: os.DirEntry, walk: _Walk, out: _Listing) -> None:
     else:
         kind = "text" if name.endswith(".txt") and e.is_file(follow_symlinks=False) else "ignore"
     if kind == "file":
-        out.names.append(name)
+        out.names.add(name)
     elif kind == "text":
         out.texts.add(name)
     elif kind == "dir":
         out.dirs.add(name)
-        out.names.append(name)
+        out.names.add(name)
     elif kind == "refused":
-        out.names.append(name)
+        out.names.add(name)
         out.refused[name] = error
     elif kind == "refused_text":
         out.refused_texts[name] = error
@@ -115,14 +116,15 @@ def _sort_entry(e: os.DirEntry, walk: _Walk, out: _Listing) -> None:
 def _listing(root: str, walk: _Walk) -> _Listing:
     """The sorted listing of ``root``; raises ``OSError`` when the folder cannot be listed.
 
-    Only names are kept (not ``DirEntry`` objects): a flat folder of 50k files costs a few MB.
+    Only names are kept (not ``DirEntry`` objects), and a large folder's names are sorted on
+    disk (:class:`~shardsmith.sources.extsort.SortedNames`): memory stays bounded however many
+    files one folder holds.
     """
     out = _Listing()
     with os.scandir(root) as it:
         for e in it:
             if not e.name.startswith("."):
                 _sort_entry(e, walk, out)
-    out.names.sort()
     return out
 
 
@@ -177,6 +179,7 @@ def _walk(root: Path, walk: _Walk) -> Iterator[Entry]:
 def _class_names(root: Path, walk: _Walk) -> list[str]:
     """Sorted names of the top-level folders holding at least one usable media file."""
     top = _listing(str(root), walk)
+    top.names.close()  # only its folders are needed
     names = []
     for d in sorted(top.dirs):
         sub = _Walk(walk.real_root, walk.exclude, walk.follow, {walk.real_root})
