@@ -127,22 +127,16 @@ def _source_sha256(fn: Callable) -> str | None:
         return None
 
 
-def sana_config(config: str | dict[str, Any]) -> dict[str, Any]:
+def named_config(family: str, config: str | dict[str, Any]) -> dict[str, Any]:
+    """The architecture of a diffusers teacher: a named config of its family, or the dict given."""
     if isinstance(config, dict):
         return dict(config)
-    if config not in SANA_CONFIGS:
-        raise TeacherError(f"models.teacher.config {config!r}: sana has the configs {sorted(SANA_CONFIGS)} (or give "
-                           "a dict of SanaTransformer2DModel's config)")
-    return dict(SANA_CONFIGS[config])
-
-
-def unet_config(config: str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(config, dict):
-        return dict(config)
-    if config not in UNET_CONFIGS:
-        raise TeacherError(f"models.teacher.config {config!r}: unet has the configs {sorted(UNET_CONFIGS)} (or give "
-                           "a dict of UNet2DConditionModel's config)")
-    return dict(UNET_CONFIGS[config])
+    table, cls = (SANA_CONFIGS, "SanaTransformer2DModel") if family == "sana" else (UNET_CONFIGS,
+                                                                                    "UNet2DConditionModel")
+    if config not in table:
+        raise TeacherError(f"models.teacher.config {config!r}: {family} has the configs {sorted(table)} (or give "
+                           f"a dict of {cls}'s config)")
+    return dict(table[config])
 
 
 def teacher_settings(family: str, *, config: str | dict[str, Any] = "tiny", pretrained: str | None = None,
@@ -160,7 +154,7 @@ def teacher_settings(family: str, *, config: str | dict[str, Any] = "tiny", pret
             return None
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     else:
-        cfg = sana_config(config) if family == "sana" else unet_config(config)
+        cfg = named_config(family, config)
     if family == "unet":
         return {"latent_channels": cfg.get("in_channels", 4), "text_dim": cfg.get("cross_attention_dim", 1280)}
     return {"latent_channels": cfg.get("in_channels", 32), "text_dim": cfg.get("caption_channels", 2304)}
@@ -248,7 +242,7 @@ def load_teacher(family: str, *, entry_point: str | None = None, parameterisatio
     dt = _torch_dtype(dtype)
     model, prov = _diffusers_model(SanaTransformer2DModel, "SanaTransformer2DModel", pretrained=pretrained,
                                    subfolder=subfolder, revision=revision, config=config,
-                                   cfg=sana_config(config) if pretrained is None else {}, dtype=dtype, device=device)
+                                   cfg=named_config("sana", config) if pretrained is None else {}, dtype=dtype, device=device)
     cfg = model.config
     spec = TeacherSpec("sana", "flow", dtype, latent_channels=cfg.in_channels, text_dim=cfg.caption_channels)
     scale = 1000.0
@@ -313,7 +307,7 @@ def _load_unet(*, pretrained, subfolder, revision, config, dtype: str, device: s
 
     model, prov = _diffusers_model(UNet2DConditionModel, "UNet2DConditionModel", pretrained=pretrained,
                                    subfolder=subfolder, revision=revision, config=config,
-                                   cfg=unet_config(config) if pretrained is None else {}, dtype=dtype, device=device)
+                                   cfg=named_config("unet", config) if pretrained is None else {}, dtype=dtype, device=device)
     schedule, where = _schedule(pretrained, subfolder)
     prov.notes.append(f"noise schedule: {where}")
     dt = _torch_dtype(dtype)
