@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from shardsmith.encode.text_memory import encode_halving
+
 
 def text_entry(te, j: int) -> tuple[torch.Tensor, ...]:
     """``(emb, mask)`` of caption ``j`` of a batch, plus its audio embedding when the encoder makes one."""
@@ -46,7 +48,8 @@ class CaptionCache:
         bs = max(1, self.batch_size * 4)
         for i in range(0, len(todo), bs):
             chunk = todo[i:i + bs]
-            te = self.text_encoder.encode(chunk, device="cpu")  # one device->host copy per chunk
+            # one device->host copy per chunk; out of memory: the chunk in halves (encode/text_memory.py)
+            te = encode_halving(self.text_encoder, chunk, device="cpu", counter=getattr(self, "_text_oom", None))
             for j, c in enumerate(chunk):
                 self._text_cache[c] = text_entry(te, j)
         self._prune_text_cache(captions)

@@ -41,6 +41,7 @@ from shardsmith.encode.model_identity import clean_config, model_identity
 from shardsmith.encode.pending import PendingBatch
 from shardsmith.encode.staging import HostStaging
 from shardsmith.encode.text import load_text_encoder, to_pinned
+from shardsmith.encode.text_memory import encode_halving
 from shardsmith.encode.throughput import BatchRecord, LaunchRecord, Throughput
 from shardsmith.encode.vae import load_vae
 from shardsmith.precheck import resolve_device
@@ -87,6 +88,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
+        self._text_oom = [0]  # text batches halved after running out of memory (encode/text_memory.py)
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0, "audio": 0.0, "teacher": 0.0}  # where time goes
         self.batches: list[BatchRecord] = []  # every encoded batch
         self.timeline: list[LaunchRecord] = []  # launched batches, for encode.idle.gpu_idle
@@ -240,7 +242,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             pend.todo = todo
             if todo:  # tokenised here, while the device runs the VAE batch just queued
                 t0 = time.perf_counter()
-                pend.text_emb = self.text_encoder.encode(todo, device="cpu", non_blocking=True)
+                pend.text_emb = encode_halving(self.text_encoder, todo, device="cpu", non_blocking=True,
+                                               counter=getattr(self, "_text_oom", None))
                 self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
         if self.device == "cuda":
             pend.done_event = torch.cuda.Event(enable_timing=True)
@@ -341,6 +344,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        if getattr(self, "_text_oom", [0])[0]:  # text batches halved after running out of memory
+            d["text_oom_halvings"] = self._text_oom[0]
         for name, enc in self.encoders.items():
             d[name] = {"spec": enc.spec.to_dict(), "provenance": prov(enc.provenance)}
         d["random_weights"] = sorted(k for k in self.encoders if d[k]["provenance"].get("weights") == "random-weights")
