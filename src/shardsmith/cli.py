@@ -259,6 +259,12 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
                 o["transform"] = flags["transform"]
     if flags.get("workers") is not None:
         data["workers"] = flags["workers"]
+    if flags.get("text_8bit"):
+        text = _section(data, "models").get("text")
+        if not isinstance(text, dict):
+            _fail("--load-text-encoder-in-8bit quantizes models.text, and the recipe sets no text encoder; add "
+                  "models: {text: {family: ...}} or leave the flag out")
+        text["quantize"] = "int8"
     if flags.get("gpus") is not None:
         g = flags["gpus"]
         if g != "all" and not (g.isdigit() and int(g) >= 1):
@@ -328,6 +334,8 @@ def build(
     device: Optional[str] = typer.Option(None, "--device", help="models.device: auto | cuda | cuda:N | cpu"),
     skip_audio: bool = typer.Option(False, "--skip-audio", help="audio.skip=true: no audio latents, said in the "
                                     "manifest (the LTX trainer's --skip-audio)"),
+    text_8bit: bool = typer.Option(False, "--load-text-encoder-in-8bit", help="models.text.quantize=int8: int8 "
+                                   "text-encoder weights for small GPUs (the LTX trainer's flag)"),
     audio_durations: Optional[str] = typer.Option(None, "--audio-durations", help="audio.durations: duration "
                                                   "buckets of audio-only items in seconds, \"2.0;4.0;8.0\""),
     zip_path: Optional[str] = typer.Option(None, "--zip-path", help="zip output: outputs[*].path"),

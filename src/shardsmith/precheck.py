@@ -210,6 +210,16 @@ def check_reference_scale(recipe: Recipe) -> None:
                                   "another factor or bucket")
 
 
+def check_text_quantize(recipe: Recipe) -> None:
+    """``models.text.quantize``: torchao installed; ``fp8`` only on a GPU with float8."""
+    text = recipe.models.text
+    if text is None or text.quantize == "none" or not _builds_models(recipe):
+        return
+    from shardsmith.encode.quantize import check_quantize
+
+    check_quantize(text.quantize, resolve_device(recipe.models.device, "models.device"))
+
+
 def check_text_config(recipe: Recipe) -> None:
     """``models.text.config`` of the ``ltx2`` family names one of its configs (or is a valid dict)."""
     text = recipe.models.text
@@ -252,7 +262,7 @@ def check_teacher(recipe: Recipe) -> None:
 
 
 CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio,
-          check_text_config, check_reference_scale, check_teacher)
+          check_text_config, check_reference_scale, check_teacher, check_text_quantize)
 
 
 def precheck(recipe: Recipe) -> None:

@@ -357,6 +357,9 @@ class TextModel(_Strict):
     config: str | dict[str, Any] = "tiny"
     max_length: int | None = Field(None, gt=0)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    quantize: Literal["none", "int8", "fp8"] = Field(
+        "none", description="int8 / fp8 weights for small GPUs (LTX's --load-text-encoder-in-8bit: int8); "
+        "another cache than full precision (pip install shardsmith[quant])")
 
 
 class AudioVaeModel(_Strict):

@@ -23,7 +23,8 @@ def model_identity(model: dict[str, Any]) -> dict[str, Any]:
     """A short, stable identity of one model: enough to tell two caches apart, small enough to print."""
     spec, prov = model["spec"], model["provenance"]
     cfg = json.dumps(clean_config(prov.get("config") or {}), sort_keys=True, default=str)
-    return {"class": prov.get("cls"), "family": spec.get("family"), "weights": prov.get("weights"),
+    quantized = {"quantize": spec["quantize"]} if spec.get("quantize") else {}  # (older stamps stay equal)
+    return {**quantized, "class": prov.get("cls"), "family": spec.get("family"), "weights": prov.get("weights"),
             "path_or_repo": prov.get("path_or_repo"), "subfolder": prov.get("subfolder"),
             "revision": prov.get("revision"), "weights_sha256": prov.get("weights_sha256"),
             "config": prov.get("config_name"), "config_sha256": hashlib.sha256(cfg.encode()).hexdigest()[:16],

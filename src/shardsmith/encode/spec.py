@@ -94,6 +94,7 @@ class EncoderSpec:
     hidden_states: str | None = None
     audio_dim: int | None = None
     features: str | None = None
+    quantize: str | None = None  # int8 / fp8 weights (encode/quantize.py); None: full precision
     # --- audio VAEs
     sample_rate: int | None = None
     hop_length: int | None = None
@@ -151,12 +152,14 @@ class EncoderSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         text = ("max_length", "dim", "padding_side", "pooled_dim", "zero_padding", "hidden_states", "audio_dim",
-                "features")
+                "features", "quantize")
         audio = ("sample_rate", "hop_length", "n_fft", "mel_bins", "frequency_bins")
         if self.kind == "text":
             drop = ("latent_channels", "spatial", "temporal", "normalisation", "store") + audio
             if self.audio_dim is None and self.features is None:  # (older stamps stay equal)
                 drop += ("audio_dim", "features")
+            if self.quantize is None:
+                drop += ("quantize",)
         elif self.kind == "audio_vae":
             drop = text + ("spatial",)
         else:

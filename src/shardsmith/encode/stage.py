@@ -133,6 +133,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             t = m.text
             text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
                                      dtype=t.dtype, device=place)
+            if t.quantize != "none":
+                from shardsmith.encode.quantize import quantize_text
+
+                quantize_text(text, t.quantize)
         audio_vae = None
         if recipe.audio_outputs():
             from shardsmith.encode.audio_vae import load_audio_vae
