@@ -102,13 +102,18 @@ def is_shard_folder(path: Path) -> bool:
     ``kind: auto`` source there is read as ``kind: wds`` (prompts), not as a folder of media."""
     from shardsmith.formats.wds import BUCKETS_INDEX_FILE, is_shard_file_name
 
+    shards = False
     try:
-        names = [e.name for e in os.scandir(path) if e.is_file()]
+        with os.scandir(path) as it:  # streamed: a folder of media stops at its first media file
+            for e in it:
+                if not e.is_file():
+                    continue
+                if media_kind(e.name) != "other":
+                    return False
+                shards = shards or e.name == BUCKETS_INDEX_FILE or is_shard_file_name(e.name)
     except OSError:
         return False
-    if any(media_kind(n) != "other" for n in names):
-        return False
-    return BUCKETS_INDEX_FILE in names or any(is_shard_file_name(n) for n in names)
+    return shards
 
 
 def count_listed(opened: list[tuple[SourceInfo, Callable[[], Iterator[Item]]]]) -> int | None:

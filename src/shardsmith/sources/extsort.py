@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO
 
-CHUNK = 16384  # names held in memory at most (a few ten bytes each)
-FAN_IN = 64  # runs merged at once (open files)
-_READ = 1 << 16
+CHUNK = 8192  # names held in memory at most (a few ten bytes each)
+FAN_IN = 16  # runs merged at once (open files; each holds a read block and its names)
+_READ = 1 << 14
 
 
 def _write_run(names: Iterator[str]) -> IO[bytes]:
