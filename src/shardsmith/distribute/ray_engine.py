@@ -118,11 +118,12 @@ def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_work
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  num_cpus=None if address else max(len(devs), 2), ignore_reinit_error=True)
     t0 = time.perf_counter()
+    actors: list = []
     try:
         gpu = all(d.startswith("cuda") for d in devs)
         per = max(1, decode_workers // len(devs))
         actor_cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(UnitActor)
-        actors = [actor_cls.remote(WorkerSpec(recipe, root, output.name, split, r, len(devs),
+        actors += [actor_cls.remote(WorkerSpec(recipe, root, output.name, split, r, len(devs),
                                               "cuda" if gpu else d, per, os.getpid(), _threads()))
                   for r, d in enumerate(devs)]
         srcs = recipe.source_ids(output)
@@ -153,7 +154,7 @@ def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_work
         return {"engine": "ray", "address": address or "local", "devices": devs, "gpus": len(devs),
                 "seconds": round(time.perf_counter() - t0, 3), "workers": stats, "failed_units": failed}
     finally:
-        for act in locals().get("actors", []):
+        for act in actors:
             ray.kill(act)
         if started_here:
             ray.shutdown()
