@@ -11,6 +11,7 @@ Contract
   gets it), writes each unit's file and commits its record to the ledger, exactly as the one-process
   build does. Units are planned before any worker starts and every unit's bytes depend only on its
   items (on a GPU every batch is padded to one shape), so the files are the same whoever writes them.
+  Workers claim once all have their models loaded (at most :data:`READY_WAIT_S` of waiting).
   Returns when every worker has exited; a worker that dies leaves its claimed unit uncommitted, and the
   caller's one-process pass (``local.run_split``) writes what is still pending. Each worker leaves
   ``.shardsmith/workers/<output>-<split>-<rank>.json``: its device, units, samples and seconds.
@@ -91,6 +92,17 @@ class _Claims:
                 yield job
 
 
+READY_WAIT_S = 300.0  # how long a loaded worker waits for the others before it claims anyway
+
+
+def _wait_for_all(ledger, output: str, split: str, rank: int, world: int) -> None:
+    """Claim only once every worker has its models loaded (or after :data:`READY_WAIT_S`): a worker that
+    loads first would otherwise take every unit of a short split while the others load."""
+    deadline = time.monotonic() + READY_WAIT_S
+    while ledger.mark_ready(output, split, rank) < world and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def worker_main(spec: WorkerSpec) -> None:
     """One worker: its models on its device, its decode pool, the units it claims (see the module contract)."""
     from shardsmith.distribute import local
@@ -131,6 +143,7 @@ def worker_main(spec: WorkerSpec) -> None:
                              kind.sink(output, octx, dest, spec.split), kind.per_unit(output), False,
                              Progress(quiet=True), finisher, {})
         claims = _Claims(ledger, output.name, spec.split, spec.rank)
+        _wait_for_all(ledger, output.name, spec.split, spec.rank, spec.world)
         try:
             local.run_split(run, pool, claim=claims)
         finally:
