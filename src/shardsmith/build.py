@@ -175,7 +175,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
                 if left:
                     raise OutputExistsError(f"{root} (left by an earlier --overwrite) holds files shardsmith did not "
                                             f"write: {', '.join(left[:10])}; move them away and re-run")
-        n_workers = workers or recipe.workers or max(1, min(os.cpu_count() or 1, 8))
+        n_workers = workers or recipe.workers or default_workers()
         need = SpaceNeed(out=out)
         try:
             manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root], t_enter=t_enter,
@@ -196,6 +196,14 @@ def _say_carried(progress: Progress, carried: list[str]) -> None:
                      f"the new build, never deleted): {', '.join(carried)}")
 
 
+def default_workers() -> int:
+    """Decode workers when neither ``--workers`` nor the recipe says: every core on a small machine, all
+    but two on a large one (the main process and the encoder's thread need theirs), at least 8 where there
+    are 8."""
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, max(8, cores - 2)))
+
+
 def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers: int,
               exclude: list[Path], t_enter: float, need: SpaceNeed) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
@@ -207,6 +215,9 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
                 ledger.set_meta("recipe", canonical(recipe))
                 ledger.set_meta("version", __version__)
                 ledger.set_meta("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        from shardsmith.encode.gpu_decode import settle
+
+        recipe = settle(recipe, ledger, n_workers)  # images.decoder, as this build began (kept in the ledger)
         stale = remove_stale_tmp(root)
         if stale:
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")

@@ -171,6 +171,14 @@ def check_device(recipe: Recipe) -> None:
         import_optional("ray", "shardsmith[ray]", "distribute.engine: ray (--engine ray)")
 
 
+def check_image_decoder(recipe: Recipe) -> None:
+    """``images.decoder: gpu`` only where the encoders run on a CUDA device and torchvision's decoder imports."""
+    if recipe.images.decoder == "gpu" and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+        from shardsmith.encode.gpu_decode import check_gpu
+
+        check_gpu(recipe)
+
+
 def check_audio(recipe: Recipe) -> None:
     """``models.audio_vae``'s config names a config of its family (or a pretrained folder's
     ``config.json`` reads): its sample rate is what every clip's audio is resampled to."""
@@ -261,7 +269,8 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_audio,
+CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_image_decoder,
+          check_audio,
           check_text_config, check_reference_scale, check_teacher, check_text_quantize)
 
 

@@ -143,6 +143,12 @@ class ImageRules(_Strict):
     background: tuple[int, int, int] = (255, 255, 255)
     min_size: int = Field(0, ge=0, description="images whose shorter side is below this are skipped:too_small")
     upscale: bool = False
+    decoder: Literal["auto", "cpu", "cpu-draft", "gpu"] = Field(
+        "auto", description="how latent outputs decode JPEGs: cpu (Pillow, full size), cpu-draft (Pillow at the "
+        "smallest DCT scale that covers the resize: a fraction of the work for large photos), gpu (nvJPEG through "
+        "torchvision on the encoders' device), or auto (cpu off a GPU; on one cpu-draft, or gpu when fewer than 4 "
+        "decode workers); the pixels of cpu-draft and gpu differ slightly from cpu's (README). A build keeps the "
+        "choice it began with")
 
     @field_validator("background")
     @classmethod

@@ -125,6 +125,22 @@ def _audio_latents(stage, waves: list | None) -> list | None:
     return [None if w is None else next(got) for w in waves]
 
 
+def _drop_failed(batch, failed: dict, z, texts, audio, partners, ref_audio):
+    """The batch without its ``failed`` rows (``{row: ItemError}``), whose results become failures."""
+    for row, err in failed.items():
+        if row < len(batch):
+            res = batch[row][1]
+            res.status, res.detail, res.members = err.status, err.detail, None
+    keep = [i for i in range(len(batch)) if i not in failed]
+
+    def rows(v):
+        return None if v is None else [v[i] for i in keep]
+
+    z = None if z is None else z[keep]
+    partners = None if partners is None else {k: rows(v) for k, v in partners.items()}
+    return [batch[i] for i in keep], z, rows(texts), rows(audio), partners, rows(ref_audio)
+
+
 class MemberRenderer(Protocol):
     """What turns a finished batch into its samples' members (``res.members``), e.g.
     :class:`~shardsmith.sinks.latent_members.LatentMembers`."""
@@ -231,6 +247,7 @@ class LatentFinisher:
         ``partners`` (per item ``{name: pixels}``), the partners' latents (``pend.partners``)."""
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
         pend = stage.launch(host, len(batch), captions, staged_at=staged_at)
+        pend.failed = getattr(host, "failed", None) or None  # JPEGs no decoder could read (gpu_decode)
         pend.audio = _audio_latents(stage, waves)
         pend.partners = _partner_latents(stage, partners)
         pend.audio_reference = _audio_latents(stage, ref_waves)
@@ -264,6 +281,12 @@ class LatentFinisher:
             partners = getattr(done, "partners", None)
             ref_audio = getattr(done, "audio_reference", None)
             teacher = getattr(done, "teacher", None)
+            failed = getattr(done, "failed", None)
+            if failed:  # decoded on the device, and unreadable there and on the CPU: failed, not written
+                batch, z, texts, audio, partners, ref_audio = _drop_failed(batch, failed, z, texts, audio,
+                                                                           partners, ref_audio)
+                if not batch:
+                    return
             if self.memo is not None and z is not None and partners is None and ref_audio is None:
                 self.memo.put([item for item, _ in batch], z, texts, [geometry(res) for _, res in batch], audio)
             self._render(batch, z, texts, audio, partners, ref_audio, teacher)

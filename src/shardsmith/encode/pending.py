@@ -34,6 +34,7 @@ class PendingBatch:
         self.partners: dict | None = None  # {partner name: latent per item}, set by the finisher
         self.audio_reference: list | None = None  # the references' audio latents per item, set by the finisher
         self.todo: list[str] = []
+        self.failed: dict | None = None  # {row: ItemError}: images no decoder could read (set by the finisher)
         self._out = None
 
     def done(self) -> bool:

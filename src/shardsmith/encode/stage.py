@@ -159,11 +159,16 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                 from shardsmith.distill.sources import source_negative
 
                 negative = source_negative(recipe)
-        return cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index,
-                   audio_vae=audio_vae, teacher=teacher, sampler=sampler,
-                   distill_seed=recipe.distill.seed if recipe.distill is not None else 0,
-                   negative_prompt=recipe.distill.negative_prompt if recipe.distill is not None else "",
-                   negative=negative)
+        stage = cls(vae, text, batch_size=m.batch_size, device=device, compile=m.compile, device_index=index,
+                    audio_vae=audio_vae, teacher=teacher, sampler=sampler,
+                    distill_seed=recipe.distill.seed if recipe.distill is not None else 0,
+                    negative_prompt=recipe.distill.negative_prompt if recipe.distill is not None else "",
+                    negative=negative)
+        if vae is not None:  # the settled images.decoder (encode/gpu_decode.settle), named in the manifest
+            from shardsmith.encode.gpu_decode import MANIFEST_NAMES
+
+            stage.image_decoder = MANIFEST_NAMES.get(recipe.images.decoder)
+        return stage
 
     def bind_device(self) -> None:
         """With ``models.device: cuda:N``, make GPU N the calling thread's current CUDA device (torch's
@@ -348,6 +353,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        if getattr(self, "image_decoder", None):  # JPEGs decoded on the device (absent: on the CPU, by Pillow)
+            d["image_decoder"] = self.image_decoder
         if getattr(self, "_text_oom", [0])[0]:  # text batches halved after running out of memory
             d["text_oom_halvings"] = self._text_oom[0]
         for name, enc in self.encoders.items():
@@ -376,6 +383,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             out["audio"] = "skipped"
         elif recipe.audio.durations:
             out["audio_durations"] = list(recipe.audio.durations)
+        if getattr(self, "image_decoder", None):  # pixels decoded on the device differ from Pillow's
+            out["image_decoder"] = self.image_decoder
         if getattr(recipe, "lora_trigger", None):
             out["lora_trigger"] = recipe.lora_trigger
         return out

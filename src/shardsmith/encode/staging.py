@@ -5,7 +5,9 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 ``device``, ``batch_size``, ``seconds``, ``vae``, ``_copy_stream``)
 - ``stage(frames)``: uint8 ``[F, H, W, 3]`` arrays of one bucket -> one ``[B, F, H, W, 3]`` tensor,
   page-locked on a GPU; padded to ``batch_size`` (repeating the last item) when ``pads()``.
-  Stacks on one intra-op thread (the decode workers hold the cores).
+  Stacks on one intra-op thread (the decode workers hold the cores). A batch holding JPEGs passed on
+  undecoded (``images.decoder`` gpu) is staged as a :class:`~shardsmith.encode.gpu_decode.StagedImages`
+  instead, decoded on the device by ``_to_input``.
 - ``pads()``: ``pad_batches`` when set, else whether the device is a GPU.
 - ``_to_input(host)``: the staged batch on the model's device as ``[B, 3, F, H, W]`` (``[B, 3, H, W]``
   for an image VAE) in ``[-1, 1]``, contiguous; on a GPU the upload runs on a side stream that the
@@ -20,7 +22,9 @@ import warnings
 import numpy as np
 import torch
 
+from shardsmith.encode.gpu_decode import StagedImages, decode_rows
 from shardsmith.encode.host_threads import one_intra_op_thread
+from shardsmith.transform.jpeg_pass import EncodedImage
 
 
 def _spend_read_only_warning() -> None:
@@ -45,7 +49,7 @@ class HostStaging:
         item's result does not depend on its batch-mates (the finisher may batch across units)."""
         return self.device == "cuda" if self.pad_batches is None else self.pad_batches
 
-    def stage(self, frames: list[np.ndarray]) -> torch.Tensor:
+    def stage(self, frames: list) -> "torch.Tensor | StagedImages":
         """Host side of one batch: uint8 frames -> one ``[B, F, H, W, 3]`` tensor (page-locked on a GPU
         machine, so the upload runs at full speed and asynchronously). On a GPU a short batch is
         padded to ``batch_size``: with cudnn.benchmark every new batch shape costs a fresh
@@ -55,6 +59,9 @@ class HostStaging:
         self.bind_device()  # page-locked memory on models.device's GPU, not on GPU 0
         if self.pads() and len(frames) < self.batch_size:
             frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
+        if any(isinstance(f, EncodedImage) for f in frames):  # JPEGs to decode on the device (images.decoder)
+            self.seconds["prepare"] += time.perf_counter() - t0
+            return StagedImages(list(frames))
         # (torch.from_numpy refuses negative strides, e.g. a flipped view: such a frame is copied first)
         views = [torch.from_numpy(f if min(f.strides, default=0) >= 0 else np.ascontiguousarray(f)) for f in frames]
         # stacked by torch, which copies with the GIL released (np.stack's per-array Python steps each
@@ -69,7 +76,12 @@ class HostStaging:
     def _to_input(self, host: torch.Tensor) -> torch.Tensor:
         """Staged uint8 -> [B, 3, F, H, W] (or [B, 3, H, W]) in [-1, 1] on the model's device
         (uint8 crosses PCIe: 4x fewer bytes than float32, and the GPU does the arithmetic)."""
-        x = self._upload(host)
+        if isinstance(host, StagedImages):  # decoded on the device (encode/gpu_decode.py)
+            t0 = time.perf_counter()
+            x = decode_rows(host, self.vae.device)[:, None]  # [B, 1, H, W, 3]
+            self.seconds["decode"] = self.seconds.get("decode", 0.0) + time.perf_counter() - t0
+        else:
+            x = self._upload(host)
         x = x.permute(0, 4, 1, 2, 3).to(self.vae.torch_dtype).div_(127.5).sub_(1.0)  # [B, 3, F, H, W]
         if self.vae.spec.kind == "image_vae":
             if x.shape[2] != 1:

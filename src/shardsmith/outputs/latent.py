@@ -95,13 +95,15 @@ class LatentKind(OutputKind):
     encoders = ("vae", "text", "audio_vae")  # each only when the recipe sets it (encoders_for)
 
     def maker(self, o, ctx: OutputContext):
+        from shardsmith.encode.gpu_decode import settled
         from shardsmith.transform.buckets import parse_buckets
         from shardsmith.transform.latent_pixels import LatentPixelMaker
 
         r = ctx.recipe
         buckets = parse_buckets(r.geometry.buckets) if r.geometry.buckets else []  # none: an audio-only dataset
         return LatentPixelMaker(buckets, r.images, r.geometry.fps,
-                                audio=audio_cutter(o, r), partners=partner_cutter(r), conditions=condition_cutter(r))
+                                audio=audio_cutter(o, r), partners=partner_cutter(r), conditions=condition_cutter(r),
+                                decoder=settled(r.images.decoder))
 
     def warnings(self, o, ctx: OutputContext, files: dict) -> list[str]:
         return unencoded_audio(o, ctx)

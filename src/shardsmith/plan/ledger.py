@@ -276,6 +276,10 @@ class Ledger:
             f"SELECT idx, plan_status, detail FROM items WHERE plan_status != 'ok' "
             f"AND source IN ({','.join('?' * len(sources))}) ORDER BY idx", sources).fetchall()
 
+    def has_results(self) -> bool:
+        """Whether any unit has been committed (a build under way, not a fresh one)."""
+        return self.db.execute("SELECT 1 FROM results LIMIT 1").fetchone() is not None
+
     def count_items(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 

@@ -70,10 +70,17 @@ def identify(data: bytes, *, name: str, max_pixels: int) -> Image.Image:
 
 
 def decode_image(data: bytes, *, name: str, max_pixels: int,
-                 background: tuple[int, int, int] = (255, 255, 255)) -> DecodedImage:
-    """Bytes -> :class:`DecodedImage` (RGB). Raises :class:`ItemError` on any bad input."""
+                 background: tuple[int, int, int] = (255, 255, 255),
+                 draft: tuple[int, int] | None = None) -> DecodedImage:
+    """Bytes -> :class:`DecodedImage` (RGB). Raises :class:`ItemError` on any bad input.
+
+    ``draft`` (w, h as stored): a JPEG is decoded at the smallest of libjpeg's DCT scales (1/2, 1/4,
+    1/8) that still covers it (PIL's ``Image.draft``), a fraction of the work of a full decode; the
+    picture is then smaller than ``source_size`` (other formats ignore it)."""
     img = identify(data, name=name, max_pixels=max_pixels)
     w, h = img.size
+    if draft is not None and img.format == "JPEG":
+        img.draft(None, draft)
     notes: dict = {}
     fmt, mode = img.format, img.mode
     try:

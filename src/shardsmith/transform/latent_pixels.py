@@ -17,7 +17,10 @@ audio latents) a clip's result also carries its audio cut to the same window (``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+from PIL import Image
 
 from shardsmith.records import NO_AUDIO, WRITTEN, ItemError, PlannedItem, SampleResult
 from shardsmith.recipe import ImageRules
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING
 from shardsmith.transform.buckets import Bucket, available_frames, choose_bucket, effective_fps, frame_indices
 from shardsmith.transform.geometry import Geometry, decide
 from shardsmith.transform.image import decode_image
+from shardsmith.transform.jpeg_pass import EncodedImage
 from shardsmith.transform.samples import read_checked
 from shardsmith.transform.video import VideoProbe, decode_frames, probe_video, resize_crop_frames, resize_crop_image
 
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from shardsmith.transform.audio_samples import AudioCutter
     from shardsmith.transform.partners import ConditionCutter, PartnerCutter
 
+DRAFT_GAP = 2  # cpu-draft: the DCT-scaled picture keeps at least this many times the resize's size
 IMAGE_FPS = 1.0  # what LTX's trainer stores for images
 
 
@@ -44,11 +49,23 @@ def no_audio(info: dict) -> str | None:
     return f"{NO_AUDIO}{a['status']}: {a['detail']}"
 
 
+@dataclass(frozen=True)
+class _Passed:
+    image: EncodedImage
+    geom: Geometry
+    source_size: tuple[int, int]
+
+
 class LatentPixelMaker:
     def __init__(self, buckets: list[Bucket], rules: ImageRules, target_fps: float | None = None,
                  audio: AudioCutter | None = None, partners: PartnerCutter | None = None,
-                 conditions: ConditionCutter | None = None):
+                 conditions: ConditionCutter | None = None, decoder: str = "cpu"):
         self.buckets, self.rules, self.target_fps, self.audio = buckets, rules, target_fps, audio
+        # images.decoder as the build settled it (encode/gpu_decode.py): gpu passes plain JPEGs on undecoded
+        # (transform/jpeg_pass.py) unless the item has partners or conditions, which are cut from the
+        # target's pixels here; cpu-draft decodes a JPEG at the DCT scale that still covers its resize
+        self.gpu_jpeg = decoder == "gpu" and partners is None and conditions is None
+        self.draft = decoder in ("cpu-draft", "gpu")
         self.partners, self.conditions = partners, conditions
         self.image_buckets = [b for b in buckets if b.frames == 1]
 
@@ -83,17 +100,64 @@ class LatentPixelMaker:
         if not self.image_buckets:
             raise ItemError("no_image_bucket", f"{item.item_id} is an image but no bucket has 1 frame; add one "
                             "such as 512x512x1 to geometry.buckets", skip=True)
-        dec = decode_image(read_checked(item), name=item.item_id, max_pixels=self.rules.max_pixels,
-                           background=self.rules.background)
-        w, h = dec.image.size
-        geom = self.image_geometry(item, w, h)
-        frames = resize_crop_image(dec.image, geom)[None]  # decode_image gives RGB
+        data = read_checked(item)
+        frames = self._jpeg_pass(item, data) if self.gpu_jpeg else None
+        drafted = self._draft(item, data) if frames is None and self.draft else None
+        if frames is not None:
+            w, h = frames.source_size
+            geom = frames.geom
+            frames = frames.image
+        elif drafted is not None:
+            geom, (w, h), request = drafted
+            dec = decode_image(data, name=item.item_id, max_pixels=self.rules.max_pixels,
+                               background=self.rules.background, draft=request)
+            img = dec.image if dec.image.size == geom.resize else dec.image.resize(geom.resize, Image.BICUBIC)
+            frames = np.asarray(img.crop(geom.crop))[None]
+        else:
+            dec = decode_image(data, name=item.item_id, max_pixels=self.rules.max_pixels,
+                               background=self.rules.background)
+            w, h = dec.image.size
+            geom = self.image_geometry(item, w, h)
+            frames = resize_crop_image(dec.image, geom)[None]  # decode_image gives RGB
         info = {"bucket": str(geom.bucket), "fps": IMAGE_FPS, "crop": geom.resize_crop.as_dict(), "source_size": [w, h],
                 "source_frames": 1}
         if self.audio is not None:
             info["audio"] = self.audio.for_image(item)[1]
         res = SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info=info, detail=no_audio(info))
         return self._with_partners(item, geom, res, 1)
+
+    def _jpeg_pass(self, item: PlannedItem, data: bytes) -> "_Passed | None":
+        """A plain JPEG, undecoded, with its geometry (:mod:`~shardsmith.transform.jpeg_pass`); None when the
+        image must be decoded here (not a JPEG the GPU decoder takes as the CPU path would)."""
+        from shardsmith.transform.image import identify
+        from shardsmith.transform.jpeg_pass import EncodedImage, exif_orientation, gpu_refusal, upright_size
+
+        img = identify(data, name=item.item_id, max_pixels=self.rules.max_pixels)
+        if gpu_refusal(img, data) is not None:
+            return None
+        o = exif_orientation(img)
+        w, h = upright_size(*img.size, o)
+        geom = self.image_geometry(item, w, h)
+        return _Passed(EncodedImage(data, o, (w, h), geom.resize, geom.crop, item.item_id, self.rules.max_pixels,
+                                    tuple(self.rules.background)), geom, (w, h))
+
+    def _draft(self, item: PlannedItem, data: bytes) -> tuple[Geometry, tuple[int, int], tuple[int, int]] | None:
+        """For a JPEG shrunk at least 4x by its geometry: ``(geometry, upright size, draft request as
+        stored)``; else None (decoded in full). As Pillow's ``thumbnail`` (``reducing_gap`` 2), the DCT
+        scale keeps at least twice the resize's size, and the bicubic resize does the rest."""
+        from shardsmith.transform.image import identify
+        from shardsmith.transform.jpeg_pass import exif_orientation, upright_size
+
+        img = identify(data, name=item.item_id, max_pixels=self.rules.max_pixels)
+        if img.format != "JPEG":
+            return None
+        o = exif_orientation(img)
+        w, h = upright_size(*img.size, o)
+        geom = self.image_geometry(item, w, h)
+        rw, rh = geom.resize
+        if rw * DRAFT_GAP * 2 > w or rh * DRAFT_GAP * 2 > h:
+            return None
+        return geom, (w, h), upright_size(rw * DRAFT_GAP, rh * DRAFT_GAP, o)
 
     def image_geometry(self, item: PlannedItem, w: int, h: int) -> Geometry:
         """An image's one geometry decision from its upright size ``w`` x ``h``: the 1-frame

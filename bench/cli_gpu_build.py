@@ -1,0 +1,189 @@
+"""Image latent builds through the CLI as a user runs them, against the encoder alone, in one lease.
+
+For each workload: generate the JPEGs (real photos: seeded random crops of scikit-image's samples),
+time the SD-VAE encoder alone (``shardsmith``'s own loader, published config with random weights,
+bf16, a resident batch, eager), then run ``python -m shardsmith build recipe.yaml --out DIR`` for
+each ``images.decoder`` asked (``auto``: nvJPEG on a GPU; ``cpu``: Pillow in the decode workers),
+interleaved, and report wall time from the command to its exit (the manifest is the last file
+written), items/s, whole build / encoder alone, and the manifest's steady state and GPU idle
+breakdown (diagnostics, labelled so).
+
+Usage (on a GPU machine):
+  PYTHONPATH=src:tests python3 bench/cli_gpu_build.py --work /tmp/bench --out r.json \\
+      --small 10240 --small-copies 4 --big 1024 --big-copies 8 --decoders auto,cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _photos(args: tuple[Path, int, int, int, int]) -> int:
+    from media_factory import real_photos
+
+    dest, n, seed, lo, hi = args
+    return len(real_photos(dest, n, seed=seed, min_side=lo, max_side=hi))
+
+
+def make_photos(dest: Path, n: int, lo: int, hi: int, procs: int) -> float:
+    """``n`` JPEGs with sides in [lo, hi] under ``dest`` (sub-folders of seeded chunks); seconds taken."""
+    t = time.perf_counter()
+    per = -(-n // procs)
+    jobs = [(dest / f"c{i:02d}", min(per, n - i * per), 1000 + i, lo, hi) for i in range(procs) if n - i * per > 0]
+    with ProcessPoolExecutor(procs) as ex:
+        assert sum(ex.map(_photos, jobs)) == n
+    return time.perf_counter() - t
+
+
+def add_copies(dest: Path, k: int) -> int:
+    """``k - 1`` more copies of every JPEG, each with 8 bytes after its end-of-image marker (same pixels,
+    distinct files for the planner)."""
+    files = sorted(dest.rglob("*.jpg"))
+    for j in range(1, k):
+        for f in files:
+            f.with_name(f"{f.stem}_copy{j:02d}.jpg").write_bytes(f.read_bytes() + j.to_bytes(8, "little"))
+    return len(files) * k
+
+
+def encoder_alone(size: int, batch: int, repeats: int) -> dict:
+    """Eager SD-VAE encoder on a resident bf16 batch (what the build's batches run)."""
+    import torch
+
+    from shardsmith.encode.vae import load_vae
+
+    t = time.perf_counter()
+    vae = load_vae("sd", config="published", dtype="bfloat16", device="cuda")
+    load_s = time.perf_counter() - t
+    torch.backends.cudnn.benchmark = True
+    x = torch.rand(batch, 3, size, size, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    for _ in range(3):
+        vae.encode(x)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        vae.encode(x)
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    med = statistics.median(ts)
+    del vae
+    torch.cuda.empty_cache()
+    return {"size": size, "batch": batch, "median_batch_s": med, "items_per_s": batch / med, "load_s": load_s}
+
+
+def pixel_parity(src: Path, size: int, n: int) -> dict:
+    """The GPU path's pixels (nvJPEG + orient + antialiased bicubic + crop) against the CPU path's
+    (Pillow), the same geometry, over ``n`` of the workload's JPEGs: |difference| in 0..255 levels."""
+    import numpy as np
+    import torch
+
+    from shardsmith.encode.gpu_decode import StagedImages, decode_rows
+    from shardsmith.recipe import ImageRules
+    from shardsmith.records import PlannedItem
+    from shardsmith.transform.buckets import parse_buckets
+    from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+    files = sorted(src.rglob("*.jpg"))[:n]
+    cpu = LatentPixelMaker(parse_buckets([f"{size}x{size}x1"]), ImageRules(upscale=True))
+    gpu = LatentPixelMaker(parse_buckets([f"{size}x{size}x1"]), ImageRules(upscale=True), decoder="gpu")
+    diffs = []
+    for i, f in enumerate(files):
+        item = PlannedItem(idx=i, item_id=f.name, key=f"k{i}", source=0, path=str(f), relpath=f.name, caption=None,
+                           label=None, label_name=None, meta={}, sha256=None, size_bytes=f.stat().st_size, kind="image",
+                           width=None, height=None, image_format="JPEG", mode="RGB", split="train", plan_status="ok")
+        a, b = cpu(item), gpu(item)
+        got = decode_rows(StagedImages([b.pixels]), "cuda")[0].cpu().numpy().astype(int)
+        diffs.append(np.abs(got - a.pixels[0].astype(int)).ravel())
+    torch.cuda.synchronize()
+    d = np.concatenate(diffs)
+    return {"images": len(files), "mean_abs": float(d.mean()), "p99_abs": float(np.percentile(d, 99)),
+            "max_abs": int(d.max()), "share_equal": float((d == 0).mean()), "share_within_1": float((d <= 1).mean())}
+
+
+def cli_build(src: Path, work: Path, name: str, size: int, decoder: str, batch: int, compile_: str) -> dict:
+    recipe = {"sources": [{"path": str(src)}], "geometry": {"buckets": [f"{size}x{size}x1"]},
+              "images": {"decoder": decoder, "upscale": True},
+              "models": {"vae": {"family": "sd", "config": "published", "dtype": "bfloat16"}, "batch_size": batch,
+                         "compile": compile_},
+              "outputs": [{"format": "latent_wds", "dir": "lat"}]}
+    rp = work / f"{name}.yaml"
+    rp.write_text(json.dumps(recipe))
+    out = work / f"out_{name}"
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    t, t_wall = time.perf_counter(), time.time()
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(rp), "--out", str(out)],
+                       capture_output=True, text=True)
+    exit_s = time.perf_counter() - t
+    if r.returncode != 0:
+        return {"name": name, "rc": r.returncode, "stderr": r.stderr[-3000:]}
+    wall = (out / "manifest.json").stat().st_mtime - t_wall  # from the command to the manifest
+    m = json.loads((out / "manifest.json").read_text())
+    written = m["counts"]["written"]
+    ss = m["models"].get("steady_state") or {}
+    return {"name": name, "decoder": decoder, "compile": compile_, "rc": 0, "wall_s": wall, "exit_s": exit_s,
+            "written": written,
+            "items_per_s": written / wall, "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
+            "image_decoder": m["models"].get("image_decoder", "pil"),
+            "first_batch_done_s": (m["models"].get("steady_state") or {}).get("first_batch_done_s"),
+            "diagnostics": {"steady_state": ss, "seconds": m["models"].get("seconds"),
+                            "compile": m["models"].get("compile"), "warm_up": m["models"].get("warm_up"),
+                            "timings": m.get("timings")}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--small", type=int, default=40960)
+    ap.add_argument("--small-copies", type=int, default=4)
+    ap.add_argument("--big", type=int, default=1024)
+    ap.add_argument("--big-copies", type=int, default=8)
+    ap.add_argument("--decoders", default="auto,cpu")
+    ap.add_argument("--small-decoders", default=None, help="decoders of the small workload (default: --decoders)")
+    ap.add_argument("--compile", default="off")
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    procs = os.cpu_count() or 4
+    res: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": procs, "workloads": []}
+    args.work.mkdir(parents=True, exist_ok=True)
+    loads = [("small", args.small, 288, 640, 256, args.small_copies), ("big", args.big, 1500, 3500, 512, args.big_copies)]
+    for name, n, lo, hi, size, copies in loads:
+        if n <= 0:
+            continue
+        src = args.work / f"src_{name}"
+        w = {"name": name, "size": size, "gen_s": make_photos(src, n, lo, hi, procs)}
+        w["files"] = add_copies(src, copies) if copies > 1 else n
+        w["encoder_alone"] = encoder_alone(size, 64, 20)
+        try:
+            w["pixel_parity"] = pixel_parity(src, size, 200)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: the builds still run
+            w["pixel_parity"] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps({k: v for k, v in w.items()}), flush=True)
+        w["builds"] = []
+        for rep in range(args.repeats):
+            decs = args.small_decoders if name == "small" and args.small_decoders else args.decoders
+            for dec in decs.split(","):
+                b = cli_build(src, args.work, f"{name}_{dec}_{rep}", size, dec, 64, args.compile)
+                if b.get("rc") == 0:
+                    b["ratio_to_encoder_alone"] = b["items_per_s"] / w["encoder_alone"]["items_per_s"]
+                w["builds"].append(b)
+                print(json.dumps({k: v for k, v in b.items() if k != "diagnostics"}), flush=True)
+        res["workloads"].append(w)
+        args.out.write_text(json.dumps(res, indent=1))
+        subprocess.run(["rm", "-rf", str(src)] + [str(p) for p in args.work.glob(f"out_{name}_*")])
+    args.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
