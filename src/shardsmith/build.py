@@ -370,6 +370,11 @@ def _stage(ctx: BuildContext):
         ctx.timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for when first needed
         ctx.timings["load_models_overlapped_s"] = ctx.preload.seconds.get("load")
         ctx.stage.mark_start(ctx.outputs_started)
+        if getattr(ctx.stage, "memory", None) and ctx.stage.device == "cuda":  # measured in the warm-up
+            from shardsmith.encode.memory_plan import gpu_free_total, summary
+
+            for line in summary(ctx.stage.memory, *gpu_free_total(getattr(ctx.stage, "device_index", None))):
+                ctx.progress.say("GPU memory: " + line)
         if ctx.stage.describe()["random_weights"]:
             ctx.progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
                              "the latents are plumbing checks, not model-space data (labelled in the manifest)")

@@ -450,6 +450,10 @@ def scan(
     max_probe: int = typer.Option(2000, "--max-probe", min=1, help="Probe at most this many clips (a "
                                   "deterministic sample of a larger folder; the report says so)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    probe_models: bool = typer.Option(False, "--probe-models", help="With --recipe: load its models on its "
+                                      "device and run one batch of each bucket and of text: GPU memory per model "
+                                      "at the batch size, whether it fits, the largest batch that fits, the rate "
+                                      "and the expected encode time."),
 ):
     """Probe sources without writing a dataset: kinds, sizes, problems, duplicates, licences; video frames,
     fps, durations and sizes, audio; with --recipe, which clip fits which bucket and each output's size."""
@@ -465,12 +469,24 @@ def scan(
         for o in data["outputs"]:
             o.setdefault("resolution", 64) if o.get("format") == "zip" else None
     recipe = recipe_from_dict(data, base_dir=base, origin="<scan>")
+    if probe_models and (recipe_path is None or not (recipe.models.vae or recipe.models.text)):
+        _fail("--probe-models needs --recipe R.yaml with models.vae or models.text")
+    if probe_models:
+        from shardsmith.precheck import precheck
+
+        precheck(recipe)  # a wrong device or model config stops here, before the scan
     result = run_scan(recipe, batch=batch, updates=updates, max_repeat=max_repeat, max_probe=max_probe,
                       progress=Progress(quiet=quiet), grad_accum=grad_accum, world=world)
+    if probe_models:
+        from shardsmith.scan.model_probe import probe_models as run_probe
+
+        result["models_probe"] = run_probe(recipe, result.get("enough_data", {}).get("usable"))
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     else:
         typer.echo(format_scan(result))
+        for line in result.get("models_probe", {}).get("lines", []):
+            typer.echo(line)
 
 
 def main() -> None:  # pragma: no cover - console entry

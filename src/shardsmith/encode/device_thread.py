@@ -49,7 +49,7 @@ class DeviceThread:
             self._thread.shutdown(wait=True)
             self._thread = None
 
-    def warm_up(self, buckets, stop=None) -> dict[str, Any]:
+    def warm_up(self, buckets, stop=None, timed: bool = False) -> dict[str, Any]:
         """One padded batch of zeros per bucket shape through the VAE, so that cuDNN's autotuning,
         the compiled graph's build or cache load (``models.compile="on"``) and the device's first
         allocations happen before the first real batch, e.g. while the build plans. Runs on the
@@ -57,9 +57,42 @@ class DeviceThread:
         booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
         shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
         memory) is logged and left to the real batches, which retry; returns what was done."""
-        return self.submit(self._warm_up, buckets, stop).result()
+        return self.submit(self._warm_up, buckets, stop, timed).result()
 
-    def _warm_up(self, buckets, stop=None) -> dict[str, Any]:
+    def _peak_start(self) -> int:
+        """On a GPU: reset the peak statistic and return the bytes allocated now (the resident weights)."""
+        if self.device != "cuda":
+            return 0
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+
+    @staticmethod
+    def _timed(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    def _measured(self, name: str, shape: str, base: int, seconds: float | None) -> None:
+        """Book one model's figures (:class:`~shardsmith.encode.memory_plan.ModelMemory`): its weights, and on
+        a GPU the peak of the batch just run above what was resident before it."""
+        from shardsmith.encode.memory_plan import ModelMemory, param_bytes
+
+        enc = self.vae if name == "vae" else self.text_encoder
+        peak = None
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+        prov = enc.provenance
+        weights = prov.config_name and f"{prov.config_name}, {prov.weights}" or prov.weights
+        what = f"{getattr(enc.spec, 'family', prov.cls)} ({weights}{', ' + enc.spec.quantize if getattr(enc.spec, 'quantize', None) else ''}) {shape}"
+        params = param_bytes(enc.model)
+        mem = ModelMemory(name, what, self.batch_size, params, None if peak is None else params + peak, seconds)
+        self.memory = [m for m in getattr(self, "memory", []) if (m.name, m.what) != (name, what)] + [mem]
+
+    def _warm_up(self, buckets, stop=None, timed: bool = False) -> dict[str, Any]:
         info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
         stopped = stop.is_set if stop is not None else (lambda: False)
         t0 = time.perf_counter()
@@ -68,17 +101,28 @@ class DeviceThread:
                 host = torch.zeros((self.batch_size, b.frames, b.height, b.width, 3), dtype=torch.uint8,
                                    pin_memory=self.device == "cuda")
                 self._maybe_compile(host)  # "on" compiles now; "auto" needs eager batches first
+                base = self._peak_start()
                 t = time.perf_counter()
                 self.vae.encode(self._to_input(host)).detach().to("cpu")
                 dt = time.perf_counter() - t
+                self._measured("vae", f"@ {b}", base, self._timed(lambda: self.vae.encode(self._to_input(host))
+                                                                  .detach().to("cpu")) if timed else None)
                 if self._compile_pending is not None:
                     self._compiled_first_batch(dt)
                 info["shapes"].append(str(b))
                 if stopped():
                     break
             if self.text_encoder is not None and not stopped():
-                self.text_encoder.encode(["warm-up"], device="cpu")
+                spec = self.text_encoder.spec  # a batch of prompts as long as the encoder takes
+                prompts = [" ".join(["warm-up"] * spec.max_length)] * self.batch_size
+                base = self._peak_start()
+                self.text_encoder.encode(prompts, device="cpu")
+                self._measured("text", f"{spec.max_length} tokens", base,
+                               self._timed(lambda: self.text_encoder.encode(prompts, device="cpu")) if timed else None)
                 info["text"] = True
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()  # from here: the run's own peak (describe's memory block)
         except Exception as exc:  # noqa: BLE001 - the real batches handle (and report) what failed here
             log.warning("encoder warm-up stopped: %s", exc)
             info["error"] = f"{type(exc).__name__}: {exc}"

@@ -353,6 +353,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        if getattr(self, "memory", None) and self.device == "cuda":  # measured in the warm-up (memory_plan.py)
+            from shardsmith.encode.memory_plan import memory_block
+
+            d["memory"] = memory_block(self.memory, torch.cuda.max_memory_allocated())
         if getattr(self, "image_decoder", None):  # JPEGs decoded on the device (absent: on the CPU, by Pillow)
             d["image_decoder"] = self.image_decoder
         if getattr(self, "_text_oom", [0])[0]:  # text batches halved after running out of memory

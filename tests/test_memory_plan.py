@@ -1,0 +1,81 @@
+"""Planning numbers before a run (issue 23): each model's weights and peak at its batch, whether it fits,
+the largest batch that fits, the expected time; ``scan --probe-models``. GPU peaks are measured on the
+H200 (BENCHMARKS.md §11); here the arithmetic, the weight count (quantised weights included) and the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from media_factory import real_photos
+from shardsmith.encode.memory_plan import ModelMemory, largest_batch, memory_block, param_bytes, summary
+
+GIB = 2 ** 30
+
+
+def test_peak_arithmetic_fits_and_largest_batch():
+    m = ModelMemory("vae", "sd (published, random-weights) @ 256x256x1", 32, 2 * GIB, 2 * GIB + 32 * 100 * 2 ** 20,
+                    seconds=0.5)
+    assert m.per_item_bytes == 100 * 2 ** 20 and m.items_per_s == 64.0
+    # 0.9 x 10 GiB = 9 GiB: 2 GiB of weights + b x 100 MiB -> b <= 71.68: the largest power of two is 64
+    assert largest_batch(m, 10 * GIB) == 64
+    assert largest_batch(m, GIB) == 0  # the weights alone do not fit
+    ok, = summary([m], free=10 * GIB, total=16 * GIB, items=6400)
+    assert "peak 5.12 GiB at batch 32" in ok and "32.0 % of the GPU's 16.00 GiB" in ok and "; fits;" in ok
+    assert "the largest batch that fits: 64" in ok and "~100 s for 6400 items" in ok
+    bad, = summary([m], free=4 * GIB, total=16 * GIB)
+    assert "does NOT fit the 4.00 GiB free: lower models.batch_size" in bad and "largest batch that fits: 16" in bad
+    cpu, = summary([ModelMemory("text", "t5 (tiny)", 8, GIB, None, seconds=0.1)], None, None, items=80)
+    assert "measured on a GPU only" in cpu and "80.0 items/s at batch 8, ~1 s for 80 items" in cpu
+    text = ModelMemory("text", "gemma", 32, 4 * GIB, 6 * GIB)
+    block = memory_block([m, text], measured_peak=7 * GIB)
+    # every model's weights resident at once, plus the largest batch's activations (the VAE's 3.125 GiB)
+    assert block["predicted_peak_bytes"] == 6 * GIB + 32 * 100 * 2 ** 20
+    assert block["measured_peak_bytes"] == 7 * GIB and len(block["models"]) == 2
+
+
+def test_weights_are_counted_as_stored_tied_once_and_quantised_smaller():
+    lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    assert param_bytes(lin) == (64 * 32 + 32) * 2
+    tied = torch.nn.Module()
+    tied.a = torch.nn.Embedding(100, 16)
+    tied.b = torch.nn.Linear(16, 100, bias=False)
+    tied.b.weight = tied.a.weight
+    assert param_bytes(tied) == 100 * 16 * 4
+    pytest.importorskip("torchao")
+    from shardsmith.encode.quantize import quantize_text
+    from shardsmith.encode.text import load_text_encoder
+
+    enc = load_text_encoder("gemma", config="tiny", dtype="bfloat16", device="cpu")
+    full = param_bytes(enc.model)
+    lin_elems = sum(m.weight.numel() for m in enc.model.modules() if isinstance(m, torch.nn.Linear))
+    quantize_text(enc, "int8")
+    q = param_bytes(enc.model)
+    # each linear weight from 2 bytes to 1, plus a per-channel scale: never counted as nothing
+    assert full - lin_elems < q < full - lin_elems // 2
+
+
+@pytest.mark.slow
+def test_scan_probe_models_prints_each_model_and_exits_2_without_a_recipe(tmp_path):
+    src = tmp_path / "src"
+    real_photos(src, 6, min_side=80, max_side=120)
+    recipe = {"sources": [{"path": str(src)}], "geometry": {"buckets": ["64x64x1"]},
+              "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}, "batch_size": 4, "device": "cpu"},
+              "outputs": [{"format": "latent_wds"}]}
+    (tmp_path / "r.json").write_text(json.dumps(recipe))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "scan", "--recipe", str(tmp_path / "r.json"),
+                        "--probe-models", "-q", "--json"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    probe = json.loads(r.stdout)["models_probe"]
+    assert probe["device"] == "cpu" and [m["name"] for m in probe["models"]] == ["vae", "text"]
+    vae, text = probe["models"]
+    assert vae["what"] == "sd (tiny, random-weights) @ 64x64x1" and vae["batch"] == 4 and vae["peak_bytes"] is None
+    assert vae["param_bytes"] > 0 and vae["items_per_s"] > 0 and text["param_bytes"] > 20 * 2 ** 20
+    assert any(line.startswith("models: text minilm (pretrained)") for line in probe["lines"])
+    bad = subprocess.run([sys.executable, "-m", "shardsmith", "scan", str(src), "--probe-models", "-q"],
+                         capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "--probe-models needs --recipe" in bad.stderr and "Traceback" not in bad.stderr
