@@ -42,6 +42,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
             if p.is_file() and ".shardsmith" not in p.parts and p.name not in ("manifest.json", "report.html")}
 
 
+@pytest.mark.slow
 def test_quickstart_cli_builds_readable_accounted_outputs(example_recipe, tmp_path):
     out = tmp_path / "qs"
     r = run_cli("build", example_recipe, "--out", out)
@@ -260,6 +261,7 @@ def test_edm_transforms_match_reference_arithmetic(tmp_path):
     assert dh.tobytes() == a.crop((16, 0, 80, 64)).tobytes()
 
 
+@pytest.mark.slow
 def test_recipe_errors_name_the_key_and_the_fix(tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text("sources: [{path: x}]\noutputs:\n  - {format: zip, resolution: [64, 32]}\n"
@@ -273,6 +275,7 @@ def test_recipe_errors_name_the_key_and_the_fix(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_flags_and_set_reach_the_recipe(photo_dir, tmp_path):
     r = run_cli("build", "--source", photo_dir, "--to", "wds", "--to", "zip", "--resolution", "16",
                 "--max-side", "48", "--samples-per-shard", "5", "--holdout", "3", "--seed", "2",

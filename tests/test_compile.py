@@ -67,6 +67,7 @@ def test_compiled_encoder_gives_the_eager_latents_and_marks_the_cache(cache):
     assert again.describe()["compile"]["warm_cache"] is True
 
 
+@pytest.mark.slow
 def test_auto_decides_after_the_first_batches_from_the_items_left(cache, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
     batches = _batches(6, 2)

@@ -77,6 +77,7 @@ def _check(case: str, root: Path) -> None:
     assert got["manifest"] == want["manifest"], "the manifest (counts, recipe, models) changed"
 
 
+@pytest.mark.slow
 def test_quickstart_bytes_are_golden(example_recipe, tmp_path):
     out = tmp_path / "qs"
     _build(example_recipe, out, tmp_path)

@@ -131,6 +131,7 @@ def test_a_jpeg_no_decoder_reads_fails_its_row_alone(photos, monkeypatch):
     assert (out[2] == want).all()
 
 
+@pytest.mark.slow
 def test_decoder_gpu_without_a_gpu_exits_2_before_any_work(tmp_path, photos):
     recipe = {"sources": [{"path": str(photos[0].parent)}], "geometry": {"buckets": ["64x64x1"]},
               "images": {"decoder": "gpu"}, "models": {"vae": {"family": "sd"}, "device": "cpu"},

@@ -168,6 +168,7 @@ def test_report_cli_and_its_mistakes(quickstart, tmp_path):
         write_report(tmp_path / "half")
 
 
+@pytest.mark.slow
 def test_build_no_report_and_a_failing_report_keeps_the_build(example_recipe, tmp_path, monkeypatch, capsys):
     r = run_cli("build", example_recipe, "--out", tmp_path / "a", "--quiet", "--no-report")
     assert r.returncode == 0, r.stderr
