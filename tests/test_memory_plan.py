@@ -79,3 +79,21 @@ def test_scan_probe_models_prints_each_model_and_exits_2_without_a_recipe(tmp_pa
     bad = subprocess.run([sys.executable, "-m", "shardsmith", "scan", str(src), "--probe-models", "-q"],
                          capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "--probe-models needs --recipe" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_build_summary_says_how_the_encoders_ran():
+    """The last lines of a build name the device and batch, the compile decision and its reason, the JPEG
+    decoder, the first batch, the steady-state rate and GPU idle, and the GPU's peak (from the manifest)."""
+    from shardsmith.manifest import model_lines
+
+    models = {"device": "cuda", "batch_size": 64,
+              "compile": {"setting": "auto", "compiled": False, "reason": "auto: 400 items left ...: stay eager"},
+              "image_decoder": "pil-draft",
+              "steady_state": {"items_per_s": 745.94, "first_batch_done_s": 7.398, "gpu_idle": {"idle_frac": 0.0003}},
+              "memory": {"measured_peak_bytes": 3 * GIB}}
+    line, = model_lines(models)
+    assert line == ("models: encoders on cuda, batch 64; compile off (auto: 400 items left ...: stay eager); JPEGs "
+                    "decoded by pil-draft; first batch done 7.4 s after the outputs started; 745.9 items/s in the "
+                    "steady state, GPU idle 0.0 %; GPU peak 3.00 GiB")
+    assert model_lines(None) == [] and model_lines({"random_weights": []}) == []
+    assert model_lines({"device": "cpu", "batch_size": 8}) == ["models: encoders on cpu, batch 8"]

@@ -103,8 +103,33 @@ def summary(manifest: dict[str, Any]) -> list[str]:
         for split, blk in o.get("files", {}).items():
             lines += bucket_lines(split, blk.get("buckets") or {})
         lines += audio_lines(o.get("audio"))
+    lines += model_lines(manifest.get("models"))
     lines += [f"warning: {w}" for w in manifest["warnings"]]
     return lines
+
+
+def model_lines(models: dict[str, Any] | None) -> list[str]:
+    """One line on how the build ran its encoders: device and batch, the compile decision and why, the JPEG
+    decoder, when the first batch was done, the steady-state rate and the GPU's idle share, the GPU's peak."""
+    if not models or "device" not in models:
+        return []
+    parts = [f"encoders on {models['device']}, batch {models.get('batch_size')}"]
+    comp = models.get("compile") or {}
+    if comp.get("reason"):
+        parts.append(f"compile {'on' if comp.get('compiled') else 'off'} ({comp['reason']})")
+    if models.get("image_decoder"):
+        parts.append(f"JPEGs decoded by {models['image_decoder']}")
+    ss = models.get("steady_state") or {}
+    if ss.get("first_batch_done_s") is not None:
+        parts.append(f"first batch done {ss['first_batch_done_s']:.1f} s after the outputs started")
+    if ss.get("items_per_s"):
+        idle = (ss.get("gpu_idle") or {}).get("idle_frac")
+        parts.append(f"{ss['items_per_s']:.1f} items/s in the steady state"
+                     + (f", GPU idle {100 * idle:.1f} %" if idle is not None else ""))
+    peak = (models.get("memory") or {}).get("measured_peak_bytes")
+    if peak:
+        parts.append(f"GPU peak {peak / 2 ** 30:.2f} GiB")
+    return ["models: " + "; ".join(parts)]
 
 
 def audio_lines(audio: dict[str, Any] | None) -> list[str]:
