@@ -168,7 +168,7 @@ def test_build_with_the_gpu_decoder_path_matches_the_cpu_path(tmp_path_factory, 
     (src / "cmyk.jpg").write_bytes(jpeg(img.convert("CMYK")))
     recipe = lambda: recipe_from_dict({  # noqa: E731
         "sources": [{"path": str(src)}], "geometry": {"buckets": ["64x64x1", "96x64x1", "64x96x1"]},
-        "models": {"vae": {"family": "sd", "dtype": "float32"}, "batch_size": 4},
+        "models": {"vae": {"family": "sd", "dtype": "float32"}, "batch_size": 4, "device": "cpu"},
         "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 5}]})
     cpu_out = tmp_path_factory.mktemp("cpu") / "out"
     cpu = build(recipe(), cpu_out, quiet=True, workers=2)
@@ -267,9 +267,10 @@ def test_a_build_keeps_the_decoder_it_began_with(tmp_path, monkeypatch):
     from shardsmith.precheck import DeviceError
 
     recipe = recipe_from_dict({"sources": [{"path": "x"}], "geometry": {"buckets": ["64x64x1"]},
-                               "models": {"vae": {"family": "sd"}}, "outputs": [{"format": "latent_wds"}]})
+                               "models": {"vae": {"family": "sd"}, "device": "cpu"},
+                               "outputs": [{"format": "latent_wds"}]})
     led = Ledger(tmp_path / "a.sqlite")
-    assert gpu_decode.settle(recipe, led, 8).images.decoder == "cpu"  # no GPU here
+    assert gpu_decode.settle(recipe, led, 8).images.decoder == "cpu"  # encoders on the CPU
     assert led.get_meta("image_decoder") == "cpu"
     monkeypatch.setattr(gpu_decode, "resolve_decoder", lambda s, d, w=8: "cpu-draft")  # as a GPU machine would
     assert gpu_decode.settle(recipe, led, 8).images.decoder == "cpu"  # kept
@@ -283,7 +284,7 @@ def test_a_build_keeps_the_decoder_it_began_with(tmp_path, monkeypatch):
     gpu = Ledger(tmp_path / "d.sqlite")
     gpu.set_meta("image_decoder", "gpu")
     with pytest.raises(DeviceError, match="began decoding JPEGs on the GPU"):
-        gpu_decode.settle(recipe, gpu, 8)
+        gpu_decode.settle(recipe, gpu, 8)  # resumed with the encoders on the CPU
     assert gpu_decode.resolve_decoder("auto", "cuda", 14) in ("cpu-draft", "gpu")
     assert gpu_decode.resolve_decoder("auto", "cuda", 14) == "cpu-draft"
     assert gpu_decode.resolve_decoder("auto", "cpu", 2) == "cpu"
