@@ -79,15 +79,18 @@ class _MemberIndex:
 _INDEX = _MemberIndex()
 
 
-def shard_samples(path, fd: Optional[int] = None) -> list[tuple[str, dict[str, MemberRef]]]:
+def shard_samples(path, fd: Optional[int] = None, remember: bool = True) -> list[tuple[str, dict[str, MemberRef]]]:
     """The samples of one shard, ``[(key, {suffix: (data offset, size)})]``, headers only.
     A shard listed before in this process (or in the process this one was forked from) is
-    not read again unless it changed (see :class:`_MemberIndex`)."""
+    not read again unless it changed (see :class:`_MemberIndex`). ``remember=False``: a shard
+    read now is not added to that index (a pass over a whole dataset that must not keep a
+    listing per sample, e.g. ``verify``'s main process)."""
     key = _MemberIndex.key(path, os.fstat(fd) if fd is not None else os.stat(path))
     members = _INDEX.get(key)
     if members is None:
         members = tar_members(path, fd)
-        _INDEX.put(key, members)
+        if remember:
+            _INDEX.put(key, members)
     return group_members(members)
 
 

@@ -3,9 +3,12 @@ workers) for its rank and iterating it, as under torchrun.
 
 A rank gets a JSON-able ``spec`` (``kind`` ``"wds"`` or ``"zip"``, the loader ``config`` without
 rank and world size, ``world``, ``batches`` per rank or None for a full pass, ``contract_in`` or
-``zip_len``) and puts one result on the queue: ``{"rank", "seen" (sample ids: ``shard/key`` or the
-ZIP index), "contract" (a ContractRecorder), "stats", "arrivals"}``, or ``{"rank", "error",
-"trace"}`` when anything raised; while it runs, ``{"rank", "progress": n}`` (n more samples seen)
+``zip_len``, ``expected``: :meth:`~shardsmith.verify.expected.ExpectedWds.to_spec` or
+:meth:`~shardsmith.verify.expected.ExpectedRange.to_spec`, ``seen_dir``: a folder) and writes what it
+saw, in order, to the seen log ``<seen_dir>/rank<r>`` (``verify.seen_log``: expected positions, ids
+only for samples no full pass yields), then puts one result on the queue: ``{"rank", "seen"
+(the log's base path), "seen_count", "contract" (a ContractRecorder), "stats", "arrivals"}``, or
+``{"rank", "error", "trace"}`` when anything raised; while it runs, ``{"rank", "progress": n}`` (n more samples seen)
 every ``PROGRESS_EVERY_S`` seconds. :class:`Ranks` starts them, collects one result per rank (sorted
 by rank; progress messages advance the caller's progress bar) and never leaves a process behind.
 """
@@ -19,13 +22,16 @@ import traceback
 from typing import Any
 
 from shardsmith.verify.contract import ContractRecorder
+from shardsmith.verify.expected import ExpectedWds, Locator, expected_from_spec
+from shardsmith.verify.seen_log import SeenWriter
 from shardsmith.verify.worker_contract import Arrivals, ContractInWorker
 
 PROGRESS_EVERY_S = 0.25
 
 
 def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
-    """One simulated rank: build the loader, iterate, send back keys, contract and stats."""
+    """One simulated rank: build the loader, iterate, log what it saw, send back contract and stats."""
+    seen = None
     try:
         if "fork" in mp.get_all_start_methods():
             # a spawned child defaults to spawn; a torchrun rank (what we simulate) forks its workers
@@ -37,7 +43,8 @@ def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
         torch.set_num_threads(1)
         rec = ContractRecorder()
         arrivals = Arrivals()
-        seen = _Seen(rank, queue)
+        expected = expected_from_spec(spec["expected"])
+        seen = _Seen(rank, queue, f"{spec['seen_dir']}/rank{rank}", expected)
         limit = spec["batches"]
         if spec["kind"] == "wds":
             from shardsmith.loaders.wds import WdsLoader
@@ -52,7 +59,7 @@ def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
             for i, batch in enumerate(loader):
                 if limit is not None and i >= limit:
                     break
-                seen += [f"{s}/{k}" for s, k in zip(batch["__shard__"], batch["__key__"])]
+                seen.add_wds(batch["__shard__"], batch["__key__"])
                 worker_rec, worker_sig = batch.pop("__contract__", None), batch.pop("__signature__", None)
                 if worker_rec is None:
                     rec.add(batch, constants)
@@ -74,30 +81,54 @@ def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
             for batch in itertools.islice(iter(cfg.build()), -(-want // cfg.batch_size)):
                 take = min(cfg.batch_size, want - got)
                 batch = {k: v[:take] for k, v in batch.items()}
-                seen += [str(int(i)) for i in batch["idx"]]
+                seen.add_indices(batch["idx"])
                 rec.add(batch)
                 got += take
             stats = {"samples": got}
-        queue.put({"rank": rank, "seen": list(seen), "contract": rec, "stats": stats, "arrivals": arrivals.to_dict()})
+        seen.close()
+        queue.put({"rank": rank, "seen": str(seen.log.base), "seen_count": seen.log.count, "contract": rec,
+                   "stats": stats, "arrivals": arrivals.to_dict()})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+        if seen is not None:
+            seen.close()
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
 
 
-class _Seen(list):
-    """The sample ids a rank saw; every ``PROGRESS_EVERY_S`` seconds the rank also puts
-    ``{"rank", "progress": n}`` (samples so far) on the queue, for the parent's progress bar."""
+class _Seen:
+    """The samples a rank saw, written to its seen log (``verify.seen_log``) as expected positions
+    (``Locator`` for WebDataset ids ``shard/key``, the index itself for a ZIP); every
+    ``PROGRESS_EVERY_S`` seconds the rank also puts ``{"rank", "progress": n}`` (samples since the
+    last one) on the queue, for the parent's progress bar."""
 
-    def __init__(self, rank: int, queue):
-        super().__init__()
+    def __init__(self, rank: int, queue, base: str, expected):
         self.rank, self.queue, self.last, self.sent = rank, queue, time.monotonic(), 0
+        self.log = SeenWriter(base)
+        self.expected = expected
+        self.locate = Locator(expected) if isinstance(expected, ExpectedWds) else None
+        self.closed = False
 
-    def __iadd__(self, ids):
-        self.extend(ids)
+    def add_wds(self, shards, keys) -> None:
+        for s, k in zip(shards, keys):
+            self.log.add(self.locate.position(s, k), f"{s}/{k}")
+        self._progress()
+
+    def add_indices(self, indices) -> None:
+        n = len(self.expected)
+        for i in indices:
+            i = int(i)
+            self.log.add(i if 0 <= i < n else None, str(i))
+        self._progress()
+
+    def _progress(self) -> None:
         now = time.monotonic()
         if now - self.last >= PROGRESS_EVERY_S:
-            self.queue.put({"rank": self.rank, "progress": len(self) - self.sent})
-            self.last, self.sent = now, len(self)
-        return self
+            self.queue.put({"rank": self.rank, "progress": self.log.count - self.sent})
+            self.last, self.sent = now, self.log.count
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.log.close()
 
 
 def _rank_context():
@@ -141,7 +172,7 @@ class Ranks:
                         tick.advance(msg["progress"])
                     continue
                 if tick is not None and "seen" in msg:  # the rest of what this rank saw
-                    tick.advance(len(msg["seen"]) - told.get(msg["rank"], 0))
+                    tick.advance(msg["seen_count"] - told.get(msg["rank"], 0))
                 results.append(msg)
         finally:
             self.stop()

@@ -34,18 +34,22 @@ Contract
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from shardsmith.formats.detect import dataset_kind
 from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, read_ignore_index
-from shardsmith.verify.accounting import coverage, expected_wds, manifest_check
+from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
+from shardsmith.verify.expected import ExpectedRange, ExpectedWds
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import find_build, unfinished
 from shardsmith.verify.precomputed_check import verify_precomputed
 from shardsmith.verify.record import recorded
 from shardsmith.verify.ranks import Ranks
+from shardsmith.verify.seen_log import SeenFile
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
 CONTRACT_MODES = ("auto", "workers", "rank", "workers-only")
@@ -174,39 +178,45 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         report["empty_slots"] = [{"rank": r, "worker": w, "reason": why} for r, w, why in empties]
         spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches, "contract_in": contract_in}
         if any(sum(1 for e in empties if e[0] == r) == max(workers, 1) for r in range(world)):
-            expected, _, _ = expected_wds(dataset)
+            expected = ExpectedWds.scan(dataset, ignore)
             check("rank_splits", False, f"a rank gets no sample at all ({empties[0][2]}); use at most "
                   f"{len(expected)} rank-workers (world x workers) or write smaller shards")
             report.update(checks=checks, ok=False, coverage={}, contract={}, stats={})
             return report
-        # the expected sample list first (every shard's headers): forked ranks
-        # and their workers then find these listings in memory instead of reading them again
-        expected, count_file, ignore = expected_wds(dataset)
-        members_check(dataset, cfg, ignore, check, mode_of(preset))
+        # every shard's headers, read once: the expected samples numbered per shard, and the members check
+        members = MembersCheck(cfg, mode_of(preset))
+        expected = ExpectedWds.scan(dataset, ignore, on_shard=members.visit)
+        count_file = read_count_file(dataset)
+        members.report(check)
         if preset in ("kd_pair", "kd_path"):  # each sample's pair and trajectory against index.json (verify/kd.py)
             from shardsmith.verify.kd import check_kd
 
             report["kd"] = check_kd(dataset, preset, ignore, check)
-        ranks = Ranks(spec, world)
     else:
         from shardsmith.loaders.zip import ZipImageDataset
 
         cfg = preset_config(preset or "class_zip", dataset, batch_size=batch_size, num_workers=workers,
                             **{"shuffle": False, **(overrides or {})})
         n = len(ZipImageDataset(dataset, use_labels=cfg.use_labels))
-        expected, count_file = [str(i) for i in range(n)], {}
+        expected, count_file = ExpectedRange(n), {}
         report["empty_slots"] = [{"rank": r, "worker": None, "reason": f"{n} images for {world} ranks"}
                                  for r in range(world) if r >= n]
         spec = {"kind": "zip", "config": cfg.model_dump(mode="json", exclude={"rank", "world_size"}),
                 "world": world, "batches": batches, "zip_len": n}
-        ranks = Ranks(spec, world)
 
     from shardsmith.progress import Progress
 
-    with (progress or Progress(quiet=True)).task(f"verify {dataset.name}",
-                                                 total=len(expected) if batches is None else None) as tick:
-        results = ranks.collect(timeout, tick)
-    errors = [r for r in results if "error" in r]
+    full = batches is None
+    seen_dir = tempfile.mkdtemp(prefix="shardsmith-verify-")  # the ranks' seen logs (verify/seen_log.py)
+    try:
+        ranks = Ranks({**spec, "expected": expected.to_spec(), "seen_dir": seen_dir}, world)
+        with (progress or Progress(quiet=True)).task(f"verify {dataset.name}",
+                                                     total=len(expected) if full else None) as tick:
+            results = ranks.collect(timeout, tick)
+        errors = [r for r in results if "error" in r]
+        cov = None if errors else tally(expected, [SeenFile(r["seen"]) for r in results], full)
+    finally:
+        shutil.rmtree(seen_dir, ignore_errors=True)
     if errors:
         check("loader_runs", False, "; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
         report.update(checks=checks, ok=False, coverage={}, contract={}, stats={},
@@ -227,13 +237,11 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     per_rank = []
     for r in results:
         contract.merge(r["contract"])
-        per_rank.append({"rank": r["rank"], "samples": len(r["seen"]), "stats": r["stats"]})
-    full = batches is None
-    cov = coverage(expected, [r["seen"] for r in results], full)
-    dup, missing, unknown = cov["duplicates"], cov["missing"], cov["unknown"]
-    report["coverage"] = {**cov, "duplicates": dup[:20], "missing": missing[:20], "unknown": unknown[:20],
-                          "per_rank": per_rank}
-    check("no_duplicates", not dup, f"{len(dup)} sample(s) seen more than once" + (f", e.g. {dup[:3]}" if dup else ""))
+        per_rank.append({"rank": r["rank"], "samples": r["seen_count"], "stats": r["stats"]})
+    dup, missing, unknown = cov["duplicates"], cov["missing"], cov["unknown"]  # the first 20 of each
+    report["coverage"] = {**cov, "per_rank": per_rank}
+    check("no_duplicates", not dup, f"{cov['n_duplicates']} sample(s) seen more than once"
+          + (f", e.g. {dup[:3]}" if dup else ""))
     if kind == "wds":  # what FastGen's loader (partial=False) leaves out of each pass at this batch size
         from shardsmith.verify.accounting import fastgen_partial
 
@@ -330,33 +338,39 @@ def mode_of(preset: str | None) -> str | None:
     return get_preset(preset).mode
 
 
-def members_check(dataset: Path, cfg, ignore: dict[str, list[str]], check, mode: str | None) -> None:
+class MembersCheck:
     """Check ``members``: every sample (less ``ignore_index.json``) holds each ``key_map`` member that no
     ``files_map`` / ``presets_map`` constant stands in for; the loader drops a sample lacking one
     (``missing:<suffix>``). Names the samples and members (a partner a mode's samples need, e.g. a
-    lost ``ref_latent.pth``). Reads the shard listings ``expected_wds`` cached: no data."""
-    from shardsmith.loaders.shard_reader import list_shards, shard_samples
+    lost ``ref_latent.pth``). Fed shard by shard (``visit``, from ``ExpectedWds.scan``'s one pass over
+    the headers: no data); keeps a count and the first lacking samples, not a list per sample."""
 
-    optional = set(cfg.files_map) | set(cfg.presets_map)
-    need = {k: v for k, v in cfg.key_map.items() if k not in optional}
-    lacking: list[str] = []
-    n = 0
-    for shard in list_shards(dataset):
-        skip = set(ignore.get(shard, ()))
-        for key, members in shard_samples(dataset / shard):
-            if key in skip:
-                continue
-            n += 1
-            gone = [f"{suffix} ({bkey})" for bkey, suffix in need.items() if suffix not in members]
+    SHOWN = 5
+
+    def __init__(self, cfg, mode: str | None):
+        optional = set(cfg.files_map) | set(cfg.presets_map)
+        self.need = {k: v for k, v in cfg.key_map.items() if k not in optional}
+        self.mode = mode
+        self.n = self.n_lacking = 0
+        self.lacking: list[str] = []
+
+    def visit(self, shard: str, samples) -> None:
+        for key, members in samples:
+            self.n += 1
+            gone = [f"{suffix} ({bkey})" for bkey, suffix in self.need.items() if suffix not in members]
             if gone:
-                lacking.append(f"{shard}/{key} has no {', '.join(gone)}")
-    what = f"mode {mode}'s key_map" if mode else "key_map"
-    km = ", ".join(f"{k}={v}" for k, v in need.items())
-    if lacking:
-        check("members", False, f"{len(lacking)} of {n} sample(s) lack a member of the {what} ({km}), so the loader "
-              f"drops them: " + "; ".join(lacking[:5]) + ("; ..." if len(lacking) > 5 else ""))
-    else:
-        check("members", True, f"each of the {n} sample(s) has every member of the {what} ({km})")
+                self.n_lacking += 1
+                if len(self.lacking) < self.SHOWN:
+                    self.lacking.append(f"{shard}/{key} has no {', '.join(gone)}")
+
+    def report(self, check) -> None:
+        what = f"mode {self.mode}'s key_map" if self.mode else "key_map"
+        km = ", ".join(f"{k}={v}" for k, v in self.need.items())
+        if self.n_lacking:
+            check("members", False, f"{self.n_lacking} of {self.n} sample(s) lack a member of the {what} ({km}), so "
+                  f"the loader drops them: " + "; ".join(self.lacking) + ("; ..." if self.n_lacking > self.SHOWN else ""))
+        else:
+            check("members", True, f"each of the {self.n} sample(s) has every member of the {what} ({km})")
 
 
 def _unfinished_report(dataset: Path, why: str, world: int, workers: int, batch_size: int,
