@@ -5,7 +5,7 @@ Contract: :func:`planned` opens the recipe's sources and runs :func:`~shardsmith
 included) into a :meth:`~shardsmith.plan.ledger.Ledger.temporary` ledger and yields it with the
 sources' :class:`~shardsmith.records.SourceInfo`. That ledger has no file name (nothing appears
 in any folder, a scanned one included), keeps host memory bounded (SQLite spills it to an
-unlinked file as it grows) and is gone when the block ends, whatever happened. Every item is
+unlinked file as it grows; its page cache and sorter memory are capped at ``CACHE_KIB``) and is gone when the block ends, whatever happened. Every item is
 planned, whatever ``one_sample`` says (scan describes all the data).
 """
 
@@ -20,6 +20,9 @@ from shardsmith.plan.planner import make_plan
 from shardsmith.recipe import Recipe
 from shardsmith.records import SourceInfo
 from shardsmith.sources import open_sources
+
+
+CACHE_KIB = 256  # the throwaway ledger's SQLite page cache (and sorter memory) in KiB
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ def planned(recipe: Recipe, progress=None) -> Iterator[DryRun]:
 
     opened = open_sources(recipe)
     ledger = Ledger.temporary()
+    # SQLite's page cache and its sorter's in-memory runs (GROUP BY / ORDER BY without an index) are
+    # each allowed up to cache_size (2 MiB by default), filled only by a large plan: keep them small
+    ledger.db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
     progress = progress or Progress(quiet=True)
     try:
         with progress.task("plan", total=None) as tick:
