@@ -64,3 +64,80 @@ def test_build_peak_rss_does_not_grow_with_items(tmp_path):
     grew = statistics.median(peaks[LARGE]) - statistics.median(peaks[SMALL])
     assert grew <= MARGIN_KIB, (f"the build's main process grew {grew} KiB from {SMALL} to {LARGE} items "
                                 f"(peaks in KiB: {peaks}); it must not hold per-item state")
+
+
+# --- verify and scan: their main process keeps no per-item state either --------------------------------
+
+CLI_CHILD = r"""
+import atexit, os, sys
+def peak():
+    hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+    os.write(2, f"VmHWM_KIB {hwm}\n".encode())
+atexit.register(peak)
+sys.argv = ["shardsmith", *sys.argv[1:]]
+from shardsmith.cli import app
+app()
+"""
+
+VERIFY_MARGIN_KIB = 1_600  # before the fix verify grew ~6500 KiB from 2k to 20k items (~370 B per item)
+SCAN_MARGIN_KIB = 900  # before the fix scan grew ~1300 KiB (~70 B per item), after it ~560 KiB
+
+
+def _cli_peak_kib(*args: str) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, "-c", CLI_CHILD, *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("VmHWM_KIB ")][-1]
+    return int(line.split()[1]), p.stdout
+
+
+def _two_sets(tmp_path):
+    large = tmp_path / "large"
+    _tiny_pngs(large, LARGE)
+    small = tmp_path / "small"
+    small.mkdir()
+    for name in sorted(os.listdir(large))[:SMALL]:
+        os.link(large / name, small / name)
+    return {SMALL: small, LARGE: large}
+
+
+def _growth_kib(targets: dict[int, object], command: str, check_out) -> tuple[float, dict]:
+    """Main-process peaks of ``shardsmith COMMAND TARGET --quiet`` at both sizes, interleaved, two each."""
+    peaks: dict[int, list[int]] = {SMALL: [], LARGE: []}
+    for r in range(2):
+        for n in (SMALL, LARGE) if r == 0 else (LARGE, SMALL):
+            kib, out = _cli_peak_kib(command, str(targets[n]), "--quiet")
+            check_out(n, out)
+            peaks[n].append(kib)
+    return statistics.median(peaks[LARGE]) - statistics.median(peaks[SMALL]), peaks
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_verify_peak_rss_does_not_grow_with_items(tmp_path):
+    from shardsmith.build import build
+    from shardsmith.recipe import recipe_from_dict
+
+    targets = {}
+    for n, src in _two_sets(tmp_path).items():
+        recipe = recipe_from_dict({"sources": [{"path": str(src)}],
+                                   "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 1000}]})
+        build(recipe, tmp_path / f"ds_{n}", quiet=True, workers=2)
+        targets[n] = tmp_path / f"ds_{n}" / "wds"
+
+    def seen_all(n, out):
+        assert f"{n} of {n} samples seen exactly once" in out, out[-2000:]
+
+    grew, peaks = _growth_kib(targets, "verify", seen_all)
+    assert grew <= VERIFY_MARGIN_KIB, (f"verify's main process grew {grew} KiB from {SMALL} to {LARGE} samples "
+                                       f"(peaks in KiB: {peaks}); it must not hold per-sample state")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_scan_peak_rss_does_not_grow_with_items(tmp_path):
+    def counted(n, out):
+        assert f"{n} item(s)" in out.splitlines()[0], out[:500]
+
+    grew, peaks = _growth_kib(_two_sets(tmp_path), "scan", counted)
+    assert grew <= SCAN_MARGIN_KIB, (f"scan's main process grew {grew} KiB from {SMALL} to {LARGE} items "
+                                     f"(peaks in KiB: {peaks}); it must not hold per-item state")
