@@ -1,4 +1,4 @@
-"""Benchmark: peak RSS of a shardsmith build as the item count grows (goal: 200k/2k <= 1.05, issue 24).
+"""Benchmark: peak RSS of a shardsmith build, verify and scan as the item count grows (goal: 200k/2k <= 1.05, issue 24).
 
 Every build runs in a fresh interpreter (``python -c``) that builds a folder of small real
 JPEGs (32..64 px sides) into a fresh output folder and reports
@@ -10,6 +10,12 @@ is reported.
 
     /work/venv/bin/python bench/rss.py --sizes 2000,50000 --repeats 3 --workers 1,2
     python bench/rss.py --tiny --sizes 2000,50000,200000 --repeats 3 --workers 2   # issue 24
+    python bench/rss.py --tiny --sizes 2000,50000,200000 --repeats 3 --commands verify,scan
+
+``--commands verify,scan``: the CLI's ``shardsmith verify DATASET --quiet`` (world 2 x workers 2, on
+the wds dataset one untimed build made of each set) and ``shardsmith scan SET --quiet``, each in a
+fresh interpreter that reports its own ``VmHWM`` and ``ru_maxrss`` at exit (the main process; verify's
+ranks and their workers are its children), interleaved and the median of the repeats as for build.
 
 ``--tiny``: distinct 8x8 random-pixel PNGs instead of photos (200k in about a minute; the build's
 per-item cost, not its pixel work, is what grows the parent).
@@ -82,6 +88,21 @@ print(json.dumps({"self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                   "after_import_kib": after_import, "seconds": dt, "written": written}))
 """
 
+# one CLI command (sys.argv[1:]) in this interpreter; its peaks are printed to stderr at exit
+CLI_CHILD = r"""
+import atexit, json, os, resource, sys, time
+t0 = time.perf_counter()
+def peaks():
+    hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+    os.write(2, ("PEAKS " + json.dumps({"self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                 "self_hwm_kib": hwm, "children_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+                 "seconds": time.perf_counter() - t0}) + "\n").encode())
+atexit.register(peaks)
+sys.argv = ["shardsmith", *sys.argv[1:]]
+from shardsmith.cli import app
+app()
+"""
+
 IMPORT_ONLY = r"""
 import json, resource
 import shardsmith.build, shardsmith.recipe
@@ -111,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-side", type=int, default=32)
     ap.add_argument("--max-side", type=int, default=64)
     ap.add_argument("--tiny", action="store_true", help="8x8 random-pixel PNGs (fast to make and build)")
+    ap.add_argument("--commands", default="build", help="build, verify, scan (comma separated)")
     args = ap.parse_args(argv)
     tmp = None
     if args.work is None:
@@ -140,6 +162,13 @@ def _bench(args, work: Path) -> int:
     subprocess.run([sys.executable, "-c", GEN, str(BENCH), str(work), str(big), str(lo),
                     str(hi), ",".join(map(str, sizes))], check=True)
     dirs = {n: work / f"set_{n}" for n in sizes}
+    commands = args.commands.split(",")
+    cli_rows = [row for c in commands if c != "build" for row in _bench_cli(args, work, dirs, sizes, c)]
+    if "build" not in commands:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": info, "sizes": sizes, "repeats": args.repeats,
+                                                   "cli_rows": cli_rows}, indent=2))
+        return 0
     base_imp = [run_child(IMPORT_ONLY)["self_kib"] for _ in range(args.repeats)]
     imp = statistics.median(base_imp)
     print(f"# import-only interpreter peak RSS: {mib(imp)} MiB (median of {len(base_imp)}); "
@@ -192,8 +221,60 @@ def _bench(args, work: Path) -> int:
     print(f"import-only interpreter: {mib(imp)} MiB. Goal: ratio (largest/smallest) <= 1.05 (issue 24).")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "sizes": sizes, "repeats": args.repeats,
-                                               "import_only_kib": base_imp, "rows": summary}, indent=2))
+                                               "import_only_kib": base_imp, "rows": summary,
+                                               "cli_rows": cli_rows}, indent=2))
     return 0
+
+
+def run_cli(*args: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", CLI_CHILD, *args], capture_output=True, text=True)
+    got = [ln for ln in p.stderr.splitlines() if ln.startswith("PEAKS ")]
+    if p.returncode != 0 or not got:
+        raise SystemExit(f"shardsmith {' '.join(args)} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-4000:]}")
+    cov = [ln.strip() for ln in p.stdout.splitlines() if "] coverage:" in ln]
+    return {**json.loads(got[-1][6:]), "coverage": cov[0] if cov else ""}
+
+
+def _bench_cli(args, work: Path, dirs: dict[int, Path], sizes: list[int], command: str) -> list[dict]:
+    """``shardsmith verify`` / ``scan`` at each size: main-process peak, median of the repeats."""
+    targets = {}
+    for n in sizes:
+        if command == "verify":  # the dataset to verify: one untimed build of the set
+            out = work / f"verify_{n}"
+            if not (out / "wds" / "shard_count.json").is_file():
+                shutil.rmtree(out, ignore_errors=True)
+                run_child(CHILD, str(dirs[n]), str(out), "2")
+            targets[n] = out / "wds"
+        else:
+            targets[n] = dirs[n]
+    res: dict[int, list[dict]] = {n: [] for n in sizes}
+    for r in range(args.repeats):
+        for n in (sizes if r % 2 == 0 else list(reversed(sizes))):
+            d = run_cli(command, str(targets[n]), "--quiet")
+            if command == "verify" and f"{n} of {n} samples seen exactly once" not in d["coverage"]:
+                raise SystemExit(f"verify n={n}: {d['coverage']!r}")
+            res[n].append(d)
+            print(f"# {command} repeat {r + 1}/{args.repeats} n={n:>6}: main {mib(d['self_kib'])} MiB "
+                  f"(VmHWM {mib(d['self_hwm_kib'])}), largest child {mib(d['children_kib'])} MiB, "
+                  f"{d['seconds']:.1f} s", flush=True)
+    ref = sizes[0]
+    p_ref = statistics.median(d["self_hwm_kib"] for d in res[ref])
+    print()
+    print(f"{command}: main-process peak (VmHWM), median of {args.repeats}; ratio = value at n / value at n={ref}")
+    print()
+    print("| command | n | main peak MiB | ratio | bytes per item above n=" + str(ref) + " | largest child MiB | s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for n in sizes:
+        p = statistics.median(d["self_hwm_kib"] for d in res[n])
+        c = statistics.median(d["children_kib"] for d in res[n])
+        s = statistics.median(d["seconds"] for d in res[n])
+        per = (p - p_ref) * 1024 / (n - ref) if n != ref else 0.0
+        rows.append({"command": command, "n": n, "main_hwm_kib": p, "ratio": p / p_ref, "bytes_per_item": per,
+                     "child_kib": c, "seconds": s, "raw": res[n]})
+        print(f"| {command} | {n} | {mib(p)} | {p / p_ref:.3f} | {per:.1f} | {mib(c)} | {s:.1f} |")
+    print()
+    return rows
 
 
 if __name__ == "__main__":
