@@ -48,15 +48,21 @@ def _peak_kib(src, out) -> int:
     return d["hwm_kib"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
-def test_build_peak_rss_does_not_grow_with_items(tmp_path):
+def _two_sets(tmp_path):
     large = tmp_path / "large"
     _tiny_pngs(large, LARGE)
     small = tmp_path / "small"
     small.mkdir()
     for name in sorted(os.listdir(large))[:SMALL]:
         os.link(large / name, small / name)
+    return {SMALL: small, LARGE: large}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_build_peak_rss_does_not_grow_with_items(tmp_path):
+    sets = _two_sets(tmp_path)
+    small, large = sets[SMALL], sets[LARGE]
     peaks: dict[int, list[int]] = {SMALL: [], LARGE: []}
     for r in range(2):
         for n, src in ((SMALL, small), (LARGE, large)) if r == 0 else ((LARGE, large), (SMALL, small)):
@@ -88,16 +94,6 @@ def _cli_peak_kib(*args: str) -> tuple[int, str]:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     line = [ln for ln in p.stderr.splitlines() if ln.startswith("VmHWM_KIB ")][-1]
     return int(line.split()[1]), p.stdout
-
-
-def _two_sets(tmp_path):
-    large = tmp_path / "large"
-    _tiny_pngs(large, LARGE)
-    small = tmp_path / "small"
-    small.mkdir()
-    for name in sorted(os.listdir(large))[:SMALL]:
-        os.link(large / name, small / name)
-    return {SMALL: small, LARGE: large}
 
 
 def _growth_kib(targets: dict[int, object], command: str, check_out) -> tuple[float, dict]:
