@@ -248,13 +248,13 @@ def test_cpu_draft_decodes_large_photos_at_a_dct_scale_close_to_the_full_decode(
     draft = LatentPixelMaker(parse_buckets(["128x128x1", "256x256x1"]), ImageRules(), decoder="cpu-draft")
     for bucket in ("128x128x1",):
         for p in [*paths, rotated]:
-            assert draft._draft(_item(p), p.read_bytes()) is not None
+            assert draft.jpeg_header(_item(p), p.read_bytes()).draft is not None
             a, b = full(_item(p)), draft(_item(p))
             assert a.status == b.status == "written" and a.info == b.info
             d = np.abs(a.pixels.astype(int) - b.pixels.astype(int))
             assert a.pixels.shape == b.pixels.shape and 0 < d.mean() < 1.5 and np.percentile(d, 99) <= 12
     only = LatentPixelMaker(parse_buckets(["512x512x1"]), ImageRules(), decoder="cpu-draft")
-    assert only._draft(_item(paths[1]), paths[1].read_bytes()) is None  # shrunk less than 4x: decoded in full
+    assert only.jpeg_header(_item(paths[1]), paths[1].read_bytes()).draft is None  # shrunk less than 4x: decoded in full
     exact = LatentPixelMaker(parse_buckets(["512x512x1"]), ImageRules())
     assert (only(_item(paths[1])).pixels == exact(_item(paths[1])).pixels).all()
 

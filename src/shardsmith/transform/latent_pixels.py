@@ -50,10 +50,12 @@ def no_audio(info: dict) -> str | None:
 
 
 @dataclass(frozen=True)
-class _Passed:
-    image: EncodedImage
+class _JpegHeader:
     geom: Geometry
-    source_size: tuple[int, int]
+    size: tuple[int, int]  # (w, h) upright
+    orientation: int  # EXIF 1..8
+    gpu_ok: bool
+    draft: tuple[int, int] | None  # the size to decode at (as stored), or None: in full
 
 
 class LatentPixelMaker:
@@ -101,16 +103,15 @@ class LatentPixelMaker:
             raise ItemError("no_image_bucket", f"{item.item_id} is an image but no bucket has 1 frame; add one "
                             "such as 512x512x1 to geometry.buckets", skip=True)
         data = read_checked(item)
-        frames = self._jpeg_pass(item, data) if self.gpu_jpeg else None
-        drafted = self._draft(item, data) if frames is None and self.draft else None
-        if frames is not None:
-            w, h = frames.source_size
-            geom = frames.geom
-            frames = frames.image
-        elif drafted is not None:
-            geom, (w, h), request = drafted
+        head = self.jpeg_header(item, data) if self.draft else None  # (cpu-draft and gpu read the header first)
+        if head is not None and self.gpu_jpeg and head.gpu_ok:  # decoded on the device (encode/gpu_decode.py)
+            (w, h), geom = head.size, head.geom
+            frames = EncodedImage(data, head.orientation, head.size, geom.resize, geom.crop, item.item_id,
+                                  self.rules.max_pixels, tuple(self.rules.background))
+        elif head is not None and head.draft is not None:
+            (w, h), geom = head.size, head.geom
             dec = decode_image(data, name=item.item_id, max_pixels=self.rules.max_pixels,
-                               background=self.rules.background, draft=request)
+                               background=self.rules.background, draft=head.draft)
             img = dec.image if dec.image.size == geom.resize else dec.image.resize(geom.resize, Image.BICUBIC)
             frames = np.asarray(img.crop(geom.crop))[None]
         else:
@@ -126,27 +127,14 @@ class LatentPixelMaker:
         res = SampleResult(idx=item.idx, status=WRITTEN, pixels=frames, info=info, detail=no_audio(info))
         return self._with_partners(item, geom, res, 1)
 
-    def _jpeg_pass(self, item: PlannedItem, data: bytes) -> "_Passed | None":
-        """A plain JPEG, undecoded, with its geometry (:mod:`~shardsmith.transform.jpeg_pass`); None when the
-        image must be decoded here (not a JPEG the GPU decoder takes as the CPU path would)."""
+    def jpeg_header(self, item: PlannedItem, data: bytes) -> "_JpegHeader | None":
+        """A JPEG's header read once (not decoded), with the item's geometry from its upright size; None for
+        other formats (decoded in full). ``gpu_ok``: the GPU decoder gives what the CPU path gives
+        (:func:`~shardsmith.transform.jpeg_pass.gpu_refusal`); ``draft``: for a JPEG shrunk at least 4x, the
+        size (as stored) to decode at, as Pillow's ``thumbnail`` (``reducing_gap`` 2): the DCT scale keeps at
+        least twice the resize's size and the bicubic resize does the rest; else None."""
         from shardsmith.transform.image import identify
-        from shardsmith.transform.jpeg_pass import EncodedImage, exif_orientation, gpu_refusal, upright_size
-
-        img = identify(data, name=item.item_id, max_pixels=self.rules.max_pixels)
-        if gpu_refusal(img, data) is not None:
-            return None
-        o = exif_orientation(img)
-        w, h = upright_size(*img.size, o)
-        geom = self.image_geometry(item, w, h)
-        return _Passed(EncodedImage(data, o, (w, h), geom.resize, geom.crop, item.item_id, self.rules.max_pixels,
-                                    tuple(self.rules.background)), geom, (w, h))
-
-    def _draft(self, item: PlannedItem, data: bytes) -> tuple[Geometry, tuple[int, int], tuple[int, int]] | None:
-        """For a JPEG shrunk at least 4x by its geometry: ``(geometry, upright size, draft request as
-        stored)``; else None (decoded in full). As Pillow's ``thumbnail`` (``reducing_gap`` 2), the DCT
-        scale keeps at least twice the resize's size, and the bicubic resize does the rest."""
-        from shardsmith.transform.image import identify
-        from shardsmith.transform.jpeg_pass import exif_orientation, upright_size
+        from shardsmith.transform.jpeg_pass import exif_orientation, gpu_refusal, upright_size
 
         img = identify(data, name=item.item_id, max_pixels=self.rules.max_pixels)
         if img.format != "JPEG":
@@ -155,9 +143,9 @@ class LatentPixelMaker:
         w, h = upright_size(*img.size, o)
         geom = self.image_geometry(item, w, h)
         rw, rh = geom.resize
-        if rw * DRAFT_GAP * 2 > w or rh * DRAFT_GAP * 2 > h:
-            return None
-        return geom, (w, h), upright_size(rw * DRAFT_GAP, rh * DRAFT_GAP, o)
+        shrunk = rw * DRAFT_GAP * 2 <= w and rh * DRAFT_GAP * 2 <= h
+        return _JpegHeader(geom, (w, h), o, gpu_refusal(img, data) is None,
+                           upright_size(rw * DRAFT_GAP, rh * DRAFT_GAP, o) if shrunk else None)
 
     def image_geometry(self, item: PlannedItem, w: int, h: int) -> Geometry:
         """An image's one geometry decision from its upright size ``w`` x ``h``: the 1-frame
