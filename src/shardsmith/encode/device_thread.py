@@ -86,8 +86,8 @@ class DeviceThread:
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - base
         prov = enc.provenance
-        weights = prov.config_name and f"{prov.config_name}, {prov.weights}" or prov.weights
-        what = f"{getattr(enc.spec, 'family', prov.cls)} ({weights}{', ' + enc.spec.quantize if getattr(enc.spec, 'quantize', None) else ''}) {shape}"
+        labels = [prov.config_name, prov.weights, getattr(enc.spec, "quantize", None)]
+        what = f"{getattr(enc.spec, 'family', prov.cls)} ({', '.join(x for x in labels if x)}) {shape}"
         params = param_bytes(enc.model)
         mem = ModelMemory(name, what, self.batch_size, params, None if peak is None else params + peak, seconds)
         self.memory = [m for m in getattr(self, "memory", []) if (m.name, m.what) != (name, what)] + [mem]
