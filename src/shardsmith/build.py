@@ -218,6 +218,9 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         from shardsmith.encode.gpu_decode import settle
 
         recipe = settle(recipe, ledger, n_workers)  # images.decoder, as this build began (kept in the ledger)
+        from shardsmith.encode import offload
+
+        recipe = offload.settle(recipe, ledger)  # models.offload where no GPU must be asked (kept in the ledger)
         stale = remove_stale_tmp(root)
         if stale:
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")
@@ -282,7 +285,10 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     if needs_encoders(recipe):
         from shardsmith.encode.preload import ModelPreload
 
-        preload = ModelPreload(recipe).start()  # models load and warm up while the plan runs
+        from shardsmith.encode.offload import LEDGER_KEY, OffloadRun
+
+        run = OffloadRun(root, ledger.path, ledger.get_meta(LEDGER_KEY), ahead)  # models.offload: text-first
+        preload = ModelPreload(recipe).with_offload(run).start()  # models load and warm up while the plan runs
     with contextlib.ExitStack() as stack:
         # last out: the encode stage's device thread, once its queued batches are done
         stack.callback(lambda: ctx.stage is not None and ctx.stage.close())
@@ -323,6 +329,9 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     ledger.set_meta("complete", True)
     if ctx.memo is not None:  # every output is written: the kept encoder results are not needed
         ctx.memo.remove()
+    from shardsmith.encode.text_cache import remove_cache
+
+    remove_cache(root, ctx.stage)  # nor the text pass's embeddings (models.offload text-first)
     for line in summary(manifest):
         progress.say(line)
     return manifest
@@ -370,6 +379,7 @@ def _stage(ctx: BuildContext):
         ctx.timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for when first needed
         ctx.timings["load_models_overlapped_s"] = ctx.preload.seconds.get("load")
         ctx.stage.mark_start(ctx.outputs_started)
+        _offload_settled(ctx)
         if getattr(ctx.stage, "memory", None) and ctx.stage.device == "cuda":  # measured in the warm-up
             from shardsmith.encode.memory_plan import gpu_free_total, summary
 
@@ -379,6 +389,20 @@ def _stage(ctx: BuildContext):
             ctx.progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
                              "the latents are plumbing checks, not model-space data (labelled in the manifest)")
     return ctx.stage
+
+
+def _offload_settled(ctx: BuildContext) -> None:
+    """models.offload as the model loader settled it: kept in the ledger (a resumed build runs as it began)
+    and said on a GPU, or whenever the text encoder ran first."""
+    from shardsmith.encode.offload import LEDGER_KEY
+
+    decision = getattr(ctx.stage, "offload", None)
+    if decision is None:
+        return
+    if ctx.ledger.get_meta(LEDGER_KEY) is None:
+        ctx.ledger.set_meta(LEDGER_KEY, decision.record())
+    if ctx.stage.device == "cuda" or decision.mode == "text-first":
+        ctx.progress.say(("GPU memory: " if ctx.stage.device == "cuda" else "models: ") + decision.line())
 
 
 def loading_label(recipe: Recipe) -> str:
@@ -419,6 +443,8 @@ def _ahead_output(recipe: Recipe, root: Path):
     if recipe.distribute.gpus != 1:  # the workers claim units of a complete plan
         return None
     if recipe.audio_outputs():  # the audio preflight decodes planned items before the first one is made
+        return None
+    if recipe.models.offload == "text-first":  # the text pass reads every caption before the VAE loads
         return None
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
         return None

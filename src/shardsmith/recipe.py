@@ -42,6 +42,11 @@ def _on_off(value: Any) -> Any:
     return value
 
 
+def _off(value: Any) -> Any:
+    """A bare YAML ``off`` / ``no`` (read as False) means "off"."""
+    return "off" if value is False else value
+
+
 OnOffAuto = Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)]
 
 
@@ -434,6 +439,11 @@ class Models(_Strict):
     device: Annotated[str, Field(pattern=r"^(auto|cuda|cpu|cuda:\d+)$")] = Field(
         "auto", description="where the models run: 'auto' is the GPU when torch sees one, else the CPU; 'cuda' "
         "refuses to start without one; 'cuda:N' is visible GPU N (not part of the fingerprint)")
+    offload: Annotated[Literal["auto", "off", "text-first"], BeforeValidator(_off)] = Field(
+        "auto", description="text-first: every caption encoded first into a cache under .shardsmith/, the text "
+        "encoder freed, then the VAE loaded (for GPUs that cannot hold both); auto: text-first when the memory "
+        "plan says the two do not fit together but each fits alone, else off (not part of the fingerprint: the "
+        "bytes are the same)")
 
 
 def _durations(value: Any) -> Any:
@@ -889,7 +899,7 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
     return recipe_from_dict(data, base_dir=p.parent, origin=str(p))
 
 
-_NOT_FINGERPRINTED = {"workers": True, "distribute": True, "models": {"compile", "device"}}  # how to run
+_NOT_FINGERPRINTED = {"workers": True, "distribute": True, "models": {"compile", "device", "offload"}}  # how to run
 
 
 def canonical(recipe: Recipe) -> dict[str, Any]:

@@ -112,7 +112,8 @@ class DeviceThread:
                 info["shapes"].append(str(b))
                 if stopped():
                     break
-            if self.text_encoder is not None and not stopped():
+            # (a text encoder answered from the text pass's cache, models.offload text-first, has no model to warm)
+            if getattr(self.text_encoder, "model", None) is not None and not stopped():
                 spec = self.text_encoder.spec  # a batch of prompts as long as the encoder takes
                 prompts = [" ".join(["warm-up"] * spec.max_length)] * self.batch_size
                 base = self._peak_start()

@@ -118,11 +118,20 @@ def gpu_free_total(device_index: int | None = None) -> tuple[int | None, int | N
     return free + torch.cuda.memory_reserved(device_index), total
 
 
-def memory_block(models: list[ModelMemory], measured_peak: int | None) -> dict:
-    """The manifest's ``models.memory``: each model's figures, the peak predicted for the run (every
-    model's weights resident, plus the largest batch's activations) and the peak measured over the run."""
+def _together(models: list[ModelMemory]) -> int | None:
     acts = [m.peak_bytes - m.param_bytes for m in models if m.peak_bytes is not None]
     weights = sum({m.name: m.param_bytes for m in models}.values())
+    return weights + max(acts) if acts else None
+
+
+def memory_block(models: list[ModelMemory], measured_peak: int | None, apart: tuple[str, ...] = ()) -> dict:
+    """The manifest's ``models.memory``: each model's figures, the peak predicted for the run (every
+    model's weights resident, plus the largest batch's activations; a model named in ``apart`` ran alone,
+    before the others were loaded: the larger of its peak and theirs) and the peak measured over the run
+    (from the first batch: a model that ran apart, before, is not in it)."""
+    parts = [_together([m for m in models if m.name not in apart])]
+    parts += [_together([m for m in models if m.name == name]) for name in apart]
+    known = [p for p in parts if p is not None]
     return {"models": [m.to_dict() for m in models],
-            "predicted_peak_bytes": weights + max(acts) if acts else None,
+            "predicted_peak_bytes": max(known) if known else None,
             "measured_peak_bytes": measured_peak}

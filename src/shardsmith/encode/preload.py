@@ -22,6 +22,7 @@ class ModelPreload:
         """``warm``: None (default) warms up on a GPU, or when ``models.compile`` is "on" (the
         compile then overlaps the plan); True always; False never."""
         self.recipe, self.warm = recipe, warm
+        self.offload = None
         self._planned = threading.Event()
         self._stage = None
         self._error: BaseException | None = None
@@ -32,6 +33,16 @@ class ModelPreload:
         # device thread (see pin_intra_op_threads)
         self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="shardsmith-model-preload", daemon=True)
+
+    def with_offload(self, run) -> "ModelPreload":
+        """Before :meth:`start`: the build's :class:`~shardsmith.encode.offload.OffloadRun`. ``models.offload`` is
+        then decided first, on the loading thread (``auto`` asks the GPU there, after the build's workers are
+        forked), and a ``text-first`` load runs the text pass once the plan is done (:meth:`planned`, or the
+        plan running ahead)."""
+        self.offload = run
+        if run.planned is None:
+            run.planned = self._planned
+        return self
 
     def start(self) -> "ModelPreload":
         self._thread.start()
@@ -45,7 +56,13 @@ class ModelPreload:
 
             pin_intra_op_threads(self._threads)
             t = time.perf_counter()
-            stage = EncodeStage.from_recipe(self.recipe)
+            decision = self.offload.decide_for(self.recipe) if self.offload is not None else None
+            if decision is not None and decision.mode == "text-first":
+                stage = EncodeStage.from_recipe(self.recipe, offload=self.offload)
+            else:
+                stage = EncodeStage.from_recipe(self.recipe)
+            if decision is not None and getattr(stage, "offload", None) is None:
+                stage.offload = decision
             self.seconds["load"] = round(time.perf_counter() - t, 3)
             if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
                 buckets = self.recipe.encode_buckets()  # geometry.buckets and each latent_zip's square

@@ -6,7 +6,10 @@ Contract
   ``models.device``; ``auto``: ``cuda`` when present, else CPU): the VAE only for a latent output
   (``recipe.LATENT_OUTPUTS``), the text encoder whenever ``models.text`` is set; with a VAE it
   validates the buckets against the loaded VAE's compression (errors name the nearest valid
-  values; ``precheck`` did the same from its config). Without a VAE (``vae`` None: e.g. a
+  values; ``precheck`` did the same from its config). With ``offload`` deciding ``text-first`` (a build's
+  ``models.offload``) the text encoder loads first, encodes every caption of the plan into the build's
+  text cache and is freed before the VAE is built; ``text`` then answers from that cache, bit for bit
+  what the encoder gave. Without a VAE (``vae`` None: e.g. a
   ``prompt_wds`` output alone) only ``text`` is usable.
 - ``latents(pixels)`` takes a list of uint8 ``[F, H, W, 3]`` arrays of ONE bucket and returns
   one latent per item: ``[C, F', H', W']`` for video VAEs, ``[C, H', W']`` for image VAEs.
@@ -51,6 +54,17 @@ from shardsmith.transform.buckets import parse_buckets, validate_buckets
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_S = 0.0001  # the interpreter's switch interval while a GPU stage exists (see from_recipe)
+
+
+def _load_text(t, place):
+    """``models.text`` loaded on ``place`` (quantised when asked)."""
+    text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
+                             dtype=t.dtype, device=place)
+    if t.quantize != "none":
+        from shardsmith.encode.quantize import quantize_text
+
+        quantize_text(text, t.quantize)
+    return text
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -99,7 +113,11 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self._copy_stream = None  # a GPU's host->device copies (made on first use)
 
     @classmethod
-    def from_recipe(cls, recipe) -> "EncodeStage":
+    def from_recipe(cls, recipe, offload=None) -> "EncodeStage":
+        """``offload``: an :class:`~shardsmith.encode.offload.OffloadRun` whose ``decided`` mode is
+        ``text-first``: the text encoder is loaded first, runs the text pass (:mod:`~shardsmith.encode.text_pass`)
+        and is freed before the VAE is built; the stage's text encoder is then the cache
+        (:class:`~shardsmith.encode.text_cache.CachedText`)."""
         m = recipe.models
         device = resolve_device(m.device, "models.device")
         place, index = device, None  # where the models go; cuda:N's N
@@ -107,7 +125,11 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             index, device = int(device.split(":", 1)[1]), "cuda"
             torch.cuda.set_device(index)  # this (loading) thread's streams and events; the others: bind_device
         if device == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed bucket shapes: let cuDNN pick its fastest kernels
+            # cuDNN's kernels by its heuristics, deterministic ones: the autotuner's choice varies from process
+            # to process (the LTX-2 VAE's latents then differ in their last bits between two runs, a resume or
+            # two --gpus workers); measured on the H200 it bought 0.1-0.4 % (BENCHMARKS.md §12)
+            torch.backends.cudnn.benchmark = False
+            torch.backends.cudnn.deterministic = True
             # the encoder thread releases and re-takes the GIL around each of a batch's hundreds of
             # kernel launches, and each time waits up to the interpreter's switch interval while the
             # main thread handles worker results: shorten it (default 5 ms)
@@ -120,6 +142,16 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             dlog.disable_progress_bar()
         except ImportError:  # pragma: no cover - both are dependencies of the encoders
             pass
+        text = decision = text_memory = None
+        text_oom = [0]
+        if offload is not None and offload.decided is not None and offload.decided.mode == "text-first" \
+                and m.text is not None:
+            from shardsmith.encode.offload import text_batch, with_pass
+            from shardsmith.encode.text_pass import text_first
+
+            text, counts, text_memory = text_first(lambda: _load_text(m.text, place), recipe, offload, device,
+                                                   text_batch(recipe, device), counter=text_oom)
+            decision = with_pass(offload.decided, counts)
         vae = None
         if m.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
             v = m.vae
@@ -128,15 +160,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
             if buckets:
                 validate_buckets(parse_buckets(buckets), vae.spec.spatial, vae.spec.temporal)
-        text = None
-        if m.text is not None:
-            t = m.text
-            text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
-                                     dtype=t.dtype, device=place)
-            if t.quantize != "none":
-                from shardsmith.encode.quantize import quantize_text
-
-                quantize_text(text, t.quantize)
+        if m.text is not None and text is None:
+            text = _load_text(m.text, place)
         audio_vae = None
         if recipe.audio_outputs():
             from shardsmith.encode.audio_vae import load_audio_vae
@@ -164,6 +189,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                     distill_seed=recipe.distill.seed if recipe.distill is not None else 0,
                     negative_prompt=recipe.distill.negative_prompt if recipe.distill is not None else "",
                     negative=negative)
+        if decision is not None:  # text-first: the pass's counts, halvings and memory
+            stage.offload, stage._text_oom = decision, text_oom
+            if text_memory is not None:
+                stage.memory = [text_memory]
         if vae is not None:  # the settled images.decoder (encode/gpu_decode.settle), named in the manifest
             from shardsmith.encode.gpu_decode import MANIFEST_NAMES
 
@@ -353,10 +382,14 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        offload = getattr(self, "offload", None)
         if getattr(self, "memory", None) and self.device == "cuda":  # measured in the warm-up (memory_plan.py)
             from shardsmith.encode.memory_plan import memory_block
 
-            d["memory"] = memory_block(self.memory, torch.cuda.max_memory_allocated())
+            apart = ("text",) if offload is not None and offload.mode == "text-first" else ()
+            d["memory"] = memory_block(self.memory, torch.cuda.max_memory_allocated(), apart=apart)
+        if offload is not None:  # models.offload as settled for this build (encode/offload.py)
+            d["offload"] = offload.to_dict()
         if getattr(self, "image_decoder", None):  # JPEGs decoded on the device (absent: on the CPU, by Pillow)
             d["image_decoder"] = self.image_decoder
         if getattr(self, "_text_oom", [0])[0]:  # text batches halved after running out of memory
