@@ -164,6 +164,9 @@ def test_text_first_writes_the_same_bytes_and_frees_the_text_encoder_before_the_
     assert plain["models"]["offload"]["mode"] == "off"
     assert m["models"]["text"] == plain["models"]["text"]  # the cache answers as that encoder (manifest, stamps)
     assert not (tmp_path / "tf" / ".shardsmith" / "text_cache").exists()  # removed once the build is complete
+    from shardsmith.manifest import model_lines
+
+    assert "text encoded first, then freed (models.offload text-first: 4 caption(s) encoded" in model_lines(m["models"])[0]
 
 
 @pytest.mark.slow

@@ -110,7 +110,8 @@ def summary(manifest: dict[str, Any]) -> list[str]:
 
 def model_lines(models: dict[str, Any] | None) -> list[str]:
     """One line on how the build ran its encoders: device and batch, the compile decision and why, the JPEG
-    decoder, when the first batch was done, the steady-state rate and the GPU's idle share, the GPU's peak."""
+    decoder, when the first batch was done, the steady-state rate and the GPU's idle share, the text pass of
+    ``models.offload`` text-first, the GPU's peak."""
     if not models or "device" not in models:
         return []
     parts = [f"encoders on {models['device']}, batch {models.get('batch_size')}"]
@@ -126,6 +127,11 @@ def model_lines(models: dict[str, Any] | None) -> list[str]:
         idle = (ss.get("gpu_idle") or {}).get("idle_frac")
         parts.append(f"{ss['items_per_s']:.1f} items/s in the steady state"
                      + (f", GPU idle {100 * idle:.1f} %" if idle is not None else ""))
+    off = models.get("offload") or {}
+    if off.get("mode") == "text-first":  # encode/offload.py: the text encoder ran alone, before the VAE loaded
+        tp = off.get("text_pass") or {}
+        parts.append(f"text encoded first, then freed (models.offload {off.get('setting')}: {tp.get('encoded', 0)} "
+                     f"caption(s) encoded, {tp.get('cached_before', 0)} kept from an earlier run)")
     peak = (models.get("memory") or {}).get("measured_peak_bytes")
     if peak:
         parts.append(f"GPU peak {peak / 2 ** 30:.2f} GiB")

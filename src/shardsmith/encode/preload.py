@@ -8,6 +8,8 @@ copy a process whose other threads hold CUDA or allocator locks), ``raise_if_fai
 planning (a model that cannot load stops the plan at once), ``planned()`` when the plan is done
 (warm-up stops after the bucket shape it is on), ``result()`` joins and returns the
 :class:`~shardsmith.encode.stage.EncodeStage`, re-raising any error of the load itself.
+``with_offload(run)`` (a build's ``models.offload``, before ``start()``): the decision is made first on the
+loading thread, and a ``text-first`` load runs the text pass once the plan is done.
 """
 
 from __future__ import annotations
