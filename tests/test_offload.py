@@ -66,6 +66,10 @@ def test_auto_is_off_when_both_fit_text_first_when_only_each_fits_and_refused_wh
     msg = str(err.value)
     assert "models.text" in msg and "23.50 GiB" in msg and "models.text.quantize: int8" in msg
     assert "models.vae" not in msg.split("does not fit")[0]
+    huge = decide("auto", text, _mem("vae", 2.3, 30.0), 23 * GIB)  # the VAE's activations are a guess and it
+    assert huge.mode == "text-first" and "fallback" in huge.reason  # tiles when out of memory: not refused
+    with pytest.raises(OffloadError, match=r"models.vae \(vae test: 21.00 GiB"):
+        decide("auto", _mem("text", 1, 0.1), _mem("vae", 21, 0.1), 23 * GIB)  # its weights: refused
     assert decide("auto", text, vae, None).mode == "off"  # no GPU
     assert decide("auto", None, vae, 23 * GIB).mode == "off"  # no estimate: as before, said why
     assert decide("text-first", None, None, None).mode == "text-first"  # an explicit setting is taken as set
@@ -167,6 +171,44 @@ def test_text_first_writes_the_same_bytes_and_frees_the_text_encoder_before_the_
     from shardsmith.manifest import model_lines
 
     assert "text encoded first, then freed (models.offload text-first: 4 caption(s) encoded" in model_lines(m["models"])[0]
+
+
+def test_padded_text_rows_give_the_prompts_alone():
+    import torch
+
+    from shardsmith.encode.text import load_text_encoder
+    from shardsmith.encode.text_memory import encode_halving
+
+    enc = load_text_encoder("gemma", config="tiny", max_length=16)
+    a = encode_halving(enc, ["a red fox", "snow"], rows=5)
+    b = enc.encode(["a red fox", "snow"])
+    assert a.emb.shape[0] == 2 and len(a.truncated) == 2 and torch.equal(a.mask, b.mask)
+    assert torch.allclose(a.emb, b.emb, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_text_first_on_padded_batches_as_on_a_gpu_writes_the_same_bytes(tmp_path, monkeypatch):
+    """On a GPU every text batch is padded to the stage's batch size (one shape: the same bits whatever the
+    batch-mates); the text pass pads its batches the same way."""
+    from shardsmith.build import build
+    from shardsmith.encode import text_memory
+    from shardsmith.encode.stage import EncodeStage
+
+    monkeypatch.setattr(EncodeStage, "pad_batches", True)
+    shapes = []
+    encode = text_memory.encode_halving
+
+    def spy(encoder, prompts, **kw):
+        shapes.append(len(prompts) if kw.get("rows") is None else max(len(prompts), kw["rows"]))
+        return encode(encoder, prompts, **kw)
+
+    for mod in ("shardsmith.encode.stage", "shardsmith.encode.caption_cache", "shardsmith.encode.text_pass"):
+        monkeypatch.setattr(f"{mod}.encode_halving", spy)
+    src = _data(tmp_path)
+    build(_recipe(src, "off"), tmp_path / "off", quiet=True, workers=2)
+    build(_recipe(src, "text-first"), tmp_path / "tf", quiet=True, workers=2)
+    assert shapes and set(shapes) == {2}  # models.batch_size 2: every text batch, both builds
+    assert _files(tmp_path / "tf") == _files(tmp_path / "off")
 
 
 @pytest.mark.slow

@@ -115,6 +115,11 @@ def vae_per_item(model, v, frames: int, height: int, width: int) -> int:
     return int(frames * height * width * channels / (patch * patch * patch_t) * _BYTES[v.dtype] * VAE_LIVE)
 
 
+def _named(m) -> str:
+    """The weights or config a person would name (a config given as a dict: "custom config")."""
+    return m.pretrained or (m.config if isinstance(m.config, str) else "custom config")
+
+
 def estimate(recipe, name: str, batch: int) -> ModelMemory | None:
     """``name`` (``text`` or ``vae``) of ``recipe.models`` at ``batch`` items, estimated (see the module)."""
     m = recipe.models
@@ -128,7 +133,7 @@ def estimate(recipe, name: str, batch: int) -> ModelMemory | None:
             weights = param_bytes(model)
             if t.quantize != "none":
                 weights = _quantized_bytes(model, weights)
-            per, what = text_per_item(model, t, length), f"{t.family} ({t.pretrained or t.config}) {length} tokens"
+            per, what = text_per_item(model, t, length), f"{t.family} ({_named(t)}) {length} tokens"
         else:
             from shardsmith.transform.buckets import parse_buckets
 
@@ -138,7 +143,7 @@ def estimate(recipe, name: str, batch: int) -> ModelMemory | None:
             buckets = parse_buckets(recipe.encode_buckets() or []) or []
             per = max((vae_per_item(model, v, b.frames, b.height, b.width) for b in buckets), default=0)
             big = max(buckets, key=lambda b: b.frames * b.height * b.width, default=None)
-            what = f"{v.family} ({v.pretrained or v.config})" + (f" @ {big}" if big is not None else "")
+            what = f"{v.family} ({_named(v)})" + (f" @ {big}" if big is not None else "")
     except Exception as exc:  # noqa: BLE001 - no estimate: the caller says so and runs as before
         log.info("no memory estimate for models.%s: %s: %s", name, type(exc).__name__, exc)
         return None

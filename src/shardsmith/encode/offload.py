@@ -8,9 +8,10 @@ Contract
 - :func:`decide(setting, text, vae, free)`: the arithmetic of ``auto`` on
   :class:`~shardsmith.encode.memory_plan.ModelMemory` estimates and the bytes free: ``off`` when every weight
   plus the larger model's activations at the build's batch fit :data:`~shardsmith.encode.memory_plan.HEADROOM`
-  of the free memory; ``text-first`` when they do not but each model, with one item, fits alone; an
-  :class:`OffloadError` (exit 2) naming the models, the bytes and what to set when one does not fit even
-  alone. No GPU (``free`` None) or no estimate: ``off``. ``off`` and ``text-first`` are taken as set.
+  of the free memory; else ``text-first``; an :class:`OffloadError` (exit 2) naming the models, the bytes and
+  what to set when one does not fit even alone: the text encoder with one prompt, or the VAE's weights (its
+  activation figure is a coarse guess, and it halves its batch and tiles when out of memory). No GPU
+  (``free`` None) or no estimate: ``off``. ``off`` and ``text-first`` are taken as set.
 - :func:`settle(recipe, ledger)` (the build, before its plan and its workers): the recipe the build runs,
   with ``models.offload`` settled where that needs no GPU query: a build with one of the two models (or on
   the CPU) is ``off``; ``text-first`` with ``distribute.gpus`` other than 1 is refused (exit 2), ``auto``
@@ -90,16 +91,19 @@ def decide(setting: str, text: ModelMemory | None, vae: ModelMemory | None, free
     figures = dict(free_bytes=free, together_bytes=together, text_bytes=alone_text, vae_bytes=alone_vae)
     if together <= usable:
         return OffloadDecision("off", setting, f"both fit: {_gib(together)} of {_gib(free)} free", **figures)
-    big = [(n, m, b) for n, m, b in (("text", text, alone_text), ("vae", vae, alone_vae)) if b > usable]
+    # refused on what is sure: the text encoder with one prompt (its activations are calibrated), the VAE's
+    # weights (its activation figure is a guess, and it halves its batch and tiles when out of memory)
+    big = [(n, m, b) for n, m, b in (("text", text, alone_text), ("vae", vae, vae.param_bytes)) if b > usable]
     if big:
-        names = " and ".join(f"models.{n} ({m.what}: {_gib(b)} with one item, weights {_gib(m.param_bytes)})"
-                             for n, m, b in big)
+        names = " and ".join(f"models.{n} ({m.what}: {_gib(b)}{' with one prompt' if n == 'text' else ''}, "
+                             f"weights {_gib(m.param_bytes)})" for n, m, b in big)
         raise OffloadError(
             f"models.offload auto: {names} does not fit the GPU's {_gib(free)} free ({HEADROOM:.0%} usable) even "
             "alone; set models.text.quantize: int8, models.text.dtype / models.vae.dtype: bfloat16, a smaller "
             "models.text.max_length or geometry.buckets, free the GPU of other work, or models.device: cpu")
+    tight = "" if alone_vae <= usable else "; the VAE may need its out-of-memory fallback (halved batch, tiling)"
     return OffloadDecision("text-first", setting, f"together {_gib(together)} > {HEADROOM:.0%} of {_gib(free)} free; "
-                           f"alone: text {_gib(alone_text)}, vae {_gib(alone_vae)}", **figures)
+                           f"alone: text {_gib(alone_text)}, vae {_gib(alone_vae)}{tight}", **figures)
 
 
 def needs_both(recipe) -> bool:
@@ -197,8 +201,14 @@ class OffloadRun:
 
 
 def text_batch(recipe, device: str) -> int:
-    """Prompts a text batch holds: ``models.batch_size``, else 32 on a GPU and 8 on the CPU."""
-    return recipe.models.batch_size or (32 if device.startswith("cuda") else 8)
+    """Prompts a text batch of the pass holds: the encode stage's batch size (``models.batch_size``, else its
+    default for the VAE's kind on ``device``), so that on a GPU the pass's padded batches have the stage's shape."""
+    from shardsmith.encode.stage import default_batch
+    from shardsmith.encode.vae_config import FAMILIES
+
+    vae = recipe.models.vae
+    video = vae is not None and FAMILIES[vae.family]["kind"] == "video_vae"
+    return recipe.models.batch_size or default_batch(video, "cuda" if device.startswith("cuda") else device)
 
 
 def with_pass(decision: OffloadDecision, counts: dict[str, Any]) -> OffloadDecision:

@@ -56,6 +56,11 @@ log = logging.getLogger(__name__)
 GIL_SWITCH_S = 0.0001  # the interpreter's switch interval while a GPU stage exists (see from_recipe)
 
 
+def default_batch(video: bool, device: str) -> int:
+    """``models.batch_size`` when unset: 2 video / 32 image items on a GPU, 1 / 8 on the CPU."""
+    return (2 if video else 32) if device == "cuda" else (1 if video else 8)
+
+
 def _load_text(t, place):
     """``models.text`` loaded on ``place`` (quantised when asked)."""
     text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
@@ -98,8 +103,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self._compile_pending: dict[str, Any] | None = None  # set between compile() and its first batch
         self.launched = 0  # items started so far (written by the encoder thread only)
         self._target: int | None = None  # ``launched`` once every expected item is started (expect())
-        video = vae is not None and vae.spec.kind == "video_vae"
-        self.batch_size = batch_size or ((2 if video else 32) if device == "cuda" else (1 if video else 8))
+        self.batch_size = batch_size or default_batch(vae is not None and vae.spec.kind == "video_vae", device)
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
         self._text_oom = [0]  # text batches halved after running out of memory (encode/text_memory.py)
@@ -206,6 +210,11 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         if index is not None and torch.cuda.current_device() != index:
             torch.cuda.set_device(index)
 
+    def text_rows(self) -> int | None:
+        """Rows of every text batch where batches are padded (:meth:`pads`: on a GPU): ``batch_size``;
+        else None (any number)."""
+        return self.batch_size if self.pads() else None
+
     # ---------------------------------------------------------------- pixels -> latents
     def encode_staged(self, host: torch.Tensor, n: int | None = None) -> list[torch.Tensor]:
         """Latents of a staged batch (its first ``n`` items: the rest is padding)."""
@@ -281,7 +290,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             if todo:  # tokenised here, while the device runs the VAE batch just queued
                 t0 = time.perf_counter()
                 pend.text_emb = encode_halving(self.text_encoder, todo, device="cpu", non_blocking=True,
-                                               counter=getattr(self, "_text_oom", None))
+                                               counter=getattr(self, "_text_oom", None), rows=self.text_rows())
                 self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
         if self.device == "cuda":
             pend.done_event = torch.cuda.Event(enable_timing=True)

@@ -7,6 +7,10 @@ Contract
   encoder whose prompts do not see each other (every family here). ``retries`` counts the halvings.
 - One prompt that still does not fit is a :class:`TextMemoryError` naming the model, the memory the
   failed allocation asked for, the model's own size and what to set; never a traceback.
+- ``rows=R`` (a GPU stage: :meth:`~shardsmith.encode.staging.HostStaging.pads`): fewer prompts than ``R``
+  are padded with ``""`` to ``R`` and the result cut back, so every text batch has one shape and a prompt's
+  embedding does not depend on its batch-mates (on CUDA a GEMM of another shape may round differently);
+  the text pass of ``models.offload: text-first`` and the stage then give the same bits.
 """
 
 from __future__ import annotations
@@ -47,7 +51,15 @@ def _model_bytes(encoder) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
 
 
-def encode_halving(encoder, prompts: list[str], *, counter: list[int] | None = None, **kw):
+def _cut(te, n: int):
+    """The first ``n`` prompts of a batch of :class:`~shardsmith.encode.text.TextEmbeddings`."""
+    return replace(te, **{f.name: getattr(te, f.name)[:n] for f in fields(te) if getattr(te, f.name) is not None})
+
+
+def encode_halving(encoder, prompts: list[str], *, counter: list[int] | None = None, rows: int | None = None, **kw):
+    if rows is not None and 0 < len(prompts) < rows:
+        n = len(prompts)
+        return _cut(encode_halving(encoder, list(prompts) + [""] * (rows - n), counter=counter, **kw), n)
     try:
         return encoder.encode(prompts, **kw)
     except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried

@@ -10,7 +10,8 @@ Contract
   the plan incomplete is an error: the build stopped).
 - :func:`text_first(load, recipe, run, decision, device, batch)`: loads the text encoder (``load()``), encodes
   every caption of :func:`plan_captions` not already in the cache (a resumed build encodes only what it
-  lacks), in batches of ``batch`` distinct captions (out of memory: halved, ``text_memory``), frees the
+  lacks), in batches of ``batch`` distinct captions (on a GPU padded to ``batch`` rows, the stage's text
+  batch shape: the same bits; out of memory: halved, ``text_memory``), frees the
   encoder (its last reference, ``gc``, the CUDA cache) and returns ``(CachedText, counts, memory)``:
   ``counts`` (captions read, distinct captions encoded now, entries the cache held before and after, seconds) and the text encoder's
   :class:`~shardsmith.encode.memory_plan.ModelMemory` (its peak measured on a GPU).
@@ -88,7 +89,8 @@ def _identity(enc) -> dict[str, Any]:
     return model_identity({"spec": enc.spec.to_dict(), "provenance": prov})
 
 
-def _fill(enc, cache: TextCache, captions: Iterator[str], batch: int, counter: list[int]) -> dict[str, int]:
+def _fill(enc, cache: TextCache, captions: Iterator[str], batch: int, counter: list[int],
+          rows: int | None) -> dict[str, int]:
     read = encoded = 0
     window: list[str] = []
 
@@ -96,7 +98,7 @@ def _fill(enc, cache: TextCache, captions: Iterator[str], batch: int, counter: l
         todo = cache.missing(window)
         for i in range(0, len(todo), batch):
             chunk = todo[i:i + batch]
-            cache.put(chunk, encode_halving(enc, chunk, device="cpu", counter=counter))
+            cache.put(chunk, encode_halving(enc, chunk, device="cpu", counter=counter, rows=rows))
         cache.flush()  # committed before the next window asks what is missing
         return len(todo)
 
@@ -124,7 +126,12 @@ def text_first(load: Callable[[], Any], recipe, run, device: str, batch: int,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    counts = _fill(enc, cache, plan_captions(recipe, run), max(1, batch), counter if counter is not None else [0])
+    from shardsmith.encode.stage import EncodeStage
+
+    pads = EncodeStage.pad_batches  # padded to the stage's text batch shape where the stage pads (pads())
+    rows = batch if (device == "cuda" if pads is None else pads) else None
+    counts = _fill(enc, cache, plan_captions(recipe, run), max(1, batch), counter if counter is not None else [0],
+                   rows)
     peak = None
     if device == "cuda":
         torch.cuda.synchronize()
