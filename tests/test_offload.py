@@ -21,7 +21,8 @@ CAPTIONS = ["a red fox", "a red fox", "snow on a hill", "", "a harbour at dusk",
 
 
 def _mem(name: str, weights_gib: float, per_item_gib: float, batch: int = 2) -> ModelMemory:
-    return ModelMemory(name, f"{name} test", batch, int(weights_gib * GIB), int((weights_gib + batch * per_item_gib) * GIB))
+    return ModelMemory(name, f"{name} test", batch, int(weights_gib * GIB),
+                       int((weights_gib + batch * per_item_gib) * GIB))
 
 
 def _data(tmp_path: Path) -> Path:
@@ -170,7 +171,8 @@ def test_text_first_writes_the_same_bytes_and_frees_the_text_encoder_before_the_
     assert not (tmp_path / "tf" / ".shardsmith" / "text_cache").exists()  # removed once the build is complete
     from shardsmith.manifest import model_lines
 
-    assert "text encoded first, then freed (models.offload text-first: 4 caption(s) encoded" in model_lines(m["models"])[0]
+    line = model_lines(m["models"])[0]
+    assert "text encoded first, then freed (models.offload text-first: 4 caption(s) encoded" in line
 
 
 def test_padded_text_rows_give_the_prompts_alone():
@@ -262,7 +264,8 @@ def test_the_cache_gives_back_the_bits_it_was_given(tmp_path):
     cache.flush()
     assert cache.missing(["x", "w", "z"]) == ["w"]
     got = CachedText(None, None, cache).encode(["z", "x", "z"])
-    assert torch.equal(got.emb, emb[[2, 0, 2]]) and got.emb.dtype == torch.bfloat16 and torch.equal(got.mask, mask[[2, 0, 2]])
+    assert torch.equal(got.emb, emb[[2, 0, 2]]) and got.emb.dtype == torch.bfloat16
+    assert torch.equal(got.mask, mask[[2, 0, 2]])
     with pytest.raises(TextCacheMiss, match="did not encode"):
         cache.get(["never"])
     cache.close()

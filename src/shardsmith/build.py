@@ -287,7 +287,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
 
         from shardsmith.encode.offload import LEDGER_KEY, OffloadRun
 
-        run = OffloadRun(root, ledger.path, ledger.get_meta(LEDGER_KEY), ahead)  # models.offload: text-first
+        run = OffloadRun(root, ledger.path, ledger.get_meta(LEDGER_KEY), ahead, progress=progress)  # models.offload
         preload = ModelPreload(recipe).with_offload(run).start()  # models load and warm up while the plan runs
     with contextlib.ExitStack() as stack:
         # last out: the encode stage's device thread, once its queued batches are done

@@ -13,7 +13,9 @@ Contract
   (BENCHMARKS.md section 11: Gemma 3 published, 1,024 tokens, bf16, 75 MiB a prompt measured), plus every
   layer's hidden states in float32 for the encoders that average or stack them (``gemma`` mean_all,
   ``ltx2``); VAE: the first block's activation (``frames x height x width x`` its channels, over the patch
-  size; Wan's VAE holds :data:`WAN_CHUNK` frames at once) ``x dtype bytes x`` :data:`VAE_LIVE` (not calibrated on a GPU: an upper-side guess).
+  size; Wan's VAE holds :data:`WAN_CHUNK` frames at once) ``x dtype bytes x`` :data:`VAE_LIVE` (on the H200
+  for SD's VAE at 256x256, bf16: 100.7 MB an item estimated, 101.1 MB measured; no video VAE measured: a
+  coarse figure there).
 """
 
 from __future__ import annotations

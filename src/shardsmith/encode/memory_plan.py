@@ -128,7 +128,7 @@ def memory_block(models: list[ModelMemory], measured_peak: int | None, apart: tu
     """The manifest's ``models.memory``: each model's figures, the peak predicted for the run (every
     model's weights resident, plus the largest batch's activations; a model named in ``apart`` ran alone,
     before the others were loaded: the larger of its peak and theirs) and the peak measured over the run
-    (from the first batch: a model that ran apart, before, is not in it)."""
+    (the caller's: the stage gives the larger of the batches' peak and the peak a model apart measured)."""
     parts = [_together([m for m in models if m.name not in apart])]
     parts += [_together([m for m in models if m.name == name]) for name in apart]
     known = [p for p in parts if p is not None]

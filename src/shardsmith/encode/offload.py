@@ -19,7 +19,7 @@ Contract
   taken as set: the bytes are the same either way). What is settled is kept in the ledger; an ``auto`` left
   for the GPU is decided by the model loader (:class:`OffloadRun`) and kept when the models are first used.
 - :class:`OffloadRun`: what the model loader needs for it: the build folder, its ledger, the decision kept,
-  the plan running ahead (if any) and the event that says the plan is done.
+  the plan running ahead (if any), the event that says the plan is done and the build's progress display.
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ class OffloadRun:
     planned: threading.Event | None = None  # set once the plan is done (or the build no longer waits for it)
 
     decided: OffloadDecision | None = None  # set by decide_for, read by the model loader
+    progress: Any = None  # the build's Progress: the text pass shows its count there
 
     def decide_for(self, recipe) -> OffloadDecision:
         """:meth:`decision` on ``models.device`` at the encode stage's text batch; kept in ``decided``."""

@@ -396,7 +396,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             from shardsmith.encode.memory_plan import memory_block
 
             apart = ("text",) if offload is not None and offload.mode == "text-first" else ()
-            d["memory"] = memory_block(self.memory, torch.cuda.max_memory_allocated(), apart=apart)
+            measured = max([torch.cuda.max_memory_allocated()]  # the text pass's peak too, measured before
+                           + [m.peak_bytes for m in self.memory if m.name in apart and m.peak_bytes is not None])
+            d["memory"] = memory_block(self.memory, measured, apart=apart)
         if offload is not None:  # models.offload as settled for this build (encode/offload.py)
             d["offload"] = offload.to_dict()
         if getattr(self, "image_decoder", None):  # JPEGs decoded on the device (absent: on the CPU, by Pillow)

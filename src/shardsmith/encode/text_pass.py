@@ -13,12 +13,14 @@ Contract
   lacks), in batches of ``batch`` distinct captions (on a GPU padded to ``batch`` rows, the stage's text
   batch shape: the same bits; out of memory: halved, ``text_memory``), frees the
   encoder (its last reference, ``gc``, the CUDA cache) and returns ``(CachedText, counts, memory)``:
-  ``counts`` (captions read, distinct captions encoded now, entries the cache held before and after, seconds) and the text encoder's
+  ``counts`` (captions read, distinct captions encoded now, entries the cache held before and after, seconds);
+  the captions read are counted on ``run.progress`` (the build's display) when given and the text encoder's
   :class:`~shardsmith.encode.memory_plan.ModelMemory` (its peak measured on a GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
@@ -90,7 +92,7 @@ def _identity(enc) -> dict[str, Any]:
 
 
 def _fill(enc, cache: TextCache, captions: Iterator[str], batch: int, counter: list[int],
-          rows: int | None) -> dict[str, int]:
+          rows: int | None, tick=None) -> dict[str, int]:
     read = encoded = 0
     window: list[str] = []
 
@@ -107,8 +109,12 @@ def _fill(enc, cache: TextCache, captions: Iterator[str], batch: int, counter: l
         window.append(c)
         if len(window) >= WINDOW:
             encoded += run(window)
+            if tick is not None:
+                tick.advance(len(window))
             window = []
     encoded += run(window)
+    if tick is not None:
+        tick.advance(len(window))
     return {"captions": read, "encoded": encoded}
 
 
@@ -130,8 +136,12 @@ def text_first(load: Callable[[], Any], recipe, run, device: str, batch: int,
 
     pads = EncodeStage.pad_batches  # padded to the stage's text batch shape where the stage pads (pads())
     rows = batch if (device == "cuda" if pads is None else pads) else None
-    counts = _fill(enc, cache, plan_captions(recipe, run), max(1, batch), counter if counter is not None else [0],
-                   rows)
+    with contextlib.ExitStack() as stack:
+        tick = None
+        if getattr(run, "progress", None) is not None:
+            tick = stack.enter_context(run.progress.task("text pass: captions (models.offload text-first)", None))
+        counts = _fill(enc, cache, plan_captions(recipe, run), max(1, batch),
+                       counter if counter is not None else [0], rows, tick)
     peak = None
     if device == "cuda":
         torch.cuda.synchronize()
