@@ -189,6 +189,24 @@ def test_padded_text_rows_give_the_prompts_alone():
 
 
 @pytest.mark.slow
+def test_text_first_keeps_ltx2s_audio_prompt_embeddings(tmp_path):
+    """LTX-2's text encoder makes video and audio prompt embeddings: the cache keeps both, bit for bit."""
+    import torch
+
+    from shardsmith.build import build
+
+    src = _data(tmp_path)
+    ltx2 = {"family": "ltx2", "config": "tiny"}
+    build(_recipe(src, "off", text=ltx2), tmp_path / "off", quiet=True, workers=2)
+    m = build(_recipe(src, "text-first", text=ltx2), tmp_path / "tf", quiet=True, workers=2)
+    assert m["models"]["offload"]["text_pass"]["encoded"] == 4
+    got = _files(tmp_path / "tf")
+    assert got == _files(tmp_path / "off")
+    cond = torch.load(tmp_path / "tf" / next(k for k in got if "/conditions/" in k), weights_only=True)
+    assert {"video_prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask"} <= set(cond)
+
+
+@pytest.mark.slow
 def test_text_first_on_padded_batches_as_on_a_gpu_writes_the_same_bytes(tmp_path, monkeypatch):
     """On a GPU every text batch is padded to the stage's batch size (one shape: the same bits whatever the
     batch-mates); the text pass pads its batches the same way."""
