@@ -268,6 +268,33 @@ def test_auto_settles_by_the_free_memory_keeps_its_decision_on_resume_and_reuses
     assert _files(out) == _files(tmp_path / "ref")
 
 
+@pytest.mark.slow
+def test_auto_refuses_a_text_encoder_that_fits_not_even_alone_with_exit_2_before_any_model(tmp_path, monkeypatch):
+    import yaml
+
+    import shardsmith.encode.stage as stage_mod
+    from test_cli_mistakes import assert_message, invoke
+
+    _data(tmp_path)
+    monkeypatch.setattr(offload, "free_bytes", lambda device: 8 << 30)
+    monkeypatch.setattr("shardsmith.encode.memory_estimate.estimate",
+                        lambda recipe, name, batch: _mem(name, 23.5 if name == "text" else 0.3, 0.1))
+
+    def never(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(stage_mod, "load_text_encoder", never)
+    monkeypatch.setattr(stage_mod, "load_vae", never)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"sources": [{"path": "src"}], "geometry": {"buckets": ["64x64x1"]},
+                                      "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"},
+                                                 "device": "cpu"},
+                                      "outputs": [{"format": "precomputed"}]}))
+    code, out = invoke("build", recipe, "--out", tmp_path / "out", "--no-report")
+    assert_message(code, out, "models.offload auto", "models.text", "23.50 GiB", "does not fit",
+                   "models.text.quantize: int8")
+
+
 def test_the_cache_gives_back_the_bits_it_was_given(tmp_path):
     import torch
 
