@@ -1,4 +1,4 @@
-"""Benchmark: peak RSS of a shardsmith build, verify and scan as the item count grows (goal: 200k/2k <= 1.05, issue 24).
+"""Benchmark: peak RSS of a shardsmith build, verify, scan, inspect and repair as the item count grows (goal: 200k/2k <= 1.05, issue 24).
 
 Every build runs in a fresh interpreter (``python -c``) that builds a folder of small real
 JPEGs (32..64 px sides) into a fresh output folder and reports
@@ -11,11 +11,16 @@ is reported.
     /work/venv/bin/python bench/rss.py --sizes 2000,50000 --repeats 3 --workers 1,2
     python bench/rss.py --tiny --sizes 2000,50000,200000 --repeats 3 --workers 2   # issue 24
     python bench/rss.py --tiny --sizes 2000,50000,200000 --repeats 3 --commands verify,scan
+    python bench/rss.py --tiny --sizes 2000,50000,200000 --repeats 3 --commands inspect,repair
 
 ``--commands verify,scan``: the CLI's ``shardsmith verify DATASET --quiet`` (world 2 x workers 2, on
 the wds dataset one untimed build made of each set) and ``shardsmith scan SET --quiet``, each in a
 fresh interpreter that reports its own ``VmHWM`` and ``ru_maxrss`` at exit (the main process; verify's
 ranks and their workers are its children), interleaved and the median of the repeats as for build.
+
+``--commands inspect,repair``: ``shardsmith inspect DATASET`` and ``shardsmith repair DATASET --quiet`` on
+the same built wds dataset as verify (a healthy dataset: repair only reads it and finds nothing to change),
+measured the same way.
 
 ``--tiny``: distinct 8x8 random-pixel PNGs instead of photos (200k in about a minute; the build's
 per-item cost, not its pixel work, is what grows the parent).
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-side", type=int, default=32)
     ap.add_argument("--max-side", type=int, default=64)
     ap.add_argument("--tiny", action="store_true", help="8x8 random-pixel PNGs (fast to make and build)")
-    ap.add_argument("--commands", default="build", help="build, verify, scan (comma separated)")
+    ap.add_argument("--commands", default="build", help="build, verify, scan, inspect, repair (comma separated)")
     args = ap.parse_args(argv)
     tmp = None
     if args.work is None:
@@ -232,14 +237,32 @@ def run_cli(*args: str) -> dict:
     if p.returncode != 0 or not got:
         raise SystemExit(f"shardsmith {' '.join(args)} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-4000:]}")
     cov = [ln.strip() for ln in p.stdout.splitlines() if "] coverage:" in ln]
-    return {**json.loads(got[-1][6:]), "coverage": cov[0] if cov else ""}
+    lines = p.stdout.splitlines()
+    check = ""
+    if args[0] == "inspect" and lines:  # "<folder>: S shard(s), N sample(s), M member(s)"
+        check = lines[0].rsplit(": ", 1)[-1].split(", ")[1] + (" OK" if "OK" in lines else " problems")
+    elif args[0] == "repair":
+        changed = [ln for ln in lines[1:] if ln.startswith("  ") and " unchanged " not in ln]
+        check = f"{sum(' unchanged ' in ln for ln in lines)} shard(s) unchanged, {len(changed)} other line(s)"
+    return {**json.loads(got[-1][6:]), "coverage": cov[0] if cov else "", "check": check}
+
+
+DATASET_COMMANDS = ("verify", "inspect", "repair")
+
+
+def _expected_check(command: str, n: int) -> str:
+    """What a healthy dataset of ``n`` samples (1000 per shard) prints, as :func:`run_cli` condenses it."""
+    if command == "inspect":
+        return f"{n} sample(s) OK"
+    return f"{-(-n // 1000)} shard(s) unchanged, 0 other line(s)"
 
 
 def _bench_cli(args, work: Path, dirs: dict[int, Path], sizes: list[int], command: str) -> list[dict]:
-    """``shardsmith verify`` / ``scan`` at each size: main-process peak, median of the repeats."""
+    """``shardsmith verify`` / ``scan`` / ``inspect`` / ``repair`` at each size: main-process peak, median of
+    the repeats."""
     targets = {}
     for n in sizes:
-        if command == "verify":  # the dataset to verify: one untimed build of the set
+        if command in DATASET_COMMANDS:  # the dataset they read: one untimed build of the set
             out = work / f"verify_{n}"
             if not (out / "wds" / "shard_count.json").is_file():
                 shutil.rmtree(out, ignore_errors=True)
@@ -250,9 +273,11 @@ def _bench_cli(args, work: Path, dirs: dict[int, Path], sizes: list[int], comman
     res: dict[int, list[dict]] = {n: [] for n in sizes}
     for r in range(args.repeats):
         for n in (sizes if r % 2 == 0 else list(reversed(sizes))):
-            d = run_cli(command, str(targets[n]), "--quiet")
+            d = run_cli(command, str(targets[n]), *(() if command == "inspect" else ("--quiet",)))
             if command == "verify" and f"{n} of {n} samples seen exactly once" not in d["coverage"]:
                 raise SystemExit(f"verify n={n}: {d['coverage']!r}")
+            if command in ("inspect", "repair") and d["check"] != _expected_check(command, n):
+                raise SystemExit(f"{command} n={n}: {d['check']!r}")
             res[n].append(d)
             print(f"# {command} repeat {r + 1}/{args.repeats} n={n:>6}: main {mib(d['self_kib'])} MiB "
                   f"(VmHWM {mib(d['self_hwm_kib'])}), largest child {mib(d['children_kib'])} MiB, "

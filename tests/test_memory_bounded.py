@@ -1,9 +1,10 @@
-"""The build's main process does not grow with the item count (issue 24).
+"""The main process of build, verify, scan, inspect and repair does not grow with the item count (issue 24).
 
 Each build runs in a fresh interpreter (the peak of this test process would say nothing) that
 reports its own peak RSS (``VmHWM``). A 20k-item build may exceed a 2k-item build by at most
 :data:`MARGIN_KIB`: about 90 bytes per extra item, a quarter of what one kept string per item
-costs, with room for the noise of a busy machine (the median of two builds each).
+costs, with room for the noise of a busy machine (the median of two builds each). The CLI
+commands are measured the same way, each against its own margin.
 """
 
 import json
@@ -96,12 +97,12 @@ def _cli_peak_kib(*args: str) -> tuple[int, str]:
     return int(line.split()[1]), p.stdout
 
 
-def _growth_kib(targets: dict[int, object], command: str, check_out) -> tuple[float, dict]:
-    """Main-process peaks of ``shardsmith COMMAND TARGET --quiet`` at both sizes, interleaved, two each."""
+def _growth_kib(targets: dict[int, object], command: str, check_out, quiet: bool = True) -> tuple[float, dict]:
+    """Main-process peaks of ``shardsmith COMMAND TARGET [--quiet]`` at both sizes, interleaved, two each."""
     peaks: dict[int, list[int]] = {SMALL: [], LARGE: []}
     for r in range(2):
         for n in (SMALL, LARGE) if r == 0 else (LARGE, SMALL):
-            kib, out = _cli_peak_kib(command, str(targets[n]), "--quiet")
+            kib, out = _cli_peak_kib(command, str(targets[n]), *(("--quiet",) if quiet else ()))
             check_out(n, out)
             peaks[n].append(kib)
     return statistics.median(peaks[LARGE]) - statistics.median(peaks[SMALL]), peaks
@@ -137,3 +138,58 @@ def test_scan_peak_rss_does_not_grow_with_items(tmp_path):
     grew, peaks = _growth_kib(_two_sets(tmp_path), "scan", counted)
     assert grew <= SCAN_MARGIN_KIB, (f"scan's main process grew {grew} KiB from {SMALL} to {LARGE} items "
                                      f"(peaks in KiB: {peaks}); it must not hold per-item state")
+
+
+# --- inspect and repair: shard by shard, no per-sample state past its shard ------------------------------
+
+# before the fix inspect and repair grew ~23400 KiB from 2k to 20k samples (~1.3 KiB per sample: every
+# shard's sample runs were kept); after it -60..+90 KiB: the margin is noise headroom
+INSPECT_MARGIN_KIB = 1_600
+REPAIR_MARGIN_KIB = 1_600
+
+
+@pytest.fixture(scope="module")
+def built_sets(tmp_path_factory):
+    """A wds dataset (1000 samples per shard) built from 2k and from 20k tiny images."""
+    from shardsmith.build import build
+    from shardsmith.recipe import recipe_from_dict
+
+    tmp = tmp_path_factory.mktemp("inspect_repair")
+    targets = {}
+    for n, src in _two_sets(tmp).items():
+        recipe = recipe_from_dict({"sources": [{"path": str(src)}],
+                                   "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 1000}]})
+        build(recipe, tmp / f"ds_{n}", quiet=True, workers=2)
+        targets[n] = tmp / f"ds_{n}" / "wds"
+    return targets
+
+
+def _tree(root) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_inspect_peak_rss_does_not_grow_with_samples(built_sets):
+    def clean(n, out):
+        lines = out.splitlines()
+        assert f"{n} sample(s)" in lines[0] and "OK" in lines, out[:1000]
+
+    grew, peaks = _growth_kib(built_sets, "inspect", clean, quiet=False)
+    assert grew <= INSPECT_MARGIN_KIB, (f"inspect's main process grew {grew} KiB from {SMALL} to {LARGE} samples "
+                                        f"(peaks in KiB: {peaks}); it must not hold per-sample state")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_repair_peak_rss_does_not_grow_with_samples(built_sets):
+    shards = {n: _tree(d) for n, d in built_sets.items()}
+
+    def unchanged(n, out):
+        lines = out.splitlines()
+        assert sum(" unchanged " in ln for ln in lines) == n // 1000 and "ERROR" not in out, out[-2000:]
+
+    grew, peaks = _growth_kib(built_sets, "repair", unchanged)
+    assert {n: _tree(d) for n, d in built_sets.items()} == shards  # a healthy dataset: nothing written
+    assert grew <= REPAIR_MARGIN_KIB, (f"repair's main process grew {grew} KiB from {SMALL} to {LARGE} samples "
+                                       f"(peaks in KiB: {peaks}); it must not hold per-sample state")

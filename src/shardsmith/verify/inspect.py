@@ -14,108 +14,144 @@ data; :func:`format_inspect` renders it for humans and
 :func:`shardsmith.verify.empty_batches.diagnose_empty` walks FastGen's "empty / short batches"
 checklist against it. Each shard is read by :func:`shardsmith.verify.shard_scan.scan_shard`; this
 module adds what needs the whole folder (suspect dotted keys, keys in several shards, the count
-and ignore files) and the problem lines.
+and ignore files) and the problem lines. Memory stays bounded whatever the number of samples: no
+shard's sample runs outlive its read (see :func:`scan_folder`).
 
-Nothing here writes to disk.
+Nothing here writes to disk (the keys kept between the two passes are in an unlinked temporary file).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from shardsmith.formats import wds as wds_layout
 from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, load_ignore_index, load_shard_counts
+from shardsmith.verify.folder_keys import DottedMember, FolderKeys
 from shardsmith.verify.shard_scan import ShardScan, scan_shard
 
 
 def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None,
-                progress: Any = None) -> tuple[dict[str, Any], list[ShardScan]]:
-    """:func:`inspect_wds` plus the per-shard scans (sample runs) that repair needs; ``progress``:
-    a :class:`~shardsmith.progress.Progress` that shows a bar over the shards."""
+                progress: Any = None) -> dict[str, Any]:
+    """:func:`inspect_wds`'s report, read shard by shard; ``progress``: a
+    :class:`~shardsmith.progress.Progress` that shows a bar over the shards.
+
+    Two passes keep memory bounded whatever the number of samples: the first reads each shard once
+    (:func:`~shardsmith.verify.shard_scan.scan_shard`) and keeps only its report section, while its
+    keys and dotted members go to an on-disk :class:`~shardsmith.verify.folder_keys.FolderKeys` and
+    its ignore-list check is done at once; the second, over the kept sections alone, adds what needs
+    the whole folder (suspect dotted keys, keys in several shards, the count file, the problems)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"not a folder: {folder}")
     listing = wds_layout.list_shards(folder)
     shards = [folder / n for n in listing.names]
-    if progress is None:
-        scans = [scan_shard(p, key_map) for p in shards]
-    else:
-        scans = []
-        with progress.task(f"scan shards of {folder.name}", total=len(shards)) as tick:
-            for p in shards:
-                scans.append(scan_shard(p, key_map))
-                tick()
+    ignore, ierr = load_ignore_index(folder)
+    with FolderKeys() as keys:
+        if progress is None:
+            first = _first_pass(shards, key_map, ignore or {}, keys, lambda: None)
+        else:
+            with progress.task(f"scan shards of {folder.name}", total=len(shards)) as tick:
+                first = _first_pass(shards, key_map, ignore or {}, keys, tick)
+        return _second_pass(folder, listing.unnumbered, key_map, first, ignore, ierr, keys)
+
+
+@dataclass
+class _FirstPass:
+    """What the first pass keeps: per shard its report section (no sample runs), the dataset-wide
+    count of samples having each suffix, and per shard named in the ignore list its keys that are
+    in it and those that are not."""
+
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    per_sample: Counter[str] = field(default_factory=Counter)
+    n_samples: int = 0
+    ignore_found: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
+
+
+def _first_pass(shards: list[Path], key_map: dict[str, str] | None, ignore: dict[str, list[str]],
+                keys: FolderKeys, tick: Callable[[], Any]) -> _FirstPass:
+    """Read each shard once; nothing per sample outlives its shard except what ``keys`` holds on disk."""
+    out = _FirstPass()
+    for i, p in enumerate(shards):
+        _take(out, i, scan_shard(p, key_map), ignore, keys)  # the scan (its runs) goes on return
+        tick()
+    return out
+
+
+def _take(out: _FirstPass, i: int, sc: ShardScan, ignore: dict[str, list[str]], keys: FolderKeys) -> None:
+    """Keep what the second pass needs of shard number ``i``'s scan ``sc``."""
+    for r in sc.runs:
+        out.n_samples += 1
+        out.per_sample.update(set(r.suffixes))
+    have = {r.key for r in sc.runs}
+    keys.add_shard(i, have, (DottedMember(m.name, r.key, m.suffix)
+                             for r in sc.runs for m in r.members if "." in m.suffix))
+    if sc.path.name in ignore:
+        listed = ignore[sc.path.name]
+        out.ignore_found[sc.path.name] = ([k for k in listed if k in have], [k for k in listed if k not in have])
+    out.reports.append(sc.report)
+
+
+def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | None, first: _FirstPass,
+                 ignore: dict[str, list[str]] | None, ierr: str | None, keys: FolderKeys) -> dict[str, Any]:
+    """The whole-folder part of the report, from the first pass's sections and ``keys``."""
+    reports, n_samples = first.reports, first.n_samples
     problems: list[str] = []
     order_note = None
-    if listing.unnumbered:
-        bad = listing.unnumbered
+    if unnumbered:
+        bad = unnumbered
         order_note = (f"non-numeric shard names ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): "
                       "FastGen logs an error and sorts shards by name")
         problems.append(order_note)
-    if not shards:
+    if not reports:
         problems.append(f"no *.tar shards directly in {folder} (FastGen raises ValueError)")
 
     # suffixes most samples have, dataset-wide: anything else with a dot is a suspect key
-    per_sample: Counter[str] = Counter()
-    n_samples = 0
-    for sc in scans:
-        for r in sc.runs:
-            n_samples += 1
-            per_sample.update(set(r.suffixes))
-    known = {s for s, n in per_sample.items() if n * 2 > n_samples} | set((key_map or {}).values())
+    known = {s for s, n in first.per_sample.items() if n * 2 > n_samples} | set((key_map or {}).values())
     multi_known = {s for s in known if "." in s}
-    for sc in scans:
-        rep = sc.report
-        minority: Counter[str] = Counter()
-        for r in sc.runs:
-            for name, suffix, *_ in r.members:
-                if suffix in known:
-                    continue
-                if "." in suffix:
-                    parts = suffix.split(".")
-                    tail = next((".".join(parts[i:]) for i in range(1, len(parts))
-                                 if ".".join(parts[i:]) in known), parts[-1])
-                    head = suffix[: len(suffix) - len(tail) - 1]
-                    rep["dotted_members"].append({
-                        "member": name, "key": r.key, "suffix": suffix,
-                        "likely_key": f"{r.key}.{head}", "likely_suffix": tail,
-                        "why": ("suffix is not used by most samples"
-                                + (" nor in key_map" if key_map else "")
-                                + (f"; known multi-dot suffixes: {sorted(multi_known)}" if multi_known else "")),
-                    })
-                else:
-                    minority[suffix] += 1
-        rep["minority_suffixes"] = dict(sorted(minority.items()))
+    for i, rep in enumerate(reports):
+        # every member of a run is counted in suffix_counts under its suffix, so these are the
+        # counts of the members whose suffix is neither known nor dotted
+        rep["minority_suffixes"] = {s: n for s, n in rep["suffix_counts"].items() if s not in known and "." not in s}
+        if not any("." in s and s not in known for s in rep["suffix_counts"]):
+            continue
+        for d in keys.dotted(i):
+            if d.suffix in known:
+                continue
+            parts = d.suffix.split(".")
+            tail = next((".".join(parts[j:]) for j in range(1, len(parts))
+                         if ".".join(parts[j:]) in known), parts[-1])
+            head = d.suffix[: len(d.suffix) - len(tail) - 1]
+            rep["dotted_members"].append({
+                "member": d.name, "key": d.key, "suffix": d.suffix,
+                "likely_key": f"{d.key}.{head}", "likely_suffix": tail,
+                "why": ("suffix is not used by most samples"
+                        + (" nor in key_map" if key_map else "")
+                        + (f"; known multi-dot suffixes: {sorted(multi_known)}" if multi_known else "")),
+            })
 
     # duplicate keys across shards (FastGen keys ignore lists by shard, but still suspicious)
-    owner: dict[str, str] = {}
-    cross: dict[str, list[str]] = {}
-    for sc in scans:
-        for k in {r.key for r in sc.runs}:
-            if k in owner:
-                cross.setdefault(k, [owner[k]]).append(sc.path.name)
-            else:
-                owner[k] = sc.path.name
+    names = [rep["name"] for rep in reports]
+    cross: dict[str, list[str]] = {k: [names[i] for i in where] for k, where in keys.cross_shard()}
 
     # shard_count.json
     counts, cerr = load_shard_counts(folder)
     count_rep: dict[str, Any] = {"present": (folder / SHARD_COUNT_FILE).exists(), "error": cerr,
                                  "missing_entries": [], "extra_entries": [], "mismatches": {}}
-    names = [sc.path.name for sc in scans]
-    for sc in scans:
-        rep = sc.report
+    for rep in reports:
+        name = rep["name"]
         if counts is None:
             rep["count_file"], rep["count_status"] = None, "no count file"
             continue
-        rep["count_file"] = counts.get(sc.path.name)
-        if sc.path.name not in counts:
+        rep["count_file"] = counts.get(name)
+        if name not in counts:
             rep["count_status"] = "missing entry"
-            count_rep["missing_entries"].append(sc.path.name)
-        elif counts[sc.path.name] != rep["samples"]:
+            count_rep["missing_entries"].append(name)
+        elif counts[name] != rep["samples"]:
             rep["count_status"] = "mismatch"
-            count_rep["mismatches"][sc.path.name] = {"expected": counts[sc.path.name], "actual": rep["samples"]}
+            count_rep["mismatches"][name] = {"expected": counts[name], "actual": rep["samples"]}
         else:
             rep["count_status"] = "ok"
     if counts is not None:
@@ -133,31 +169,27 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None,
             problems.append(f"{SHARD_COUNT_FILE} says {n} has {mm['expected']} samples; it has {mm['actual']}")
 
     # ignore_index.json
-    ignore, ierr = load_ignore_index(folder)
     ign_rep: dict[str, Any] = {"present": (folder / IGNORE_INDEX_FILE).exists(), "error": ierr,
                                "valid": {}, "unknown_shards": [], "unknown_keys": {}}
-    by_name = {sc.path.name: sc for sc in scans}
-    for sc in scans:
-        sc.report["ignored"] = []
+    by_name = {rep["name"]: rep for rep in reports}
+    for rep in reports:
+        rep["ignored"] = []
     if ierr:
         problems.append(ierr)
-    for shard, keys in (ignore or {}).items():
+    for shard in (ignore or {}):
         if shard not in by_name:
             ign_rep["unknown_shards"].append(shard)
             problems.append(f"{IGNORE_INDEX_FILE} lists {shard}, which is not a shard here (FastGen drops it with a warning)")
             continue
-        have = {r.key for r in by_name[shard].runs}
-        ok = [k for k in keys if k in have]
-        bad = [k for k in keys if k not in have]
+        ok, bad = first.ignore_found[shard]
         if ok:
             ign_rep["valid"][shard] = ok
-            by_name[shard].report["ignored"] = ok
+            by_name[shard]["ignored"] = ok
         if bad:
             ign_rep["unknown_keys"][shard] = bad
             problems.append(f"{IGNORE_INDEX_FILE}: {len(bad)} key(s) for {shard} are not in it: {bad[:3]}")
 
-    for sc in scans:
-        rep = sc.report
+    for rep in reports:
         sp = rep["problems"] = []
         n = rep["name"]
         if rep["truncated"]:
@@ -187,8 +219,8 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None,
                       f"the key probably was {d['likely_key']!r} (keys must not contain dots)")
         for u in rep["unkeyed_members"]:
             sp.append(f"{n}: member {u} has no suffix (webdataset skips it)")
-        for suffix, keys in rep["missing"].items():
-            sp.append(f"{n}: {len(keys)} sample(s) lack key_map member {suffix!r} (FastGen rejects them)")
+        for suffix, lacking in rep["missing"].items():
+            sp.append(f"{n}: {len(lacking)} sample(s) lack key_map member {suffix!r} (FastGen rejects them)")
         if rep["empty_members"]:
             sp.append(f"{n}: {len(rep['empty_members'])} zero-length member(s) (dropped by an empty_keys filter)")
         if rep["samples"] == 0:
@@ -202,25 +234,25 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None,
         "folder": str(folder),
         "key_map": dict(key_map) if key_map else None,
         "order_note": order_note,
-        "shards": [sc.report for sc in scans],
+        "shards": reports,
         "count_file": count_rep,
         "ignore_index": ign_rep,
         "duplicate_keys_across_shards": cross,
         "totals": {
-            "shards": len(scans),
-            "members": sum(sc.report["members"] for sc in scans),
+            "shards": len(reports),
+            "members": sum(rep["members"] for rep in reports),
             "samples": n_samples,
             "ignored": total_ignored,
             "usable_samples": n_samples - total_ignored,
-            "truncated_shards": sum(1 for sc in scans if sc.report["truncated"]),
-            "damaged_headers": sum(len(sc.report["damaged_headers"]) for sc in scans),
-            "unsafe_members": sum(len(sc.report["unsafe_members"]) for sc in scans),
-            "corrupt_members": sum(len(sc.report["corrupt"]) for sc in scans),
+            "truncated_shards": sum(1 for rep in reports if rep["truncated"]),
+            "damaged_headers": sum(len(rep["damaged_headers"]) for rep in reports),
+            "unsafe_members": sum(len(rep["unsafe_members"]) for rep in reports),
+            "corrupt_members": sum(len(rep["corrupt"]) for rep in reports),
         },
         "problems": problems,
         "ok": not problems,
     }
-    return report, scans
+    return report
 
 
 def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> dict[str, Any]:
@@ -238,7 +270,7 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     rewrite would drop), ``dotted_members``, ``minority_suffixes``, ``count_file``,
     ``count_status``, ``ignored`` and ``problems``.
     """
-    return scan_folder(folder, key_map)[0]
+    return scan_folder(folder, key_map)
 
 
 def format_inspect(report: dict[str, Any]) -> str:

@@ -22,6 +22,10 @@
   whole run: a build or another repair in progress refuses it at once.
 
 Non-adjacent members, duplicate members and dotted keys are reported but not changed.
+
+Host memory stays bounded whatever the number of samples: the folder is inspected shard by shard
+(:func:`~shardsmith.verify.inspect.scan_folder` keeps no sample runs), and a shard to rewrite is read
+again, alone, when its turn comes (it must read as it did, or it is left as it was).
 """
 
 from __future__ import annotations
@@ -211,9 +215,9 @@ def _rewrite(sc: ShardScan) -> str | None:
     return _put_in_place(cand, path)
 
 
-def _left_out_members(sc: ShardScan) -> list[str]:
-    """Members a rewrite does not copy that belong to no dropped sample: ``"name: why"``."""
-    rep = sc.report
+def _left_out_members(rep: dict[str, Any]) -> list[str]:
+    """Members a rewrite of the shard whose report section is ``rep`` does not copy that belong to no
+    dropped sample: ``"name: why"``."""
     out = [f"{u['member']}: {u['reason']}" for u in rep["unsafe_members"]]
     out += [f"{n}: no suffix (webdataset skips it)" for n in rep["unkeyed_members"]]
     unsafe = {u["member"] for u in rep["unsafe_members"]}
@@ -279,20 +283,46 @@ def _restore(folder: Path, build: BuildRef | None, dry_run: bool) -> dict[str, R
     return events
 
 
-def _shard_entry(sc: ShardScan) -> dict[str, Any]:
-    rep = sc.report
+def _shard_entry(rep: dict[str, Any]) -> dict[str, Any]:
     return {"action": "unchanged", "samples_before": rep["samples"], "samples_after": rep["samples"],
             "dropped": [], "dropped_keys": [], "dropped_members": [], "ignored_keys": [], "restored": [],
             "backup": None, "notes": []}
 
 
-def _rewrite_entry(sc: ShardScan, entry: dict[str, Any], dry_run: bool, errors: list[str]) -> None:
-    """Rewrite ``sc`` from its intact samples (or say what would be) and record it in ``entry``."""
-    rep = sc.report
+def _needs_rewrite(rep: dict[str, Any]) -> bool:
+    """As :attr:`ShardScan.needs_rewrite`, from the shard's report section."""
+    return bool(rep["truncated"] or rep["damaged_headers"] or rep["unsafe_members"])
+
+
+# the report fields the folder pass fills in (scan_shard leaves them empty)
+_FOLDER_FIELDS = frozenset({"dotted_members", "minority_suffixes"})
+
+
+def _read_again(path: Path, rep: dict[str, Any]) -> ShardScan:
+    """Read the shard whose inspect section is ``rep`` again, for its sample runs (the inspection
+    keeps none); a shard that reads differently now raises :class:`RepairError`."""
+    sc = scan_shard(path)
+    if any(sc.report[k] != rep[k] for k in sc.report if k not in _FOLDER_FIELDS):
+        raise RepairError(f"{path.name}: changed since it was inspected; nothing replaced")
+    return sc
+
+
+
+def _rewrite_entry(path: Path, rep: dict[str, Any], entry: dict[str, Any], dry_run: bool,
+                   errors: list[str]) -> set[str] | None:
+    """Rewrite the shard at ``path`` (inspect section ``rep``) from its intact samples (or say what
+    would be) and record it in ``entry``; returns the keys the rewritten shard keeps (None when it
+    stays as it was). Only this shard's sample runs are held, while it is rewritten."""
+    try:
+        sc = _read_again(path, rep)
+    except (RepairError, OSError) as e:
+        errors.append(str(e))
+        entry["notes"].append(f"rewrite failed, shard left as it was: {e}")
+        return None
     dropped = sc.dropped
     entry.update(action=REWRITTEN, samples_after=len(sc.kept), dropped=[dataclasses.asdict(d) for d in dropped],
                  dropped_keys=[d.key for d in dropped if d.key is not None],
-                 dropped_members=_left_out_members(sc))
+                 dropped_members=_left_out_members(rep))
     if isinstance(rep.get("count_file"), int) and rep["count_file"] > len(sc.kept):
         entry["notes"].append(
             f"{SHARD_COUNT_FILE} said {rep['count_file']} samples: {rep['count_file'] - len(sc.kept)} "
@@ -304,9 +334,10 @@ def _rewrite_entry(sc: ShardScan, entry: dict[str, Any], dry_run: bool, errors: 
         entry["notes"].append(f"damaged tar header at byte {d['offset']}: "
                               + (f"read on from byte {d['resumed_at']}" if d["resumed_at"] is not None
                                  else "no valid header follows"))
+    kept = {sc.runs[i].key for i in sc.kept}
     if dry_run:
         entry["backup"] = _backup_name(sc.path).name
-        return
+        return kept
     try:
         entry["backup"] = _rewrite(sc)
     except (RepairError, OSError) as e:
@@ -314,14 +345,16 @@ def _rewrite_entry(sc: ShardScan, entry: dict[str, Any], dry_run: bool, errors: 
         entry.update(action="unchanged", samples_after=rep["samples"], dropped=[], dropped_keys=[],
                      dropped_members=[])
         entry["notes"].append(f"rewrite failed, shard left as it was: {e}")
+        return None
+    return kept
 
 
-def _corrupt_keys(sc: ShardScan, entry: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, reason) of the samples with a corrupt member that stay in the shard."""
-    live = {sc.runs[i].key for i in sc.kept} if entry["action"] == REWRITTEN else {r.key for r in sc.runs}
+def _corrupt_keys(rep: dict[str, Any], kept: set[str] | None) -> list[tuple[str, str]]:
+    """(key, reason) of the samples with a corrupt member that stay in the shard: those among
+    ``kept`` when it was rewritten, else all (a corrupt member always belongs to a sample)."""
     out: dict[str, str] = {}
-    for c in sc.report["corrupt"]:
-        if c["key"] in live and c["key"] not in out:
+    for c in rep["corrupt"]:
+        if (kept is None or c["key"] in kept) and c["key"] not in out:
             out[c["key"]] = f"corrupt member {c['member']}: {c['error']}"
     return list(out.items())
 
@@ -337,7 +370,7 @@ def _event(name: str, entry: dict[str, Any], ignored: list[LostSample]) -> Repai
 
 def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progress: Any = None) -> dict[str, Any]:
     """The repair proper, after any restore from the sources (``progress``: a bar over the shards)."""
-    before, scans = scan_folder(folder, progress=progress)
+    before = scan_folder(folder, progress=progress)
     errors: list[str] = []
     shards: dict[str, Any] = {}
     add_ignore: dict[str, list[str]] = {}
@@ -349,18 +382,19 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
     events: list[RepairEvent] = list(restored.values())
     counts_after: dict[str, int] = {}
 
-    for sc in scans:
-        name = sc.report["name"]
-        entry = _shard_entry(sc)
+    for rep in before["shards"]:
+        name = rep["name"]
+        entry = _shard_entry(rep)
+        kept: set[str] | None = None
         if name in restored:
             ev = restored[name]
             entry.update(action=RESTORED, samples_before=ev.samples_before, samples_after=ev.samples_after,
                          restored=ev.restored, backup=ev.backup)
             entry["notes"].append("rebuilt from the sources, byte-identical to the build" + (
                 f" ({len(ev.restored)} sample(s) restored)" if not dry_run else ""))
-        elif sc.needs_rewrite:
-            _rewrite_entry(sc, entry, dry_run, errors)
-        bad = _corrupt_keys(sc, entry) if name not in restored else []
+        elif _needs_rewrite(rep):
+            kept = _rewrite_entry(folder / name, rep, entry, dry_run, errors)
+        bad = _corrupt_keys(rep, kept) if name not in restored else []
         new = [(k, why) for k, why in bad if k not in already.get(name, [])]
         if new:
             add_ignore[name] = [k for k, _ in new]
@@ -370,9 +404,9 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
         already_listed = [k for k, _ in bad if k in already.get(name, [])]
         if already_listed:
             entry["notes"].append(f"already in {IGNORE_INDEX_FILE}: {already_listed}")
-        for label, items in (("non-adjacent members", sc.report["non_adjacent"]),
-                             ("duplicate members", sc.report["duplicate_members"]),
-                             ("dotted keys", sc.report["dotted_members"])):
+        for label, items in (("non-adjacent members", rep["non_adjacent"]),
+                             ("duplicate members", rep["duplicate_members"]),
+                             ("dotted keys", rep["dotted_members"])):
             if items:
                 entry["notes"].append(f"{len(items)} {label} reported, not changed (needs a rebuild)")
         ev = None if name in restored else _event(name, entry, [LostSample(k, why) for k, why in new])
@@ -382,7 +416,7 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
         shards[name] = entry
 
     ign = _update_ignore_index(folder, already, add_ignore, _unignore(history, restored), dry_run)
-    cnt = _update_shard_count(folder, counts_after, dry_run, bool(scans))
+    cnt = _update_shard_count(folder, counts_after, dry_run, bool(before["shards"]))
     if events and not dry_run:
         _append_repair_log(folder, events)
     return {
