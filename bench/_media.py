@@ -145,6 +145,30 @@ def machine_info() -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "shardsmith": package_fingerprint()}
 
 
+def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
+    """A real-content clip: a pan across an upscaled real photo, libx264 at 24 fps; clip ``i`` differs from every
+    other (the build drops exact duplicates)."""
+    import av
+    import numpy as np
+    from PIL import Image
+    from skimage import data
+
+    photo = [data.astronaut, data.chelsea, data.coffee, data.rocket][i % 4]()
+    photo = np.roll(photo, 17 * i, axis=1)  # every clip distinct (the build drops exact duplicates)
+    big = np.asarray(Image.fromarray(photo).resize((w * 2, h * 2), Image.Resampling.BICUBIC))
+    with av.open(str(path), mode="w") as c:
+        s = c.add_stream("libx264", rate=24)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        for k in range(frames):
+            x = int((big.shape[1] - w) * k / max(1, frames - 1))
+            y = int((big.shape[0] - h) * k / max(1, frames - 1))
+            fr = av.VideoFrame.from_ndarray(np.ascontiguousarray(big[y:y + h, x:x + w]), format="rgb24")
+            for p in s.encode(fr):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
 # --------------------------------------------------------------------------- measurement
 def cpu_now() -> float:
     """User+sys CPU seconds of this process and its joined (waited-for) children."""

@@ -25,6 +25,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _cli import timed_build
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -118,23 +120,17 @@ def cli_build(src: Path, work: Path, name: str, size: int, decoder: str, batch: 
               "outputs": [{"format": "latent_wds", "dir": "lat"}]}
     rp = work / f"{name}.yaml"
     rp.write_text(json.dumps(recipe))
-    out = work / f"out_{name}"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    t, t_wall = time.perf_counter(), time.time()
-    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(rp), "--out", str(out)],
-                       capture_output=True, text=True)
-    exit_s = time.perf_counter() - t
-    if r.returncode != 0:
-        return {"name": name, "rc": r.returncode, "stderr": r.stderr[-3000:]}
-    wall = (out / "manifest.json").stat().st_mtime - t_wall  # from the command to the manifest
-    m = json.loads((out / "manifest.json").read_text())
+    r = timed_build([str(rp)], work / f"out_{name}")
+    if r.rc != 0:
+        return {"name": name, "rc": r.rc, "stderr": r.stderr_tail}
+    m = r.manifest
     written = m["counts"]["written"]
     ss = m["models"].get("steady_state") or {}
-    return {"name": name, "decoder": decoder, "compile": compile_, "rc": 0, "wall_s": wall, "exit_s": exit_s,
+    return {"name": name, "decoder": decoder, "compile": compile_, "rc": 0, "wall_s": r.wall_s, "exit_s": r.exit_s,
             "written": written,
-            "items_per_s": written / wall, "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
+            "items_per_s": written / r.wall_s, "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
             "image_decoder": m["models"].get("image_decoder", "pil"),
-            "first_batch_done_s": (m["models"].get("steady_state") or {}).get("first_batch_done_s"),
+            "first_batch_done_s": ss.get("first_batch_done_s"),
             "diagnostics": {"steady_state": ss, "seconds": m["models"].get("seconds"),
                             "compile": m["models"].get("compile"), "warm_up": m["models"].get("warm_up"),
                             "timings": m.get("timings")}}

@@ -52,6 +52,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _media import write_pan_clip
+
 PEAK_TFLOPS = 790.0
 DEV = "cuda"  # "cpu" under --cpu-dry-run
 
@@ -270,28 +272,6 @@ def end_to_end(src: Path, out: Path, recipe: dict, workers: int) -> dict:
             "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
             "encode_stage_seconds": m["models"]["seconds"], "steady_state": m["models"]["steady_state"],
             "compile": m["models"].get("compile"), "warm_up": m["models"].get("warm_up"), "timings": m.get("timings")}
-
-
-def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
-    """A real-content clip: a pan across an upscaled real photo, libx264 at 24 fps."""
-    import av
-    from PIL import Image
-    from skimage import data
-
-    photo = [data.astronaut, data.chelsea, data.coffee, data.rocket][i % 4]()
-    photo = np.roll(photo, 17 * i, axis=1)  # every clip distinct (the build drops exact duplicates)
-    big = np.asarray(Image.fromarray(photo).resize((w * 2, h * 2), Image.Resampling.BICUBIC))
-    with av.open(str(path), mode="w") as c:
-        s = c.add_stream("libx264", rate=24)
-        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
-        for k in range(frames):
-            x = int((big.shape[1] - w) * k / max(1, frames - 1))
-            y = int((big.shape[0] - h) * k / max(1, frames - 1))
-            fr = av.VideoFrame.from_ndarray(np.ascontiguousarray(big[y:y + h, x:x + w]), format="rgb24")
-            for p in s.encode(fr):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
 
 
 # ------------------------------------------------------------------------------------------ text

@@ -15,15 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
+
+from _cli import output_digests, timed_build  # noqa: E402
 
 
 def _dataset(work: Path, n: int) -> Path:
@@ -45,23 +44,12 @@ def _dataset(work: Path, n: int) -> Path:
     return recipe
 
 
-def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".shardsmith" not in p.parts and p.name not in ("manifest.json", "report.html")}
-
-
 def _run(recipe: Path, out: Path, engine: str) -> float:
-    shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--gpus", "2",
-                        "--engine", engine, "--no-report", "-q", "--workers", "2"], capture_output=True, text=True,
-                       env=env)
-    wall = time.perf_counter() - t0
-    if r.returncode:
-        raise SystemExit(f"{engine} build failed:\n{r.stderr[-3000:]}")
-    return wall
+    r = timed_build([str(recipe), "--gpus", "2", "--engine", engine, "--no-report", "-q", "--workers", "2"], out,
+                    env={"HF_HUB_OFFLINE": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
+    if r.rc:
+        raise SystemExit(f"{engine} build failed:\n{r.stderr_tail}")
+    return r.exit_s
 
 
 def main() -> None:
@@ -78,7 +66,7 @@ def main() -> None:
         for engine in ("local", "ray"):
             walls[engine].append(round(_run(recipe, args.work / engine, engine), 2))
             print(engine, walls[engine][-1], flush=True)
-    same = _tree(args.work / "local") == _tree(args.work / "ray")
+    same = output_digests(args.work / "local") == output_digests(args.work / "ray")
     med = {k: statistics.median(v) for k, v in walls.items()}
     res = {"photos": args.photos, "walls_s": walls, "median_s": med, "ratio": round(med["ray"] / med["local"], 3),
            "same_bytes": same, "cpus": os.cpu_count()}

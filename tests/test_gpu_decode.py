@@ -288,3 +288,15 @@ def test_a_build_keeps_the_decoder_it_began_with(tmp_path, monkeypatch):
     assert gpu_decode.resolve_decoder("auto", "cuda", 14) in ("cpu-draft", "gpu")
     assert gpu_decode.resolve_decoder("auto", "cuda", 14) == "cpu-draft"
     assert gpu_decode.resolve_decoder("auto", "cpu", 2) == "cpu"
+
+
+def test_auto_with_enough_decode_workers_settles_without_importing_the_gpu_decoder(monkeypatch):
+    """torchvision's import takes seconds at the start of every GPU build: asked only where it decides."""
+    from shardsmith.encode import gpu_decode
+
+    calls = []
+    monkeypatch.setattr(gpu_decode, "DECODE", gpu_decode._torchvision_decode)
+    monkeypatch.setattr(gpu_decode, "gpu_decoder_problem", lambda: calls.append("asked"))
+    assert gpu_decode.resolve_decoder("auto", "cuda", 8) == "cpu-draft" and calls == []
+    assert gpu_decode.resolve_decoder("auto", "cpu", 2) == "cpu" and calls == []
+    assert gpu_decode.resolve_decoder("auto", "cuda", 2) == "gpu" and calls == ["asked"]

@@ -87,6 +87,7 @@ class BuildContext:
     checked: bool = False  # the complete plan was checked (holdout, free space)
     memo: Any = None  # EncodedMemo when several outputs need the encoders (each item encoded once)
     devices: list[str] | None = None  # distribute.gpus's devices, once resolved ([]: one process)
+    gpu_workers: Any = None  # GpuWorkers (--gpus N, the local engine): the models live there
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -283,13 +284,17 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
                        need=need or SpaceNeed(), pool=pool)
     preload = None
     if needs_encoders(recipe):
-        from shardsmith.encode.preload import ModelPreload
+        ctx.gpu_workers = _start_gpu_workers(ctx)  # their models load and warm up while the plan runs
+        if ctx.gpu_workers is None:
+            from shardsmith.encode.preload import ModelPreload
 
-        from shardsmith.encode.offload import LEDGER_KEY, OffloadRun
+            from shardsmith.encode.offload import LEDGER_KEY, OffloadRun
 
-        run = OffloadRun(root, ledger.path, ledger.get_meta(LEDGER_KEY), ahead, progress=progress)  # models.offload
-        preload = ModelPreload(recipe).with_offload(run).start()  # models load and warm up while the plan runs
+            run = OffloadRun(root, ledger.path, ledger.get_meta(LEDGER_KEY), ahead, progress=progress)  # models.offload
+            preload = ModelPreload(recipe).with_offload(run).start()  # models load and warm up while the plan runs
     with contextlib.ExitStack() as stack:
+        if ctx.gpu_workers is not None:  # ended last; at once when the build fails (a worker may wait on the plan)
+            stack.push(lambda exc_type, *_: ctx.gpu_workers.close(wait_s=0.0 if exc_type else 30.0))
         # last out: the encode stage's device thread, once its queued batches are done
         stack.callback(lambda: ctx.stage is not None and ctx.stage.close())
         # the plan's total: the listed items, counted from the listings on a thread while the plan probes
@@ -301,7 +306,8 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
         elif plan_needed:
             try:
                 with progress.task("plan", total=None) as tick, total_in_background(tick, count):
-                    make_plan(recipe, ledger, opened, on_item=_plan_tick(tick, preload), workers=pool)
+                    make_plan(recipe, ledger, opened, on_item=_plan_tick(tick, preload or ctx.gpu_workers),
+                              workers=pool)
             finally:
                 if preload is not None:
                     preload.planned()
@@ -369,9 +375,45 @@ def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
     return estimate.output_estimate(o, counts, sizes, committed)
 
 
+def _start_gpu_workers(ctx: BuildContext):
+    """The GPU workers of ``--gpus N`` (the local engine), started now, when an output they can write needs
+    the encoders (one with a byte budget is written here); else None."""
+    recipe = ctx.recipe
+    if recipe.distribute.engine != "local" or not _devices(ctx):
+        return None
+    if not any(kind_of(o).encoders_for(o, recipe) and not kind_of(o).byte_bounded(o) for o in recipe.outputs):
+        return None
+    from shardsmith.distribute.gpus import GpuWorkers
+
+    return GpuWorkers(recipe, ctx.root, ctx.devices, ctx.pool.n).start()
+
+
+def _encoding_stage(ctx: BuildContext):
+    """The encode stage of this process, to encode with (not a description of the GPU workers' models):
+    loaded here when the workers hold the models (the units a stopped worker left, an output with a
+    byte budget)."""
+    from shardsmith.distribute.gpus import DescribedStage
+
+    if isinstance(ctx.stage, DescribedStage) or (ctx.stage is None and ctx.preload is None and ctx.gpu_workers):
+        from shardsmith.encode.preload import ModelPreload
+
+        ctx.stage, ctx.preload = None, ModelPreload(ctx.recipe).start()
+    return _stage(ctx)
+
+
 def _stage(ctx: BuildContext):
     """The encode stage: waits for the preload the first time (a batch is ready to encode, or the
-    build ends) and books the wait; None for a recipe without latent outputs."""
+    build ends) and books the wait; None for a recipe without latent outputs. With GPU workers, a
+    :class:`~shardsmith.distribute.gpus.DescribedStage` of worker 0's models."""
+    if ctx.stage is None and ctx.preload is None and ctx.gpu_workers is not None:
+        from shardsmith.distribute.gpus import DescribedStage
+
+        t = time.perf_counter()
+        with ctx.progress.spin(loading_label(ctx.recipe) + f" ({len(ctx.devices)} GPU workers)"):
+            ctx.gpu_workers.described()  # waits for worker 0's models (raises a load that failed everywhere)
+            ctx.stage = DescribedStage(ctx.gpu_workers)
+        ctx.timings["load_models_s"] = round(time.perf_counter() - t, 3)  # waited for when first needed
+        _say_random_weights(ctx)
     if ctx.stage is None and ctx.preload is not None:
         t = time.perf_counter()
         with ctx.progress.spin(loading_label(ctx.recipe)):
@@ -385,10 +427,14 @@ def _stage(ctx: BuildContext):
 
             for line in summary(ctx.stage.memory, *gpu_free_total(getattr(ctx.stage, "device_index", None))):
                 ctx.progress.say("GPU memory: " + line)
-        if ctx.stage.describe()["random_weights"]:
-            ctx.progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
-                             "the latents are plumbing checks, not model-space data (labelled in the manifest)")
+        _say_random_weights(ctx)
     return ctx.stage
+
+
+def _say_random_weights(ctx: BuildContext) -> None:
+    if ctx.stage.describe()["random_weights"]:
+        ctx.progress.say(f"note: {', '.join(ctx.stage.describe()['random_weights'])} use RANDOM WEIGHTS: "
+                         "the latents are plumbing checks, not model-space data (labelled in the manifest)")
 
 
 def _offload_settled(ctx: BuildContext) -> None:
@@ -440,7 +486,7 @@ def _ahead_output(recipe: Recipe, root: Path):
     first = recipe.outputs[0] if recipe.outputs else None
     if not PLAN_AHEAD or first is None or not kind_of(first).encoders_for(first, recipe) or not can_plan_ahead(recipe):
         return None
-    if recipe.distribute.gpus != 1:  # the workers claim units of a complete plan
+    if recipe.distribute.gpus != 1 and recipe.distribute.engine != "local":  # Ray's driver plans units first
         return None
     if recipe.audio_outputs():  # the audio preflight decodes planned items before the first one is made
         return None
@@ -523,25 +569,29 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         if renderer is not None:
             from shardsmith.encode.finisher import LatentFinisher
 
-            finisher = LatentFinisher(renderer, lambda: _stage(ctx), memo=_memo(ctx))
+            finisher = LatentFinisher(renderer, lambda: _encoding_stage(ctx), memo=_memo(ctx))
         run = local.SplitRun(output, split, srcs, ledger, _maker(ctx, output), sink, kind.per_unit(output),
                              kind.byte_bounded(output), ctx.progress, finisher,
                              ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {})
         check = ctx.preload.raise_if_failed if ctx.preload is not None else None
         devs = _devices(ctx)
         if devs and finisher is not None and not run.byte_bounded:  # --gpus N: a worker per GPU claims units
-            from shardsmith.distribute.gpus import run_workers
             from shardsmith.distribute.ray_engine import run_ray
 
-            if ahead is not None:
-                ahead.wait()
-                _check_plan(ctx)
             d = recipe.distribute
-            result.setdefault("distribute", {})[split] = (
-                run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address, ctx.progress)
-                if d.engine == "ray" else run_workers(recipe, ctx.root, output, split, devs, pool.n, ledger,
-                                                      ctx.progress))
-            ahead = None  # (the plan is complete) and what a dead worker left is written below
+            if d.engine == "ray":
+                if ahead is not None:
+                    ahead.wait()
+                    _check_plan(ctx)
+                block = run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address, ctx.progress)
+            else:  # the workers take the plan's units as they become final
+                block = ctx.gpu_workers.run_split(output, split, ledger, ctx.progress,
+                                                  ahead if split == TRAIN else None)
+                if ahead is not None:
+                    ahead.wait()
+                    _check_plan(ctx)
+            result.setdefault("distribute", {})[split] = block
+            ahead = None  # (the plan is complete) and what a stopped worker left is written below
         try:
             local.run_split(run, pool, ahead if split == TRAIN else None, check=check)
         finally:

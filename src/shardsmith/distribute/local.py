@@ -80,11 +80,12 @@ def _done(value: Any) -> Future:
 
 
 def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None] | None = None,
-              claim: Callable[[Iterable[UnitJob]], Iterable[UnitJob]] | None = None) -> None:
+              units: Iterable[UnitJob] | None = None) -> None:
     """Write every unit of ``run`` not yet recorded (see the module contract). ``check``: called
-    while waiting for a plan's rows (a model that cannot load stops the build there). ``claim``
-    (a worker of :mod:`~shardsmith.distribute.gpus`): the pending units pass through it and only those
-    it yields are written here (units planned ahead only)."""
+    while waiting for a plan's rows (a model that cannot load stops the build there). ``units`` (a
+    worker of :mod:`~shardsmith.distribute.gpus`: the units it claims, as it claims them): only those
+    are written here, each unit's rows read whole before its first is used (an open read would pin a
+    snapshot of the ledger that the unit's commit could not write past while a plan commits too)."""
     ledger = run.ledger
     if run.byte_bounded:
         last = ledger.last_unit(run.name, run.split)
@@ -101,11 +102,14 @@ def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None
         total, completed = run.eligible(), pos0
         rows = ledger.items(split=run.split, sources=run.sources, status="ok", start_pos=pos0)
         stream = ((None, pos, it) for pos, it in enumerate(rows, pos0))
+    elif units is not None:  # the total for the progress and the encoder's expectations, once the plan is complete
+        total, completed = (run.eligible(), pending_jobs(run)[1]) if ledger.get_meta("plan_complete") else (None, 0)
+        stream = ((j.seq, j.first_pos + k, it) for j in units
+                  for k, it in enumerate(list(unit_items(ledger, j, run.sources))))
     else:
         jobs, completed = pending_jobs(run)
         total = run.eligible()
-        mine = ORDER(jobs) if claim is None else claim(ORDER(jobs))
-        stream = ((j.seq, j.first_pos + k, it) for j in mine
+        stream = ((j.seq, j.first_pos + k, it) for j in ORDER(jobs)
                   for k, it in enumerate(unit_items(ledger, j, run.sources)))
     _Writer(run, seq0, pos0, total, completed, ahead).run(pool, stream)
 
@@ -179,7 +183,7 @@ class _Writer:
         with r.progress.task(f"{r.name}/{r.split}", total=self.total, completed=self.completed) as tick:
             for item, res in pool.map(r.maker, feed()):
                 seq, pos = tags.popleft()
-                if self.total is None and self.ahead.done:  # the plan has just completed: the total is known
+                if self.total is None and self.ahead is not None and self.ahead.done:  # the plan has just completed: the total is known
                     self.total = r.eligible()
                     tick.set_total(self.total)
                     if fin is not None:

@@ -77,16 +77,20 @@ def resolve_decoder(setting: str, device: str, workers: int = 8) -> str:
     if setting in ("cpu", "cpu-draft"):
         return setting
     on_gpu = device.startswith("cuda")
-    problem = None if DECODE is not _torchvision_decode else gpu_decoder_problem()
+
+    def problem() -> str | None:  # (imports torchvision: seconds, so only where the answer matters)
+        return None if DECODE is not _torchvision_decode else gpu_decoder_problem()
+
     if setting == "auto":
         if not on_gpu:
             return "cpu"
-        return "gpu" if workers < MIN_CPU_WORKERS and problem is None else "cpu-draft"
+        return "gpu" if workers < MIN_CPU_WORKERS and problem() is None else "cpu-draft"
     if not on_gpu:
         raise DeviceError(f"images.decoder is gpu, but the encoders run on {device}; set images.decoder: auto "
                           "(the GPU when the encoders use one) or cpu")
-    if problem is not None:
-        raise DeviceError(f"images.decoder is gpu, but {problem}; install the torchvision build that matches "
+    why = problem()
+    if why is not None:
+        raise DeviceError(f"images.decoder is gpu, but {why}; install the torchvision build that matches "
                           "your torch (pip install torchvision), or set images.decoder: cpu")
     return "gpu"
 
