@@ -70,12 +70,16 @@ def test_two_workers_write_the_bytes_of_one_process_for_latent_and_text_outputs(
 @pytest.mark.slow
 def test_a_worker_that_dies_mid_run_has_its_unit_written_and_the_bytes_are_the_same(reference, tmp_path):
     recipe, want = reference
+    # each worker dies as it claims its first unit (the first worker free takes units as soon as it is
+    # free, so which worker claims a second unit is a race; every worker claims a first one)
     r = _build(recipe, tmp_path / "two", "--gpus", "2",
-               env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu", "SHARDSMITH_WORKER_EXIT": "1:1"})
+               env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu", "SHARDSMITH_WORKER_EXIT": "0:0,1:0"})
     assert r.returncode == 0, r.stderr
     assert tree_bytes(tmp_path / "two") == want
     d = json.loads((tmp_path / "two" / "manifest.json").read_text())["outputs"]["latent_wds"]["distribute"]["train"]
-    assert d["died"] == [1] and d["workers"][1]["exit_code"] == 1
+    assert d["died"] == [0, 1] and [w["exit_code"] for w in d["workers"]] == [1, 1]
+    said = " ".join(r.stderr.split())  # (the console wraps long lines)
+    assert said.count("stopped (exit code 1); this process writes what it left") >= 2  # said, for each
 
 
 def test_more_gpus_than_the_machine_has_is_one_message_before_anything_runs(tmp_path):

@@ -23,13 +23,14 @@ Contract
   with its exit code and error, the build says so, and the caller's one-process pass
   (``local.run_split``) writes what is still pending. ``close()`` ends the workers (they also end
   with the build's process, however it dies).
-- ``SHARDSMITH_WORKER_EXIT="<rank>:<units>"`` (tests): that worker exits with code 1 as it claims the
-  unit after its first ``<units>`` of a split, mid-run, leaving that claim uncommitted.
+- ``SHARDSMITH_WORKER_EXIT="<rank>:<units>[,<rank>:<units>...]"`` (tests): that worker exits with code 1 as it
+  claims the unit after its first ``<units>`` of a split, mid-run, leaving that claim uncommitted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue as queue_mod
 import traceback
 import multiprocessing as mp
@@ -66,31 +67,14 @@ def devices(setting: int | str) -> list[str]:
     return [f"cuda:{i}" for i in range(n)]
 
 
-@dataclass
-class WorkerSpec:
-    """What one worker needs (picklable): the recipe, the build folder, the output and split, its rank,
-    the number of workers, its device and its decode processes."""
-
-    recipe: Any
-    root: Path
-    output: str
-    split: str
-    rank: int
-    world: int
-    device: str
-    decode_workers: int
-    parent: int  # the build's PID: the worker ends with it
-    threads: int | None = None  # the build's torch intra-op threads: a CPU "device" computes as the build would
-
-
 class _Claims:
     """The units this worker claims, one at a time as its stream asks for them."""
 
     def __init__(self, ledger, output: str, split: str, rank: int):
         self.ledger, self.output, self.split, self.rank = ledger, output, split, rank
         self.taken = 0
-        rank_s, _, after = os.environ.get(EXIT_ENV, "").partition(":")
-        self.exit_after = int(after) if rank_s and int(rank_s) == rank else None
+        hooks = dict(part.split(":") for part in os.environ.get(EXIT_ENV, "").split(",") if part)
+        self.exit_after = int(hooks[str(rank)]) if str(rank) in hooks else None
 
     def __call__(self, jobs: Iterable[UnitJob]) -> Iterator[UnitJob]:
         for job in jobs:
@@ -144,7 +128,8 @@ class StageCall:
 
 @dataclass
 class PoolSpec:
-    """What one worker of :class:`GpuWorkers` needs (picklable)."""
+    """What one worker needs (picklable; a Ray actor's too): the recipe, the build folder, its rank, the number
+    of workers, its device and its decode processes."""
 
     recipe: Any
     root: Path
@@ -177,6 +162,9 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
     from shardsmith.plan.ledger import Ledger
 
     exit_with_parent(spec.parent)  # a build killed with -9 takes its workers with it
+    # diffusers imports torchao where it is installed, whose C extensions, built for another torch, log
+    # "Failed to load" on import: the quantisation shardsmith uses does not need them (as in the build's process)
+    logging.getLogger("torchao").setLevel(logging.ERROR)
     if spec.threads:
         import torch
 

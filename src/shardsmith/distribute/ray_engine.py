@@ -43,7 +43,7 @@ class _Recorder:
 class UnitActor:
     """One GPU's worker (a Ray actor's class): models, decode pool, maker, renderer and sink, built once."""
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec, output: str, split: str) -> None:
         from shardsmith.encode.stage import EncodeStage
         from shardsmith.outputs import OutputContext, kind_of
         from shardsmith.parallel import Workers
@@ -56,18 +56,18 @@ class UnitActor:
             import torch
 
             torch.set_num_threads(spec.threads)
-        self.spec = spec
+        self.spec, self.split = spec, split
         self.pool = Workers(spec.decode_workers)
         self.stage = EncodeStage.from_recipe(recipe)
         self.ledger = Ledger(spec.root / formats.LEDGER_FILE)  # read only (sources' infos, the preview's items)
         infos = [info for info, _ in open_sources(recipe)]
-        self.output = next(o for o in recipe.outputs if o.name == spec.output)
+        self.output = next(o for o in recipe.outputs if o.name == output)
         kind = kind_of(self.output)
         self.recorder = _Recorder(self.ledger)
         octx = OutputContext(recipe, spec.root, self.recorder, infos, lambda: self.stage)
         self.kind, self.octx, self.recipe = kind, octx, recipe
         self.maker = kind.maker(self.output, octx)
-        self.sink = kind.sink(self.output, octx, kind.dest(spec.root, self.output, spec.split), spec.split)
+        self.sink = kind.sink(self.output, octx, kind.dest(spec.root, self.output, split), split)
         self.renderer = kind.renderer(self.output, octx)
         if spec.rank and hasattr(self.renderer, "preview"):
             self.renderer.preview = None
@@ -84,7 +84,7 @@ class UnitActor:
         if rank and int(rank) == self.spec.rank and self.units >= int(after):
             os._exit(1)  # the test hook (as the local workers'): this actor's node is lost mid-run
         finisher = LatentFinisher(self.renderer, self.stage)
-        run = local.SplitRun(self.output, self.spec.split, self.recipe.source_ids(self.output), self.recorder,
+        run = local.SplitRun(self.output, self.split, self.recipe.source_ids(self.output), self.recorder,
                              self.maker, self.sink, self.kind.per_unit(self.output), False, Progress(quiet=True),
                              finisher, {})
         try:
@@ -106,7 +106,7 @@ class UnitActor:
 def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_workers: int, ledger,
             address: str | None, progress=None) -> dict[str, Any]:
     """Run ``output``'s pending units of ``split`` on one Ray actor per device (see the module contract)."""
-    from shardsmith.distribute.gpus import WorkerSpec, _threads, progress_row
+    from shardsmith.distribute.gpus import PoolSpec, _threads, progress_row
     from shardsmith.distribute.local import SplitRun, pending_jobs
     from shardsmith.precheck import import_optional
     from shardsmith.progress import Progress
@@ -123,8 +123,8 @@ def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_work
         gpu = all(d.startswith("cuda") for d in devs)
         per = max(1, decode_workers // len(devs))
         actor_cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(UnitActor)
-        actors += [actor_cls.remote(WorkerSpec(recipe, root, output.name, split, r, len(devs),
-                                              "cuda" if gpu else d, per, os.getpid(), _threads()))
+        actors += [actor_cls.remote(PoolSpec(recipe, root, r, len(devs), "cuda" if gpu else d, per, os.getpid(),
+                                            _threads()), output.name, split)
                   for r, d in enumerate(devs)]
         srcs = recipe.source_ids(output)
         probe = SplitRun(output, split, srcs, ledger, None, None, _per_unit(output), False, Progress(quiet=True))
