@@ -36,6 +36,20 @@ def _recipe(tmp: Path) -> Path:
     return path
 
 
+def _ahead_recipe(tmp: Path) -> Path:
+    """24 captioned photos, no count holdout (the plan runs ahead of the output), units of 3."""
+    photos = real_photos(tmp / "photos", 24, seed=7, min_side=64, max_side=120)
+    for i, p in enumerate(photos):
+        p.with_suffix(".txt").write_text(f"a photo, number {i % 5}")
+    recipe = tmp / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "sources": [{"path": "photos"}], "geometry": {"buckets": ["64x64x1"]},
+        "models": {"vae": {"family": "sd", "config": "tiny"}, "text": {"family": "minilm"}, "device": "cpu",
+                   "batch_size": 4},
+        "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 3}]}))
+    return recipe
+
+
 def _build(recipe: Path, out: Path, *extra, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--workers", "2",
                            "--no-report", *extra], capture_output=True, text=True,
@@ -96,19 +110,18 @@ def test_more_gpus_than_the_machine_has_is_one_message_before_anything_runs(tmp_
     assert_message(code, output, "--gpus 'two'")
 
 
-@pytest.mark.slow
-def test_kill_9_of_the_build_takes_its_workers_and_the_resume_gives_the_same_bytes(reference, tmp_path):
+def _kill_and_resume(recipe: Path, out: Path) -> subprocess.CompletedProcess:
+    """``--gpus 2`` killed with -9 once 2 shards are written (its workers must go with it, nothing writes
+    afterwards), then the same command."""
     import signal
     import time
 
-    recipe, want = reference
-    out = tmp_path / "two"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu"}
     p = subprocess.Popen([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--workers", "2",
                           "--no-report", "-q", "--gpus", "2"], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while p.poll() is None and time.monotonic() < deadline and len(list(out.glob("lat/*/*.tar"))) < 2:
+    while p.poll() is None and time.monotonic() < deadline and len(list(out.rglob("*.tar"))) < 2:
         time.sleep(0.05)
     assert p.poll() is None, "the build ended before it could be killed"
     os.kill(p.pid, signal.SIGKILL)  # the build's process only: its workers must go with it
@@ -119,9 +132,24 @@ def test_kill_9_of_the_build_takes_its_workers_and_the_resume_gives_the_same_byt
     before = {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}
     time.sleep(1.0)
     assert before == {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}  # nothing writes there any more
-    r = _build(recipe, out, "--gpus", "2", env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
+    return _build(recipe, out, "--gpus", "2", env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_build_takes_its_workers_and_the_resume_gives_the_same_bytes(reference, tmp_path):
+    recipe, want = reference
+    r = _kill_and_resume(recipe, tmp_path / "two")
     assert r.returncode == 0, r.stderr
-    assert tree_bytes(out) == want
+    assert tree_bytes(tmp_path / "two") == want
+
+
+@pytest.mark.slow
+def test_kill_9_while_the_workers_follow_a_plan_running_ahead_resumes_to_the_same_bytes(tmp_path):
+    recipe = _ahead_recipe(tmp_path)
+    assert _build(recipe, tmp_path / "one").returncode == 0
+    r = _kill_and_resume(recipe, tmp_path / "two")
+    assert r.returncode == 0, r.stderr
+    assert tree_bytes(tmp_path / "two") == tree_bytes(tmp_path / "one")
 
 
 @pytest.mark.slow
@@ -175,15 +203,7 @@ def test_workers_ahead_of_the_plan_take_each_unit_once_final_and_end_with_the_co
 @pytest.mark.slow
 def test_workers_start_on_a_plan_still_running_and_write_the_bytes_of_one_process(tmp_path):
     """No count holdout: the plan runs ahead in its own process and the workers take its final units."""
-    photos = real_photos(tmp_path / "photos", 24, seed=7, min_side=64, max_side=120)
-    for i, p in enumerate(photos):
-        p.with_suffix(".txt").write_text(f"a photo, number {i % 5}")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "sources": [{"path": "photos"}], "geometry": {"buckets": ["64x64x1"]},
-        "models": {"vae": {"family": "sd", "config": "tiny"}, "text": {"family": "minilm"}, "device": "cpu",
-                   "batch_size": 4},
-        "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 3}]}))
+    recipe = _ahead_recipe(tmp_path)
     assert _build(recipe, tmp_path / "one").returncode == 0
     # two decode processes per worker: a worker's own pool has child processes
     r = _build(recipe, tmp_path / "two", "--gpus", "2", "--workers", "4", env={"SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
@@ -197,3 +217,21 @@ def test_workers_start_on_a_plan_still_running_and_write_the_bytes_of_one_proces
     assert all(w["load_s"] > 0 and w["exit_code"] == 0 for w in d["workers"])  # (the first loaded may take all)
     # the negative prompt's embedding, encoded on a worker (the same bytes: the trees are equal)
     assert m["outputs"]["latent_wds"]["files"]["train"]["neg_prompt_emb"] == "neg_prompt_emb.npy"
+
+
+@pytest.mark.slow
+def test_distill_on_two_workers_writes_the_bytes_of_one_process(tmp_path):
+    """kd_wds: the teacher's trajectories, its preview and index, written by the GPU workers (the build's own
+    process holds no model: the index is made from worker 0's description)."""
+    from test_distill_build import _distill, _recipe
+
+    recipe = _recipe(tmp_path)
+    one = _distill(recipe, tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([PY, "-m", "shardsmith", "distill", str(recipe), "--out", str(tmp_path / "two"), "--workers",
+                          "2", "--gpus", "2"], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu"})
+    assert two.returncode == 0, two.stderr
+    assert tree_bytes(tmp_path / "two") == tree_bytes(tmp_path / "one")
+    d = json.loads((tmp_path / "two" / "manifest.json").read_text())["outputs"]["kd_wds"]["distribute"]["train"]
+    assert d["died"] == [] and sum(w["units"] for w in d["workers"]) > 0
