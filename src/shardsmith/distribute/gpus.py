@@ -67,14 +67,20 @@ def devices(setting: int | str) -> list[str]:
     return [f"cuda:{i}" for i in range(n)]
 
 
+def exit_after(rank: int) -> int | None:
+    """The test hook (``SHARDSMITH_WORKER_EXIT``, see the module contract): the units worker ``rank`` writes
+    before it exits, or None."""
+    hooks = dict(part.split(":") for part in os.environ.get(EXIT_ENV, "").split(",") if part)
+    return int(hooks[str(rank)]) if str(rank) in hooks else None
+
+
 class _Claims:
     """The units this worker claims, one at a time as its stream asks for them."""
 
     def __init__(self, ledger, output: str, split: str, rank: int):
         self.ledger, self.output, self.split, self.rank = ledger, output, split, rank
         self.taken = 0
-        hooks = dict(part.split(":") for part in os.environ.get(EXIT_ENV, "").split(",") if part)
-        self.exit_after = int(hooks[str(rank)]) if str(rank) in hooks else None
+        self.exit_after = exit_after(rank)
 
     def __call__(self, jobs: Iterable[UnitJob]) -> Iterator[UnitJob]:
         for job in jobs:
@@ -162,8 +168,8 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
     from shardsmith.plan.ledger import Ledger
 
     exit_with_parent(spec.parent)  # a build killed with -9 takes its workers with it
-    # diffusers imports torchao where it is installed, whose C extensions, built for another torch, log
-    # "Failed to load" on import: the quantisation shardsmith uses does not need them (as in the build's process)
+    # diffusers imports torchao where it is installed; its optional C extensions, when built for another torch,
+    # log "Failed to load" on import in every worker: the weight-only quantisation shardsmith uses needs none
     logging.getLogger("torchao").setLevel(logging.ERROR)
     if spec.threads:
         import torch

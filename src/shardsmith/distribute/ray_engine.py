@@ -76,12 +76,12 @@ class UnitActor:
     def run_unit(self, job, items: list) -> dict[str, Any]:
         """Write unit ``job`` from its planned ``items``; its record (``Ledger.commit_unit`` arguments)."""
         from shardsmith.distribute import local
-        from shardsmith.distribute.gpus import EXIT_ENV
+        from shardsmith.distribute.gpus import exit_after
         from shardsmith.encode.finisher import LatentFinisher
         from shardsmith.progress import Progress
 
-        rank, _, after = os.environ.get(EXIT_ENV, "").partition(":")
-        if rank and int(rank) == self.spec.rank and self.units >= int(after):
+        after = exit_after(self.spec.rank)
+        if after is not None and self.units >= after:
             os._exit(1)  # the test hook (as the local workers'): this actor's node is lost mid-run
         finisher = LatentFinisher(self.renderer, self.stage)
         run = local.SplitRun(self.output, self.split, self.recipe.source_ids(self.output), self.recorder,
