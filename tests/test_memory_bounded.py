@@ -110,21 +110,11 @@ def _growth_kib(targets: dict[int, object], command: str, check_out, quiet: bool
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
-def test_verify_peak_rss_does_not_grow_with_items(tmp_path):
-    from shardsmith.build import build
-    from shardsmith.recipe import recipe_from_dict
-
-    targets = {}
-    for n, src in _two_sets(tmp_path).items():
-        recipe = recipe_from_dict({"sources": [{"path": str(src)}],
-                                   "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 1000}]})
-        build(recipe, tmp_path / f"ds_{n}", quiet=True, workers=2)
-        targets[n] = tmp_path / f"ds_{n}" / "wds"
-
+def test_verify_peak_rss_does_not_grow_with_items(built_sets):
     def seen_all(n, out):
         assert f"{n} of {n} samples seen exactly once" in out, out[-2000:]
 
-    grew, peaks = _growth_kib(targets, "verify", seen_all)
+    grew, peaks = _growth_kib(built_sets, "verify", seen_all)
     assert grew <= VERIFY_MARGIN_KIB, (f"verify's main process grew {grew} KiB from {SMALL} to {LARGE} samples "
                                        f"(peaks in KiB: {peaks}); it must not hold per-sample state")
 
@@ -150,7 +140,8 @@ REPAIR_MARGIN_KIB = 1_600
 
 @pytest.fixture(scope="module")
 def built_sets(tmp_path_factory):
-    """A wds dataset (1000 samples per shard) built from 2k and from 20k tiny images."""
+    """A wds dataset (1000 samples per shard) built from 2k and from 20k tiny images, once for the module:
+    verify, inspect and repair read it."""
     from shardsmith.build import build
     from shardsmith.recipe import recipe_from_dict
 
