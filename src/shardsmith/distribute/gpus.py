@@ -134,13 +134,12 @@ class StageCall:
 
 @dataclass
 class PoolSpec:
-    """What one worker needs (picklable; a Ray actor's too): the recipe, the build folder, its rank, the number
-    of workers, its device and its decode processes."""
+    """What one worker needs (picklable; a Ray actor's too): the recipe, the build folder, its rank, its device
+    and its decode processes."""
 
     recipe: Any
     root: Path
     rank: int
-    world: int
     device: str
     decode_workers: int
     parent: int  # the build's PID: the worker ends with it
@@ -292,7 +291,7 @@ class GpuWorkers:
         self.tasks = [ctx.Queue() for _ in self.devs]
         threads = _threads()
         self.procs = [ctx.Process(target=pool_worker, name=f"shardsmith-gpu{r}",
-                                  args=(PoolSpec(self.recipe, self.root, r, len(self.devs), d, self.per, os.getpid(),
+                                  args=(PoolSpec(self.recipe, self.root, r, d, self.per, os.getpid(),
                                                  threads), self.tasks[r], self.results))
                       for r, d in enumerate(self.devs)]
         for p in self.procs:

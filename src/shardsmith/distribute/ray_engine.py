@@ -123,7 +123,7 @@ def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_work
         gpu = all(d.startswith("cuda") for d in devs)
         per = max(1, decode_workers // len(devs))
         actor_cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1)(UnitActor)
-        actors += [actor_cls.remote(PoolSpec(recipe, root, r, len(devs), "cuda" if gpu else d, per, os.getpid(),
+        actors += [actor_cls.remote(PoolSpec(recipe, root, r, "cuda" if gpu else d, per, os.getpid(),
                                             _threads()), output.name, split)
                   for r, d in enumerate(devs)]
         srcs = recipe.source_ids(output)

@@ -371,17 +371,9 @@ class Ledger:
         yield from self.db.execute(sql + " ORDER BY r.idx", args)
 
     def clear_claims(self, output: str, split: str) -> None:
-        """Forget every claim on ``output``'s ``split`` (before its units are handed out again), and which
-        workers said they were ready."""
+        """Forget every claim on ``output``'s ``split`` (before its units are handed out again)."""
         with self.transaction():
             self.db.execute("DELETE FROM claims WHERE output=? AND split=?", (output, split))
-            self.db.execute("DELETE FROM claims WHERE output=? AND split=? AND seq < 0", (f"ready:{output}", split))
-
-    def mark_ready(self, output: str, split: str, rank: int) -> int:
-        """Worker ``rank`` is ready to claim ``output``'s ``split``; how many workers are."""
-        self.db.execute("INSERT OR IGNORE INTO claims VALUES (?,?,?,?)", (f"ready:{output}", split, -1 - rank, rank))
-        return self.db.execute("SELECT COUNT(*) FROM claims WHERE output=? AND split=?",
-                               (f"ready:{output}", split)).fetchone()[0]
 
     def claim(self, output: str, split: str, seq: int, rank: int) -> bool:
         """Claim unit ``seq`` for worker ``rank``: True for the first worker to ask, False after."""
