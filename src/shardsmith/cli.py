@@ -22,7 +22,10 @@ import typer
 import yaml
 
 from shardsmith.errors import UserError
+from shardsmith.import_notices import quiet_import_notices
 from shardsmith.recipe import recipe_from_dict, set_key
+
+quiet_import_notices()  # before any model library is imported
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Compile raw media into training-ready datasets and prove they load.")

@@ -30,7 +30,6 @@ Contract
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue as queue_mod
 import traceback
 import multiprocessing as mp
@@ -163,13 +162,12 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
     """One worker: models on its device (loaded and warmed up first), its decode pool, then each task
     as it comes (None ends it). Reports ``("ready", rank, info)``, ``("done", rank, stats)`` per task, or
     ``("error", rank, text)`` before it exits with code 1."""
+    from shardsmith.import_notices import quiet_import_notices
     from shardsmith.parallel import Workers, exit_with_parent
     from shardsmith.plan.ledger import Ledger
 
     exit_with_parent(spec.parent)  # a build killed with -9 takes its workers with it
-    # diffusers imports torchao where it is installed; its optional C extensions, when built for another torch,
-    # log "Failed to load" on import in every worker: the weight-only quantisation shardsmith uses needs none
-    logging.getLogger("torchao").setLevel(logging.ERROR)
+    quiet_import_notices()  # (a spawned interpreter: the CLI's logging settings are not inherited)
     if spec.threads:
         import torch
 

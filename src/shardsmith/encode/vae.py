@@ -317,7 +317,9 @@ def load_vae(
             if family in ("ltx", "ltx2") and cfg_name == "tiny":
                 seeded_statistics(model, notes)
         if next(model.parameters()).dtype != tdt:
-            model = model.to(tdt)
+            # diffusers' own ``to`` only adds a warning here, about its float32 modules, even when there are none
+            # ("should be kept in float32: []"); torch's cast is the same cast
+            model = model.to(tdt) if getattr(model, "_keep_in_fp32_modules", None) else torch.nn.Module.to(model, tdt)
         notes.append("random weights (torch.manual_seed(0)): latents are NOT model-space data")
         if (note := device_init_note(device)) is not None:
             notes.append(note)
