@@ -169,6 +169,22 @@ def write_pan_clip(path: Path, frames: int, h: int, w: int, i: int) -> None:
             c.mux(p)
 
 
+def _pan_clip_job(args: tuple[Path, int, int, int, int]) -> None:
+    path, frames, h, w, i = args
+    write_pan_clip(path, frames, h, w, i)
+    path.with_suffix(".txt").write_text(f"a slow pan across a photograph, clip {i}, {frames} frames")
+
+
+def make_clips(dest: Path, n: int, h: int, w: int, procs: int) -> None:
+    """``n`` distinct pan clips of 121-137 frames at ``h``x``w`` under ``dest``, each with a caption file."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    dest.mkdir(parents=True, exist_ok=True)
+    jobs = [(dest / f"clip_{i:04d}.mp4", 121 + i % 17, h, w, i) for i in range(n)]
+    with ProcessPoolExecutor(procs) as ex:
+        list(ex.map(_pan_clip_job, jobs))
+
+
 # --------------------------------------------------------------------------- measurement
 def cpu_now() -> float:
     """User+sys CPU seconds of this process and its joined (waited-for) children."""

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from _cli import timed_build
+from _media import make_clips
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,17 +58,27 @@ def add_copies(dest: Path, k: int) -> int:
     return len(files) * k
 
 
-def encoder_alone(size: int, batch: int, repeats: int) -> dict:
-    """Eager SD-VAE encoder on a resident bf16 batch (what the build's batches run)."""
+def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frames: tuple[int, int, int] | None = None,
+                  compiled: bool = False) -> dict:
+    """The encoder (published config, random weights) on a resident bf16 batch: SD-VAE on [batch, 3, size,
+    size] (what the image build's batches run), or ``family`` on ``frames`` = (F, H, W) clips; eager, or
+    ``compiled`` as the build compiles it (same mode, same persistent cache). cuDNN's autotuner on (the build
+    runs cuDNN's deterministic heuristics: the baseline is the faster of the two)."""
     import torch
 
     from shardsmith.encode.vae import load_vae
 
     t = time.perf_counter()
-    vae = load_vae("sd", config="published", dtype="bfloat16", device="cuda")
+    vae = load_vae(family, config="published", dtype="bfloat16", device="cuda")
     load_s = time.perf_counter() - t
     torch.backends.cudnn.benchmark = True
-    x = torch.rand(batch, 3, size, size, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    shape = (3, *frames) if frames else (3, size, size)
+    x = torch.rand(batch, *shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    if compiled:
+        from shardsmith.encode import compile as cc
+
+        cc.use_cache_dir()
+        vae.compile(mode=cc.COMPILE_MODE, backend="inductor")
     for _ in range(3):
         vae.encode(x)
     torch.cuda.synchronize()
@@ -80,7 +91,36 @@ def encoder_alone(size: int, batch: int, repeats: int) -> dict:
     med = statistics.median(ts)
     del vae
     torch.cuda.empty_cache()
-    return {"size": size, "batch": batch, "median_batch_s": med, "items_per_s": batch / med, "load_s": load_s}
+    return {"family": family, "shape": list(shape), "batch": batch, "compiled": compiled, "median_batch_s": med,
+            "items_per_s": batch / med, "load_s": load_s}
+
+
+BARE = """
+import sys, time
+import torch
+from shardsmith.encode.vae import load_vae
+vae = load_vae(sys.argv[1], config="published", dtype="bfloat16", device="cuda")
+torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+x = torch.rand(*[int(v) for v in sys.argv[2].split(",")], device="cuda", dtype=torch.bfloat16) * 2 - 1
+vae.encode(x)
+torch.cuda.synchronize()
+"""
+
+
+def bare_start(family: str, shape: tuple[int, ...], repeats: int = 2) -> dict:
+    """The least any build pays before its first batch: a fresh interpreter that imports torch and the
+    encoder's library, builds the model on the GPU and encodes one batch of the build's shape (cuDNN as the
+    build sets it), then exits; seconds from the command to its exit, median of ``repeats`` (the first
+    run is extra, untimed: files in the page cache, as for the builds after it)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-c", BARE, family, ",".join(str(v) for v in shape)]
+    ts = []
+    for i in range(repeats + 1):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+        if i:
+            ts.append(time.perf_counter() - t)
+    return {"family": family, "shape": list(shape), "seconds": ts, "median_s": statistics.median(ts)}
 
 
 def pixel_parity(src: Path, size: int, n: int) -> dict:
@@ -112,15 +152,27 @@ def pixel_parity(src: Path, size: int, n: int) -> dict:
             "max_abs": int(d.max()), "share_equal": float((d == 0).mean()), "share_within_1": float((d <= 1).mean())}
 
 
-def cli_build(src: Path, work: Path, name: str, size: int, decoder: str, batch: int, compile_: str) -> dict:
-    recipe = {"sources": [{"path": str(src)}], "geometry": {"buckets": [f"{size}x{size}x1"]},
-              "images": {"decoder": decoder, "upscale": True},
-              "models": {"vae": {"family": "sd", "config": "published", "dtype": "bfloat16"}, "batch_size": batch,
-                         "compile": compile_},
-              "outputs": [{"format": "latent_wds", "dir": "lat"}]}
+def image_recipe(src: Path, size: int, decoder: str, batch: int, compile_: str) -> dict:
+    return {"sources": [{"path": str(src)}], "geometry": {"buckets": [f"{size}x{size}x1"]},
+            "images": {"decoder": decoder, "upscale": True},
+            "models": {"vae": {"family": "sd", "config": "published", "dtype": "bfloat16"}, "batch_size": batch,
+                       "compile": compile_},
+            "outputs": [{"format": "latent_wds", "dir": "lat"}]}
+
+
+def video_recipe(src: Path, h: int, w: int, frames: int, compile_: str) -> dict:
+    """The issue's LTX-2 workload: ``.precomputed/`` (latents + conditions), the LTX-2 VAE (published config,
+    random weights, bf16) at one bucket, the tiny T5 for the captions, one clip a batch."""
+    return {"sources": [{"path": str(src)}], "geometry": {"buckets": [f"{w}x{h}x{frames}"]},
+            "models": {"vae": {"family": "ltx2", "config": "published", "dtype": "bfloat16"},
+                       "text": {"family": "t5", "config": "tiny"}, "batch_size": 1, "compile": compile_},
+            "outputs": [{"format": "precomputed"}]}
+
+
+def cli_build(recipe: dict, work: Path, name: str, decoder: str, compile_: str) -> dict:
     rp = work / f"{name}.yaml"
     rp.write_text(json.dumps(recipe))
-    r = timed_build([str(rp)], work / f"out_{name}")
+    r = timed_build([str(rp), "--no-report"], work / f"out_{name}")
     if r.rc != 0:
         return {"name": name, "rc": r.rc, "stderr": r.stderr_tail}
     m = r.manifest
@@ -136,40 +188,88 @@ def cli_build(src: Path, work: Path, name: str, size: int, decoder: str, batch: 
                             "timings": m.get("timings")}}
 
 
+def warm_cache(recipe: dict, src: Path, work: Path, n: int) -> float:
+    """An untimed build of ``n`` of the workload's files: with ``models.compile: on`` it fills the persistent
+    compile cache, as a user's first build on that machine does; seconds taken."""
+    sub = work / "warm_src"
+    subprocess.run(["rm", "-rf", str(sub)])
+    sub.mkdir(parents=True)
+    for i, f in enumerate(sorted(p for p in src.rglob("*") if p.is_file() and p.suffix != ".txt")[:n]):
+        os.link(f, sub / f"{i:05d}{f.suffix}")
+        if f.with_suffix(".txt").is_file():
+            os.link(f.with_suffix(".txt"), sub / f"{i:05d}.txt")
+    rp = work / "warm.json"
+    rp.write_text(json.dumps({**recipe, "sources": [{"path": str(sub)}]}))
+    t = time.perf_counter()
+    r = timed_build([str(rp), "--no-report", "-q"], work / "out_warm")
+    if r.rc:
+        raise SystemExit(f"the warm-up build failed:\n{r.stderr_tail}")
+    return time.perf_counter() - t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--small", type=int, default=40960)
+    ap.add_argument("--workloads", default="small,big", help="of small, big, video")
+    ap.add_argument("--small", type=int, default=10240)
     ap.add_argument("--small-copies", type=int, default=4)
     ap.add_argument("--big", type=int, default=1024)
     ap.add_argument("--big-copies", type=int, default=8)
-    ap.add_argument("--decoders", default="auto,cpu")
+    ap.add_argument("--clips", type=int, default=240)
+    ap.add_argument("--video", default="512x768x121", help="HxWxF of the video bucket (clips are 121-137 frames)")
+    ap.add_argument("--decoders", default="auto")
     ap.add_argument("--small-decoders", default=None, help="decoders of the small workload (default: --decoders)")
-    ap.add_argument("--compile", default="off")
+    ap.add_argument("--compile", default="off", help="models.compile of the builds (on: an untimed build of "
+                    "--warm files first fills the persistent compile cache, and the encoder alone is compiled)")
+    ap.add_argument("--warm", type=int, default=256)
+    ap.add_argument("--parity", action="store_true", help="also the GPU decoder's pixels against Pillow's")
+    ap.add_argument("--no-bare", action="store_true", help="leave out the bare start (fresh interpreter to first batch)")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     procs = os.cpu_count() or 4
     res: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": procs, "workloads": []}
     args.work.mkdir(parents=True, exist_ok=True)
-    loads = [("small", args.small, 288, 640, 256, args.small_copies), ("big", args.big, 1500, 3500, 512, args.big_copies)]
+    wanted = args.workloads.split(",")
+    h, w_, f = (int(v) for v in args.video.split("x"))
+    loads = [("small", args.small, 288, 640, 256, args.small_copies), ("big", args.big, 1500, 3500, 512, args.big_copies),
+             ("video", args.clips, 0, 0, 0, 1)]
     for name, n, lo, hi, size, copies in loads:
-        if n <= 0:
+        if n <= 0 or name not in wanted:
             continue
         src = args.work / f"src_{name}"
-        w = {"name": name, "size": size, "gen_s": make_photos(src, n, lo, hi, procs)}
-        w["files"] = add_copies(src, copies) if copies > 1 else n
-        w["encoder_alone"] = encoder_alone(size, 64, 20)
-        try:
-            w["pixel_parity"] = pixel_parity(src, size, 200)
-        except Exception as exc:  # noqa: BLE001 - a diagnostic: the builds still run
-            w["pixel_parity"] = {"error": f"{type(exc).__name__}: {exc}"}
+        w: dict = {"name": name, "size": size}
+        t = time.perf_counter()
+        if name == "video":
+            make_clips(src, n, h, w_, procs)
+            w["gen_s"], w["files"] = time.perf_counter() - t, n
+            w["encoder_alone"] = encoder_alone(0, 1, 5, family="ltx2", frames=(f, h, w_), compiled=args.compile == "on")
+            if not args.no_bare:
+                w["bare_start"] = bare_start("ltx2", (1, 3, f, h, w_))
+        else:
+            w["gen_s"] = make_photos(src, n, lo, hi, procs)
+            w["files"] = add_copies(src, copies) if copies > 1 else n
+            w["encoder_alone"] = encoder_alone(size, 64, 20, compiled=args.compile == "on")
+            if not args.no_bare:
+                w["bare_start"] = bare_start("sd", (64, 3, size, size))
+        if args.parity and name != "video":
+            try:
+                w["pixel_parity"] = pixel_parity(src, size, 200)
+            except Exception as exc:  # noqa: BLE001 - a diagnostic: the builds still run
+                w["pixel_parity"] = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps({k: v for k, v in w.items()}), flush=True)
         w["builds"] = []
+        decs = ["auto"] if name == "video" else (
+            args.small_decoders if name == "small" and args.small_decoders else args.decoders).split(",")
+        if args.compile == "on":
+            rec = video_recipe(src, h, w_, f, "on") if name == "video" else image_recipe(src, size, decs[0], 64, "on")
+            w["warm_cache_build_s"] = warm_cache(rec, src, args.work, args.warm)
+            print(json.dumps({"warm_cache_build_s": w["warm_cache_build_s"]}), flush=True)
         for rep in range(args.repeats):
-            decs = args.small_decoders if name == "small" and args.small_decoders else args.decoders
-            for dec in decs.split(","):
-                b = cli_build(src, args.work, f"{name}_{dec}_{rep}", size, dec, 64, args.compile)
+            for dec in decs:
+                rec = video_recipe(src, h, w_, f, args.compile) if name == "video" else image_recipe(
+                    src, size, dec, 64, args.compile)
+                b = cli_build(rec, args.work, f"{name}_{dec}_{rep}", dec, args.compile)
                 if b.get("rc") == 0:
                     b["ratio_to_encoder_alone"] = b["items_per_s"] / w["encoder_alone"]["items_per_s"]
                 w["builds"].append(b)

@@ -26,25 +26,11 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from _cli import output_digests, timed_build
-from _media import write_pan_clip
+from _media import make_clips
 from cli_gpu_build import add_copies, make_photos
-
-
-def _clip(args: tuple[Path, int, int, int, int]) -> None:
-    path, frames, h, w, i = args
-    write_pan_clip(path, frames, h, w, i)
-    path.with_suffix(".txt").write_text(f"a slow pan across a photograph, clip {i}, {frames} frames")
-
-
-def make_clips(dest: Path, n: int, h: int, w: int, procs: int) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    jobs = [(dest / f"clip_{i:04d}.mp4", 121 + i % 17, h, w, i) for i in range(n)]
-    with ProcessPoolExecutor(procs) as ex:
-        list(ex.map(_clip, jobs))
 
 
 def image_recipe(src: Path, cpu: bool, compile_: str = "off") -> dict:
