@@ -25,9 +25,9 @@ class PrecomputedKind(LatentKind):
     def sink(self, o, ctx: OutputContext, dest: Path, split: str):
         from shardsmith.sinks.precomputed import PrecomputedSink
 
-        # the stamp (the encoders' identities) is checked before the first write, once the models are loaded:
-        # asking for it here would hold back the decode workers until then
-        return PrecomputedSink(o, dest, stamp=lambda: ctx.stage().stamp(ctx.recipe))
+        sink = PrecomputedSink(o, dest)
+        sink.check_stamp(ctx.stage().stamp(ctx.recipe))  # refused before anything is written
+        return sink
 
     def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
         from shardsmith.sinks.bucketed_wds import bucket_summary

@@ -49,17 +49,8 @@ def condition_record(emb: torch.Tensor, mask: torch.Tensor, audio_emb: torch.Ten
 class PrecomputedSink:
     kind = "precomputed"
 
-    def __init__(self, output, dest: Path, stamp=None):
-        """``stamp``: a callable giving the tree's stamp (the encode stage's, so it waits for the models to
-        load), checked against the tree's or written (:meth:`check_stamp`) before the first unit is written,
-        or at :meth:`finalize` when none is; so the decode workers start on the first clips while the models
-        load. None: the caller checks it itself."""
-        self.o, self.dest, self._stamp = output, dest, stamp
-
-    def _stamp_once(self) -> None:
-        if self._stamp is not None:
-            stamp, self._stamp = self._stamp, None
-            self.check_stamp(stamp())
+    def __init__(self, output, dest: Path):
+        self.o, self.dest = output, dest
 
     def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str,
                   next_bytes: int | None = None) -> bool:
@@ -84,7 +75,6 @@ class PrecomputedSink:
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> Written:
         """Write every sample's files atomically; the unit's files are grouped by bucket (one
         :class:`~shardsmith.records.UnitFile` per bucket, named ``<bucket>@unit<seq>``)."""
-        self._stamp_once()  # a tree of other encoders is refused before anything is written
         h, total = hashlib.sha256(), 0
         groups: dict[str, list] = {}
         for _key, s in samples:
@@ -108,7 +98,6 @@ class PrecomputedSink:
         return Written(f"unit{seq:05d}", total, h.hexdigest(), tuple(files))
 
     def finalize(self, units: list[dict]) -> dict[str, Any]:
-        self._stamp_once()  # a split without samples: its tree is stamped all the same
         counts = {sub: sum(1 for p in (self.dest / sub).rglob(f"*{CACHE_EXT}")) if (self.dest / sub).exists() else 0
                   for sub in WRITTEN_DIRS}
         for sub in WRITTEN_DIRS[2:]:  # a tree without audio or references: its manifest block as before them
