@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from _cli import timed_build
+from _cli import subset_build, timed_build
 from _media import make_clips
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,25 +188,6 @@ def cli_build(recipe: dict, work: Path, name: str, decoder: str, compile_: str) 
                             "timings": m.get("timings")}}
 
 
-def warm_cache(recipe: dict, src: Path, work: Path, n: int) -> float:
-    """An untimed build of ``n`` of the workload's files: with ``models.compile: on`` it fills the persistent
-    compile cache, as a user's first build on that machine does; seconds taken."""
-    sub = work / "warm_src"
-    subprocess.run(["rm", "-rf", str(sub)])
-    sub.mkdir(parents=True)
-    for i, f in enumerate(sorted(p for p in src.rglob("*") if p.is_file() and p.suffix != ".txt")[:n]):
-        os.link(f, sub / f"{i:05d}{f.suffix}")
-        if f.with_suffix(".txt").is_file():
-            os.link(f.with_suffix(".txt"), sub / f"{i:05d}.txt")
-    rp = work / "warm.json"
-    rp.write_text(json.dumps({**recipe, "sources": [{"path": str(sub)}]}))
-    t = time.perf_counter()
-    r = timed_build([str(rp), "--no-report", "-q"], work / "out_warm")
-    if r.rc:
-        raise SystemExit(f"the warm-up build failed:\n{r.stderr_tail}")
-    return time.perf_counter() - t
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
@@ -263,7 +244,7 @@ def main() -> int:
             args.small_decoders if name == "small" and args.small_decoders else args.decoders).split(",")
         if args.compile == "on":
             rec = video_recipe(src, h, w_, f, "on") if name == "video" else image_recipe(src, size, decs[0], 64, "on")
-            w["warm_cache_build_s"] = warm_cache(rec, src, args.work, args.warm)
+            w["warm_cache_build_s"] = subset_build(rec, src, args.work, args.warm)
             print(json.dumps({"warm_cache_build_s": w["warm_cache_build_s"]}), flush=True)
         for rep in range(args.repeats):
             for dec in decs:

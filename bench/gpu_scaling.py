@@ -28,7 +28,7 @@ import os
 import sys
 from pathlib import Path
 
-from _cli import output_digests, timed_build
+from _cli import output_digests, subset_build, timed_build
 from _media import make_clips
 from cli_gpu_build import add_copies, make_photos
 
@@ -64,33 +64,13 @@ def _workers(manifest: dict) -> list[dict]:
     return out
 
 
-def warm_up(recipe: dict, src: Path, work: Path, n: int, gpus: int) -> float:
-    """An untimed build of ``n`` of the workload's files with ``gpus`` GPUs: the interpreter's and the
-    libraries' files in the page cache, as on a machine that has run a build before."""
-    import shutil
-    import time
-
-    sub = work / "warm_src"
-    shutil.rmtree(sub, ignore_errors=True)
-    sub.mkdir(parents=True)
-    for i, f in enumerate(sorted(p for p in src.rglob("*") if p.is_file() and p.suffix != ".txt")[:n]):
-        os.link(f, sub / f"{i:05d}{f.suffix}")
-        if f.with_suffix(".txt").is_file():
-            os.link(f.with_suffix(".txt"), sub / f"{i:05d}.txt")
-    rp = work / "warm.json"
-    rp.write_text(json.dumps({**recipe, "sources": [{"path": str(sub)}]}))
-    t = time.perf_counter()
-    r = timed_build([str(rp), "--gpus", str(gpus), "--no-report", "-q"], work / "out_warm")
-    if r.rc:
-        raise SystemExit(f"the warm-up build failed:\n{r.stderr_tail}")
-    return time.perf_counter() - t
-
-
 def run_workload(name: str, recipe: dict, work: Path, gpus: list[int]) -> dict:
     rp = work / f"{name}.json"
     rp.write_text(json.dumps(recipe))
-    res: dict = {"name": name, "builds": [], "warm_up_s": warm_up(recipe, Path(recipe["sources"][0]["path"]), work,
-                                                                  256 if name == "images" else 16, max(gpus))}
+    # untimed: the libraries' files in the page cache (and a warm compile cache), as after an earlier build
+    res: dict = {"name": name, "builds": [], "warm_up_s": subset_build(recipe, Path(recipe["sources"][0]["path"]), work,
+                                                                       256 if name == "images" else 16,
+                                                                       ["--gpus", str(max(gpus))])}
     base = None
     for n in gpus:
         out = work / f"out_{name}_{n}"
