@@ -216,12 +216,13 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
                 ledger.set_meta("recipe", canonical(recipe))
                 ledger.set_meta("version", __version__)
                 ledger.set_meta("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        from shardsmith.encode.gpu_decode import settle
+        if needs_encoders(recipe):  # (these import torch, which a build without models never needs)
+            from shardsmith.encode.gpu_decode import settle
 
-        recipe = settle(recipe, ledger, n_workers)  # images.decoder, as this build began (kept in the ledger)
-        from shardsmith.encode import offload
+            recipe = settle(recipe, ledger, n_workers)  # images.decoder, as this build began (kept in the ledger)
+            from shardsmith.encode import offload
 
-        recipe = offload.settle(recipe, ledger)  # models.offload where no GPU must be asked (kept in the ledger)
+            recipe = offload.settle(recipe, ledger)  # models.offload where no GPU must be asked (kept in the ledger)
         stale = remove_stale_tmp(root)
         if stale:
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")
@@ -335,9 +336,10 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     ledger.set_meta("complete", True)
     if ctx.memo is not None:  # every output is written: the kept encoder results are not needed
         ctx.memo.remove()
-    from shardsmith.encode.text_cache import remove_cache
+    if needs_encoders(ctx.recipe):
+        from shardsmith.encode.text_cache import remove_cache
 
-    remove_cache(root, ctx.stage)  # nor the text pass's embeddings (models.offload text-first)
+        remove_cache(root, ctx.stage)  # nor the text pass's embeddings (models.offload text-first)
     for line in summary(manifest):
         progress.say(line)
     return manifest
