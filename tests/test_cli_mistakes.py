@@ -358,3 +358,37 @@ def test_decode_twice_then_overwrite_end_to_end(tmp_path):
     r = run("decode", build, "--out", out, "--overwrite")
     assert r.returncode == 0, r.stderr
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == first
+
+
+def test_verify_inspect_and_repair_of_a_build_folder_name_its_datasets(tmp_path):
+    """The build's own folder where one of its outputs is meant (``shardsmith verify out/quickstart``): one
+    message naming every dataset under it (holdout ones too), exit 2; before, verify said only what the folder
+    was not, and inspect and repair reported an empty dataset with exit code 1."""
+    from media_factory import real_photos
+    from shardsmith.build import build
+
+    src = tmp_path / "src"
+    real_photos(src, 12, seed=7, min_side=40, max_side=90)
+    out = tmp_path / "out"
+    build(recipe_from_dict({"sources": [{"path": str(src)}], "split": {"holdout": 0.25, "seed": 1},
+                            "outputs": [{"format": "wds", "dir": "wds"},
+                                        {"format": "zip", "path": "px.zip", "resolution": 16}]}), out, quiet=True)
+    want = [str(out / d) for d in ("holdout/px.zip", "holdout/wds", "px.zip", "wds")]
+    for command in ("verify", "inspect", "repair"):
+        code, output = invoke(command, out)
+        assert_message(code, output, f"{out} is a shardsmith build folder, not one dataset; pass one of its datasets: "
+                       + ", ".join(want))
+    code, output = invoke("inspect", out / "wds")  # the dataset itself, as the message says
+    assert code == 0, output
+
+
+def test_a_build_folders_precomputed_tree_is_named_too(tmp_path):
+    from shardsmith.formats.detect import build_folder_message
+
+    (tmp_path / ".shardsmith").mkdir()
+    (tmp_path / ".shardsmith" / "ledger.sqlite").write_bytes(b"")
+    (tmp_path / ".precomputed" / "latents").mkdir(parents=True)
+    (tmp_path / ".shardsmith" / "encoded" / "latents").mkdir(parents=True)  # its state: never named
+    assert build_folder_message(tmp_path) == (f"{tmp_path} is a shardsmith build folder, not one dataset; pass one of "
+                                              f"its datasets: {tmp_path / '.precomputed'}")
+    assert build_folder_message(tmp_path / ".precomputed") is None

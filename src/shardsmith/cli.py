@@ -580,6 +580,14 @@ def _wds_folder(dataset: Path, command_name: str) -> None:
         what = "does not exist" if not dataset.exists() else "is a file"
         _fail(f"{dataset} {what}; {command_name} takes a folder of .tar shards"
               + (" (for an EDM .zip use: shardsmith verify)" if dataset.suffix.lower() == ".zip" else ""))
+    from shardsmith.formats.detect import build_folder_message, dataset_kind
+
+    hint = build_folder_message(dataset)  # a build's own folder, given for one of its outputs
+    if hint is not None:
+        try:
+            dataset_kind(dataset)
+        except ValueError:
+            _fail(hint)
 
 
 @command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE, STATE_DIR
 from shardsmith.formats.precomputed import MARKER_DIRS
 from shardsmith.formats.wds import BUCKETS_INDEX_FILE, is_shard_file_name
 from shardsmith.formats.zip import is_zip_file_name
@@ -27,7 +27,39 @@ def dataset_kind(path: Path) -> DatasetKind:
         return "precomputed"
     if path.is_dir() and any(is_shard_file_name(p.name) for p in path.iterdir()):
         return "wds"
-    raise ValueError(f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
+    raise ValueError(build_folder_message(path)
+                     or f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
+
+
+def build_folder_message(path: Path) -> str | None:
+    """For a shardsmith build folder (a manifest or a ledger in it): what to pass instead, naming its
+    datasets; None for any other path."""
+    path = Path(path)
+    if not (path.is_dir() and ((path / MANIFEST_FILE).is_file() or is_build(path))):
+        return None
+    inside = datasets_in(path)
+    return (f"{path} is a shardsmith build folder, not one dataset; pass one of its datasets: "
+            + (", ".join(str(path / d) for d in inside) if inside else "(none written yet)"))
+
+
+def datasets_in(build: Path, depth: int = 2) -> list[str]:
+    """The datasets under a build folder (each output of each split: ``wds``, ``holdout/wds``, ``x.zip``,
+    ``.precomputed`` ...), relative to it and sorted; its state folder is not looked into."""
+    found: list[str] = []
+
+    def walk(folder: Path, level: int) -> None:
+        for p in sorted(folder.iterdir()):
+            if p.name == STATE_DIR:
+                continue
+            try:
+                dataset_kind(p)
+                found.append(p.relative_to(build).as_posix())
+            except ValueError:
+                if p.is_dir() and level < depth:
+                    walk(p, level + 1)
+
+    walk(build, 1)
+    return found
 
 
 def is_build(folder: Path) -> bool:
