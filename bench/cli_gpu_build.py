@@ -96,7 +96,7 @@ def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frame
 
 
 BARE = """
-import sys, time
+import sys
 import torch
 from shardsmith.encode.vae import load_vae
 vae = load_vae(sys.argv[1], config="published", dtype="bfloat16", device="cuda")

@@ -30,22 +30,26 @@ from pathlib import Path
 
 from _cli import output_digests, subset_build, timed_build
 from _media import make_clips
+import cli_gpu_build
 from cli_gpu_build import add_copies, make_photos
 
 
 def image_recipe(src: Path, cpu: bool, compile_: str = "off") -> dict:
-    return {"sources": [{"path": str(src)}], "geometry": {"buckets": ["256x256x1"]}, "images": {"upscale": True},
-            "models": {"vae": {"family": "sd", "config": "tiny" if cpu else "published", "dtype": "bfloat16"},
-                       "batch_size": 64, "compile": compile_},
-            "outputs": [{"format": "latent_wds", "dir": "lat"}]}
+    """The GPU-speed issue's image recipe (``cli_gpu_build.image_recipe``); ``cpu``: the tiny VAE."""
+    r = cli_gpu_build.image_recipe(src, 256, "auto", 64, compile_)
+    if cpu:
+        r["models"]["vae"]["config"] = "tiny"
+    return r
 
 
 def video_recipe(src: Path, h: int, w: int, unit: int, cpu: bool) -> dict:
-    frames = 9 if cpu else 121
-    return {"sources": [{"path": str(src)}], "geometry": {"buckets": [f"{w}x{h}x{frames}"]},
-            "models": {"vae": {"family": "ltx2", "config": "tiny" if cpu else "published", "dtype": "bfloat16"},
-                       "text": {"family": "t5", "config": "tiny"}, "batch_size": 1, "compile": "off"},
-            "outputs": [{"format": "precomputed", "unit": unit}]}
+    """The GPU-speed issue's LTX-2 recipe (``cli_gpu_build.video_recipe``) with ``unit`` clips a unit; ``cpu``:
+    the tiny VAE at 9 frames."""
+    r = cli_gpu_build.video_recipe(src, h, w, 9 if cpu else 121, "off")
+    r["outputs"][0]["unit"] = unit
+    if cpu:
+        r["models"]["vae"]["config"] = "tiny"
+    return r
 
 
 def _workers(manifest: dict) -> list[dict]:
