@@ -42,12 +42,15 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
 
-from shardsmith.loaders.pth_fast import load_pth_bytes
+if TYPE_CHECKING:
+    import torch
+
+# torch (and :mod:`shardsmith.loaders.pth_fast`, which needs it) is imported by the decoders that make
+# tensors, not here: the suffix tables and checks below serve ``inspect`` and the loader configs without it
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 VIDEO_EXTS = ("mp4", "ogv", "mjpeg", "avi", "mov", "h264", "mpg", "webm", "wmv", "mkv")
@@ -126,6 +129,8 @@ def image_to_tensor(img, image_size: int | tuple[int, int] | None):
 
     from shardsmith.transform.buckets import resize_crop  # noqa: PLC0415
 
+    import torch  # noqa: PLC0415 - see the imports
+
     img = img.convert("RGB")
     if image_size is None:
         return torch.from_numpy(np.array(img, dtype=np.uint8, copy=True))
@@ -147,6 +152,16 @@ def decode_image(data: bytes, image_size=None):
         return image_to_tensor(im, image_size)
 
 
+def check_image(data: bytes) -> None:
+    """Raise what :func:`decode_image` raises for ``data``, without making a tensor (``inspect``): the
+    pixels are decoded and converted to RGB as the loader does; the tensor step after that cannot fail."""
+    from PIL import Image  # noqa: PLC0415
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        im.convert("RGB")
+
+
 # ---------------------------------------------------------------------------- video
 
 def decode_video(data: bytes, num_frames: int | None = None, video_size=None):
@@ -165,11 +180,15 @@ def decode_video(data: bytes, num_frames: int | None = None, video_size=None):
 # ---------------------------------------------------------------------------- tensors
 
 def load_npy(data) -> torch.Tensor:
+    import torch  # noqa: PLC0415
+
     arr = np.load(io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data, allow_pickle=False)
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def load_npz(data) -> dict[str, torch.Tensor]:
+    import torch  # noqa: PLC0415
+
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
         return {k: torch.from_numpy(np.ascontiguousarray(z[k])) for k in z.files}
 
@@ -179,7 +198,11 @@ def load_pth(data) -> Any:
     and plain Python values load; any other pickle raises (it is never executed). Plain
     ``torch.save`` bytes take the fast reader of :mod:`shardsmith.loaders.pth_fast`."""
     if isinstance(data, (bytes, bytearray, memoryview)):
+        from shardsmith.loaders.pth_fast import load_pth_bytes  # noqa: PLC0415
+
         return load_pth_bytes(data)
+    import torch  # noqa: PLC0415
+
     return torch.load(data, map_location="cpu", weights_only=True)
 
 
@@ -189,6 +212,8 @@ def load_safetensors(data: bytes) -> dict[str, torch.Tensor]:
 
 
 def decode_audio(data: bytes) -> dict:
+    import torch  # noqa: PLC0415
+
     sf = _require_soundfile()
     arr, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     return {"audio": torch.from_numpy(np.ascontiguousarray(arr.T)), "sample_rate": int(rate)}

@@ -68,10 +68,13 @@ def check_member(suffix: str, data: bytes) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if decoders.last_ext(suffix) in decoders.VIDEO_EXTS:
+            ext = decoders.last_ext(suffix)
+            if ext in decoders.VIDEO_EXTS:
                 from shardsmith.loaders.video_decode import count_decodable_frames
 
                 count_decodable_frames(data)
+            elif ext in decoders.IMAGE_EXTS:
+                decoders.check_image(data)  # the loader's decode, without a tensor (nor torch)
             else:
                 decoders.decode_member(suffix, data)
     except Exception as e:  # noqa: BLE001 - every decode failure is reported, not raised
