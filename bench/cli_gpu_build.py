@@ -8,9 +8,17 @@ interleaved, and report wall time from the command to its exit (the manifest is 
 written), items/s, whole build / encoder alone, and the manifest's steady state and GPU idle
 breakdown (diagnostics, labelled so).
 
+The ``text`` workload (issue 20's text goal): ``--prompts`` distinct captions that fill ``--text-len`` tokens, in
+a captions-only JSONL table, through ``build`` into a ``prompt_wds`` output with T5-XXL embeddings (published
+config, random weights, bf16, batch ``--text-batch``); the encoder alone is a resident token batch of the same
+size (``TextEncoder``'s own forward), and % of bf16 peak is the build's prompts/s x the FLOPs of one prompt
+(``torch.utils.flop_counter``) / 790 TFLOP/s.
+
 Usage (on a GPU machine):
   PYTHONPATH=src:tests python3 bench/cli_gpu_build.py --work /tmp/bench --out r.json \\
       --small 10240 --small-copies 4 --big 1024 --big-copies 8 --decoders auto,cpu
+  CPU check of the text workload's code paths: ... --workloads text --prompts 24 --text-config tiny --text-len 32 \\
+      --text-batch 8 --device cpu
 """
 
 from __future__ import annotations
@@ -169,6 +177,64 @@ def video_recipe(src: Path, h: int, w: int, frames: int, compile_: str) -> dict:
             "outputs": [{"format": "precomputed"}]}
 
 
+def text_recipe(table: Path, config: str, length: int, batch: int, device: str) -> dict:
+    """Prompt-only shards with T5 embeddings: the text encoder alone is loaded (no VAE, no buckets)."""
+    return {"sources": [{"path": str(table), "columns": {"caption": "prompt"}}],
+            "models": {"text": {"family": "t5", "config": config, "max_length": length, "dtype": "bfloat16"},
+                       "batch_size": batch, "device": device},
+            "outputs": [{"format": "prompt_wds", "dir": "prompts", "text_dtype": "bfloat16"}]}
+
+
+def make_prompt_table(dest: Path, n: int, length: int) -> Path:
+    """``n`` distinct captions of at least ``length`` words (so they fill ``length`` tokens) as a JSONL table."""
+    from gpu_encode import make_prompts
+
+    dest.mkdir(parents=True, exist_ok=True)
+    table = dest / "prompts.jsonl"
+    table.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in make_prompts(n, min_words=length)))
+    return table
+
+
+def text_alone(config: str, length: int, batch: int, repeats: int, device: str) -> dict:
+    """The text encoder (shardsmith's loader, random weights, bf16) on a resident token batch of ``batch``
+    captions that fill ``length`` tokens: median seconds of its forward, prompts/s, FLOPs of one prompt and
+    % of the H200's dense bf16 peak."""
+    import torch
+    from gpu_encode import _text_forward, flops_of, make_prompts, pct_peak
+
+    from shardsmith.encode.text import load_text_encoder
+
+    t = time.perf_counter()
+    enc = load_text_encoder("t5", config=config, max_length=length, dtype="bfloat16", device=device)
+    load_s = time.perf_counter() - t
+    ids, mask, _ = enc.tokenize(make_prompts(batch, min_words=length, seed=1))
+    ids, mask = ids.to(device), mask.to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def fwd():
+        with torch.inference_mode():
+            return _text_forward(enc, ids, mask)
+
+    for _ in range(3):
+        fwd()
+    sync()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fwd()
+        sync()
+        ts.append(time.perf_counter() - t)
+    with torch.inference_mode():
+        one = flops_of(lambda: _text_forward(enc, ids[:1], mask[:1]))
+    med = statistics.median(ts)
+    del enc
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"family": "t5", "config": config, "tokens": length, "batch": batch, "median_batch_s": med,
+            "items_per_s": batch / med, "tflop_per_item": one / 1e12, "pct_peak": pct_peak(batch / med, one),
+            "load_s": load_s}
+
+
 def cli_build(recipe: dict, work: Path, name: str, decoder: str, compile_: str) -> dict:
     rp = work / f"{name}.yaml"
     rp.write_text(json.dumps(recipe))
@@ -188,11 +254,31 @@ def cli_build(recipe: dict, work: Path, name: str, decoder: str, compile_: str) 
                             "timings": m.get("timings")}}
 
 
+def text_workload(args) -> dict:
+    """The text workload (module doc): the encoder alone, then the build through the CLI, same process tree."""
+    sys.path.insert(0, str(REPO / "bench"))
+    t = time.perf_counter()
+    table = make_prompt_table(args.work / "src_text", args.prompts, args.text_len)
+    w: dict = {"name": "text", "prompts": args.prompts, "gen_s": time.perf_counter() - t,
+               "encoder_alone": text_alone(args.text_config, args.text_len, args.text_batch, 10, args.device)}
+    print(json.dumps(w), flush=True)
+    b = cli_build(text_recipe(table, args.text_config, args.text_len, args.text_batch, args.device), args.work,
+                  "text", "-", "off")
+    if b.get("rc") == 0:
+        alone = w["encoder_alone"]
+        b["ratio_to_encoder_alone"] = b["items_per_s"] / alone["items_per_s"]
+        b["pct_peak"] = alone["pct_peak"] * b["ratio_to_encoder_alone"]
+    w["builds"] = [b]
+    print(json.dumps({k: v for k, v in b.items() if k != "diagnostics"}), flush=True)
+    subprocess.run(["rm", "-rf", str(args.work / "src_text"), str(args.work / "out_text")])
+    return w
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--workloads", default="small,big", help="of small, big, video")
+    ap.add_argument("--workloads", default="small,big", help="of small, big, video, text")
     ap.add_argument("--small", type=int, default=10240)
     ap.add_argument("--small-copies", type=int, default=4)
     ap.add_argument("--big", type=int, default=1024)
@@ -207,6 +293,11 @@ def main() -> int:
     ap.add_argument("--parity", action="store_true", help="also the GPU decoder's pixels against Pillow's")
     ap.add_argument("--no-bare", action="store_true", help="leave out the bare start (fresh interpreter to first batch)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=8192, help="captions of the text workload")
+    ap.add_argument("--text-config", default="xxl", help="T5 config of the text workload (xxl: T5 v1.1 XXL)")
+    ap.add_argument("--text-len", type=int, default=512)
+    ap.add_argument("--text-batch", type=int, default=64)
+    ap.add_argument("--device", default="cuda", help="the text workload's device (cpu: a check of its code paths)")
     args = ap.parse_args()
     procs = os.cpu_count() or 4
     res: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": procs, "workloads": []}
@@ -215,6 +306,9 @@ def main() -> int:
     h, w_, f = (int(v) for v in args.video.split("x"))
     loads = [("small", args.small, 288, 640, 256, args.small_copies), ("big", args.big, 1500, 3500, 512, args.big_copies),
              ("video", args.clips, 0, 0, 0, 1)]
+    if "text" in wanted and args.prompts > 0:
+        res["workloads"].append(text_workload(args))
+        args.out.write_text(json.dumps(res, indent=1))
     for name, n, lo, hi, size, copies in loads:
         if n <= 0 or name not in wanted:
             continue
