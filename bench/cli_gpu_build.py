@@ -227,7 +227,7 @@ def text_alone(config: str, length: int, batch: int, repeats: int, device: str) 
     with torch.inference_mode():
         one = flops_of(lambda: _text_forward(enc, ids[:1], mask[:1]))
     med = statistics.median(ts)
-    del enc
+    enc = ids = mask = None  # the model's memory back before the build
     if device == "cuda":
         torch.cuda.empty_cache()
     return {"family": "t5", "config": config, "tokens": length, "batch": batch, "median_batch_s": med,
