@@ -28,6 +28,7 @@ Contract
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -52,9 +53,9 @@ from shardsmith.recipe import Recipe, canonical, fingerprint
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.safety import estimate, holdout, outdir, space, swap
 from shardsmith.safety.existing import OutputExistsError, check_existing, refuse_foreign
-from shardsmith.safety.lock import hold
+from shardsmith.safety.lock import cannot_write, hold
 from shardsmith.atomic import atomic_write_json, remove_stale_tmp
-from shardsmith.sources import open_sources
+from shardsmith.sources import open_sources, paths
 from shardsmith.sources.base import count_listed
 from shardsmith.split.assign import HOLDOUT, TRAIN
 
@@ -151,7 +152,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
     nxt = swap.next_sibling(out)
     with contextlib.ExitStack() as locks:
         # the lock of --out (and of the sibling an --overwrite builds in) for the whole build and swap
-        locks.enter_context(hold(out, "build"))
+        locks.enter_context(hold(out, "build", read_only=True))  # a complete build may be re-checked read-only
         held_next = nxt.is_dir()
         if held_next:
             locks.enter_context(hold(nxt, "build"))
@@ -183,6 +184,8 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
                                  need=need)
         except (OSError, sqlite3.OperationalError) as exc:
             if not space.is_full(exc):
+                if _unwritable_in(exc, root):
+                    raise cannot_write(root, exc, "build") from None
                 raise
             raise space.write_failed(exc, root, root / formats.LEDGER_FILE, need.needed) from None
         if root != out:
@@ -195,6 +198,17 @@ def _say_carried(progress: Progress, carried: list[str]) -> None:
     if carried:
         progress.say(f"kept {len(carried)} file(s) of yours that the replaced build did not write (moved into "
                      f"the new build, never deleted): {', '.join(carried)}")
+
+
+def _unwritable_in(exc: BaseException, root: Path) -> bool:
+    """Whether ``exc`` is a refused write into the build folder ``root`` (no permission, read-only disk; SQLite's
+    "readonly database" / "unable to open database file" for the ledger there)."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return "readonly" in str(exc) or "unable to open" in str(exc)
+    if not isinstance(exc, OSError) or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+        return False
+    name = exc.filename
+    return name is not None and paths.within(os.path.realpath(os.fspath(name)), os.path.realpath(root))
 
 
 def default_workers() -> int:

@@ -578,6 +578,25 @@ class DistillSpec(_Strict):
         return v
 
 
+# names in a build folder that the build writes itself: no output may write there (HOLDOUT_DIR holds every
+# output's held-out split, as holdout/<its dir>)
+_RESERVED_TARGETS = {"manifest.json": "the build's manifest", "report.html": "the build's HTML report"}
+_RESERVED_TOPS = {"holdout": "the held-out split's outputs (holdout/<dir>)", ".shardsmith": "the build's ledger "
+                  "and state"}
+
+
+def _check_target(name: str, target: str) -> str:
+    """An output's ``dir``/``path`` normalised (``./wds``, ``wds/`` and ``wds`` are one folder); refuses
+    one that is a file or folder the build writes itself (see :data:`_RESERVED_TARGETS`)."""
+    norm = os.path.normpath(target)
+    top = Path(norm).parts[0] if norm != "." else "."
+    what = _RESERVED_TARGETS.get(norm) or _RESERVED_TOPS.get(top)
+    if what is not None:
+        raise ValueError(f"output {name!r}: {target!r} is where the build keeps {what}; choose another "
+                         "dir/path for this output")
+    return norm
+
+
 class Recipe(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     mode: Literal["t2i", "t2v", "i2v", "v2v-ic", "a2v", "v2a", "t2a", "video-inpaint", "audio-inpaint", "av2av-ic",
@@ -649,7 +668,7 @@ class Recipe(_Strict):
                 raise ValueError(f"source name {s.name!r} must be unique and contain no '/'")
             seen.add(s.name)
         out_names: set[str] = set()
-        targets: set[str] = set()
+        targets: dict[str, str] = {}  # normalised dir/path -> the output writing there
         for o in self.outputs:
             if o.name is None:
                 o.name = o.format if o.format not in out_names else f"{o.format}{len(out_names)}"
@@ -659,9 +678,11 @@ class Recipe(_Strict):
             target = o.path if isinstance(o, (ZipOutput, LatentZipOutput)) else o.dir
             if os.path.isabs(target) or ".." in Path(target).parts:
                 raise ValueError(f"output {o.name!r}: {target!r} must be a relative path inside --out")
-            if target in targets:
-                raise ValueError(f"two outputs write to {target!r}; give each its own dir/path")
-            targets.add(target)
+            norm = _check_target(o.name, target)
+            if norm in targets:
+                raise ValueError(f"output {o.name!r}: {target!r} is where output {targets[norm]!r} writes too (the "
+                                 "same path); give each output its own dir/path")
+            targets[norm] = o.name
             for sname in o.sources or []:
                 if sname not in seen:
                     raise ValueError(f"output {o.name!r} names unknown source {sname!r} (known: {sorted(seen)})")

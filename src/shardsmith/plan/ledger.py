@@ -127,6 +127,18 @@ class Ledger:
         led._open("")
         return led
 
+    @classmethod
+    def _immutable(cls, path: Path) -> Ledger:
+        """The ledger at ``path`` opened for reading only, as an immutable file (SQLite then needs no
+        ``-shm``/``-wal`` beside it, which a read-only folder cannot hold). Only for a caller that holds the
+        folder's lock, so that nothing writes it meanwhile."""
+        from urllib.parse import quote  # noqa: PLC0415
+
+        led = cls.__new__(cls)
+        led.path = path
+        led.db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?immutable=1", uri=True, isolation_level=None)
+        return led
+
     def _open(self, name: str) -> None:
         self.db = sqlite3.connect(name, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -153,7 +165,12 @@ class Ledger:
         """Read meta ``keys`` of the ledger at ``path`` (all None when there is none; never creates one)."""
         if not Path(path).exists():
             return (None,) * len(keys)
-        led = cls(path)
+        try:
+            led = cls(path)
+        except sqlite3.OperationalError as exc:  # a finished dataset made read-only: read it as it is
+            if "readonly" not in str(exc) and "unable to open" not in str(exc):
+                raise
+            led = cls._immutable(Path(path))
         try:
             return tuple(led.get_meta(k) for k in keys)
         finally:

@@ -8,7 +8,8 @@ media directly at the top level of a labelled folder get no label.
 Links are judged by where they land (:mod:`shardsmith.sources.paths`): a file or folder link
 that resolves outside the source folder is the item ``skipped:symlink_outside_source`` and is
 never opened (``follow_symlinks: true`` opts in); a link loop, a dangling media link and a
-sub-folder that cannot be listed are per-item failures, and the walk goes on. Only the
+sub-folder that cannot be listed are per-item failures, and the walk goes on. A media name that is a named
+pipe, a device or a socket (or a link to one) is ``failed:not_a_regular_file`` and never opened. Only the
 source folder itself being unlistable stops the build (:class:`SourceError`).
 """
 
@@ -80,6 +81,10 @@ def _link_verdict(path: str, name: str, walk: _Walk) -> tuple[str, Error | None]
                            f"({problem}); fix or remove the link")
     is_dir = os.path.isdir(real)
     kind = "dir" if is_dir else "file" if _is_media(name) else "text" if name.endswith(".txt") else "ignore"
+    if kind in ("file", "text"):
+        special = paths.special_file(real)
+        if special is not None:  # a link to a pipe or a device: never opened
+            return ("refused" if kind == "file" else "refused_text"), paths.not_regular_error(path, special)
     if kind == "ignore" or walk.follow or paths.within(real, walk.real_root):
         return kind, None
     error = ("symlink_outside_source", f"{path} links to {real}, outside the source folder {walk.real_root}; "
@@ -97,6 +102,8 @@ def _sort_entry(e: os.DirEntry, walk: _Walk, out: _Listing) -> None:
         kind = "dir"
     elif _is_media(name):
         kind = "file"
+        if not e.is_file(follow_symlinks=False):  # a pipe, a device, a socket named like media
+            kind, error = "refused", paths.not_regular_error(e.path, paths.special_file(e.path) or "not a file")
     else:
         kind = "text" if name.endswith(".txt") and e.is_file(follow_symlinks=False) else "ignore"
     if kind == "file":

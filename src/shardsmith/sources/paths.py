@@ -17,7 +17,11 @@ never open such an item, so no detail can quote a refused file's content.
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Collection
+
+#: a media name that is a named pipe, a device or a socket: opening it could block forever or read without end
+NOT_REGULAR = "not_a_regular_file"
 
 #: the item is refused by a rule, not broken: ``skipped:<reason>``
 SKIP_REASONS = frozenset({"symlink_outside_source"})
@@ -25,7 +29,7 @@ SKIP_REASONS = frozenset({"symlink_outside_source"})
 #: source verdicts after which there are no bytes to look at (the probe never opens the file)
 NO_BYTES = frozenset({
     "missing_file", "no_media_path", "path_outside_table_dir", "bad_row",
-    "symlink_outside_source", "symlink_loop", "broken_symlink", "unreadable_folder",
+    "symlink_outside_source", "symlink_loop", "broken_symlink", "unreadable_folder", NOT_REGULAR,
 })
 
 
@@ -42,6 +46,28 @@ def table_target(raw: str, table_dir: str) -> str:
     """Where a table's media path points before symlinks are resolved: an absolute path as
     written, a relative one joined to the table's folder."""
     return raw if raw.startswith("/") else f"{table_dir.rstrip('/')}/{raw}"
+
+
+def special_file(path: str) -> str | None:
+    """What ``path`` (links followed) is when it exists and is not a regular file or a folder: ``"a named pipe
+    (FIFO)"``, ``"a character device"``, ``"a block device"``, ``"a socket"``; else None. One ``stat``, no open."""
+    import stat  # noqa: PLC0415
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return None
+
+
+def not_regular_error(path: str, what: str) -> tuple[str, str]:
+    """The source verdict for a media name that is ``what`` (:func:`special_file`): never opened."""
+    return NOT_REGULAR, (f"{path} is {what}, not a regular file; it is not read (opening it could wait forever "
+                         "or read without end); remove it, or copy its media into a regular file")
 
 
 def status_of(reason: str) -> str:

@@ -1,0 +1,158 @@
+"""Found by an audit of ``build`` with a careless user's inputs (2026-12-04): one output writing over another's
+shards, pipes and devices named like media hanging or exhausting the build, an ``--out`` that cannot be
+created ending in a traceback, and an output ``dir`` that is one of the build's own files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from media_factory import real_photos
+from shardsmith.plan.probe import NotRegularFile, read_and_hash
+from shardsmith.recipe import RecipeError, recipe_from_dict
+
+PY = sys.executable
+
+
+def build(*args, timeout=120, prefix=()) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, PY, "-m", "shardsmith", "build", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def refused(r: subprocess.CompletedProcess, *texts: str) -> None:
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in out, out
+    for t in texts:
+        assert t in out, f"{t!r} not in:\n{out}"
+
+
+def recipe(tmp_path, outputs, **more):
+    (tmp_path / "photos").mkdir(exist_ok=True)
+    return recipe_from_dict({"sources": [{"path": "photos"}], "outputs": outputs, **more}, base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("second, says", [
+    ("./wds", "'./wds' is where output 'a' writes too"),
+    ("wds/", "'wds/' is where output 'a' writes too"),
+    ("sub/../wds", "'sub/../wds' must be a relative path inside --out"),
+])
+def test_one_folder_spelled_two_ways_is_refused(tmp_path, second, says):
+    """Before: only identical strings were refused, and ``./wds`` wrote over ``wds``'s 00000.tar (exit 0, a
+    manifest holding the hash of a shard that was gone)."""
+    with pytest.raises(RecipeError) as e:
+        recipe(tmp_path, [{"format": "wds", "dir": "wds", "name": "a"}, {"format": "wds", "dir": second, "name": "b"}])
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("target, says", [
+    ("holdout/wds", "the held-out split's outputs"),
+    ("holdout", "the held-out split's outputs"),
+    ("manifest.json", "the build's manifest"),
+    ("./report.html", "the build's HTML report"),
+    (".shardsmith/shards", "the build's ledger and state"),
+])
+def test_an_output_in_a_place_the_build_writes_itself_is_refused(tmp_path, target, says):
+    """Before: ``holdout/wds`` overwrote the held-out split of output ``wds`` with training samples;
+    ``manifest.json`` ran the whole build, then crashed at the manifest (every re-run again)."""
+    with pytest.raises(RecipeError) as e:
+        recipe(tmp_path, [{"format": "wds", "dir": "wds", "name": "a"}, {"format": "wds", "dir": target, "name": "b"}],
+               split={"holdout": 1})
+    assert f"output 'b': {target!r} is where the build keeps {says}" in str(e.value)
+
+
+def test_read_and_hash_refuses_a_pipe_without_waiting(tmp_path):
+    """A path that became a named pipe after the listing: opening it for reading used to block forever."""
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(_refusal(fifo)), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == ["a named pipe (FIFO)"]
+
+
+def _refusal(path: Path) -> str | None:
+    try:
+        read_and_hash(str(path), keep=True)
+    except NotRegularFile as exc:
+        return exc.what
+    return None
+
+
+@pytest.mark.slow
+def test_pipes_and_devices_named_like_media_fail_and_are_never_opened(tmp_path):
+    """Before: a FIFO ``pipe.jpg`` hung ``build`` and ``scan`` for ever, and a character device ``zero.jpg``
+    (a copy of /dev/zero) was read until memory ran out. Now each is ``failed:not_a_regular_file``, the
+    build goes on, and the manifest accounts for it."""
+    src = tmp_path / "photos"
+    real_photos(src, 2, seed=3)
+    os.mkfifo(src / "pipe.jpg")
+    (src / "link.jpg").symlink_to(src / "pipe.jpg")
+    special = 2
+    if os.geteuid() == 0:  # only root may make a device node
+        os.mknod(src / "zero.jpg", stat.S_IFCHR | 0o644, os.makedev(1, 5))
+        special = 3
+    r = build("--source", src, "--to", "wds", "--out", tmp_path / "out", "-q", timeout=90)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["counts"]["written"] == 2
+    assert m["counts"]["failed"] == {"not_a_regular_file": special}
+    s = subprocess.run([PY, "-m", "shardsmith", "scan", str(src)], capture_output=True, text=True, timeout=90)
+    assert s.returncode == 0 and f"failed:not_a_regular_file {special}" in s.stdout, s.stdout + s.stderr
+
+
+def _without_root_override() -> tuple[str, ...]:
+    """A prefix that makes root obey file permissions (it ignores them otherwise); () for another user."""
+    if os.geteuid() != 0:
+        return ()
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root ignores file permissions, and setpriv is not here to drop that")
+    caps = "-dac_override,-dac_read_search"
+    return (setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}")
+
+
+def test_an_out_under_a_file_is_one_message(tmp_path):
+    """Before: NotADirectoryError, a traceback, exit code 1."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "photos").mkdir()
+    r = build("--source", tmp_path / "photos", "--to", "wds", "--out", tmp_path / "afile" / "sub", "-q")
+    refused(r, f"{tmp_path / 'afile'} is a file, not a folder; choose another folder (--out)")
+
+
+@pytest.mark.slow
+def test_unwritable_out_is_one_message_and_a_finished_read_only_build_is_still_checked(tmp_path):
+    """Before: PermissionError tracebacks (exit 1) for an --out in a read-only folder, and for re-running a
+    finished build whose folder is read-only (which needs no write at all)."""
+    prefix = _without_root_override()
+    src = tmp_path / "photos"
+    real_photos(src, 2, seed=4)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        r = build("--source", src, "--to", "wds", "--out", ro / "out", "-q", prefix=prefix)
+        refused(r, f"{ro / 'out'} cannot be written (Permission denied); make it writable")
+    finally:
+        ro.chmod(0o755)
+    done = tmp_path / "done"
+    assert build("--source", src, "--to", "wds", "--out", done, "-q").returncode == 0
+    before = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    subprocess.run(["chmod", "-R", "a-w", str(done)], check=True)
+    try:
+        r = build("--source", src, "--to", "wds", "--out", done, prefix=prefix)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        assert "already holds this build, complete; nothing to do" in " ".join((r.stdout + r.stderr).split())
+        r = build("--source", src, "--to", "wds", "--image-size", "64", "--out", done, prefix=prefix)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr  # another recipe: refused
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(done)], check=True)
+    assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == before
