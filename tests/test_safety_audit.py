@@ -156,3 +156,18 @@ def test_unwritable_out_is_one_message_and_a_finished_read_only_build_is_still_c
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(done)], check=True)
     assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == before
+
+
+def test_a_source_with_nothing_to_read_is_one_message(tmp_path):
+    """Before: an empty folder, or one holding only files without a media extension, built an empty dataset
+    with exit 0 and "done"; ``path: ""`` read the recipe's own folder."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.doc").write_text("x")
+    for src in ("empty", "other"):
+        r = build("--source", tmp_path / src, "--to", "wds", "--out", tmp_path / f"out_{src}", "-q")
+        refused(r, f"source '{src}' ({tmp_path / src}) holds no media file", "check the path")
+        assert not (tmp_path / f"out_{src}" / "manifest.json").exists()
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict({"sources": [{"path": " "}], "outputs": [{"format": "wds"}]}, base_dir=tmp_path)
+    assert "sources[0].path: the source path is empty" in str(e.value)

@@ -366,6 +366,7 @@ def _check_plan(ctx: BuildContext) -> None:
         return
     ctx.checked = True
     recipe, ledger = ctx.recipe, ctx.ledger
+    _refuse_empty_sources(ctx.sources, ledger)
     if recipe.split.holdout > 0 and not recipe.one_sample:
         holdout.refuse_empty_train(recipe.split.holdout, [
             holdout.SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)),
@@ -375,6 +376,21 @@ def _check_plan(ctx: BuildContext) -> None:
     if known:
         ctx.need.needed = sum(known)
         space.check_fits(ctx.root, ctx.need.needed, [e.describe() for e in ests], show=ctx.need.out or ctx.root)
+
+
+def _refuse_empty_sources(infos: list[SourceInfo], ledger: Ledger) -> None:
+    """A source of which the plan found nothing (an empty folder, a folder of files with no media extension, a
+    table without rows) is a mistake in the recipe: one message naming each, before any output is written."""
+    from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError
+
+    empty = [i for i in infos if ledger.items_of_source(i.index) == 0]
+    if not empty:
+        return
+    what = {"folder": "no media file (hidden files and names starting with '.' are left out; media extensions: "
+                      f"{', '.join(sorted(MEDIA_EXTENSIONS))})",
+            "table": "no row", "wds": "no sample"}
+    raise SourceError("; ".join(f"source {i.name!r} ({i.path}) holds {what.get(i.kind, 'nothing to read')}"
+                                for i in empty) + ": check the path, or remove the source from the recipe")
 
 
 def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:

@@ -122,6 +122,13 @@ class SourceSpec(_Strict):
     allow_outside_paths: bool = False
     follow_symlinks: bool = Field(False, description="read links whose target lies outside the source folder")
 
+    @field_validator("path")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():  # "" would read the recipe's own folder
+            raise ValueError("the source path is empty; give the folder, table or shard folder to read")
+        return v
+
 
 class SplitSpec(_Strict):
     holdout: float = Field(0, ge=0, description="fraction in [0,1), a percentage such as 10%, or a whole count >= 1")

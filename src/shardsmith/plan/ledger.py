@@ -300,6 +300,10 @@ class Ledger:
     def count_items(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
+    def items_of_source(self, source: int) -> int:
+        """Items planned from source ``source`` (every status)."""
+        return self.db.execute("SELECT COUNT(*) FROM items WHERE source=?", (source,)).fetchone()[0]
+
     def eligible(self, split: str, sources: list[int]) -> int:
         """Planned ``ok`` items of ``split`` from ``sources``: those an output of them tries to write
         (the positions of its unit plan)."""
