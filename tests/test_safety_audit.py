@@ -171,3 +171,18 @@ def test_a_source_with_nothing_to_read_is_one_message(tmp_path):
     with pytest.raises(RecipeError) as e:
         recipe_from_dict({"sources": [{"path": " "}], "outputs": [{"format": "wds"}]}, base_dir=tmp_path)
     assert "sources[0].path: the source path is empty" in str(e.value)
+
+
+def test_unknown_format_lists_the_formats_and_never_suggests_a_codec(tmp_path):
+    """Before: ``--to h264`` said "unknown format 'h264'; did you mean `h264`?" (video_wds's codec was taken for
+    a format), and the list of formats named h264."""
+    with pytest.raises(RecipeError) as e:
+        recipe(tmp_path, [{"format": "h264"}])
+    msg = str(e.value)
+    assert "unknown format 'h264'; use one of wds, zip, latent_wds" in msg and "`h264`" not in msg
+    with pytest.raises(RecipeError) as e:
+        recipe(tmp_path, [{"format": "wdss"}])
+    assert "did you mean `wds`?" in str(e.value)
+    with pytest.raises(RecipeError) as e:
+        recipe(tmp_path, [{"format": "wds"}], images={"background": "red"})
+    assert "images.background" in str(e.value) and "three integers in 0..255" in str(e.value)

@@ -804,14 +804,17 @@ def _is_model(ann: Any) -> bool:
 
 
 def _tags(union: Any) -> dict[str, Any]:
-    """Discriminator tag -> member model of a union of models with a one-value ``Literal`` field."""
-    out = {}
-    for m in get_args(union):
-        if _is_model(m):
-            for f in m.model_fields.values():
-                if get_origin(f.annotation) is Literal and len(get_args(f.annotation)) == 1:
-                    out[get_args(f.annotation)[0]] = m
-    return out
+    """Discriminator tag -> member model of a union of models: the one-value ``Literal`` field that every
+    member has (``format``), not one that only some members fix (``VideoWdsOutput.codec: "h264"``)."""
+    models = [m for m in get_args(union) if _is_model(m)]
+
+    def fixed(m) -> dict[str, Any]:
+        return {n: get_args(f.annotation)[0] for n, f in m.model_fields.items()
+                if get_origin(f.annotation) is Literal and len(get_args(f.annotation)) == 1}
+
+    per = [fixed(m) for m in models]
+    common = set.intersection(*(set(p) for p in per)) if per else set()
+    return {tags[n]: m for m, tags in zip(models, per) for n in common}
 
 
 def _walk(loc: tuple[Any, ...]) -> tuple[str, Any, Any]:
@@ -867,6 +870,8 @@ _HINTS = {  # by the key that failed (never an ancestor's): the fix
     "outputs": "list at least one output: outputs: [{format: wds, dir: wds}]",
     "geometry.buckets": "a list of 'WxHxF' strings, e.g. [960x544x49, 512x512x1]",
     "models.device": "auto, cuda, cpu, or cuda:N for visible GPU N (e.g. cuda:1)",
+    "images.background": "three integers in 0..255 (red, green, blue), e.g. [255, 255, 255] for white",
+    "outputs[*].codec": "video_wds writes H.264 (codec: h264, the default)",
 }
 _NOT_A_MAPPING = ("model_type", "model_attributes_type", "dict_type")
 _MAPPING_HINTS = {  # by the key that holds something other than a mapping: an example of one
