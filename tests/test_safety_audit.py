@@ -186,3 +186,25 @@ def test_unknown_format_lists_the_formats_and_never_suggests_a_codec(tmp_path):
     with pytest.raises(RecipeError) as e:
         recipe(tmp_path, [{"format": "wds"}], images={"background": "red"})
     assert "images.background" in str(e.value) and "three integers in 0..255" in str(e.value)
+
+
+def test_files_the_walk_passes_over_are_counted_and_named(tmp_path):
+    """Before: hidden files and folders and files without a media extension (``scan.jfif``, ``meta.json``)
+    were left out without a word: in no count, no reason, no warning."""
+    src = tmp_path / "photos"
+    files = real_photos(src, 2, seed=5)
+    (src / ".hidden.jpg").write_bytes(files[0].read_bytes())
+    (src / ".more").mkdir()
+    (src / ".more" / "c.jpg").write_bytes(files[1].read_bytes())
+    (src / "scan.jfif").write_bytes(files[1].read_bytes())
+    (src / "sub").mkdir()
+    (src / "sub" / "meta.json").write_text("{}")
+    r = build("--source", src, "--to", "wds", "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["counts"]["written"] == 2
+    assert m["sources"][0]["ignored"] == {"hidden": 2, "no_media_extension": 2,
+                                          "examples": [".hidden.jpg", ".more", "scan.jfif", "sub/meta.json"]}
+    said = " ".join((r.stdout + r.stderr).split())
+    assert "source 'photos': 4 file(s) or folder(s) passed over, not counted as inputs (hidden 2, no media " \
+           "extension 2; e.g. .hidden.jpg, .more, scan.jfif, sub/meta.json)" in said, said

@@ -51,11 +51,21 @@ def make_manifest(ctx, octx: OutputContext, fp: str, blocks: dict[str, Any]) -> 
         sources.append({"name": info.name, "kind": info.kind, "path": info.path, "origin": info.origin,
                         "license": info.license, "items": n, "bytes": nbytes,
                         "labels": list(info.label_names) if info.label_names else None,
-                        "sha256_of_item_hashes": h.hexdigest()})
+                        "sha256_of_item_hashes": h.hexdigest(),
+                        # files the folder walk passed over (hidden, no media extension), only when there were any
+                        **({"ignored": ig} if (ig := ledger.get_meta(f"ignored:{info.index}")) else {})})
     warnings = []
     if ctx.stage is not None and ctx.stage.describe()["random_weights"]:
         warnings.append(f"models with random weights ({', '.join(ctx.stage.describe()['random_weights'])}): "
                         "latents and embeddings are for checking plumbing, not model-space data")
+    for src in sources:
+        if src.get("ignored"):
+            ig = src["ignored"]
+            n = sum(v for k, v in ig.items() if k != "examples")
+            kinds = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ig.items() if k != "examples")
+            warnings.append(f"source {src['name']!r}: {n} file(s) or folder(s) passed over, not counted as inputs "
+                            f"({kinds}; e.g. {', '.join(ig['examples'])}); media among them needs a media "
+                            "extension (jpg, png, mp4, wav ...) and a name without a leading '.'")
     for o in recipe.outputs:
         warnings += kind_of(o).warnings(o, octx, outputs[o.name]["files"])
     return {

@@ -15,6 +15,7 @@ source folder itself being unlistable stops the build (:class:`SourceError`).
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,27 @@ class Entry(NamedTuple):
 
 
 @dataclass
+class Ignored:
+    """What a folder source's walk passed over without making an item: names starting with ``.`` (``hidden``;
+    a hidden folder counts once, unwalked) and files with no media extension (``no_media_extension``; sidecar
+    ``.txt`` captions are not counted), with the first :attr:`EXAMPLES` of them by relative path."""
+
+    EXAMPLES = 5
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+
+    def take(self, counts: dict[str, int], first: list[tuple[str, str]]) -> None:
+        """Add one folder's ``counts`` by reason and its first passed-over entries ``(rel, reason)``."""
+        for reason, n in counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + n
+        self.examples += [rel for rel, _ in first][:self.EXAMPLES - len(self.examples)]
+
+    def to_json(self) -> dict | None:
+        """``{"hidden": n, "no_media_extension": n, "examples": [...]}`` (reasons that occurred), None if none."""
+        return {**dict(sorted(self.counts.items())), "examples": self.examples} if self.counts else None
+
+
+@dataclass
 class _Walk:
     """What every level of one walk shares: the resolved source root, its exclusions and opt-ins."""
 
@@ -49,6 +71,7 @@ class _Walk:
     exclude: frozenset[str]
     follow: bool
     ancestors: set[str] = field(default_factory=set)  # resolved folders of the current branch
+    ignored: Ignored | None = None  # counted by the walk that makes the items
 
 
 @dataclass
@@ -61,6 +84,13 @@ class _Listing:
     texts: set[str] = field(default_factory=set)
     refused: dict[str, Error] = field(default_factory=dict)  # name -> (reason, detail); media and folders
     refused_texts: dict[str, Error] = field(default_factory=dict)
+    passed: dict[str, int] = field(default_factory=dict)  # reason -> entries passed over (see Ignored)
+    passed_first: list[tuple[str, str]] = field(default_factory=list)  # the smallest (name, reason), bounded
+
+    def pass_over(self, name: str, reason: str) -> None:
+        self.passed[reason] = self.passed.get(reason, 0) + 1
+        bisect.insort(self.passed_first, (name, reason))
+        del self.passed_first[Ignored.EXAMPLES:]
 
 
 def _is_media(name: str) -> bool:
@@ -118,9 +148,11 @@ def _sort_entry(e: os.DirEntry, walk: _Walk, out: _Listing) -> None:
         out.refused[name] = error
     elif kind == "refused_text":
         out.refused_texts[name] = error
+    elif walk.ignored is not None:  # "ignore": no media extension (nor a sidecar caption)
+        out.pass_over(name, "no_media_extension")
 
 
-def _listing(root: str, walk: _Walk) -> _Listing:
+def _listing(root: str, walk: _Walk, rel: str = "") -> _Listing:
     """The sorted listing of ``root``; raises ``OSError`` when the folder cannot be listed.
 
     Only names are kept (not ``DirEntry`` objects), and a large folder's names are sorted on
@@ -132,6 +164,10 @@ def _listing(root: str, walk: _Walk) -> _Listing:
         for e in it:
             if not e.name.startswith("."):
                 _sort_entry(e, walk, out)
+            elif walk.ignored is not None:
+                out.pass_over(e.name, "hidden")
+    if walk.ignored is not None:  # in name order, whatever order the folder lists them in
+        walk.ignored.take(out.passed, [(rel + name, reason) for name, reason in out.passed_first])
     return out
 
 
@@ -146,7 +182,7 @@ def _sub_folder(path: str, rel: str, walk: _Walk) -> Iterator[Entry]:
                                       "fix or remove the link"))
         return
     try:
-        listing = _listing(path, walk)
+        listing = _listing(path, walk, rel + "/")
     except OSError as exc:
         yield Entry(path, rel, error=("unreadable_folder", f"folder {path} cannot be listed "
                                       f"({exc.strerror or type(exc).__name__}); its files are not in the dataset"))
@@ -196,6 +232,8 @@ def _class_names(root: Path, walk: _Walk) -> list[str]:
 
 
 class FolderSource:
+    ignored: Ignored | None = None  # after a walk of :meth:`items`
+
     def __init__(self, index: int, spec, exclude: list[Path]):
         self.root = Path(spec.path)
         if not self.root.is_dir():
@@ -220,9 +258,12 @@ class FolderSource:
         return sum(1 for _ in _walk(self.root, self._walk_state()))
 
     def items(self) -> Iterator[Item]:
-        """One item per entry of the walk; refused and failed entries carry their ``error``."""
+        """One item per entry of the walk; refused and failed entries carry their ``error``. Once the walk has
+        ended, :attr:`ignored` holds what it passed over (:class:`Ignored`)."""
         sidecars = self.spec.captions == "sidecar"
-        for e in _walk(self.root, self._walk_state()):
+        walk = self._walk_state()
+        walk.ignored = self.ignored = Ignored()
+        for e in _walk(self.root, walk):
             label = label_name = None
             if self.classes and "/" in e.rel:
                 label_name = e.rel.split("/", 1)[0]
