@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from media_factory import real_photos
-from shardsmith.plan.probe import NotRegularFile, read_and_hash
+from shardsmith.plan.probe import read_and_hash
+from shardsmith.sources.paths import NotRegularFile
 from shardsmith.recipe import RecipeError, recipe_from_dict
 
 PY = sys.executable
@@ -208,3 +209,27 @@ def test_files_the_walk_passes_over_are_counted_and_named(tmp_path):
     said = " ".join((r.stdout + r.stderr).split())
     assert "source 'photos': 4 file(s) or folder(s) passed over, not counted as inputs (hidden 2, no media " \
            "extension 2; e.g. .hidden.jpg, .more, scan.jfif, sub/meta.json)" in said, said
+
+
+def test_a_file_gone_or_turned_into_a_pipe_after_the_plan_is_named_so(tmp_path):
+    """Before: a source file deleted between a kill and the resume was ``failed:unreadable`` (the README says
+    ``failed:vanished``), and one replaced by a named pipe blocked the decode worker for ever."""
+    from shardsmith.records import ItemError
+    from shardsmith.transform.samples import read_verified
+
+    with pytest.raises(ItemError) as e:
+        read_verified(str(tmp_path / "gone.jpg"), None, "photos/gone.jpg")
+    assert e.value.reason == "vanished" and "re-run once the folder is stable" in e.value.detail
+    os.mkfifo(tmp_path / "p.jpg")
+    got: list = []
+
+    def read():
+        try:
+            read_verified(str(tmp_path / "p.jpg"), None, "photos/p.jpg", prefix="mask_")
+        except ItemError as exc:
+            got.append(exc.reason)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    assert got == ["mask_not_a_regular_file"]

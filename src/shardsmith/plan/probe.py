@@ -9,8 +9,6 @@ or a decompression bomb fails here for every output at once. An item its source 
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
 from dataclasses import dataclass, field
 
 from shardsmith.records import NO_CAPTION, TARGET, TEXT_KIND, Item, ItemError, MediaRef
@@ -35,36 +33,15 @@ class Probe:
     media: dict[str, MediaRef] = field(default_factory=dict)  # role -> probed file, the target first
 
 
-class NotRegularFile(OSError):
-    """A listed path that is, by the time it is read, a named pipe, a device or a socket (``what``)."""
-
-    def __init__(self, what: str):
-        super().__init__(what)
-        self.what = what
-
-
-def _open_regular(path: str):
-    """``path`` opened for reading, refused (:class:`NotRegularFile`) unless it is a regular file: the open
-    does not block on a named pipe (``O_NONBLOCK``) and nothing is read from a pipe or a device."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile(paths.special_file(path) or "not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def read_and_hash(path: str, keep: bool) -> tuple[bytes | None, str, int]:
     """(bytes if ``keep`` else None, sha256 hex, size). Large non-kept files stream in 1 MiB chunks.
-    Raises :class:`NotRegularFile` for anything but a regular file (links followed)."""
+    Raises :class:`~shardsmith.sources.paths.NotRegularFile` for anything but a regular file (links followed)."""
     if keep:
-        with _open_regular(path) as f:
+        with paths.open_regular(path) as f:
             data = f.read()
         return data, hashlib.sha256(data).hexdigest(), len(data)
     h, n = hashlib.sha256(), 0
-    with _open_regular(path) as f:
+    with paths.open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
             n += len(chunk)
@@ -75,7 +52,7 @@ def read_failure(item: Item, exc: OSError) -> tuple[str, str]:
     """``(status, detail)`` for a listed file that could not be read: ``failed:vanished`` when it
     is gone since the listing, ``failed:symlink_loop``, else ``failed:unreadable``. The detail
     names the file and the OS reason, never any of its bytes."""
-    if isinstance(exc, NotRegularFile):
+    if isinstance(exc, paths.NotRegularFile):
         return paths.status_of(paths.NOT_REGULAR), paths.not_regular_error(f"{item.item_id}: {item.path}", exc.what)[1]
     reason = paths.read_error_reason(exc.errno)
     why = exc.strerror or str(exc) or type(exc).__name__
@@ -171,7 +148,7 @@ def probe_partner(item: Item, role: str, ref: MediaRef, max_pixels: int) -> tupl
     out = MediaRef(ref.path, ref.relpath, kind)
     try:
         data, out.sha256, out.size_bytes = read_and_hash(ref.path, keep=kind == "image")
-    except NotRegularFile as exc:
+    except paths.NotRegularFile as exc:
         return out, (f"failed:{role}_{paths.NOT_REGULAR}",
                      paths.not_regular_error(f"{item.item_id}: its {role} {ref.path}", exc.what)[1])
     except OSError as exc:

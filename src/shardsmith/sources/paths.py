@@ -64,6 +64,30 @@ def special_file(path: str) -> str | None:
     return None
 
 
+class NotRegularFile(OSError):
+    """A listed path that is, by the time it is read, a named pipe, a device or a socket (``what``)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+def open_regular(path: str):
+    """``path`` opened for reading (a binary file object), refused (:class:`NotRegularFile`) unless it is a
+    regular file: the open does not block on a named pipe (``O_NONBLOCK``) and nothing is read from a pipe or
+    a device. Other failures raise ``OSError`` as ``open`` does."""
+    import stat  # noqa: PLC0415
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(special_file(path) or "not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def not_regular_error(path: str, what: str) -> tuple[str, str]:
     """The source verdict for a media name that is ``what`` (:func:`special_file`): never opened."""
     return NOT_REGULAR, (f"{path} is {what}, not a regular file; it is not read (opening it could wait forever "

@@ -15,6 +15,7 @@ import numpy as np
 
 from shardsmith.formats.wds import source_member
 from shardsmith.records import WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
+from shardsmith.sources import paths
 from shardsmith.recipe import ImageRules, WdsOutput, ZipOutput
 from shardsmith.transform.image import (decode_image, edm_transform, encode_image, fixed_size, passthrough_ok,
                                         resize_max_side)
@@ -22,13 +23,19 @@ from shardsmith.transform.pairs import SOURCE, SourceCut, cut_source, source_fac
 
 
 def read_verified(path: str, sha256: str | None, name: str, prefix: str = "") -> bytes:
-    """The bytes of ``path``: ``<prefix>unreadable`` when they cannot be read, ``<prefix>changed_since_plan``
-    when they are not the ``sha256`` the plan hashed (:class:`ItemError`, naming ``name``)."""
+    """The bytes of ``path``: ``<prefix>vanished`` when it is gone since the plan, ``<prefix>not_a_regular_file``
+    when it is now a pipe or a device (never read), ``<prefix>unreadable`` when it cannot be read otherwise,
+    ``<prefix>changed_since_plan`` when they are not the ``sha256`` the plan hashed (:class:`ItemError`, naming
+    ``name``)."""
     try:
-        with open(path, "rb") as f:
+        with paths.open_regular(path) as f:
             data = f.read()
+    except paths.NotRegularFile as exc:
+        raise ItemError(f"{prefix}{paths.NOT_REGULAR}", paths.not_regular_error(f"{name}: {path}", exc.what)[1]) from None
     except OSError as exc:
-        raise ItemError(f"{prefix}unreadable", f"{name}: cannot read {path}: {exc}") from None
+        reason = paths.read_error_reason(exc.errno)
+        fix = "; re-run once the folder is stable" if reason == "vanished" else ""
+        raise ItemError(f"{prefix}{reason}", f"{name}: cannot read {path}: {exc}{fix}") from None
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ItemError(f"{prefix}changed_since_plan", f"{name}: {path} changed after it was planned; "
                         "re-run with --overwrite to plan again")
