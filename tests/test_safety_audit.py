@@ -233,3 +233,16 @@ def test_a_file_gone_or_turned_into_a_pipe_after_the_plan_is_named_so(tmp_path):
     t.start()
     t.join(10)
     assert got == ["mask_not_a_regular_file"]
+
+
+@pytest.mark.slow
+def test_images_with_only_video_buckets_are_refused_before_any_output(tmp_path):
+    """Before: every image was ``skipped:no_image_bucket`` after the VAE had loaded, and the build ended with
+    exit 0 and "done" having written nothing."""
+    src = tmp_path / "photos"
+    real_photos(src, 2, seed=6)
+    r = build("--source", src, "--to", "latent_wds", "--set", "models.vae.family=sd", "--set", "models.vae.config=tiny",
+              "--set", "models.device=cpu", "--resolution-buckets", "64x64x17", "--out", tmp_path / "out", "-q")
+    refused(r, "output 'latent_wds': every input it takes is an image, and geometry.buckets (64x64x17) has no "
+               "bucket of 1 frame")
+    assert not list((tmp_path / "out").glob("latents/*.tar"))

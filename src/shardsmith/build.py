@@ -49,7 +49,7 @@ from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
 from shardsmith.progress import Progress, count_in_background, total_in_background
-from shardsmith.recipe import Recipe, canonical, fingerprint
+from shardsmith.recipe import Recipe, RecipeError, canonical, fingerprint
 from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.safety import estimate, holdout, outdir, space, swap
 from shardsmith.safety.existing import OutputExistsError, check_existing, refuse_foreign
@@ -367,6 +367,7 @@ def _check_plan(ctx: BuildContext) -> None:
     ctx.checked = True
     recipe, ledger = ctx.recipe, ctx.ledger
     _refuse_empty_sources(ctx.sources, ledger)
+    _refuse_images_without_image_bucket(recipe, ledger)
     if recipe.split.holdout > 0 and not recipe.one_sample:
         holdout.refuse_empty_train(recipe.split.holdout, [
             holdout.SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)),
@@ -391,6 +392,22 @@ def _refuse_empty_sources(infos: list[SourceInfo], ledger: Ledger) -> None:
             "table": "no row", "wds": "no sample"}
     raise SourceError("; ".join(f"source {i.name!r} ({i.path}) holds {what.get(i.kind, 'nothing to read')}"
                                 for i in empty) + ": check the path, or remove the source from the recipe")
+
+
+def _refuse_images_without_image_bucket(recipe: Recipe, ledger: Ledger) -> None:
+    """A latent output cut to ``geometry.buckets`` whose planned inputs are all images, while no bucket has 1
+    frame, would skip every one (``skipped:no_image_bucket``): refused once the plan is complete, before any
+    output is written (the models may be loading meanwhile)."""
+    from shardsmith.recipe import BUCKETED_OUTPUTS
+    from shardsmith.transform.buckets import parse_buckets
+
+    if recipe.mode or not recipe.geometry.buckets or any(b.frames == 1 for b in parse_buckets(recipe.geometry.buckets)):
+        return
+    for o in recipe.outputs:
+        if isinstance(o, BUCKETED_OUTPUTS) and ledger.planned_kinds(recipe.source_ids(o)) == {"image"}:
+            raise RecipeError(f"output {o.name!r}: every input it takes is an image, and geometry.buckets "
+                              f"({';'.join(recipe.geometry.buckets)}) has no bucket of 1 frame, so each would be "
+                              "skipped; add one such as 512x512x1 to geometry.buckets (--resolution-buckets)")
 
 
 def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:

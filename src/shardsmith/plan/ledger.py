@@ -300,6 +300,12 @@ class Ledger:
     def count_items(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM items").fetchone()[0]
 
+    def planned_kinds(self, sources: list[int]) -> set[str]:
+        """The media kinds of the planned ``ok`` items of ``sources``."""
+        return {k for (k,) in self.db.execute(
+            f"SELECT DISTINCT kind FROM items WHERE plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
+            sources)}
+
     def items_of_source(self, source: int) -> int:
         """Items planned from source ``source`` (every status)."""
         return self.db.execute("SELECT COUNT(*) FROM items WHERE source=?", (source,)).fetchone()[0]
