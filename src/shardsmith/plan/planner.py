@@ -126,7 +126,7 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                         break
                 if recipe.one_sample and idx and ledger.count_items():
                     break
-                ignored = getattr(getattr(items, "__self__", None), "ignored", None)  # a folder source's walk
+                ignored = getattr(getattr(items, "__self__", None), "passed_over", None)  # a folder source's walk
                 if ignored is not None and ignored.to_json() is not None:
                     ledger.set_meta(f"ignored:{info.index}", ignored.to_json())
     finally:

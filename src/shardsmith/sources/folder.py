@@ -232,7 +232,7 @@ def _class_names(root: Path, walk: _Walk) -> list[str]:
 
 
 class FolderSource:
-    ignored: Ignored | None = None  # after a walk of :meth:`items`
+    passed_over: Ignored | None = None  # after a walk of :meth:`items`
 
     def __init__(self, index: int, spec, exclude: list[Path]):
         self.root = Path(spec.path)
@@ -259,10 +259,10 @@ class FolderSource:
 
     def items(self) -> Iterator[Item]:
         """One item per entry of the walk; refused and failed entries carry their ``error``. Once the walk has
-        ended, :attr:`ignored` holds what it passed over (:class:`Ignored`)."""
+        ended, :attr:`passed_over` holds what it passed over (:class:`Ignored`)."""
         sidecars = self.spec.captions == "sidecar"
         walk = self._walk_state()
-        walk.ignored = self.ignored = Ignored()
+        walk.ignored = self.passed_over = Ignored()
         for e in _walk(self.root, walk):
             label = label_name = None
             if self.classes and "/" in e.rel:
