@@ -32,4 +32,7 @@ def distill(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, 
         raise DistillError("shardsmith distill writes a kd_wds output, and the recipe has none: add outputs: "
                            "[{format: kd_wds}] with models.teacher and distill: (see the README's distillation "
                            "section), or build the recipe's outputs with shardsmith build")
+    from shardsmith.distill.sources import check_guidance
+
+    check_guidance(recipe)  # also part of the build's precheck; here it comes before anything else
     return build(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, console=console, report=report)

@@ -15,7 +15,9 @@ Contract
   Otherwise rounding may move a step between segments as ``steps`` grows.
 - Refused (``ValueError`` naming the numbers and the fix): ``t_list`` with fewer than 2 entries, a
   non-finite or negative entry, entries that are not strictly decreasing, a last entry other than
-  0.0, ``steps`` not an integer or fewer than the ``len(t_list) - 1`` segments, ``rho <= 0``.
+  0.0, ``steps`` not an integer, fewer than the ``len(t_list) - 1`` segments or more than
+  :data:`MAX_STEPS`, ``rho <= 0``. Every check is made before the grid is built, so a huge
+  ``steps`` is refused at once rather than filling memory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+
+#: the most solver steps a trajectory takes: every step is one teacher call per sample (two with heun),
+#: and published teachers sample in tens of steps; beyond this the run would not finish in a lifetime
+MAX_STEPS = 10_000
 
 
 def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
@@ -46,6 +52,10 @@ def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
                          "append 0.0")
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
         raise ValueError(f"steps {steps!r} is not an integer; give a whole number of solver steps")
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps {steps} is more than {MAX_STEPS}, the most shardsmith takes (every step is one "
+                         "teacher call per sample, two with heun; teachers sample in tens of steps): set steps "
+                         f"<= {MAX_STEPS}, e.g. 32")
     segments = len(ts) - 1
     if steps < segments:
         raise ValueError(f"steps {steps} is fewer than the {segments} segments of t_list {ts}: each segment "

@@ -10,12 +10,16 @@ Contract
   ``distill.text: source`` (or ``distill.shape`` unset) names a source that is not a WebDataset folder,
   when ``distill.shape`` is unset and a source holds several buckets (a FastGen batch has one shape), or
   when guidance needs a negative embedding and no source folder holds ``neg_prompt_emb.npy``.
+- ``check_guidance(recipe)`` (called first by ``check_sources``, and by ``shardsmith distill`` before the
+  build): a :class:`DistillSourceError` when ``distill.guidance`` is not a finite number of at most
+  :data:`MAX_GUIDANCE` (``inf`` made every output NaN, written without a word).
 - ``source_negative(recipe)``: ``(emb [L, D], None)`` from the first source folder holding
   ``neg_prompt_emb.npy``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -77,10 +81,27 @@ def _wds_folders(recipe) -> list[tuple[str, Path | None]]:
     return out
 
 
+#: the largest classifier-free guidance scale taken (the scales in use run from 1 to about 20); a larger one
+#: only amplifies the teacher's noise, up to inf and NaN outputs
+MAX_GUIDANCE = 1000.0
+
+
+def check_guidance(recipe) -> None:
+    d = recipe.distill
+    if d is None:
+        return
+    w = d.guidance
+    if not (isinstance(w, (int, float)) and math.isfinite(w) and 0 <= w <= MAX_GUIDANCE):
+        raise DistillSourceError(f"distill.guidance {w} (--guidance) must be a finite number from 0 to "
+                                 f"{MAX_GUIDANCE:g}: each sample is u + w (c - u), which an infinite or huge "
+                                 "w turns into NaN or inf; use 1 (the conditional model alone) or a scale such as 2-8")
+
+
 def check_sources(recipe) -> None:
     d = recipe.distill
     if d is None:
         return
+    check_guidance(recipe)
     folders = _wds_folders(recipe)
     if d.shape is None:
         from shardsmith.formats.wds import read_buckets_index

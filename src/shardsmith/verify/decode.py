@@ -20,8 +20,13 @@ Contract
   (``.decode_files``, one path a line, appended before each file is written, so an interrupted
   decode is covered too) and its report list. An ``out`` holding any other file is refused
   with or without ``overwrite``, naming them; nothing of the user's is ever deleted.
-- Every refusal (no build, no such output, ``out`` in use, ``device="cuda"`` without one) is a
+- Every refusal (no build, no latent output — a ``kd_wds``-only ``distill`` build —, no such output,
+  ``out`` in use, ``device="cuda"`` without one, recorded files gone — a ``latent_wds`` shard, the
+  ``.precomputed/`` tree or its ``latents/``, fewer ``.pt`` files than recorded —, recorded
+  ``pretrained`` weights not on this machine, looked up on disk only, never downloaded) is a
   :class:`DecodeError` or :class:`~shardsmith.precheck.DeviceError` raised before the VAE loads.
+- ``.precomputed/`` keeps every latent as ``[C, F', H', W']``; an image VAE's (``F' = 1``) are decoded
+  without that frame axis, as ``latent_wds`` stores them.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ from shardsmith.recipe import recipe_from_dict
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
-from shardsmith.verify.decode_audio import audio_latents, audio_report, decode_audio_into, recorded_audio_vae
+from shardsmith.verify.decode_audio import (audio_latents, audio_report, check_recorded_weights, decode_audio_into,
+                                            recorded_audio_vae)
 
 
 REPORT_FILE = "decode_report.json"
@@ -108,6 +114,7 @@ def write_media(frames: np.ndarray, fps: float, path: Path) -> Path:
 
 def _vae_from_manifest(manifest: dict[str, Any], recipe, device: str) -> Any:
     v = recipe.models.vae
+    check_recorded_weights("models.vae", v, DecodeError)  # a missing model is a message, not a download attempt
     prov = manifest["models"]["vae"]["provenance"]
     return load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision, config=v.config,
                     dtype=v.dtype, device=device, store=v.store), prov["weights"] == "random-weights"
@@ -185,13 +192,46 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _pick_output(manifest: dict[str, Any], output: str | None) -> tuple[str, dict[str, Any]]:
+def _pick_output(root: Path, manifest: dict[str, Any], output: str | None) -> tuple[str, dict[str, Any]]:
     """(name, manifest block) of the latent output to decode (default: the first)."""
     latent_outs = {n: o for n, o in manifest["outputs"].items() if o["format"] in ("precomputed", "latent_wds")}
+    if not latent_outs:
+        held = ", ".join(f"{n} ({o.get('format')})" for n, o in manifest["outputs"].items()) or "none"
+        raise DecodeError(f"{root} holds no latent output (its outputs: {held}); decode turns the cached latents "
+                          "of a precomputed or latent_wds output back into pictures (a kd_wds output of "
+                          "shardsmith distill is checked with shardsmith verify)")
     name = output or next(iter(latent_outs))
     if name not in latent_outs:
         raise DecodeError(f"--output {name!r} is not a latent output of this build; use one of {sorted(latent_outs)}")
     return name, latent_outs[name]
+
+
+def _check_present(root: Path, name: str, block: dict[str, Any], split: str, pictures: bool) -> None:
+    """:class:`DecodeError` (before any model loads) when the files the manifest records for ``split`` of
+    output ``name`` are gone: a ``latent_wds`` shard, the ``.precomputed/`` tree, or (``pictures``: a VAE is
+    recorded) its ``latents/`` folder or some of its ``.pt`` files."""
+    files = block["files"][split]
+    base = root / files["dir"]
+    fix = "restore it from a copy, or rebuild the output (shardsmith build with the build's recipe)"
+    if not base.is_dir():
+        raise DecodeError(f"output {name}: {base} (recorded in the manifest) is missing; {fix}")
+    if block["format"] == "latent_wds":
+        gone = [sh["name"] for sh in files.get("shards", []) if not (base / sh["name"]).is_file()]
+        if gone:
+            more = f" (and {len(gone) - 1} more of its {len(files['shards'])} shards)" if len(gone) > 1 else ""
+            raise DecodeError(f"output {name}: {base / gone[0]}{more} (recorded in the manifest) is missing; {fix}")
+        return
+    if not pictures:
+        return
+    folder = base / LATENTS
+    if not folder.is_dir():
+        raise DecodeError(f"output {name}: {folder} (recorded in the manifest) is missing; {fix}")
+    found = sum(1 for _ in folder.rglob(f"*{CACHE_EXT}"))
+    recorded = (files.get("files") or {}).get(LATENTS)
+    if found == 0 or (isinstance(recorded, int) and found < recorded):
+        of = f"{found} of the {recorded}" if isinstance(recorded, int) else f"{found} of the"
+        raise DecodeError(f"output {name}: {folder} holds {of} latent files the manifest records; {fix} "
+                          f"(shardsmith verify {base} names what is wrong)")
 
 
 def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> dict[str, Any]:
@@ -206,6 +246,19 @@ def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> d
     return by_path
 
 
+def _for_vae(z: torch.Tensor, vae, rel: str) -> torch.Tensor:
+    """``z`` shaped as ``vae.decode`` takes one sample: an image VAE's latents as ``[C, H', W']``. A
+    ``.precomputed/`` tree keeps every latent as ``[C, F', H', W']`` (the LTX trainer's layout), so an
+    image build's latents there carry a frame axis of 1, which is dropped."""
+    if vae.spec.kind == "image_vae" and z.ndim == 4:
+        if z.shape[1] != 1:
+            raise DecodeError(f"{rel}: latents of shape {tuple(z.shape)} hold {z.shape[1]} frames, but the recorded "
+                              f"VAE ({vae.spec.family}) is an image VAE; this file does not belong to this build "
+                              "(run shardsmith verify on the output)")
+        return z[:, 0]
+    return z
+
+
 def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any],
                  latents: Iterator[tuple[str, torch.Tensor, float]], limit: int | None,
                  tick=lambda: None) -> list[dict[str, Any]]:
@@ -217,6 +270,7 @@ def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any
         for i, (rel, z, fps) in enumerate(latents):
             if limit is not None and i >= limit:
                 break
+            z = _for_vae(z, vae, rel)
             with torch.inference_mode():
                 frames = _to_uint8(vae.decode(z[None].to(vae.device, vae.torch_dtype))[0])
             journal.write(media_path(frames, out / rel).relative_to(out).as_posix() + "\n")
@@ -244,12 +298,16 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     progress = progress or Progress(quiet=True)
     root, out = Path(build_dir).resolve(), Path(out).resolve()
     manifest = _read_manifest(root)
-    name, block = _pick_output(manifest, output)
+    name, block = _pick_output(root, manifest, output)
     if split not in block["files"]:
         raise DecodeError(f"--split {split!r}: output {name!r} has no such split; use one of {sorted(block['files'])}")
     device = resolve_device(device, "--device")
     prepare_out(out, root, overwrite)
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
+    _check_present(root, name, block, split, pictures=recipe.models.vae is not None)
+    check_recorded_weights("models.vae", recipe.models.vae, DecodeError)
+    if manifest["models"].get("audio_vae"):
+        check_recorded_weights("models.audio_vae", recipe.models.audio_vae, DecodeError)
     audio = None  # the audio latents (first one peeked), when the output holds any
     if recipe.models.audio_vae is not None and manifest["models"].get("audio_vae"):
         found = audio_latents(root, block, split)

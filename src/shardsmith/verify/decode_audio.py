@@ -9,6 +9,9 @@ Contract
   recipe's (same family, config, pretrained, revision, dtype as the build: :func:`load_audio_vae`), with
   whether its weights are random. One without a vocoder cannot make waveforms: :class:`DecodeError`
   (raised before any file is written).
+- :func:`check_recorded_weights`: a recorded ``pretrained`` model that is not on this machine (a local
+  folder gone, a hub repo id not in the Hugging Face cache) is an error naming the key and the path,
+  found on disk only (no download is tried), before any model loads.
 - :func:`decode_audio_into`: each latent through the VAE decoder and the vocoder
   (:meth:`AudioVae.decode`: ``(4T - 3)`` mel frames, times the vocoder's upsampling) into
   ``<out>/<rel stem>.wav``, 16-bit PCM stereo at the vocoder's rate (:func:`wav_bytes`), mirroring the
@@ -43,11 +46,37 @@ def audio_latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tu
         yield rel, z, None if duration is None else float(duration)
 
 
+def check_recorded_weights(key: str, spec, error: type[UserError] = UserError) -> None:
+    """``error`` naming ``key`` (``models.vae``) and the path when the pretrained weights the build recorded
+    are not on this machine: a local folder that is gone, or a hub repo id that is not in the Hugging Face
+    cache. Looked up on disk only, so a missing model never turns into a download attempt. Random
+    weights (no ``pretrained``) are always there."""
+    from shardsmith.encode.spec import resolve_model_folder
+
+    if spec is None or spec.pretrained is None:
+        return
+    where = str(spec.pretrained)
+    if resolve_model_folder(where, spec.subfolder, spec.revision)[0] is not None:
+        return
+    what = f"the weights this build recorded ({key}.pretrained {where}" + (
+        f", {key}.subfolder {spec.subfolder})" if spec.subfolder else ")")
+    if spec.subfolder and Path(where).exists():  # the folder is there, its subfolder is not
+        raise error(f"{what} are missing: {where} has no {spec.subfolder}/ folder; put it back, then decode again")
+    if Path(where).expanduser().is_absolute() or where.startswith((".", "~")):
+        raise error(f"{what} are missing: {where} is not there; put the model folder back at {where} (or run "
+                    "decode on the machine that has it), then decode again")
+    raise error(f"{what} are missing: {where} is neither a folder here nor a repo in this machine's Hugging "
+                f"Face cache; decode never downloads: fetch it first (huggingface-cli download {where}), or run "
+                "decode where the weights are")
+
+
 def recorded_audio_vae(manifest: dict[str, Any], recipe, device: str, error: type[UserError] = UserError):
-    """(the recorded audio VAE, whether its weights are random); ``error`` when it has no vocoder."""
+    """(the recorded audio VAE, whether its weights are random); ``error`` when its recorded weights are
+    missing (:func:`check_recorded_weights`, before loading) or it has no vocoder."""
     from shardsmith.encode.audio_vae import VOCODER_SUBFOLDER, load_audio_vae
 
     a = recipe.models.audio_vae
+    check_recorded_weights("models.audio_vae", a, error)
     avae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
                           config=a.config, dtype=a.dtype, device=device)
     if avae.vocoder is None:
