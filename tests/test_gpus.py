@@ -124,11 +124,19 @@ def _kill_and_resume(recipe: Path, out: Path) -> subprocess.CompletedProcess:
     while p.poll() is None and time.monotonic() < deadline and len(list(out.rglob("*.tar"))) < 2:
         time.sleep(0.05)
     assert p.poll() is None, "the build ended before it could be killed"
+
+    def spawned(parents: set[str]) -> list[str]:  # this build's spawned workers (not another test's)
+        rows = [ln.split(None, 2) for ln in subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
+                                                             text=True).stdout.splitlines()[1:]]
+        return [r[0] for r in rows if len(r) == 3 and r[1] in parents and "multiprocessing.spawn" in r[2]]
+
+    workers = spawned({str(p.pid)})
+    assert workers, "the build's GPU workers were not found"
     os.kill(p.pid, signal.SIGKILL)  # the build's process only: its workers must go with it
     p.wait()
     time.sleep(2.0)
-    ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
-    assert not [ln for ln in ps.splitlines() if "multiprocessing.spawn" in ln], ps  # no worker left running
+    left = [w for w in workers if os.path.exists(f"/proc/{w}")]
+    assert not left, f"workers {left} of the killed build still run"
     before = {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}
     time.sleep(1.0)
     assert before == {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}  # nothing writes there any more

@@ -246,3 +246,29 @@ def test_images_with_only_video_buckets_are_refused_before_any_output(tmp_path):
     refused(r, "output 'latent_wds': every input it takes is an image, and geometry.buckets (64x64x17) has no "
                "bucket of 1 frame")
     assert not list((tmp_path / "out").glob("latents/*.tar"))
+
+
+@pytest.mark.slow
+def test_verify_out_json_never_overwrites_another_file(tmp_path):
+    """Before: ``verify --out-json`` wrote over any file, a shard of the dataset it checked included, and a
+    missing folder failed only after the whole run with a bare ``[Errno 2]``."""
+    src = tmp_path / "photos"
+    real_photos(src, 2, seed=7)
+    assert build("--source", src, "--to", "wds", "--out", tmp_path / "b", "-q").returncode == 0
+    ds = tmp_path / "b" / "wds"
+    shard = ds / "00000.tar"
+    before = shard.read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+
+    def verify(target):
+        return subprocess.run([PY, "-m", "shardsmith", "verify", str(ds), "--world", "1", "--workers", "0", "-q",
+                               "--out-json", str(target)], capture_output=True, text=True, timeout=120)
+
+    refused(verify(shard), "lies inside the dataset")
+    refused(verify(notes), "exists and is not a verify report")
+    refused(verify(tmp_path / "nope" / "v.json"), "does not exist (it is not created)")
+    assert shard.read_bytes() == before and notes.read_text() == "mine"
+    first = verify(tmp_path / "v.json")
+    assert first.returncode == 0 and json.loads((tmp_path / "v.json").read_text())["ok"] is True, first.stderr
+    assert verify(tmp_path / "v.json").returncode == 0  # its own earlier report is replaced

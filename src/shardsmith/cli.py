@@ -88,9 +88,10 @@ def _read_recipe_file(path: Path) -> dict[str, Any]:
         _fail(_table_hint(path) if is_table else f"recipe {path} is not valid YAML: {exc}")
     if isinstance(data, dict) and (not is_table or set(data) & set(Recipe.model_fields)):
         return data
-    if is_table or isinstance(data, list):
+    if is_table:
         _fail(_table_hint(path))
-    _fail(f"recipe {path} must be a mapping with sources: and outputs:, not a {type(data).__name__}")
+    _fail(f"recipe {path} must be a mapping with sources: and outputs: (key: value lines, e.g. "
+          f"sources: [{{path: photos}}]), not a {type(data).__name__}")
 
 
 def _pairs(flag: str, text: str, example: str) -> dict[str, str]:
@@ -236,38 +237,13 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
     if flags.get("background"):
         _section(data, "images")["background"] = _ints("--background", flags["background"], ",",
                                                        "three integers R,G,B such as 255,255,255")
-    outs = data.get("outputs") or []
-    for o in outs if isinstance(outs, list) else []:
-        if not isinstance(o, dict):
-            continue  # the recipe check names it
-        if o.get("format") in ("wds", "latent_wds", "prompt_wds"):  # shard layout
-            for flag, key in (("dir", "dir"), ("samples_per_shard", "samples_per_shard"),
-                              ("max_shard_bytes", "max_shard_bytes")):
-                if flags.get(flag) is not None:
-                    o[key] = flags[flag]
-        if o.get("format") == "wds":
-            for flag, key in (("image_format", "format"), ("quality", "quality"), ("max_side", "max_side"),
-                              ("image_size", "size"), ("resize_mode", "resize_mode"), ("max_aspect", "max_aspect")):
-                if flags.get(flag) is not None:
-                    o.setdefault("image", {})[key] = flags[flag]
-            if flags.get("passthrough"):
-                o.setdefault("image", {})["passthrough"] = True
-        elif o.get("format") == "zip":
-            if flags.get("zip_path") is not None:
-                o["path"] = flags["zip_path"]
-            if flags.get("resolution") is not None:
-                r = _ints("--resolution", flags["resolution"], "x", "one integer such as 64, or WxH such as 64x32")
-                o["resolution"] = r if len(r) > 1 else r[0]
-            if flags.get("transform") is not None:
-                o["transform"] = flags["transform"]
+    _output_flags(data, flags)
     if flags.get("workers") is not None:
         data["workers"] = flags["workers"]
-    if flags.get("text_8bit"):
+    if flags.get("text_8bit"):  # overrides the file's models.text.quantize (checked again after --set)
         text = _section(data, "models").get("text")
-        if not isinstance(text, dict):
-            _fail("--load-text-encoder-in-8bit quantizes models.text, and the recipe sets no text encoder; add "
-                  "models: {text: {family: ...}} or leave the flag out")
-        text["quantize"] = "int8"
+        if isinstance(text, dict):
+            text["quantize"] = "int8"
     if flags.get("gpus") is not None:
         g = flags["gpus"]
         if g != "all" and not (g.isdigit() and int(g) >= 1):
@@ -279,7 +255,148 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
         data["one_sample"] = True
     for s in sets:
         set_key(data, *_setting("--set", s))
+    if flags.get("text_8bit"):  # after --set: the text encoder may come from it (a --set quantize wins)
+        models = data.get("models")
+        text = models.get("text") if isinstance(models, dict) else None
+        if not isinstance(text, dict):
+            _fail("--load-text-encoder-in-8bit quantizes models.text, and the recipe sets no text encoder; add "
+                  "models: {text: {family: ...}} (or --set models.text.family=...) or leave the flag out")
+        text.setdefault("quantize", "int8")
+    _check_engine(data, flags)
+    _check_table_flags(data, flags, base)
     return data, base
+
+
+#: the formats that take the shard-layout flags (--dir, --samples-per-shard, --max-shard-bytes)
+_SHARD_FORMATS = ("wds", "latent_wds", "prompt_wds")
+
+#: output flags (their key in ``flags``) -> (the formats they apply to, their key in such an output)
+_OUTPUT_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "dir": (_SHARD_FORMATS, "dir"),
+    "samples_per_shard": (_SHARD_FORMATS, "samples_per_shard"),
+    "max_shard_bytes": (_SHARD_FORMATS, "max_shard_bytes"),
+    "image_format": (("wds",), "image.format"),
+    "quality": (("wds",), "image.quality"),
+    "max_side": (("wds",), "image.max_side"),
+    "image_size": (("wds",), "image.size"),
+    "resize_mode": (("wds",), "image.resize_mode"),
+    "max_aspect": (("wds",), "image.max_aspect"),
+    "passthrough": (("wds",), "image.passthrough"),
+    "resolution": (("zip",), "resolution"),
+    "transform": (("zip",), "transform"),
+    "zip_path": (("zip",), "path"),
+}
+
+#: (flag, format it does not apply to) -> the flag that sets the like thing there, and what it takes
+_LIKE_FLAG: dict[tuple[str, str], tuple[str, str]] = {
+    ("resolution", "wds"): ("image_size", "{value}"),
+    ("transform", "wds"): ("resize_mode", "center_crop|border|keep_ratio"),
+    ("zip_path", "wds"): ("dir", "DIR"),
+    ("image_size", "zip"): ("resolution", "{value}"),
+    ("resize_mode", "zip"): ("transform", "center-crop|center-crop-wide|center-crop-dhariwal"),
+    ("dir", "zip"): ("zip_path", "PATH.zip"),
+}
+
+
+def _flag_name(flag: str) -> str:
+    return f"--{flag.replace('_', '-')}"
+
+
+def _output_fields() -> dict[str, set[str]]:
+    """Each output format's top-level recipe keys."""
+    from typing import get_args
+
+    from shardsmith.recipe import Output
+
+    return {get_args(cls.model_fields["format"].annotation)[0]: set(cls.model_fields)
+            for cls in get_args(get_args(Output)[0])}
+
+
+def _output_flags(data: dict[str, Any], flags: dict[str, Any]) -> None:
+    """Set each output flag given on every output of a format it applies to; a flag that applies to no
+    output of the recipe is a :class:`UsageError` naming the formats it applies to and the fix (never
+    silently dropped)."""
+    given: dict[str, Any] = {}
+    for flag in _OUTPUT_FLAGS:
+        value = flags.get(flag)
+        if value is None or value is False:
+            continue
+        if flag == "resolution":
+            r = _ints("--resolution", value, "x", "one integer such as 64, or WxH such as 64x32")
+            value = r if len(r) > 1 else r[0]
+        given[flag] = value
+    outs = data.get("outputs") or []
+    outs = [o for o in outs if isinstance(o, dict)] if isinstance(outs, list) else []  # the recipe check names others
+    fields = _output_fields()
+    for flag, value in given.items():
+        formats, key = _OUTPUT_FLAGS[flag]
+        matched = [o for o in outs if o.get("format") in formats]
+        for o in matched:
+            *parents, last = key.split(".")
+            target = o
+            for p in parents:
+                target = target.setdefault(p, {})
+            if isinstance(target, dict):  # else the recipe check names what the recipe holds there
+                target[last] = value
+        if matched or not outs or any(o.get("format") not in fields for o in outs):
+            continue  # no output, or an unknown format: the recipe check says what is wrong
+        present = [o["format"] for o in outs]
+        hints: list[str] = []
+        for i, fmt in enumerate(present):
+            if fmt in present[:i]:
+                continue  # one hint per format
+            like = _LIKE_FLAG.get((flag, fmt))
+            if like is not None:
+                like_flag, takes = like
+                takes = takes.format(value=value if isinstance(value, (int, str)) else "S")
+                hints.append(f"for {fmt} use {_flag_name(like_flag)} {takes}" if like_flag in flags else  # the
+                             f"for {fmt} use --set outputs[{i}].{_OUTPUT_FLAGS[like_flag][1]}={takes}")  # command's
+            elif key.split(".")[0] in fields[fmt]:
+                hints.append(f"for {fmt} use --set outputs[{i}].{key}="
+                             f"{value if isinstance(value, str) else json.dumps(value, separators=(',', ':'))}")
+        if "to" in flags:
+            hints.append(f"add a {formats[0]} output (--to {formats[0]})")
+        what = formats[0] if len(formats) == 1 else f"{', '.join(formats[:-1])} or {formats[-1]}"
+        _fail(f"{_flag_name(flag)} applies to {what} outputs, and no output is one (outputs: {', '.join(present)}); "
+              f"{', '.join(hints) + ', or ' if hints else ''}leave {_flag_name(flag)} out")
+
+
+def _is_table(source: dict[str, Any]) -> bool:
+    from shardsmith.sources.base import TABLE_EXTENSIONS
+
+    path = source.get("path")
+    return source.get("kind") == "table" or (
+        source.get("kind", "auto") == "auto" and isinstance(path, str)
+        and Path(path).suffix.lower().lstrip(".") in TABLE_EXTENSIONS)
+
+
+def _check_table_flags(data: dict[str, Any], flags: dict[str, Any], base: Path) -> None:
+    """The column flags apply to table sources: with none among the sources they are a
+    :class:`UsageError` (a folder's captions are sidecar files and its labels its sub-folders)."""
+    used = [f for f in ("columns", "caption_column", "video_column", "media_column") if flags.get(f)]
+    srcs = _source_dicts(data) if isinstance(data.get("sources"), list) else []
+    if not used or not srcs or any(_is_table(s) for s in srcs):
+        return
+    s = srcs[0]
+    path = s.get("path")
+    what = "a folder" if isinstance(path, str) and (base / path).is_dir() else "not a table"
+    _fail(f"{_flag_name(used[0])} applies to table sources (.csv, .json, .jsonl, .parquet), and source {path!r} is "
+          f"{what}; a folder's captions are <name>.txt files beside each image and its labels its class sub-folders, "
+          f"so leave {_flag_name(used[0])} out (or pass the table itself as the source)")
+
+
+def _check_engine(data: dict[str, Any], flags: dict[str, Any]) -> None:
+    """``--engine ray`` with one GPU (no ``--gpus``, ``distribute.gpus`` 1) would be ignored: the build's
+    own process encodes, and Ray runs only for ``--gpus N`` (N > 1 or all). A :class:`UsageError`."""
+    if flags.get("engine") != "ray":
+        return
+    dist = data.get("distribute")
+    gpus = dist.get("gpus", 1) if isinstance(dist, dict) else 1
+    if gpus == 1:
+        told = flags.get("gpus") is not None or (isinstance(dist, dict) and "gpus" in dist)
+        _fail(f"--engine ray runs the encoders on Ray actors, one per GPU of --gpus, and --gpus is 1"
+              f"{'' if told else ' (the default)'}, which encodes in the build's own process without Ray; add "
+              "--gpus N (2 or more, or all), or leave --engine ray out")
 
 
 _SRC_HELP = "A source: image folder (class sub-folders become labels) or table (.csv/.json/.jsonl/.parquet)."
@@ -291,6 +408,14 @@ def _recipe(recipe_path, source, flags, to, sets, origin):
 
 
 _HOLDOUT_HELP = "split.holdout: a fraction (0.1), a percentage (10%) or a count (100)."
+
+
+def _positive(value: float) -> float:
+    """A float option that must be above 0, checked when the flags are parsed (typer's ``min=``
+    allows the bound itself)."""
+    if not value > 0:  # NaN too
+        raise typer.BadParameter(f"{value:g} is not above 0; give a number such as 20")
+    return value
 
 
 @command()
@@ -443,11 +568,13 @@ def scan(
     holdout: Optional[str] = typer.Option(None, help=_HOLDOUT_HELP),
     seed: Optional[int] = typer.Option(None),
     min_size: Optional[int] = typer.Option(None),
-    batch: Optional[int] = typer.Option(None, help="Training batch size per device (for the repetition estimate)."),
+    batch: Optional[int] = typer.Option(None, min=1, help="Training batch size per device (for the repetition "
+                                        "estimate)."),
     grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Gradient-accumulation steps per update."),
     world: int = typer.Option(1, "--world", min=1, help="Devices (data-parallel ranks) training at once."),
-    updates: Optional[int] = typer.Option(None, help="Planned optimizer updates."),
-    max_repeat: float = typer.Option(20.0, help="Warn when each sample would be seen more often than this."),
+    updates: Optional[int] = typer.Option(None, min=1, help="Planned optimizer updates."),
+    max_repeat: float = typer.Option(20.0, callback=_positive, help="Warn when each sample would be seen more "
+                                     "often than this (> 0)."),
     set_: Optional[list[str]] = typer.Option(None, "--set"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report on stdout."),
     max_probe: int = typer.Option(2000, "--max-probe", min=1, help="Probe at most this many clips (a "
@@ -536,14 +663,39 @@ def verify(
     from shardsmith.verify.runner import format_verify, verify as run_verify
 
     overrides = _loader_overrides(set_, dataset, preset)
+    if out_json:
+        _check_out_json(out_json, dataset)
     rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
                      batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in,
                      overrides=overrides or None, progress=Progress(quiet=quiet), mode=mode)
     text = json.dumps(rep, indent=2, default=str, ensure_ascii=False)
     if out_json:
-        out_json.write_text(text + "\n", encoding="utf-8")
+        from shardsmith.atomic import atomic_write_bytes
+
+        atomic_write_bytes(out_json, (text + "\n").encode("utf-8"))
     typer.echo(text if as_json else format_verify(rep))
     raise typer.Exit(0 if rep["ok"] else 1)
+
+
+def _check_out_json(path: Path, dataset: Path) -> None:
+    """``verify --out-json``, checked before the run: a file outside the dataset, in a folder that exists,
+    and either new or a verify report written before (verify never overwrites another file)."""
+    p, d = path.resolve(), dataset.resolve()
+    if p == d or d in p.parents:
+        _fail(f"--out-json {path} lies inside the dataset {dataset}, which verify only reads; give a path outside "
+              "it, e.g. verify.json")
+    if p.is_dir():
+        _fail(f"--out-json {path} is a folder; give a file name, e.g. {path / 'verify.json'}")
+    if p.exists() or p.is_symlink():
+        try:
+            old = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+        except (OSError, UnicodeDecodeError, ValueError):
+            old = None
+        if not (isinstance(old, dict) and {"dataset", "checks", "ok"} <= set(old)):
+            _fail(f"--out-json {path} exists and is not a verify report (verify never overwrites another file): "
+                  "pick a new file name, or delete that file yourself first")
+    if not p.parent.is_dir():
+        _fail(f"--out-json {path}: the folder {p.parent} does not exist (it is not created); create it first")
 
 
 def _loader_overrides(sets: Optional[list[str]], dataset: Path, preset: Optional[str]) -> dict[str, Any]:

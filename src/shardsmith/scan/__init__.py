@@ -43,7 +43,7 @@ from shardsmith.scan.media_figures import audio as audio_figures, bucket_fit, vi
 from shardsmith.scan.format import format_scan, human_bytes
 from shardsmith.scan.histograms import ASPECT_BINS, SHORT_SIDE_BINS
 from shardsmith.scan.usable import define_usable
-from shardsmith.scan.verdicts import MAX_REPEAT_DEFAULT, data_warnings, enough_data
+from shardsmith.scan.verdicts import MAX_REPEAT_DEFAULT, check_training_figures, data_warnings, enough_data
 from shardsmith.split.assign import HOLDOUT, TRAIN
 
 __all__ = ["ASPECT_BINS", "SHORT_SIDE_BINS", "format_scan", "human_bytes", "output_bytes", "sample_bytes", "scan"]
@@ -58,6 +58,7 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
     :class:`~shardsmith.progress.Progress` for the plan, decode and probe bars (none when None)."""
     from shardsmith.progress import Progress
 
+    check_training_figures(batch, updates, max_repeat, grad_accum, world)  # before any probing
     progress = progress or Progress(quiet=True)
     threads = workers or recipe.workers or min(32, (os.cpu_count() or 4) * 2)
     procs = workers or recipe.workers or min(8, os.cpu_count() or 2)
@@ -103,6 +104,7 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
         unique = db.execute(f"SELECT COUNT(*) FROM {trainable} WHERE split = ? AND dup_of IS NULL",
                             (TRAIN,)).fetchone()[0]
         warnings = data_warnings(report, image_outputs=any(not _is_latent(o) for o in recipe.outputs))
+        warnings += _holdout_refusal(recipe, run.ledger)
         estimate = {}
         for o in recipe.outputs:
             if _is_latent(o):
@@ -119,6 +121,22 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
     report.update(usable=usable, estimate=estimate, enough_data=enough, warnings=warnings + enough["warnings"])
     json.dumps(report)  # fail here, not in the caller, if something is not serialisable
     return report
+
+
+def _holdout_refusal(recipe: Recipe, ledger) -> list[str]:
+    """The build's own holdout check (:func:`~shardsmith.safety.holdout.refuse_empty_train`, on the same
+    counts of planned items) as a warning: a build of this recipe would stop there."""
+    from shardsmith.safety.holdout import HoldoutError, SplitCounts, refuse_empty_train
+
+    if not recipe.split.holdout > 0 or recipe.one_sample:
+        return []
+    try:
+        refuse_empty_train(recipe.split.holdout, [
+            SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)),
+                        ledger.eligible(HOLDOUT, recipe.source_ids(o))) for o in recipe.outputs])
+    except HoldoutError as exc:
+        return [f"build would refuse this holdout: {exc}"]
+    return []
 
 
 def _is_latent(o) -> bool:

@@ -15,8 +15,28 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from shardsmith.errors import UserError
+
 MAX_REPEAT_DEFAULT = 20.0
 TINY = 1000
+
+
+class TrainingFigureError(UserError):
+    """A training figure of the enough-data estimate (batch, updates, ...) that no training run has."""
+
+
+def check_training_figures(batch: int | None, updates: int | None, max_repeat: float, grad_accum: int = 1,
+                           world: int = 1) -> None:
+    """Refuse, before any probing, a figure the estimate cannot use: ``batch``, ``updates``,
+    ``grad_accum`` and ``world`` are counts of at least 1 (None: not given), ``max_repeat`` is above 0.
+    The command line checks the same when it parses the flags; this is the API's check."""
+    for name, value in (("batch", batch), ("updates", updates), ("grad_accum", grad_accum), ("world", world)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise TrainingFigureError(f"scan {name}={value!r}: give a whole number of at least 1 "
+                                      f"(--{name.replace('_', '-')} 1 or more)")
+    if not (isinstance(max_repeat, (int, float)) and max_repeat > 0):
+        raise TrainingFigureError(f"scan max_repeat={max_repeat!r}: give a number above 0, e.g. "
+                                  f"{MAX_REPEAT_DEFAULT:g} (--max-repeat)")
 
 
 def data_warnings(report: dict[str, Any], image_outputs: bool = True) -> list[str]:

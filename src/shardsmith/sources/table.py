@@ -6,8 +6,11 @@ target, caption/text/prompt, label). Partner roles (``source``, ``reference``, `
 ``Item.media`` by role. Other columns are kept as per-sample metadata. Every media path (target
 and partners) resolves against the table's own folder; a path that lands outside that folder
 once symlinks are resolved (``..``, an absolute path, a link) is refused per row, unopened,
-unless ``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable line)
-becomes that row's ``failed:<reason>``; a CSV metadata cell that spells a number is kept as that number; a partner that is missing or empty is
+unless ``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable line,
+a CSV row with more cells than the header: ``bad_row``) becomes that row's ``failed:<reason>``; a
+path that names a folder, a named pipe or a device is ``failed:not_a_regular_file``, never opened; a
+CSV header that names a column twice is refused (:class:`SourceError`); a CSV metadata cell that
+spells a number is kept as that number; a partner that is missing or empty is
 ``failed:missing_<role>``, one the path rules refuse ``failed:<role>_<reason>``; rows are never
 shifted onto each other.
 
@@ -43,7 +46,7 @@ def _rows(path: Path) -> Iterator[dict[str, Any] | Exception]:
     try:
         if fmt == "csv":
             with path.open(newline="", encoding="utf-8-sig") as f:
-                yield from csv.DictReader(f)
+                yield from _csv_rows(path, csv.reader(f))
         elif fmt == "jsonl":
             with path.open(encoding="utf-8-sig") as f:
                 for n, line in enumerate(f, 1):
@@ -78,6 +81,30 @@ def _rows(path: Path) -> Iterator[dict[str, Any] | Exception]:
         raise SourceError(f"table {path} is not UTF-8 ({exc}); re-save it as UTF-8") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise SourceError(f"table {path} cannot be read: {exc}") from None
+
+
+def _csv_rows(path: Path, reader) -> Iterator[dict[str, Any] | Exception]:
+    """A CSV table's rows as ``csv.DictReader`` gives them (blank lines skipped, a short row's missing
+    cells None), except that nothing is dropped: a header that names a column twice is a
+    :class:`SourceError` (its later column would hide the earlier one), and a row with more cells than
+    the header (an unquoted comma in a caption, most often) is that row's error."""
+    header = next(reader, None)
+    if header is None:
+        return
+    dup = next((c for c in header if header.count(c) > 1), None)
+    if dup is not None:
+        raise SourceError(f"table {path}: the header names column {dup!r} {header.count(dup)} times "
+                          f"(columns: {header}), and only one of them could be read; rename the others "
+                          "(every column needs its own name)")
+    for row in reader:
+        if not row:
+            continue
+        if len(row) > len(header):
+            extra = ", ".join(repr(c if len(c) <= 40 else c[:37] + "...") for c in row[len(header):])
+            yield ValueError(f"line {reader.line_num} has {len(row)} cells and the header {len(header)} (extra: "
+                             f"{extra}); quote a caption that contains commas, e.g. \"a cup, of coffee\"")
+            continue
+        yield dict(zip(header, row + [None] * (len(header) - len(row))))
 
 
 def _detect(columns: list[str], wanted: str | None, options: tuple[str, ...], role: str, path: Path) -> str | None:
@@ -118,9 +145,15 @@ class TableSource:
         self.path = Path(spec.path)
         self.root = self.path.parent.resolve()
         self.spec = spec
-        first = next((r for r in _rows(self.path) if isinstance(r, dict)), None)
-        if first is None:
-            raise SourceError(f"table {self.path} has no rows")
+        first, problem = None, None
+        for row in _rows(self.path):
+            if isinstance(row, dict):
+                first = row
+                break
+            problem = problem or row
+        if first is None:  # every row is bad: say why rather than "no rows"
+            raise SourceError(f"table {self.path} has no rows" if problem is None else
+                              f"table {self.path} has no readable row: {problem}; fix the rows")
         cols = list(first.keys())
         given = spec.columns
         target_key = "target" if given.target is not None else "media"
@@ -169,9 +202,16 @@ class TableSource:
         if problem == "symlink_loop":
             return real, ("symlink_loop", f"{where} names {rel!r}, which is a symbolic link loop; fix the link "
                           "or delete the row")
-        if problem == "missing" or (problem is None and not os.path.isfile(real)):
+        if problem == "missing":
             return real, ("missing_file", f"{where} names {rel!r}, but {real} does not exist; fix the path "
                           "(relative to the table's folder) or delete the row")
+        if problem is None and not os.path.isfile(real):  # a folder, a pipe, a device: never opened
+            folder = os.path.isdir(real)
+            what = "a folder" if folder else paths.special_file(real)
+            fix = ("name a media file inside it" if folder else
+                   "opening it could wait forever or read without end; name a regular media file")
+            return real, (paths.NOT_REGULAR, f"{where} names {rel!r}, but {real} is "
+                          f"{what + ', not' if what else 'not'} a regular file; {fix}, or delete the row")
         return real, None  # an unreadable file fails when the probe reads it
 
     def _partners(self, row: dict[str, Any], where: str) -> tuple[dict[str, MediaRef], tuple[str, str] | None]:
