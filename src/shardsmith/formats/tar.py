@@ -23,6 +23,8 @@ import tarfile
 import zlib
 from typing import Optional
 
+from shardsmith.errors import UserError
+
 log = logging.getLogger(__name__)
 
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -228,6 +230,22 @@ def _scan_fast(fd: int, file_size: int) -> list[tuple[str, int, int]]:
         else:
             raise _Unusual(f"member type {typ!r}")
         off = nxt
+
+
+class ShardUnreadable(UserError, tarfile.ReadError):
+    """A shard ``tarfile`` cannot list (raised by ``loaders.shard_reader.shard_samples``) (truncated, empty, not a tar): names the shard and the way on
+    (``shardsmith inspect`` says where it breaks, ``shardsmith repair`` keeps every intact sample).
+    A :class:`~shardsmith.errors.UserError` (one ``error:`` line, exit 2, in the commands that read a
+    dataset: scan, decode) and a ``tarfile.ReadError`` (what callers already catch)."""
+
+    def __init__(self, path, why: str):
+        self.path, self.why = os.fspath(path), why
+        folder = os.path.dirname(self.path) or "."
+        super().__init__(f"{self.path} is not a readable tar shard ({why}); shardsmith inspect {folder} says "
+                         f"where it breaks, shardsmith repair {folder} keeps every intact sample")
+
+    def __reduce__(self):  # rebuilt in the process it reaches (a DataLoader worker's error)
+        return type(self), (self.path, self.why)
 
 
 def _scan_tarfile(path) -> list[tuple[str, int, int]]:

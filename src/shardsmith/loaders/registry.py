@@ -9,8 +9,9 @@ An entry looks like::
 
 so the file moves between machines: only ``DATA_ROOT_DIR`` changes. The file is
 ``--config``, else ``$SHARDSMITH_DATA_CONFIG``, else ``~/.config/shardsmith/data.yaml``.
-Writes are atomic and never drop other entries; re-registering a name with a different
-entry is refused unless ``replace``.
+Writes are atomic and never drop other entries, nor the file's comments and layout (the entry
+is added as text, see :func:`add_entry`); a symlinked file is written through to its target.
+Re-registering a name with a different entry is refused unless ``replace``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 import yaml
 
 from shardsmith.atomic import atomic_write_bytes
+from shardsmith.errors import UserError
 
 DEFAULT_ENV = "DATA_ROOT_DIR"
 
 
-class RegistryError(ValueError):
-    """A bad name, a clash with an existing entry, or an unresolvable path."""
+class RegistryError(UserError, ValueError):
+    """A bad name, a clash with an existing entry, an unresolvable path, or a data-config file that
+    cannot be read or written (one ``error:`` line, exit 2)."""
 
 
 def config_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -37,13 +40,37 @@ def config_path(explicit: str | os.PathLike | None = None) -> Path:
     return Path(env) if env else Path.home() / ".config" / "shardsmith" / "data.yaml"
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def _read_text(path: Path) -> str | None:
+    """The text of the data config at ``path`` (None when there is none), or :class:`RegistryError`."""
+    if path.is_dir():
+        raise RegistryError(f"data config {path} is a folder; give a YAML file (--config {path / 'data.yaml'})")
     if not path.exists():
-        return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RegistryError(f"data config {path} is not UTF-8 text (not a YAML file?); pass another --config") from None
+    except OSError as exc:
+        raise RegistryError(f"cannot read data config {path}: {exc.strerror or exc}; pass another --config") from None
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RegistryError(f"data config {path} is not valid YAML{where}: {what}; fix it, or pass another "
+                            "--config") from None
     if not isinstance(data, dict):
         raise RegistryError(f"{path} must hold a mapping of dataset names to entries")
     return data
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    text = _read_text(path)
+    return {} if text is None else _parse(path, text)
 
 
 def portable_path(dataset: Path, root_env: str = DEFAULT_ENV) -> tuple[str, str]:
@@ -69,15 +96,68 @@ def resolve(path: str) -> Path:
     return Path(expanded)
 
 
+def _last_end(node: yaml.Node) -> int:
+    """Offset just past the last character of ``node``'s own text (a block collection's end mark lies
+    at the next token, past any comment lines that follow it: those stay)."""
+    if isinstance(node, yaml.ScalarNode) or getattr(node, "flow_style", False):
+        return node.end_mark.index
+    kids = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
+    return max((_last_end(k) for k in kids), default=node.end_mark.index)
+
+
+def _edited(text: str, name: str, entry: dict[str, Any]) -> str:
+    """``text`` with the entry ``name`` added at the end, or its text replaced in place: every other
+    line (comments, order, layout) stays as the user wrote it."""
+    block = yaml.safe_dump({name: entry}, sort_keys=False, allow_unicode=True)
+    root = yaml.compose(text)
+    for key, value in root.value if isinstance(root, yaml.MappingNode) else []:
+        if isinstance(key, yaml.ScalarNode) and key.value == name:
+            start, end = key.start_mark.index, _last_end(value)
+            line_end = text.find("\n", end)
+            end = len(text) if line_end < 0 else line_end + 1
+            return text[:start] + block + text[end:]
+    return text + ("" if not text or text.endswith("\n") else "\n") + block
+
+
 def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = False) -> None:
+    """Add (or, with ``replace``, replace) the entry ``name`` of the data config at ``path``. The file
+    is edited as text: the new entry is appended (a replaced one rewritten where it stands), so its
+    comments, order and layout stay; it is written atomically next to the real file (through a
+    symlink: the link stays, its target gets the entry). An entry that is already there as given
+    writes nothing. When the edit would not give back exactly the old entries plus this one (a
+    layout the text edit cannot handle, e.g. a flow mapping ``{...}`` at the top), a file without
+    comments is rewritten whole; one with comments is left alone and the refusal says to add the
+    entry by hand."""
     if not name or not all(c.isalnum() or c in "_-" for c in name):
         raise RegistryError(f"dataset name {name!r} must be letters, digits, '_' or '-'")
-    data = read_config(path)
+    text = _read_text(path)
+    data = {} if text is None else _parse(path, text)
     if name in data and data[name] != entry and not replace:
         raise RegistryError(f"{path} already has a different entry {name!r}: {data[name]}; "
                             "choose another --name or pass --replace")
-    data[name] = entry
-    atomic_write_bytes(path, yaml.safe_dump(data, sort_keys=True, allow_unicode=True).encode("utf-8"))
+    if name in data and data[name] == entry:
+        return  # already registered as asked: the file is not touched
+    want = {**data, name: entry}
+    if not (text or "").strip():
+        new = yaml.safe_dump(want, sort_keys=True, allow_unicode=True)
+    else:
+        try:
+            new = _edited(text, name, entry)
+            ok = yaml.safe_load(new) == want
+        except yaml.YAMLError:
+            ok = False
+        if not ok and "#" not in text:  # nothing a rewrite could lose but the layout: rewrite it
+            new, ok = yaml.safe_dump(want, sort_keys=True, allow_unicode=True), True
+        if not ok:
+            raise RegistryError(f"cannot add {name!r} to {path} without rewriting the whole file (its layout is "
+                                "not a plain block mapping of names), which would lose its comments and layout; "
+                                f"add this entry by hand:\n{yaml.safe_dump({name: entry}, sort_keys=False)}")
+    real = Path(os.path.realpath(path))  # a symlinked config: write its target, keep the link
+    try:
+        atomic_write_bytes(real, new.encode("utf-8"))
+    except OSError as exc:
+        raise RegistryError(f"cannot write data config {real}: {exc.strerror or exc}; pass a --config you can "
+                            "write (or make that folder writable)") from None
 
 
 def get_entry(name: str, path: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from shardsmith.formats import wds as wds_layout
-from shardsmith.formats.tar import tar_members
+from shardsmith.formats.tar import ShardUnreadable, tar_members
 from shardsmith.formats.wds import SHARD_COUNT_FILE, MemberRef, group_members
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,15 @@ def shard_samples(path, fd: Optional[int] = None, remember: bool = True) -> list
     A shard listed before in this process (or in the process this one was forked from) is
     not read again unless it changed (see :class:`_MemberIndex`). ``remember=False``: a shard
     read now is not added to that index (a pass over a whole dataset that must not keep a
-    listing per sample, e.g. ``verify``'s main process)."""
+    listing per sample, e.g. ``verify``'s main process). A shard ``tarfile`` cannot read raises
+    :class:`~shardsmith.formats.tar.ShardUnreadable` (a ``tarfile.ReadError`` and a user error naming it)."""
     key = _MemberIndex.key(path, os.fstat(fd) if fd is not None else os.stat(path))
     members = _INDEX.get(key)
     if members is None:
-        members = tar_members(path, fd)
+        try:
+            members = tar_members(path, fd)
+        except (tarfile.TarError, EOFError) as exc:  # truncated, empty, not a tar: named, with the way on
+            raise ShardUnreadable(path, str(exc) or type(exc).__name__) from None
         if remember:
             _INDEX.put(key, members)
     return group_members(members)

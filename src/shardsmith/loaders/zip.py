@@ -18,6 +18,7 @@ Contract
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from collections.abc import Iterator
@@ -29,7 +30,40 @@ import torch
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from shardsmith.formats.zip import is_sample_member, read_labels
+from shardsmith.errors import UserError
+from shardsmith.formats.zip import ZIP_LABELS_FILE, is_sample_member, read_labels
+
+
+class ZipUnreadable(UserError, ValueError):
+    """An EDM ZIP that cannot be read (not a ZIP, truncated, a ``dataset.json`` that is not the labels
+    table): names the file and the fix (one ``error:`` line, exit 2)."""
+
+
+def _open_members(path: str) -> tuple[list[str], list | None]:
+    """The sample members of the ZIP at ``path`` (sorted) and its ``dataset.json`` labels, or
+    :class:`ZipUnreadable` saying what is wrong with which file."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = sorted(n for n in z.namelist() if is_sample_member(n))
+            try:
+                labels = read_labels(z)
+            except (ValueError, AttributeError) as exc:  # bad JSON / bad UTF-8 / not an object
+                where = (f" (line {exc.lineno}, column {exc.colno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError)
+                         else f" ({exc})")
+                raise ZipUnreadable(f"{path}: its {ZIP_LABELS_FILE} is not a labels table "
+                                    f'{{"labels": [[path, id], ...]}}{where}; rebuild the ZIP (shardsmith build) '
+                                    "or fix that member") from None
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise ZipUnreadable(f"{path}: its {ZIP_LABELS_FILE} cannot be read ({exc}); the ZIP is damaged: "
+                                    "rebuild it (shardsmith build)") from None
+    except (zipfile.BadZipFile, EOFError) as exc:
+        raise ZipUnreadable(f"{path} is not a readable ZIP (truncated, or not a ZIP at all: {exc}); rebuild it "
+                            "(shardsmith build) or copy it again") from None
+    if labels is not None and not (isinstance(labels, list) and all(
+            isinstance(r, (list, tuple)) and len(r) == 2 for r in labels)):
+        raise ZipUnreadable(f"{path}: its {ZIP_LABELS_FILE} labels are not [[path, id], ...] rows; rebuild the "
+                            "ZIP (shardsmith build) or fix that member")
+    return members, labels
 
 
 class ZipImageDataset(torch.utils.data.Dataset):
@@ -38,9 +72,7 @@ class ZipImageDataset(torch.utils.data.Dataset):
         self.path = str(path)
         self._zip: zipfile.ZipFile | None = None
         self._pid = None
-        with zipfile.ZipFile(self.path) as z:
-            self.members = sorted(n for n in z.namelist() if is_sample_member(n))
-            labels = read_labels(z)
+        self.members, labels = _open_members(self.path)
         if not self.members:
             raise ValueError(f"{self.path} holds no images or .npy arrays")
         labels = labels if use_labels else None

@@ -53,16 +53,70 @@ def render_report(build_dir: str | os.PathLike, *, previews: bool = True, device
     return render(data, sheets, facts, random, notes)
 
 
+def _dataset_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a dataset's files (WebDataset shards, a shard count, a cache stamp)."""
+    try:
+        return any(p.suffix == ".tar" or p.name in ("shard_count.json", "shardsmith.json") for p in folder.iterdir())
+    except OSError:
+        return False
+
+
+def check_output(root: Path, dest: Path) -> None:
+    """Refuse (:class:`ReportError`) a ``--output`` that would overwrite or add to something that is
+    not a report: ``dest`` may be the build's own ``report.html``, or a file anywhere else that does
+    not exist yet or is a page this command wrote before (it starts with ``page.PAGE_HEAD``). Any
+    other path inside a shardsmith build folder (its datasets, ``manifest.json``, ``.shardsmith/``)
+    or inside a dataset folder is refused even when it does not exist; so is a folder that is not
+    there (nothing is created) or cannot be written."""
+    from shardsmith.formats.build_dir import STATE_DIR
+    from shardsmith.report_html.page import PAGE_HEAD
+
+    fix = f"pick a new file name outside the build, e.g. {root.name}-report.html, or leave --output out to write {root / REPORT_FILE}"
+    if dest.is_dir():
+        raise ReportError(f"--output {dest} is a folder; give a file name such as {dest / REPORT_FILE}")
+    for folder in dest.parents:
+        build = folder == root or (folder / STATE_DIR).is_dir()
+        if build and dest != folder / REPORT_FILE:
+            raise ReportError(f"--output {dest} lies inside the shardsmith build {folder}: the report writes "
+                              f"nothing there but {folder / REPORT_FILE}; {fix}")
+    if _dataset_folder(dest.parent):
+        raise ReportError(f"--output {dest} lies inside the dataset folder {dest.parent}; {fix}")
+    if dest == root / REPORT_FILE:
+        return  # the build's own page: the build writes it there too
+    if dest.exists() or dest.is_symlink():
+        if not dest.is_file():
+            raise ReportError(f"--output {dest} exists and is not a regular file; {fix}")
+        try:
+            with open(dest, "rb") as f:
+                ours = f.read(len(PAGE_HEAD.encode())) == PAGE_HEAD.encode()
+        except OSError as exc:
+            raise ReportError(f"--output {dest} exists and cannot be read ({exc.strerror}); {fix}") from None
+        if not ours:
+            raise ReportError(f"--output {dest} exists and is not a shardsmith report (report never overwrites "
+                              "another file): pick a new file name, or delete that file yourself first")
+    if not dest.parent.is_dir():
+        raise ReportError(f"--output {dest}: the folder {dest.parent} does not exist (it is not created); "
+                          "create it first or pick another --output")
+    if not os.access(dest.parent, os.W_OK | os.X_OK):
+        raise ReportError(f"--output {dest}: the folder {dest.parent} cannot be written; pick another --output")
+
+
 def write_report(build_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, previews: bool = True,
                  device: str = "auto") -> Path:
     """Write the report of the build at ``build_dir`` to ``output`` (default
-    ``<build_dir>/report.html``) atomically; the file written."""
+    ``<build_dir>/report.html``) atomically; the file written. An ``output`` that :func:`check_output`
+    refuses is a :class:`ReportError`, raised before anything is read or written."""
     from shardsmith.atomic import atomic_write_bytes
+    from shardsmith.report_html.gather import read_manifest
 
     root = Path(build_dir).resolve()
     dest = Path(output).resolve() if output is not None else root / REPORT_FILE
-    if dest.is_dir():
-        raise ReportError(f"--output {dest} is a folder; give a file name such as {dest / REPORT_FILE}")
+    read_manifest(root)  # a folder that is no finished build is said first
+    check_output(root, dest)
     html = render_report(root, previews=previews, device=device)
-    atomic_write_bytes(dest, html.encode("utf-8"))
+    try:
+        atomic_write_bytes(dest, html.encode("utf-8"))
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {dest}: {exc.strerror or exc}; pick another --output "
+                          "(or free space there)") from None
     return dest

@@ -8,6 +8,7 @@ Memory and time stay bounded whatever the build's size: items are sampled in SQL
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,12 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if ledger.exists():
         from shardsmith.plan.ledger import Ledger
 
-        if not Ledger.peek(ledger, "complete")[0]:
+        try:
+            complete = Ledger.peek(ledger, "complete")[0]
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            raise ReportError(f"{ledger} cannot be read ({exc}): the ledger is damaged; rebuild into a new --out "
+                              "(shardsmith verify still checks the datasets themselves)") from None
+        if not complete:
             raise ReportError(f"{root}: build not finished (its ledger does not mark it complete): resume it with "
                               "the same command, then run shardsmith report")
     return manifest
@@ -94,7 +100,12 @@ def item_stats(ledger_path: Path, max_sampled: int = MAX_SAMPLED) -> ItemStats:
     """Sizes and video facts of at most ``max_sampled`` usable items, every k-th by plan order."""
     from shardsmith.plan.ledger import Ledger
 
-    led = Ledger(ledger_path)
+    # read only: the report writes nothing in the build (a read-only build, a damaged ledger: no histograms)
+    try:
+        led = Ledger._immutable(ledger_path)
+        led.db.execute("SELECT 1 FROM items LIMIT 1").fetchall()
+    except sqlite3.DatabaseError:
+        return ItemStats()
     try:
         db = led.db
         st = ItemStats()

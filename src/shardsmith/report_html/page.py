@@ -14,6 +14,13 @@ from shardsmith.report_html.samples import SampleFacts, Sheet
 
 RANDOM_LABEL = "random-weights: previews are meaningless"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+TITLE_PREFIX = "shardsmith report: "
+# every page this tool writes starts with these bytes: ``write_report`` overwrites an existing
+# file only when it starts with them (a report written before), never anything else
+PAGE_HEAD = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+             '<meta name="viewport" content="width=device-width, initial-scale=1">'
+             f"<title>{TITLE_PREFIX}")
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;
@@ -250,7 +257,7 @@ def render(data: BuildData, sheets: list[Sheet], facts: dict[str, SampleFacts], 
     # nothing of where or when it was built: the same build gives the same page, byte for byte
     # (a resumed build's and an uninterrupted one's too)
     recipe_out = ", ".join(f"{n} ({o.get('format')})" for n, o in m["outputs"].items())
-    title = f"shardsmith report: {recipe_out}"
+    title = TITLE_PREFIX + recipe_out
     head = (f'<p class="muted">shardsmith {esc(m.get("shardsmith_version"))}; '
             f'recipe fingerprint <code>{esc(str(m.get("recipe_fingerprint", ""))[:16])}</code>; split seed {esc((m.get("split") or {}).get("seed"))}</p>')
     warns = "".join(f'<p class="warn">warning: {esc(w)}</p>' for w in m.get("warnings") or [])
@@ -258,9 +265,6 @@ def render(data: BuildData, sheets: list[Sheet], facts: dict[str, SampleFacts], 
     body = "".join([f"<h1>{esc(title)}</h1>", head, warns, extra, _counts(m), _buckets(m), _sources(m),
                     _models(m, random), _teacher_preview(data.preview), _sheets(sheets, random),
                     _histograms(data, facts), _verify(data.verify)])
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head>"
+    return (PAGE_HEAD + esc(title[len(TITLE_PREFIX):]) + f"</title><style>{_CSS}</style></head>"
             f"<body>{body}</body></html>\n")
 

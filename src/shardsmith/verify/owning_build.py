@@ -14,23 +14,95 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
+
+from shardsmith.errors import UserError
 
 from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, MANIFEST_FILE
 from shardsmith.formats.detect import enclosing_build
 
 
+class BuildUnreadable(UserError):
+    """The build folder's ledger cannot be read (damaged, not a database): names it and the way on."""
+
+
+def _version(text: Any) -> tuple[int, ...] | None:
+    parts = str(text).split(".")[:2]
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def manifest_problem(mpath: Path) -> str | None:
+    """What is wrong with the build manifest at ``mpath`` (not JSON, not a shardsmith manifest, a shape
+    this version does not read, written by a newer shardsmith), or None when it reads (or is absent)."""
+    from shardsmith import __version__
+
+    fix = ("restore it from a copy, or rebuild into a new --out (shardsmith inspect checks the shards "
+           "without it)")
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        return f"{mpath} is not valid JSON ({exc}); {fix}"
+    except OSError as exc:
+        return f"{mpath} cannot be read ({exc.strerror or exc}); {fix}"
+    if not isinstance(m, dict):
+        return f"{mpath} holds a JSON {type(m).__name__}, not a shardsmith manifest (an object); {fix}"
+    theirs, ours = _version(m.get("shardsmith_version")), _version(__version__)
+    if theirs is not None and ours is not None and theirs > ours:
+        return (f"{mpath} was written by shardsmith {m.get('shardsmith_version')}, newer than this one "
+                f"({__version__}); verify it with that version (pip install -U shardsmith)")
+    outs = m.get("outputs")
+    if not isinstance(outs, dict):
+        return f"{mpath} is not a shardsmith manifest this version reads (outputs is not an object); {fix}"
+    for name, out in outs.items():
+        files = out.get("files", {}) if isinstance(out, dict) else None
+        splits = out.get("splits", {}) if isinstance(out, dict) else None
+        if not isinstance(files, dict) or not isinstance(splits, dict):
+            return f"{mpath}: outputs.{name} is not a shardsmith manifest entry (no files / splits objects); {fix}"
+        for split, info in files.items():
+            if not isinstance(info, dict):
+                return f"{mpath}: outputs.{name}.files.{split} is not an object; {fix}"
+            if info.get("dir") is None and info.get("path") is None:
+                continue
+            written = (splits.get(split) or {}).get("written") if isinstance(splits.get(split, {}), dict) else None
+            if not isinstance(written, int) or isinstance(written, bool):
+                return f"{mpath}: outputs.{name}.splits.{split}.written is missing or not a count; {fix}"
+    return None
+
+
 def _manifest_entry(mpath: Path, rel: str) -> tuple[str, str, int] | None:
     """(output, split, written) of the output the manifest at ``mpath`` writes to ``rel``
-    (relative to the manifest's folder), or None."""
-    try:
-        m = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError):
+    (relative to the manifest's folder), or None (also for a manifest :func:`manifest_problem` refuses)."""
+    if manifest_problem(mpath) is not None:
         return None
-    for name, out in m.get("outputs", {}).items():
-        for split, info in out.get("files", {}).items():
+    m = json.loads(mpath.read_text(encoding="utf-8"))
+    for name, out in m["outputs"].items():
+        for split, info in (out.get("files") or {}).items():
             if rel in (info.get("dir"), info.get("path")):
                 return name, split, out["splits"][split]["written"]
     return None
+
+
+def dataset_manifest_problem(dataset: Path) -> tuple[str | None, str | None]:
+    """(failure, note) about the manifest of the build folder at or above ``dataset``: the failure of
+    check ``manifest`` when that manifest is a shardsmith build's (a ledger beside it, or its
+    ``shardsmith_version``) and :func:`manifest_problem` refuses it; a note when a ``manifest.json`` that
+    is no shardsmith manifest sits above (another tool's file: no manifest check, said); else (None, None)."""
+    found = enclosing_build(dataset)
+    if found is None or not found.has_manifest:
+        return None, None
+    mpath = found.root / MANIFEST_FILE
+    why = manifest_problem(mpath)
+    if why is None:
+        return None, None
+    try:
+        ours = "shardsmith_version" in json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        ours = False
+    if found.has_ledger or ours:
+        return why, None
+    return None, f"{why}; taken for another tool's file: no manifest check"
 
 
 def manifest_count(dataset: Path) -> tuple[int | None, str | None]:
@@ -60,23 +132,48 @@ class BuildRef:
     complete: bool
 
 
+def _recorded_recipe(root: Path) -> dict:
+    """The recipe the ledger of the build at ``root`` recorded, read only (a read-only build is read as it
+    is: ``Ledger.peek``); a ledger that cannot be read is a :class:`BuildUnreadable`."""
+    import sqlite3
+
+    from shardsmith.plan.ledger import Ledger
+
+    ledger = root / LEDGER_FILE
+    try:
+        recipe, _ = Ledger.peek(ledger, "recipe", "complete")
+    except (sqlite3.DatabaseError, ValueError) as exc:
+        raise BuildUnreadable(f"the ledger {ledger} cannot be read ({exc}): it is damaged. The datasets "
+                              f"themselves are checked without it by shardsmith inspect; rebuild into a new --out "
+                              "to get a ledger again") from None
+    return recipe if isinstance(recipe, dict) else {}
+
+
 def _ledger_entry(root: Path, rel: str) -> tuple[str, str] | None:
     """(output, split) of the output the ledger's recorded recipe writes to ``rel``, or None."""
-    from shardsmith.safety.outdir import recorded_layout
+    from shardsmith.formats.zip import ZIP_FORMATS
     from shardsmith.split.assign import HOLDOUT, TRAIN
 
-    for lay in recorded_layout(root)[0]:
-        target = PurePosixPath(lay.target).as_posix()
+    for o in _recorded_recipe(root).get("outputs") or []:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            continue
+        target = o.get("path") if o.get("format") in ZIP_FORMATS else o.get("dir")
+        if not isinstance(target, str):
+            continue
+        target = PurePosixPath(target).as_posix()
         if rel == target:
-            return lay.name, TRAIN
+            return o["name"], TRAIN
         if rel == f"{HOLDOUT_DIR}/{target}":
-            return lay.name, HOLDOUT
+            return o["name"], HOLDOUT
     return None
 
 
 def find_build(dataset: str | Path) -> BuildRef | None:
     """The build that wrote ``dataset``: the nearest folder at or above it holding a ledger or a
-    manifest, when that build's recorded recipe (or manifest) has an output at ``dataset``."""
+    manifest, when that build's recorded recipe (or manifest) has an output at ``dataset``. Reads only
+    (a read-only build is fine); a damaged ledger is a :class:`BuildUnreadable`."""
+    import sqlite3
+
     from shardsmith.plan.ledger import Ledger
 
     found = enclosing_build(dataset)
@@ -91,7 +188,10 @@ def find_build(dataset: str | Path) -> BuildRef | None:
         entry = written[:2] if written else None
     if entry is None:
         return None
-    done = has_manifest and (not has_ledger or bool(Ledger.peek(root / LEDGER_FILE, "complete")[0]))
+    try:
+        done = has_manifest and (not has_ledger or bool(Ledger.peek(root / LEDGER_FILE, "complete")[0]))
+    except (sqlite3.DatabaseError, ValueError) as exc:
+        raise BuildUnreadable(f"the ledger {root / LEDGER_FILE} cannot be read ({exc})") from None
     return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
 
 
@@ -103,6 +203,9 @@ def unfinished(build: BuildRef) -> str | None:
         return None
     why = (f"{build.root} has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}"
            if not build.has_manifest else f"its ledger {build.root / LEDGER_FILE} does not mark it complete")
-    running = holder(build.root)
+    try:
+        running = holder(build.root)
+    except OSError:  # a read-only build: its lock cannot be opened to ask, and nothing can build there
+        running = None
     now = f"; a build is running on it now ({running})" if running else ""
     return f"build not finished: resume it with the same command ({why}{now})"

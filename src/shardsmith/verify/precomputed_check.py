@@ -20,6 +20,20 @@ from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import manifest_count
 
 
+def _unreadable(root: Path, dirs: list[str], rel: str) -> list[str]:
+    """The files of sample ``rel`` that do not load, each with its error (as inspect says them)."""
+    from shardsmith.loaders.pth_fast import load_pth_bytes
+
+    bad = []
+    for d in dirs:
+        try:
+            load_pth_bytes((root / d / rel).read_bytes())
+        except Exception as e:  # noqa: BLE001 - any load failure is the finding
+            why = (str(e).strip().splitlines() or ["the file is empty or cut short"])[0][:120]
+            bad.append(f"{d}/{rel} ({type(e).__name__}: {why})")
+    return bad or [f"{rel}: cannot be loaded"]
+
+
 def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
                        mode: str | None = None) -> dict[str, Any]:
     """The LTX trainer's view of a ``.precomputed/`` tree in ``mode`` (a key of
@@ -50,8 +64,15 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     rec, bad_grid, bad_mask, bad_vmask, bad_amask = ContractRecorder(), [], [], [], []
     audio = SampleChecks(mode, dirs, temporal_factor(stamp), ltx2=made_for_ltx2(stamp))
     frames = set()
+    unreadable: list[str] = []
+    n_unread = 0
     for i in range(n):
-        it = ds[i]
+        try:
+            it = ds[i]
+        except Exception:  # noqa: BLE001 - any load failure is the finding (EOFError too: not "Aborted.")
+            unreadable += _unreadable(root, dirs, ds.items[i])
+            n_unread += 1
+            continue
         flat = {}
         for d in dirs:
             for k, v in it[d].items():
@@ -84,6 +105,10 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
         mode = report["mode"] = "image"  # a video-only tree of stills
         folders_detail = folders_detail.replace("mode video", "mode image", 1)
     check(f"folders:{mode}", folders_ok, folders_detail)
+    if unreadable:
+        check("readable", False, f"{len(unreadable)} .pt file(s) cannot be loaded, e.g. " + "; ".join(unreadable[:3])
+              + f"; the LTX trainer stops on them. shardsmith inspect {root} lists them all, shardsmith repair "
+              f"{root} moves them (and their partners) aside")
     if ds is None:
         check("pairing", False, f"{no_samples}; the LTX trainer stops with 'No valid samples found'")
     else:
@@ -107,7 +132,7 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     c = rec.to_dict()
     report["contract"] = c
     expected = n + len(unmatched) if ds is not None else len(primary_files)
-    report["coverage"] = {"expected": expected, "seen": n, "unique": n, "unmatched": [r for r, _ in unmatched[:20]]}
+    report["coverage"] = {"expected": expected, "seen": n - n_unread, "unique": n - n_unread, "unmatched": [r for r, _ in unmatched[:20]]}
     for key, st in c["keys"].items():
         if st.get("type") == "tensor" and (st.get("nan") or st.get("inf")):
             check(f"finite:{key}", False, f"{key} holds {st['nan']} NaN and {st['inf']} Inf values")

@@ -26,9 +26,11 @@ def record(dataset: str | Path, report: dict[str, Any]) -> Path | None:
     from shardsmith.verify.owning_build import find_build
 
     dataset = Path(dataset).resolve()
+    from shardsmith.errors import UserError
+
     try:
         build = find_build(dataset)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UserError):  # a damaged ledger: its verify already failed on it
         return None
     if build is None or not build.complete:
         return None

@@ -55,7 +55,7 @@ from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import scan_folder
-from shardsmith.verify.owning_build import BuildRef, find_build
+from shardsmith.verify.owning_build import BuildRef, BuildUnreadable, find_build
 from shardsmith.verify.shard_scan import LostSample, ShardScan, scan_shard
 
 CANDIDATE_SUFFIX = ".repaired"
@@ -236,7 +236,10 @@ def _locked(folder: Path, dry_run: bool) -> Iterator[None]:
         with hold(folder, "repair"):
             yield
         return
-    who = holder(folder)
+    try:
+        who = holder(folder)
+    except OSError:  # a read-only folder: its lock cannot be opened to ask, and nothing can write there
+        who = None
     if who:
         raise FolderLockedError(f"{folder} is in use by another shardsmith process ({who}); wait for it to finish "
                                 "and re-run this command")
@@ -257,8 +260,16 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
     folder = Path(folder)
     if not folder.is_dir():
         raise RepairError(f"{folder} is not a folder; repair takes a WebDataset folder (the one holding NNNNN.tar)")
-    build = find_build(folder)
-    with _locked(build.root if build else folder, dry_run):
+    try:
+        build = find_build(folder)
+        lock_at = build.root if build else folder
+    except BuildUnreadable:  # a damaged ledger: the shards are repaired all the same (--from-source needs it)
+        if from_source:
+            raise
+        from shardsmith.formats.detect import enclosing_build
+
+        build, lock_at = None, enclosing_build(folder).root
+    with _locked(lock_at, dry_run):
         restored = _restore(folder, build, dry_run) if from_source else {}
         report = _repair(folder, dry_run, restored, progress)
     report.update(from_source=from_source, build=str(build.root) if build else None)

@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith.formats.detect import dataset_kind
+from shardsmith.formats.tar import ShardUnreadable
 from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, read_ignore_index
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
 from shardsmith.verify.contract import ContractRecorder
-from shardsmith.verify.owning_build import find_build, unfinished
+from shardsmith.verify.owning_build import BuildUnreadable, dataset_manifest_problem, find_build, unfinished
 from shardsmith.verify.precomputed_check import verify_precomputed
 from shardsmith.verify.record import recorded
 from shardsmith.verify.ranks import Ranks
@@ -67,6 +68,37 @@ def infer_key_map(folder: Path) -> dict[str, str]:
         counts.update(members.keys())
         n += 1
     return {s.split(".")[0]: s for s, c in counts.items() if c == n}
+
+
+def unreadable_detail(folder: Path, first: ShardUnreadable, shown: int = 5) -> str:
+    """The detail of the failed check ``shards``: every shard of ``folder`` that tarfile cannot list,
+    each said as ``inspect`` says it (``verify.shard_scan.scan_shard``: where it breaks, what is intact),
+    and the way on."""
+    from shardsmith.loaders.shard_reader import list_shards, shard_samples
+    from shardsmith.verify.shard_scan import scan_shard
+
+    bad = []
+    for name in list_shards(folder):
+        try:
+            shard_samples(folder / name, remember=False)
+        except ShardUnreadable as exc:
+            bad.append((name, exc.why))
+        except OSError as exc:
+            bad.append((name, exc.strerror or str(exc)))
+    if not bad:  # changed meanwhile: say the one that failed
+        bad = [(Path(first.path).name, first.why)]
+    said = []
+    for name, why in bad[:shown]:
+        try:
+            t = scan_shard(folder / name).report["truncated"]
+        except OSError:
+            t = None
+        said.append(f"{name}: {t['kind']} at byte {t['break_offset']} ({t['intact_members']} members, "
+                    f"{t['intact_samples']} complete samples intact)" if t else f"{name}: {why}")
+    more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
+    return (f"{len(bad)} shard(s) cannot be read as tar: " + "; ".join(said) + more
+            + f"; run shardsmith inspect {folder} for the details, then shardsmith repair {folder} "
+            "(it keeps every intact sample)")
 
 
 @recorded  # the last report of a build's dataset is kept in the build (verify/record.py)
@@ -113,10 +145,16 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if batch_size is None:
         batch_size = int(get_preset(preset).defaults.get("batch_size", 8)) if preset else 8
     dataset = Path(dataset).resolve()
-    build = find_build(dataset)
+    try:
+        build = find_build(dataset)
+    except BuildUnreadable as exc:  # a damaged ledger: a failed check naming it, no loader run
+        return _unfinished_report(dataset, str(exc), world, workers, batch_size, batches, name="ledger")
     not_done = unfinished(build) if build is not None else None
     if not_done:
         return _unfinished_report(dataset, not_done, world, workers, batch_size, batches)
+    bad_manifest, manifest_note = dataset_manifest_problem(dataset)
+    if bad_manifest:  # a broken or unexpected manifest.json: check manifest fails, naming it
+        return _unfinished_report(dataset, bad_manifest, world, workers, batch_size, batches, name="manifest")
     kind = dataset_kind(dataset)
     if mode is not None and kind != "precomputed":
         raise ValueError(f"a training mode ({mode!r}) applies to .precomputed/ trees; {dataset} is {kind}")
@@ -145,6 +183,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     report: dict[str, Any] = {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers,
                               "batch_size": batch_size, "batches_per_rank": batches,
                               "contract_in": contract_in if kind == "wds" else "rank"}
+    if manifest_note:
+        report.setdefault("notes", []).append(manifest_note)
     if preset is not None and kind != "precomputed":
         report["preset"] = preset
         report["preset_from"] = picked["from"] if picked is not None else "asked"
@@ -153,45 +193,50 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if preset is not None and get_preset(preset).kind != kind:
         raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
     if kind == "wds":
-        if preset is not None:
-            cfg = preset_config(preset, dataset, batch_size=batch_size, num_workers=workers, **(overrides or {}))
-            if key_map:
-                cfg = cfg.model_copy(update={"key_map": key_map})
-        else:
-            cfg = preset_config("image", dataset, key_map=key_map or infer_key_map(dataset), presets_map={},
-                                image_size=image_size, batch_size=batch_size, num_workers=workers,
-                                **(overrides or {}))
-        # constants arrive as broadcast views: the recorder reads their first row anyway
-        cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0,
-                                     "constants_as_views": True})
-        if image_size is not None:
-            cfg = cfg.model_copy(update={"image_size": image_size})
-        spec_cfg = cfg.model_dump(mode="json", exclude={"rank", "world_size"})
-        report["key_map"] = cfg.key_map
-        from shardsmith.loaders.shard_reader import list_shards, read_shard_counts
-        from shardsmith.loaders.slots import empty_slots
+        try:
+            if preset is not None:
+                cfg = preset_config(preset, dataset, batch_size=batch_size, num_workers=workers, **(overrides or {}))
+                if key_map:
+                    cfg = cfg.model_copy(update={"key_map": key_map})
+            else:
+                cfg = preset_config("image", dataset, key_map=key_map or infer_key_map(dataset), presets_map={},
+                                    image_size=image_size, batch_size=batch_size, num_workers=workers,
+                                    **(overrides or {}))
+            # constants arrive as broadcast views: the recorder reads their first row anyway
+            cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0,
+                                         "constants_as_views": True})
+            if image_size is not None:
+                cfg = cfg.model_copy(update={"image_size": image_size})
+            spec_cfg = cfg.model_dump(mode="json", exclude={"rank", "world_size"})
+            report["key_map"] = cfg.key_map
+            from shardsmith.loaders.shard_reader import list_shards, read_shard_counts
+            from shardsmith.loaders.slots import empty_slots
 
-        shards = list_shards(dataset)
-        ignore = read_ignore_index(dataset)
-        counts = read_shard_counts(dataset, shards)
-        empties = empty_slots(counts, {k: v for k, v in ignore.items() if k in shards}, world, workers)
-        report["empty_slots"] = [{"rank": r, "worker": w, "reason": why} for r, w, why in empties]
-        spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches, "contract_in": contract_in}
-        if any(sum(1 for e in empties if e[0] == r) == max(workers, 1) for r in range(world)):
-            expected = ExpectedWds.scan(dataset, ignore)
-            check("rank_splits", False, f"a rank gets no sample at all ({empties[0][2]}); use at most "
-                  f"{len(expected)} rank-workers (world x workers) or write smaller shards")
+            shards = list_shards(dataset)
+            ignore = read_ignore_index(dataset)
+            counts = read_shard_counts(dataset, shards)
+            empties = empty_slots(counts, {k: v for k, v in ignore.items() if k in shards}, world, workers)
+            report["empty_slots"] = [{"rank": r, "worker": w, "reason": why} for r, w, why in empties]
+            spec = {"kind": "wds", "config": spec_cfg, "world": world, "batches": batches, "contract_in": contract_in}
+            if any(sum(1 for e in empties if e[0] == r) == max(workers, 1) for r in range(world)):
+                expected = ExpectedWds.scan(dataset, ignore)
+                check("rank_splits", False, f"a rank gets no sample at all ({empties[0][2]}); use at most "
+                      f"{len(expected)} rank-workers (world x workers) or write smaller shards")
+                report.update(checks=checks, ok=False, coverage={}, contract={}, stats={})
+                return report
+            # every shard's headers, read once: the expected samples numbered per shard, and the members check
+            members = MembersCheck(cfg, mode_of(preset))
+            expected = ExpectedWds.scan(dataset, ignore, on_shard=members.visit)
+            count_file = read_count_file(dataset)
+            members.report(check)
+            if preset in ("kd_pair", "kd_path"):  # each sample's pair and trajectory against index.json (verify/kd.py)
+                from shardsmith.verify.kd import check_kd
+
+                report["kd"] = check_kd(dataset, preset, ignore, check)
+        except ShardUnreadable as exc:  # a shard tarfile cannot read: a failed check naming each one
+            check("shards", False, unreadable_detail(dataset, exc))
             report.update(checks=checks, ok=False, coverage={}, contract={}, stats={})
             return report
-        # every shard's headers, read once: the expected samples numbered per shard, and the members check
-        members = MembersCheck(cfg, mode_of(preset))
-        expected = ExpectedWds.scan(dataset, ignore, on_shard=members.visit)
-        count_file = read_count_file(dataset)
-        members.report(check)
-        if preset in ("kd_pair", "kd_path"):  # each sample's pair and trajectory against index.json (verify/kd.py)
-            from shardsmith.verify.kd import check_kd
-
-            report["kd"] = check_kd(dataset, preset, ignore, check)
     else:
         from shardsmith.loaders.zip import ZipImageDataset
 
@@ -374,15 +419,16 @@ class MembersCheck:
 
 
 def _unfinished_report(dataset: Path, why: str, world: int, workers: int, batch_size: int,
-                       batches: int | None) -> dict[str, Any]:
-    """The report of a dataset whose build is not finished: one failed check, no loader run."""
+                       batches: int | None, name: str = "build_finished") -> dict[str, Any]:
+    """The report of a dataset whose build is not finished (or whose build's ledger or manifest cannot be
+    read: check ``name``): one failed check, no loader run."""
     try:
         kind = dataset_kind(dataset)
     except ValueError:
         kind = "unknown"
     return {"dataset": str(dataset), "kind": kind, "world": world, "workers": workers, "batch_size": batch_size,
             "batches_per_rank": batches, "contract_in": None,
-            "checks": [{"name": "build_finished", "ok": False, "detail": why}],
+            "checks": [{"name": name, "ok": False, "detail": why}],
             "coverage": {}, "contract": {}, "stats": {}, "ok": False}
 
 
