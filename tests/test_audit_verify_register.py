@@ -17,27 +17,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 import shardsmith
-from shardsmith import cli
 from shardsmith.errors import UserError
 from tests.media_factory import real_photos
+from tests.test_cli_mistakes import assert_message, invoke
 
 PY = sys.executable
 
 
-def invoke(*args) -> tuple[int, str]:
-    """``shardsmith ARGS`` in this process: (exit code, stdout + stderr)."""
-    r = CliRunner().invoke(cli.app, [str(a) for a in args])
-    return r.exit_code, r.output
-
-
-def assert_message(code: int, output: str, *texts: str) -> None:
-    assert code == 2, output
-    assert "Traceback" not in output, output
-    for t in texts:
-        assert t in output, output
 
 
 @pytest.fixture(scope="module")

@@ -368,10 +368,7 @@ def _check_plan(ctx: BuildContext) -> None:
     recipe, ledger = ctx.recipe, ctx.ledger
     _refuse_empty_sources(ctx.sources, ledger)
     _refuse_images_without_image_bucket(recipe, ledger)
-    if recipe.split.holdout > 0 and not recipe.one_sample:
-        holdout.refuse_empty_train(recipe.split.holdout, [
-            holdout.SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)),
-                                ledger.eligible(HOLDOUT, recipe.source_ids(o))) for o in recipe.outputs])
+    holdout.refuse_recipe_empty_train(recipe, ledger)
     ests = [_estimate(ctx, o) for o in recipe.outputs]
     known = [e.needed for e in ests if e.needed is not None]
     if known:

@@ -5,6 +5,8 @@ Contract
   output whose planned items all fell in the holdout split (a count at least the data, or a
   fraction that rounds to all of it), naming the counts and the fix. An output without any
   planned item is not refused here (there is nothing to hold out).
+- :func:`refuse_recipe_empty_train` does so for a recipe's outputs from a planned ledger (``build`` before
+  writing; ``scan`` as a warning); nothing without a holdout or with ``one_sample``.
 - :func:`achieved` is the summary line of one output's written holdout count and fraction.
 """
 
@@ -24,6 +26,17 @@ class SplitCounts:
     output: str
     train: int  # planned items of the output's sources in the train split
     holdout: int
+
+
+def refuse_recipe_empty_train(recipe, ledger) -> None:
+    """:func:`refuse_empty_train` on every output of ``recipe``, counting its planned items in ``ledger``."""
+    from shardsmith.split.assign import HOLDOUT, TRAIN
+
+    if not recipe.split.holdout > 0 or recipe.one_sample:
+        return
+    refuse_empty_train(recipe.split.holdout, [
+        SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)), ledger.eligible(HOLDOUT, recipe.source_ids(o)))
+        for o in recipe.outputs])
 
 
 def refuse_empty_train(holdout: float, counts: list[SplitCounts]) -> None:

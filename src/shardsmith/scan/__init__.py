@@ -126,14 +126,10 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
 def _holdout_refusal(recipe: Recipe, ledger) -> list[str]:
     """The build's own holdout check (:func:`~shardsmith.safety.holdout.refuse_empty_train`, on the same
     counts of planned items) as a warning: a build of this recipe would stop there."""
-    from shardsmith.safety.holdout import HoldoutError, SplitCounts, refuse_empty_train
+    from shardsmith.safety.holdout import HoldoutError, refuse_recipe_empty_train
 
-    if not recipe.split.holdout > 0 or recipe.one_sample:
-        return []
     try:
-        refuse_empty_train(recipe.split.holdout, [
-            SplitCounts(o.name, ledger.eligible(TRAIN, recipe.source_ids(o)),
-                        ledger.eligible(HOLDOUT, recipe.source_ids(o))) for o in recipe.outputs])
+        refuse_recipe_empty_train(recipe, ledger)
     except HoldoutError as exc:
         return [f"build would refuse this holdout: {exc}"]
     return []
