@@ -272,3 +272,65 @@ def test_verify_out_json_never_overwrites_another_file(tmp_path):
     first = verify(tmp_path / "v.json")
     assert first.returncode == 0 and json.loads((tmp_path / "v.json").read_text())["ok"] is True, first.stderr
     assert verify(tmp_path / "v.json").returncode == 0  # its own earlier report is replaced
+
+
+def _tar(path: Path, samples: list[dict[str, bytes]]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for i, members in enumerate(samples):
+            for suffix, data in members.items():
+                info = tarfile.TarInfo(f"s{path.stem}_{i:03d}.{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_verify_infers_batch_keys_past_an_empty_first_shard_and_from_later_shards(tmp_path):
+    """Before: the keys came from the first shard alone. An empty first shard (what repair leaves of one cut
+    before its first sample) gave a raw pydantic error; a caption only the first shard's samples carry made
+    verify report every later sample as dropped (missing:txt)."""
+    from shardsmith.verify.runner import infer_key_map
+
+    _tar(tmp_path / "00000.tar", [])
+    _tar(tmp_path / "00001.tar", [{"jpg": b"x", "txt": b"a", "cls": b"1"}] * 3)
+    _tar(tmp_path / "00002.tar", [{"jpg": b"x", "cls": b"2"}] * 3)
+    assert infer_key_map(tmp_path) == {"jpg": "jpg", "cls": "cls"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _tar(empty / "00000.tar", [])
+    with pytest.raises(ValueError, match="no shard of .* holds a sample to infer the batch keys from; pass them "
+                                         "with --key-map"):
+        infer_key_map(empty)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("verify", "{ds}", "--image-size", "0"), "--image-size"),
+    (("verify", "{ds}", "--batches", "-1"), "--batches"),
+    (("verify", "{ds}", "--workers", "-1"), "--workers"),
+    (("verify", "{ds}", "--batch-size", "0"), "--batch-size"),
+    (("inspect", "{ds}", "--world", "-1"), "--world"),
+    (("inspect", "{ds}", "--workers", "-1"), "--workers"),
+    (("decode", "{ds}", "--out", "{out}", "--limit", "-1"), "--limit"),
+])
+def test_flags_out_of_range_are_refused_when_read(tmp_path, args, flag):
+    """Before: ``verify --image-size 0`` ran and failed the dataset (exit 1, every sample "dropped"); ``inspect
+    --world -1``, ``decode --limit -1`` and ``verify --batches -1`` were taken with exit 0."""
+    from test_cli_mistakes import invoke
+
+    (tmp_path / "ds").mkdir()
+    code, out = invoke(*(a.format(ds=tmp_path / "ds", out=tmp_path / "dec") for a in args))
+    assert code == 2 and f"Invalid value for '{flag}'" in out, out
+    assert not (tmp_path / "dec").exists()
+
+
+def test_repair_of_a_folder_without_shards_is_one_message_and_writes_nothing(tmp_path):
+    """Before: ``repair`` of an empty folder said "shard_count.json: None -> {}", exited 0 and left a
+    ``.shardsmith/`` folder in the user's folder."""
+    from test_cli_mistakes import invoke
+
+    empty = tmp_path / "emptyf"
+    empty.mkdir()
+    code, out = invoke("repair", empty)
+    assert code == 2 and f"{empty} holds no .tar shards; repair takes a WebDataset folder" in out, out
+    assert list(empty.iterdir()) == []

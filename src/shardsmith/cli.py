@@ -636,12 +636,13 @@ def verify(
                                          "latent_v2v_ic, image_edit, ... (default for a dataset built with a "
                                          "recipe mode: that mode's preset, from the build's manifest)"),
     key_map: Optional[str] = typer.Option(None, "--key-map", help="real=jpg,condition=txt (default: inferred)"),
-    world: int = typer.Option(2, help="Simulated ranks (real processes)."),
-    workers: int = typer.Option(2, help="DataLoader workers per rank."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size",
+    world: int = typer.Option(2, min=1, help="Simulated ranks (real processes)."),
+    workers: int = typer.Option(2, min=0, help="DataLoader workers per rank."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1,
                                              help="Default: the preset's batch size (8 without a preset)."),
-    batches: Optional[int] = typer.Option(None, help="Stop each rank after this many batches (no coverage check)."),
-    image_size: Optional[int] = typer.Option(None, help="Decode images to float CHW at this size."),
+    batches: Optional[int] = typer.Option(None, min=1,
+                                          help="Stop each rank after this many batches (no coverage check)."),
+    image_size: Optional[int] = typer.Option(None, min=1, help="Decode images to float CHW at this size."),
     contract_in: str = typer.Option("auto", "--contract-in",
                                     help="auto (default): workers with 4+ workers per rank, else rank. "
                                          "workers: batches cross to their rank process as in "
@@ -746,8 +747,8 @@ def _wds_folder(dataset: Path, command_name: str) -> None:
 def inspect(
     dataset: Path = typer.Argument(..., help="A WebDataset folder."),
     key_map: Optional[str] = typer.Option(None, "--key-map"),
-    world: int = typer.Option(1, help="For the empty-batch diagnosis."),
-    workers: int = typer.Option(1, help="For the empty-batch diagnosis."),
+    world: int = typer.Option(1, min=1, help="For the empty-batch diagnosis."),
+    workers: int = typer.Option(1, min=0, help="For the empty-batch diagnosis."),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts.
@@ -914,7 +915,7 @@ def decode_cmd(
                              "report."),
     output: Optional[str] = typer.Option(None, help="Which latent output (default: the first)."),
     split: str = typer.Option("train"),
-    limit: Optional[int] = typer.Option(None, help="Decode at most this many samples."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Decode at most this many samples."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier decode in --out (only the files "
                                    "it wrote; a folder with other files is refused)."),
     device: str = typer.Option("auto", help="auto (the GPU when there is one), cuda or cpu."),

@@ -51,11 +51,12 @@ from shardsmith.formats.wds import (
     repair_log_document,
     repair_log_events,
 )
+from shardsmith.formats.wds import list_shards as wds_list_shards
 from shardsmith.safety.lock import FolderLockedError, hold, holder
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import scan_folder
-from shardsmith.verify.owning_build import BuildRef, BuildUnreadable, find_build
+from shardsmith.verify.owning_build import BuildRef, BuildUnreadable, find_build, unfinished
 from shardsmith.verify.shard_scan import LostSample, ShardScan, scan_shard
 
 CANDIDATE_SUFFIX = ".repaired"
@@ -269,6 +270,10 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
         from shardsmith.formats.detect import enclosing_build
 
         build, lock_at = None, enclosing_build(folder).root
+    if not from_source and not wds_list_shards(folder).names:  # nothing to repair: say why, write nothing
+        why = unfinished(build) if build is not None else None
+        raise RepairError(f"{folder} holds no .tar shards; repair takes a WebDataset folder of NNNNN.tar shards"
+                          + (f" ({why})" if why else ""))
     with _locked(lock_at, dry_run):
         restored = _restore(folder, build, dry_run) if from_source else {}
         report = _repair(folder, dry_run, restored, progress)

@@ -58,15 +58,34 @@ CONTRACT_MODES = ("auto", "workers", "rank", "workers-only")
 AUTO_WORKERS = 4
 
 
+KEY_MAP_SHARDS, KEY_MAP_FIRST, KEY_MAP_SAMPLES = 8, 64, 16  # what infer_key_map reads (see there)
+
+
 def infer_key_map(folder: Path) -> dict[str, str]:
-    """Batch keys = the member suffixes of the first shard's samples (``latent.pth`` -> ``latent``)."""
+    """Batch keys = the member suffixes every sample read has (``latent.pth`` -> ``latent``): the first
+    :data:`KEY_MAP_FIRST` samples of the first shard that holds any (an empty shard, such as a repair can
+    leave, counts for nothing), and the first :data:`KEY_MAP_SAMPLES` of up to :data:`KEY_MAP_SHARDS` - 1
+    more shards spread over the folder, the last included (a key only the first shard's samples carry is
+    not a batch key). ``ValueError`` when no shard holds a sample; :class:`ShardUnreadable` for a shard
+    tarfile cannot read."""
     from shardsmith.loaders.shard_reader import list_shards, shard_samples
 
+    shards = list_shards(folder)
+    k = min(len(shards), KEY_MAP_SHARDS)
+    picked = sorted({round(i * (len(shards) - 1) / max(k - 1, 1)) for i in range(k)})
     counts: Counter = Counter()
-    n = 0
-    for _, members in shard_samples(folder / list_shards(folder)[0])[:64]:
-        counts.update(members.keys())
-        n += 1
+    n, first = 0, True
+    for i in range(len(shards)):
+        if not first and i not in picked:
+            continue
+        samples = shard_samples(folder / shards[i])[:KEY_MAP_FIRST if first else KEY_MAP_SAMPLES]
+        first = first and not samples
+        for _, members in samples:
+            counts.update(members.keys())
+            n += 1
+    if n == 0:
+        raise ValueError(f"no shard of {folder} holds a sample to infer the batch keys from; pass them with "
+                         "--key-map, e.g. --key-map real=jpg,condition=txt")
     return {s.split(".")[0]: s for s, c in counts.items() if c == n}
 
 
