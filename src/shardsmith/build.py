@@ -43,6 +43,7 @@ from typing import Any
 
 from shardsmith import __version__, formats
 from shardsmith.distribute import local
+from shardsmith.errors import UserError
 from shardsmith.manifest import InvariantError, make_manifest, summary
 from shardsmith.outputs import OutputContext, kind_of, needs_encoders
 from shardsmith.parallel import Workers
@@ -150,9 +151,12 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
     fp = fingerprint(recipe)
     progress = Progress(quiet=quiet, console=console)
     nxt = swap.next_sibling(out)
+    created = not out.exists()
     with contextlib.ExitStack() as locks:
         # the lock of --out (and of the sibling an --overwrite builds in) for the whole build and swap
         locks.enter_context(hold(out, "build", read_only=True))  # a complete build may be re-checked read-only
+        if created:  # a mistake found before anything is written leaves no folder behind (see _unmake)
+            locks.push(lambda exc_type, exc, tb: _unmake(out, exc))
         held_next = nxt.is_dir()
         if held_next:
             locks.enter_context(hold(nxt, "build"))
@@ -198,6 +202,36 @@ def _say_carried(progress: Progress, carried: list[str]) -> None:
     if carried:
         progress.say(f"kept {len(carried)} file(s) of yours that the replaced build did not write (moved into "
                      f"the new build, never deleted): {', '.join(carried)}")
+
+
+def _unmake(out: Path, exc: BaseException | None) -> bool:
+    """Exit hook of a build that created ``out``: when it stops on a user's mistake (:class:`UserError`) and
+    ``out`` holds nothing but the build's state (the lock and a ledger that planned nothing), remove ``out``.
+    Anything else there is kept. Never swallows the exception (returns False)."""
+    if not isinstance(exc, UserError) or not out.is_dir():
+        return False
+    state = out / formats.STATE_DIR
+    if [p.name for p in out.iterdir()] != [formats.STATE_DIR]:
+        return False
+    if any(p.name not in ("lock", "ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm") for p in state.iterdir()):
+        return False
+    try:
+        if _planned_any(state / "ledger.sqlite"):
+            return False
+    except sqlite3.Error:
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    return False
+
+
+def _planned_any(path: Path) -> bool:
+    if not path.exists():
+        return False
+    led = Ledger(path)
+    try:
+        return led.count_items() > 0
+    finally:
+        led.close()
 
 
 def _unwritable_in(exc: BaseException, root: Path) -> bool:
