@@ -334,3 +334,23 @@ def test_repair_of_a_folder_without_shards_is_one_message_and_writes_nothing(tmp
     code, out = invoke("repair", empty)
     assert code == 2 and f"{empty} holds no .tar shards; repair takes a WebDataset folder" in out, out
     assert list(empty.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_verify_set_of_a_flag_key_and_a_bad_key(tmp_path):
+    """Before: ``verify --set batch_size=4`` was a TypeError traceback (the flag's keyword given twice), and a
+    bad ``--set`` key a raw pydantic dump with links; ``verify /nonexistent`` did not say it does not exist."""
+    from test_cli_mistakes import invoke
+
+    src = tmp_path / "photos"
+    real_photos(src, 3, seed=8)
+    assert build("--source", src, "--to", "wds", "--out", tmp_path / "b", "-q").returncode == 0
+    ds = tmp_path / "b" / "wds"
+    code, out = invoke("verify", ds, "--set", "batch_size=2", "--world", "1", "--workers", "0", "--json")
+    assert code == 0 and json.loads(out[out.index("{"):])["batch_size"] == 2, out
+    code, out = invoke("verify", ds, "--set", "bogus_key=3")
+    assert code == 2 and "WdsLoaderConfig.bogus_key: not a setting of it" in out and "pydantic.dev" not in out, out
+    code, out = invoke("verify", ds, "--set", "batch_size=0")
+    assert code == 2 and "WdsLoaderConfig.batch_size: Input should be greater than or equal to 1" in out, out
+    code, out = invoke("verify", tmp_path / "nowhere")
+    assert code == 2 and f"{tmp_path / 'nowhere'} does not exist" in out, out

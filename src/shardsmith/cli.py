@@ -54,8 +54,25 @@ def _user_errors(fn: Callable, also: tuple[type[BaseException], ...]) -> Callabl
         except UserError as exc:
             _exit(str(exc), exc.exit_code)
         except also as exc:  # a KeyError's str() is the repr of its message
-            _exit(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc), UserError.exit_code)
+            _exit(_pydantic_message(exc) or (str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)),
+                  UserError.exit_code)
     return run
+
+
+def _pydantic_message(exc: BaseException) -> str | None:
+    """A pydantic ``ValidationError`` (a loader config built from flags and ``--set``) as one line per error,
+    ``<model>.<key>: <what is wrong>``, without pydantic's links; None for any other exception."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return None
+    parts = []
+    for e in exc.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "?"
+        msg = "not a setting of it (a --set key or flag it does not have)" if e["type"] == "extra_forbidden" \
+            else e["msg"]
+        parts.append(f"{exc.title}.{key}: {msg}")
+    return "; ".join(parts)
 
 
 def command(name: Optional[str] = None, *, also: tuple[type[BaseException], ...] = ()) -> Callable:

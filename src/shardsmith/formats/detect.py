@@ -27,6 +27,8 @@ def dataset_kind(path: Path) -> DatasetKind:
         return "precomputed"
     if path.is_dir() and any(is_shard_file_name(p.name) for p in path.iterdir()):
         return "wds"
+    if not path.exists() and not path.is_symlink():
+        raise ValueError(f"{path} does not exist; give an EDM .zip, a folder with .tar shards or a .precomputed/ tree")
     raise ValueError(build_folder_message(path)
                      or f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
 

@@ -156,6 +156,9 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         mode_dirs(mode)  # refuses an unknown mode
     if contract_in not in CONTRACT_MODES:
         raise ValueError(f"contract_in must be one of {', '.join(repr(m) for m in CONTRACT_MODES)}, got {contract_in!r}")
+    overrides = dict(overrides or {})  # --set batch_size / num_workers are the --batch-size / --workers flags
+    batch_size = overrides.pop("batch_size", batch_size)
+    workers = overrides.pop("num_workers", workers)
     if contract_in == "auto":
         contract_in = "workers" if workers >= AUTO_WORKERS else "rank"
     from shardsmith.loaders.presets import get_preset, preset_config
@@ -214,13 +217,14 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if kind == "wds":
         try:
             if preset is not None:
-                cfg = preset_config(preset, dataset, batch_size=batch_size, num_workers=workers, **(overrides or {}))
+                cfg = preset_config(preset, dataset, **{"batch_size": batch_size, "num_workers": workers,
+                                                        **(overrides or {})})
                 if key_map:
                     cfg = cfg.model_copy(update={"key_map": key_map})
             else:
-                cfg = preset_config("image", dataset, key_map=key_map or infer_key_map(dataset), presets_map={},
-                                    image_size=image_size, batch_size=batch_size, num_workers=workers,
-                                    **(overrides or {}))
+                cfg = preset_config("image", dataset, presets_map={}, **{
+                    "key_map": key_map or infer_key_map(dataset), "image_size": image_size, "batch_size": batch_size,
+                    "num_workers": workers, **(overrides or {})})  # a --set key wins over the flag's default
             # constants arrive as broadcast views: the recorder reads their first row anyway
             cfg = cfg.model_copy(update={"deterministic": True, "partial": True, "start_index": 0, "shuffle_size": 0,
                                          "constants_as_views": True})
@@ -259,8 +263,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     else:
         from shardsmith.loaders.zip import ZipImageDataset
 
-        cfg = preset_config(preset or "class_zip", dataset, batch_size=batch_size, num_workers=workers,
-                            **{"shuffle": False, **(overrides or {})})
+        cfg = preset_config(preset or "class_zip", dataset, **{"batch_size": batch_size, "num_workers": workers,
+                                                               "shuffle": False, **(overrides or {})})
         n = len(ZipImageDataset(dataset, use_labels=cfg.use_labels))
         expected, count_file = ExpectedRange(n), {}
         report["empty_slots"] = [{"rank": r, "worker": None, "reason": f"{n} images for {world} ranks"}
