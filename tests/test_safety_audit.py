@@ -354,3 +354,18 @@ def test_verify_set_of_a_flag_key_and_a_bad_key(tmp_path):
     assert code == 2 and "WdsLoaderConfig.batch_size: Input should be greater than or equal to 1" in out, out
     code, out = invoke("verify", tmp_path / "nowhere")
     assert code == 2 and f"{tmp_path / 'nowhere'} does not exist" in out, out
+
+
+def test_register_beside_a_manifest_of_another_shape_is_a_message(tmp_path):
+    """Before: ``register`` without ``--preset`` of a dataset whose build manifest is a JSON list crashed
+    (AttributeError: 'list' object has no attribute 'get') while looking for the build's mode."""
+    from test_cli_mistakes import invoke
+
+    ds = tmp_path / "b" / "wds"
+    ds.mkdir(parents=True)
+    _tar(ds / "00000.tar", [{"jpg": b"x", "txt": b"a"}])
+    (tmp_path / "b" / ".shardsmith").mkdir()
+    for bad in ("[]", '{"outputs": [1, 2], "recipe": "x"}'):
+        (tmp_path / "b" / "manifest.json").write_text(bad)
+        code, out = invoke("register", ds, "--name", "x", "--config", tmp_path / "data.yaml")
+        assert code == 2 and "--preset is required" in out and "Traceback" not in out, out

@@ -211,8 +211,10 @@ class ModeFacts:
 
 def _manifest_output(manifest: dict[str, Any], rel: str) -> str | None:
     """The name of the manifest's output whose files (any split) are the folder ``rel``."""
-    for name, out in (manifest.get("outputs") or {}).items():
-        for info in (out.get("files") or {}).values():
+    outputs = manifest.get("outputs")
+    for name, out in (outputs.items() if isinstance(outputs, dict) else ()):
+        files = out.get("files") if isinstance(out, dict) else None
+        for info in (files.values() if isinstance(files, dict) else ()):
             if isinstance(info, dict) and rel in (info.get("dir"), info.get("path")):
                 return name
     return None
@@ -233,9 +235,11 @@ def build_facts(dataset: str | Path) -> ModeFacts | None:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("recipe") or {}, dict):
+        return None  # not a manifest this reads (verify says what is wrong with it)
     name = _manifest_output(manifest, folder.relative_to(found.root).as_posix())
     recipe = manifest.get("recipe") or {}
-    out = next((o for o in recipe.get("outputs") or [] if o.get("name") == name), None)
+    out = next((o for o in recipe.get("outputs") or [] if isinstance(o, dict) and o.get("name") == name), None)
     if name is None or out is None:
         return None
     models = recipe.get("models") or {}
