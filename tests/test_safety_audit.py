@@ -369,3 +369,21 @@ def test_register_beside_a_manifest_of_another_shape_is_a_message(tmp_path):
         (tmp_path / "b" / "manifest.json").write_text(bad)
         code, out = invoke("register", ds, "--name", "x", "--config", tmp_path / "data.yaml")
         assert code == 2 and "--preset is required" in out and "Traceback" not in out, out
+
+
+def test_decode_out_that_cannot_be_written_is_refused_before_any_model(tmp_path):
+    """Before: ``decode --out`` in a read-only folder failed only after the VAE had loaded."""
+    prefix = _without_root_override()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    code = ("import sys; from pathlib import Path; from shardsmith.verify.decode import prepare_out, DecodeError\n"
+            "try:\n    prepare_out(Path(sys.argv[1]), Path(sys.argv[2]), False)\n"
+            "except DecodeError as e:\n    print('refused:', e)\n")
+    try:
+        r = subprocess.run([*prefix, PY, "-c", code, str(ro / "dec"), str(tmp_path / "build")], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        ro.chmod(0o755)
+    assert f"refused: --out {ro / 'dec'} cannot be written" in r.stdout, r.stdout + r.stderr
+    assert list(ro.iterdir()) == []

@@ -165,6 +165,7 @@ def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
                           "pick a folder outside it")
     if out.exists() and not out.is_dir():
         raise DecodeError(f"--out {out} is a file; give a folder (it is created)")
+    _check_writable(out)
     present = _files_under(out) if out.is_dir() else []
     if not present:
         return
@@ -178,6 +179,22 @@ def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
         raise DecodeError(f"--out {out} holds an earlier decode ({len(present)} files); pass --overwrite to replace "
                           "it, or pick an empty folder")
     _clear_earlier_decode(out, set(present))
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse (:class:`DecodeError`) an ``out`` that cannot be written, before any model loads: a file is made
+    and removed in ``out``, or in its nearest existing folder when it is not there yet (nothing is left)."""
+    import tempfile  # noqa: PLC0415
+
+    where = next((p for p in (out, *out.parents) if p.exists()), None)
+    try:
+        if where is None or not where.is_dir():
+            raise NotADirectoryError(f"{where} is not a folder")
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        raise DecodeError(f"--out {out} cannot be written ({exc.strerror or exc} in {where}); pick a folder you "
+                          "can write to") from None
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
