@@ -119,3 +119,18 @@ def test_register_inspect_and_repair_a_precomputed_tree(tree, tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["samples"] == 6
     r = cli("repair", pre, "--from-source")
     assert r.returncode == 2 and "--from-source" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_verify_says_when_the_tree_stamp_cannot_be_read(tree, tmp_path):
+    """Before: a ``.precomputed/shardsmith.json`` that is not valid JSON was ignored without a word (the mode
+    and the checks that depend on the stamp were inferred from the folders)."""
+    import shutil
+
+    pre = tmp_path / "out"
+    shutil.copytree(tree, pre)
+    (pre / ".precomputed" / formats.PRECOMPUTED_STAMP).write_text("{not json")
+    r = cli("verify", pre / ".precomputed", "--json")
+    rep = json.loads(r.stdout)
+    assert any("shardsmith.json is not a JSON object shardsmith can read, so it is ignored" in w
+               for w in rep.get("warnings", [])), rep.get("warnings")

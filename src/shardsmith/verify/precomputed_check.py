@@ -49,6 +49,12 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
 
     root = Path(root)
     stamp = read_stamp(root)
+    stamp_path = root / precomputed_layout.PRECOMPUTED_STAMP
+    if not stamp and stamp_path.exists():  # there, but not a JSON object: say what it costs
+        report.setdefault("warnings", []).append(
+            f"{stamp_path} is not a JSON object shardsmith can read, so it is ignored: the mode, the VAE's temporal "
+            "factor and whether the tree is LTX-2's are inferred from the folders instead; rebuild the tree to "
+            "restore it, or pass --mode")
     mode, mode_from = resolve_mode(root, mode, stamp)
     present = precomputed_layout.present_dirs(root)
     dirs = [d for d in precomputed_layout.mode_dirs(mode) if d in present]
