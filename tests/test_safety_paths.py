@@ -290,7 +290,7 @@ def test_an_unlistable_source_folder_is_still_a_source_error(tmp_path, monkeypat
     real_scandir = os.scandir
 
     def scandir(path="."):
-        if os.fspath(path) == str(src):
+        if not isinstance(path, int) and os.fspath(path) == str(src):  # (shutil.rmtree lists by descriptor)
             raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
         return real_scandir(path)
 

@@ -220,7 +220,10 @@ def _unmake(out: Path, exc: BaseException | None) -> bool:
             return False
     except sqlite3.Error:
         return False
-    shutil.rmtree(out, ignore_errors=True)
+    try:
+        shutil.rmtree(out, ignore_errors=True)
+    except Exception:  # noqa: BLE001 - a clean-up never hides the user's error it follows
+        pass
     return False
 
 
