@@ -47,7 +47,7 @@ from shardsmith.errors import UserError
 from shardsmith.manifest import InvariantError, make_manifest, summary
 from shardsmith.outputs import OutputContext, kind_of, needs_encoders
 from shardsmith.parallel import Workers
-from shardsmith.plan.ledger import Ledger
+from shardsmith.plan.ledger import Ledger, is_read_only_error
 from shardsmith.plan.planner import make_plan
 from shardsmith.progress import Progress, count_in_background, total_in_background
 from shardsmith.recipe import Recipe, RecipeError, canonical, fingerprint
@@ -216,7 +216,7 @@ def _unmake(out: Path, exc: BaseException | None) -> bool:
     if any(p.name not in ("lock", "ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm") for p in state.iterdir()):
         return False
     try:
-        if _planned_any(state / "ledger.sqlite"):
+        if Ledger.holds_items(state / "ledger.sqlite"):
             return False
     except sqlite3.Error:
         return False
@@ -227,21 +227,11 @@ def _unmake(out: Path, exc: BaseException | None) -> bool:
     return False
 
 
-def _planned_any(path: Path) -> bool:
-    if not path.exists():
-        return False
-    led = Ledger(path)
-    try:
-        return led.count_items() > 0
-    finally:
-        led.close()
-
-
 def _unwritable_in(exc: BaseException, root: Path) -> bool:
     """Whether ``exc`` is a refused write into the build folder ``root`` (no permission, read-only disk; SQLite's
     "readonly database" / "unable to open database file" for the ledger there)."""
     if isinstance(exc, sqlite3.OperationalError):
-        return "readonly" in str(exc) or "unable to open" in str(exc)
+        return is_read_only_error(exc)
     if not isinstance(exc, OSError) or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
         return False
     name = exc.filename

@@ -110,6 +110,12 @@ _ITEM_COLS = (
 ).split()
 
 
+def is_read_only_error(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused ``exc``'s operation because the ledger or its folder cannot be written ("attempt to
+    write a readonly database", "unable to open database file")."""
+    return "readonly" in str(exc) or "unable to open" in str(exc)
+
+
 class Ledger:
     """Thin typed wrapper over the SQLite file; one instance per process."""
 
@@ -168,11 +174,22 @@ class Ledger:
         try:
             led = cls(path)
         except sqlite3.OperationalError as exc:  # a finished dataset made read-only: read it as it is
-            if "readonly" not in str(exc) and "unable to open" not in str(exc):
+            if not is_read_only_error(exc):
                 raise
             led = cls._immutable(Path(path))
         try:
             return tuple(led.get_meta(k) for k in keys)
+        finally:
+            led.close()
+
+    @classmethod
+    def holds_items(cls, path: str | Path) -> bool:
+        """Whether the ledger at ``path`` has planned any item (False when there is none)."""
+        if not Path(path).exists():
+            return False
+        led = cls(path)
+        try:
+            return led.count_items() > 0
         finally:
             led.close()
 

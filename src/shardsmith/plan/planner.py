@@ -126,9 +126,10 @@ def make_plan(recipe: Recipe, ledger: Ledger, sources: list[tuple[SourceInfo, Ca
                         break
                 if recipe.one_sample and idx and ledger.count_items():
                     break
-                ignored = getattr(getattr(items, "__self__", None), "passed_over", None)  # a folder source's walk
-                if ignored is not None and ignored.to_json() is not None:
-                    ledger.set_meta(f"ignored:{info.index}", ignored.to_json())
+                walked = getattr(getattr(items, "__self__", None), "passed_over", None)  # a folder source's walk
+                ignored = walked.to_json() if walked is not None else None
+                if ignored is not None:
+                    ledger.set_meta(f"ignored:{info.index}", ignored)
     finally:
         if pool is not None:
             pool.shutdown()

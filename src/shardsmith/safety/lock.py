@@ -77,6 +77,7 @@ def hold(folder: str | os.PathLike, what: str, read_only: bool = False) -> Itera
     read-only) is locked through a read-only descriptor, for a caller that then only reads."""
     folder = Path(folder)
     p = lock_path(folder)
+    writable = True
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
@@ -84,7 +85,7 @@ def hold(folder: str | os.PathLike, what: str, read_only: bool = False) -> Itera
         if not (read_only and exc.errno in _NOT_WRITABLE and p.is_file()):
             raise cannot_write(folder, exc, what) from None
         fd = os.open(p, os.O_RDONLY)
-        read_only = None  # the holder's text cannot be written
+        writable = False  # the holder's text cannot be written
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,7 +94,7 @@ def hold(folder: str | os.PathLike, what: str, read_only: bool = False) -> Itera
             raise FolderLockedError(
                 f"{folder} is in use by another shardsmith process ({who}); wait for it to finish, "
                 f"or stop that process (its lock is released when it exits) and re-run this command") from None
-        if read_only is not None:
+        if writable:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid={os.getpid()} {what}: {' '.join(sys.argv[:3])}\n".encode(), 0)
         yield p
