@@ -9,10 +9,15 @@ decoded, down-mixed / duplicated, resampled to the encoder's 16 kHz and cut to a
    build (random weights of LTX-2's published audio VAE: ``config: published``), decode workers,
    mel + encode on the GPU, ``audio_latent.pth`` shards.
 2. **encoder alone**: in the same lease, a fresh process builds the same model, decodes the same files
-   to the same waveforms (not timed), then times the encoder (mel + VAE encode, ``AudioVae.encode``)
-   over every item in the build's batches (``--batch`` items of one audio length a batch, as the build
-   queues them), after one warm-up batch; ``torch.cuda.synchronize`` around.
-Ratio = encoder-alone seconds ÷ whole-build seconds (items per second, build ÷ encoder); goal ≥ 0.9.
+   (``--alone-items``: the first N of them; default all) to the same waveforms (not timed), then times the
+   encoder (mel + VAE encode, ``AudioVae.encode``) over those items in the build's batches (``--batch``
+   items of one audio length a batch, as the build queues them), after one warm-up batch;
+   ``torch.cuda.synchronize`` around.
+Ratio = the build's items/s (written ÷ wall) ÷ the encoder alone's items/s; goal ≥ 0.9.
+
+``--distinct D`` makes D recordings and the other files remuxed copies of them (``_copy``: the same
+packets, a different title tag, so every file has its own bytes and is decoded in full by the build);
+making 60,000 files from scratch would take minutes of a lease.
 
 Usage (GPU machine): ``PYTHONPATH=src:tests python3 bench/audio_build.py --work /tmp/ab --out $OUT/audio.json``
 CPU check of the code paths: ``... --files 24 --config tiny --device cpu``
@@ -73,17 +78,44 @@ def _one(args) -> str:
     return path.name
 
 
-def make_dataset(folder: Path, n: int) -> None:
+def _name(i: int) -> str:
+    return f"s{i:05d}.m4a" if i % 2 else f"s{i:05d}.flac"
+
+
+def _copy(args) -> str:
+    """File ``i`` as a copy of recording ``i % distinct`` (picklable for the pool): its packets remuxed,
+    untouched, into a new file whose title tag differs, so its bytes (and sha256) are its own while its
+    decoded audio is the recording's."""
+    import av
+
+    i, distinct, folder = args
+    src, dst = Path(folder) / _name(i % distinct), Path(folder) / _name(i)
+    with av.open(str(src)) as inp, av.open(str(dst), "w", format="ipod" if dst.suffix == ".m4a" else "flac",
+                                           options={"fflags": "+bitexact"}) as out:
+        out.metadata["title"] = f"copy {i}"
+        s = out.add_stream_from_template(inp.streams.audio[0])
+        for pkt in inp.demux(inp.streams.audio[0]):
+            if pkt.dts is None:
+                continue
+            pkt.stream = s
+            out.mux(pkt)
+    return dst.name
+
+
+def make_dataset(folder: Path, n: int, distinct: int | None = None) -> None:
+    """``n`` files: ``distinct`` recordings (all of them when None) and remuxed copies of them (``_copy``)."""
+    distinct = n if distinct is None else min(n, distinct)
     marker = folder / ".made"
-    if marker.exists() and marker.read_text() == f"{n} v2":
+    if marker.exists() and marker.read_text() == f"{n} {distinct} v3":
         return
     folder.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(_one, [(i, str(folder)) for i in range(n)], chunksize=16))
+        list(pool.map(_one, [(i, str(folder)) for i in range(distinct)], chunksize=16))
+        list(pool.map(_copy, [(i, distinct, str(folder)) for i in range(distinct, n)], chunksize=64))
     for p in folder.iterdir():  # files of an older recipe of this dataset
         if p.suffix in (".m4a", ".flac") and int(p.stem[1:]) >= n:
             p.unlink()
-    marker.write_text(f"{n} v2")
+    marker.write_text(f"{n} {distinct} v3")
 
 
 def recipe(src: Path, args) -> dict:
@@ -114,24 +146,29 @@ def run_build(src: Path, out: Path, args) -> dict:
             "models": {k: m["models"].get(k) for k in ("device", "batch_size", "seconds", "steady_state")}}
 
 
+def _alone_wave(args):
+    """The build's waveform of one file (picklable for the pool), or None when no bucket takes it."""
+    from shardsmith.transform.audio import choose_duration, decode_audio, probe_audio
+
+    path, durations, rate = args
+    name = Path(path).name
+    d = choose_duration(probe_audio(path, name).duration, [float(x) for x in durations.split(";")])
+    return None if d is None else decode_audio(path, name, rate=rate, duration=d).wave
+
+
 def encoder_alone(src: Path, args) -> dict:
     """Runs in a fresh process (``--encoder-alone``): the build's batches through ``AudioVae.encode``."""
     import torch
 
     from shardsmith.encode.audio_vae import load_audio_vae
-    from shardsmith.transform.audio import choose_duration, decode_audio, probe_audio
 
     t0 = time.perf_counter()
     vae = load_audio_vae("ltx2_audio", config=args.config, device=args.device, vocoder=False)
     load_s = time.perf_counter() - t0  # (without the vocoder, as the build's encode stage)
-    buckets = [float(d) for d in args.durations.split(";")]
-    waves = []
-    for p in sorted(src.iterdir()):
-        if p.suffix not in (".m4a", ".flac"):
-            continue
-        d = choose_duration(probe_audio(str(p), p.name).duration, buckets)
-        if d is not None:
-            waves.append(decode_audio(str(p), p.name, rate=vae.spec.sample_rate, duration=d).wave)
+    files = sorted(p for p in src.iterdir() if p.suffix in (".m4a", ".flac"))[:args.alone_items or None]
+    with ProcessPoolExecutor(os.cpu_count()) as pool:  # (not timed)
+        waves = [w for w in pool.map(_alone_wave, [(str(p), args.durations, vae.spec.sample_rate) for p in files],
+                                     chunksize=32) if w is not None]
     by_length: dict[int, list] = {}  # the build's queues: one per audio length, batches of --batch
     for w in waves:
         by_length.setdefault(w.shape[-1], []).append(w)
@@ -157,6 +194,10 @@ def main() -> None:
     ap.add_argument("--config", default="published")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--durations", default="4.0;8.0")
+    ap.add_argument("--distinct", type=int, default=None,
+                    help="distinct recordings (default: every file); the other files are remuxed copies of them")
+    ap.add_argument("--alone-items", type=int, default=None,
+                    help="items the encoder alone is timed on (the first files; default: every file)")
     ap.add_argument("--encoder-alone", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     src = args.work / "src"
@@ -164,18 +205,19 @@ def main() -> None:
         print(json.dumps(encoder_alone(src, args)))
         return
     t0 = time.perf_counter()
-    make_dataset(src, args.files)
-    res = {"files": args.files, "dataset_s": round(time.perf_counter() - t0, 1), "config": args.config,
+    make_dataset(src, args.files, args.distinct)
+    res = {"files": args.files, "distinct": args.distinct or args.files, "dataset_s": round(time.perf_counter() - t0, 1), "config": args.config,
            "device": args.device, "batch": args.batch, "durations": args.durations}
     res["build"] = run_build(src, args.work / "out", args)
     r = subprocess.run([sys.executable, __file__, "--encoder-alone", "--work", str(args.work), "--batch",
                         str(args.batch), "--config", args.config, "--device", args.device, "--durations",
-                        args.durations], capture_output=True, text=True)
+                        args.durations, *(["--alone-items", str(args.alone_items)] if args.alone_items else [])],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(r.stderr[-3000:])
     res["encoder_alone"] = json.loads(r.stdout.strip().splitlines()[-1])
-    res["ratio"] = round(res["encoder_alone"]["encode_s"] / res["build"]["wall_s"], 3)
     res["build_items_per_s"] = round(res["build"]["written"] / res["build"]["wall_s"], 1)
+    res["ratio"] = round(res["build_items_per_s"] / res["encoder_alone"]["items_per_s"], 3)  # items/s: build ÷ alone
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:

@@ -336,12 +336,16 @@ class AudioVae:
         return self.settings.latent_steps(num_samples)
 
     def _forward(self, x: "torch.Tensor") -> "torch.Tensor":
+        return self._latents(x).to("cpu")
+
+    def _latents(self, x: "torch.Tensor") -> "torch.Tensor":
+        """``[B, 2, N]`` waveforms (any device) -> normalised latents ``[B, C, T, F]`` float32 on the model's device."""
         import torch
 
         with torch.inference_mode():
             mel = self.mel(x)
             post = self.model.encode(mel.to(self.torch_dtype)).latent_dist
-            return self.normalise(post.mean).to("cpu")
+            return self.normalise(post.mean)
 
     def _encode_batch(self, x: "torch.Tensor") -> list["torch.Tensor"]:
         import torch
@@ -367,13 +371,7 @@ class AudioVae:
         CPU, in order. Items of the same N run as one batch; each result is independent of its batch-mates."""
         import torch
 
-        arrays = []
-        for i, w in enumerate(waves):
-            a = np.asarray(w, dtype=np.float32)
-            if a.ndim != 2 or a.shape[0] != 2:
-                raise ValueError(f"audio clip {i}: expected a stereo waveform [2, N], got shape {a.shape} "
-                                 "(mono is duplicated to both channels before the encoder, as LTX does)")
-            arrays.append(a)
+        arrays = _stereo_arrays(waves)
         groups: dict[int, list[int]] = {}
         for i, a in enumerate(arrays):
             groups.setdefault(a.shape[1], []).append(i)
@@ -383,6 +381,57 @@ class AudioVae:
             for i, z in zip(idx, self._encode_batch(x)):
                 out[i] = z
         return out  # type: ignore[return-value]
+
+    def stage(self, waves: list[np.ndarray | None]) -> "StagedAudio":
+        """The host side of :meth:`launch` (the caller's thread, while the device runs the batch before):
+        waveforms (None: an item without audio) stacked per length into one ``[B, 2, N]`` float32 tensor
+        each, page-locked when the model is on a GPU. Refuses what :meth:`encode` refuses."""
+        import torch
+
+        from shardsmith.encode.host_threads import one_intra_op_thread
+
+        present = [i for i, w in enumerate(waves) if w is not None]
+        arrays = _stereo_arrays([waves[i] for i in present])
+        groups: dict[int, list[int]] = {}
+        for i, a in zip(present, arrays):
+            groups.setdefault(a.shape[1], []).append(i)
+        staged = []
+        pin = self.device.type == "cuda"
+        for idx in groups.values():
+            views = [torch.from_numpy(np.ascontiguousarray(waves[i], dtype=np.float32)) for i in idx]
+            host = torch.empty((len(views), *views[0].shape), dtype=torch.float32, pin_memory=pin)
+            with one_intra_op_thread():  # copies with the GIL released; the decode workers hold the cores
+                torch.stack(views, out=host)
+            staged.append((idx, host))
+        return StagedAudio(len(waves), staged)
+
+    def launch(self, staged: "StagedAudio") -> "LaunchedAudio":
+        """Start the latents of a staged batch. On a GPU this returns once the upload, the forward pass
+        and the copy back into page-locked memory are queued (the next batch is staged and queued
+        meanwhile); an out-of-memory error there runs that length's items through :meth:`encode`'s
+        halving instead. Elsewhere it runs to completion. :meth:`LaunchedAudio.result` gives what
+        :meth:`encode` gives, per item (None where there was no waveform)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return LaunchedAudio(staged.n, [(idx, self._encode_batch(x)) for idx, x in staged.groups])
+        from shardsmith.encode.text import to_pinned
+
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        parts: list = []
+        for idx, host in staged.groups:
+            try:
+                parts.append((idx, to_pinned(self._latents(host.to(self.device, non_blocking=True)))))
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
+                if not _is_oom(exc):
+                    raise
+                self.oom_retries += 1
+                torch.cuda.empty_cache()
+                parts.append((idx, self._encode_batch(host)))
+        done = torch.cuda.Event(enable_timing=True)
+        done.record()
+        return LaunchedAudio(staged.n, parts, start, done, keep=staged)
 
     def record(self, latent: "torch.Tensor", duration: float) -> dict:
         """The ``audio_latents/*.pt`` dict as the LTX trainer saves it: ``latents`` ``[C, T, F]`` float32 (its
@@ -461,6 +510,59 @@ def _load_pretrained_vocoder(pretrained: str, subfolder: str | None, revision: s
     notes.append(f"vocoder: {cls.__name__} from {pretrained} subfolder {sub!r} ({', '.join(files) or 'no files'}, "
                  f"sha256 {sha})")
     return voc
+
+
+def _stereo_arrays(waves) -> list[np.ndarray]:
+    """``waves`` as float32 arrays, each ``[2, N]``; anything else is refused naming the clip."""
+    arrays = []
+    for i, w in enumerate(waves):
+        a = np.asarray(w, dtype=np.float32)
+        if a.ndim != 2 or a.shape[0] != 2:
+            raise ValueError(f"audio clip {i}: expected a stereo waveform [2, N], got shape {a.shape} "
+                             "(mono is duplicated to both channels before the encoder, as LTX does)")
+        arrays.append(a)
+    return arrays
+
+
+@dataclass
+class StagedAudio:
+    """:meth:`AudioVae.stage`'s result: ``n`` items; ``groups``: ``(item indices, [B, 2, N] float32 host tensor)``
+    per waveform length."""
+
+    n: int
+    groups: list
+
+
+class LaunchedAudio:
+    """Audio latents started by :meth:`AudioVae.launch`. ``done()`` polls; ``result()`` waits once and gives
+    one ``[C, T, F]`` float32 CPU tensor per item (owning its memory; None for an item without audio);
+    ``device_seconds()`` is the batch's time on the device (0 off a GPU), after ``result()``."""
+
+    def __init__(self, n: int, parts: list, start=None, done_event=None, keep=None):
+        self.n, self.parts, self.start, self.done_event = n, parts, start, done_event
+        self._keep = keep  # the page-locked inputs, alive until the device has read them
+        self._out: list | None = None
+
+    def done(self) -> bool:
+        return self._out is not None or self.done_event is None or self.done_event.query()
+
+    def result(self) -> list:
+        if self._out is None:
+            if self.done_event is not None:
+                self.done_event.synchronize()
+            out: list = [None] * self.n
+            for idx, z in self.parts:
+                items = z if isinstance(z, list) else [t.clone() for t in z.unbind(0)]
+                for i, t in zip(idx, items):
+                    out[i] = t
+            self._out, self.parts, self._keep = out, None, None
+        return self._out
+
+    def device_seconds(self) -> float:
+        if self.start is None:
+            return 0.0
+        self.done_event.synchronize()
+        return self.start.elapsed_time(self.done_event) / 1e3
 
 
 def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None, subfolder: str | None = None,

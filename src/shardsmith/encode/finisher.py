@@ -19,12 +19,15 @@ Contract
   the encoder; every batch encoded here is put in the memo.
 - A result without pixels (``res.pixels`` None: a ``prompt_wds`` sample, a caption and nothing to
   encode with the VAE) is queued apart from the buckets; its batches run only the text encoder,
-  through the stage's caption cache (``stage.text``) on the device thread, and are rendered with
+  through the stage's caption cache (``stage.launch_text``: started on the device thread, waited for
+  when the batch is serialised; ``stage.text`` where a teacher takes them at once), and are rendered with
   ``z`` None. They are not put in the memo (it keeps latents); the caption cache already encodes a
   caption once. Batches with pixels go exactly as before. Audio-only results queue by their audio's
   length (:func:`queue_of`).
-- Audio: a result with ``res.audio`` (a processed waveform, ``[2, N]`` float32) has it encoded by the
-  stage's audio encoder on the device thread with its batch (after the batch's VAE launch), and the
+- Audio: a result with ``res.audio`` (a processed waveform, ``[2, N]`` float32) has it stacked on the
+  calling thread (``stage.stage_audio``: page-locked on a GPU), started by the stage's audio encoder on
+  the device thread with its batch (after the batch's VAE launch) and waited for when the batch is
+  serialised (``stage.audio_result``), and the
   renderer gets ``audio=`` one latent per item (None for an item without audio); a batch without any
   audio is rendered as before (no ``audio`` argument). An audio-only item has no pixels: it goes in
   the queue without pixels, whose batches then run the audio encoder too.
@@ -41,12 +44,16 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import wait
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from shardsmith.encode.host_threads import one_intra_op_thread
+from shardsmith.encode.pending import PendingBatch
 from shardsmith.records import PlannedItem, SampleResult
+
+if TYPE_CHECKING:
+    from shardsmith.encode.audio_vae import LaunchedAudio
 
 
 def geometry(res: SampleResult) -> str:
@@ -74,17 +81,22 @@ def queue_of(res: SampleResult) -> str:
 class TextOnlyBatch:
     """The finished result of a batch without pixels, read like a launched batch's
     (:class:`~shardsmith.encode.pending.PendingBatch`): no latents, ``(emb [L, D], mask [L])`` per item
-    (None without a text encoder), and ``audio``: one audio latent per item (None without audio)."""
+    (None without a text encoder; a PendingBatch while they are still on the device), and ``audio``:
+    the batch's launched audio (:class:`~shardsmith.encode.audio_vae.LaunchedAudio`, None without audio)."""
 
-    def __init__(self, texts: list[tuple[torch.Tensor, torch.Tensor]] | None, audio: list | None = None,
-                 audio_reference: list | None = None, teacher: list | None = None):
+    def __init__(self, texts: "list[tuple[torch.Tensor, torch.Tensor]] | PendingBatch | None",
+                 audio: list | None = None, audio_reference: list | None = None, teacher: list | None = None):
         self.texts, self.audio, self.audio_reference = texts, audio, audio_reference
         self.teacher = teacher  # the teacher's trajectories, one per item (shardsmith distill)
 
     def done(self) -> bool:
-        return True
+        return (not isinstance(self.texts, PendingBatch) or self.texts.done()) and all(
+            a is None or a.done() for a in (self.audio, self.audio_reference))
 
-    def result_batch(self) -> tuple[None, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def result_batch(self) -> tuple[None, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """Waits for text embeddings still on the device (:meth:`EncodeStage.launch_text`)."""
+        if isinstance(self.texts, PendingBatch):
+            self.texts = self.texts.result_batch()[1]
         return None, self.texts
 
 
@@ -116,13 +128,16 @@ def _partner_latents(stage, partners: list | None) -> dict[str, list] | None:
     return out
 
 
-def _audio_latents(stage, waves: list | None) -> list | None:
-    """Encoder thread: one audio latent per item of a batch (None where the item has no audio), or
-    None when no item has audio."""
-    if waves is None:
-        return None
-    got = iter(stage.encode_audio([w for w in waves if w is not None]))
-    return [None if w is None else next(got) for w in waves]
+def _audio_latents(stage, staged) -> "LaunchedAudio | None":
+    """Encoder thread: a batch's audio (:meth:`EncodeStage.stage_audio`, None: no item has audio)
+    started on the device; the calling thread takes one latent per item (None where the item has no
+    audio) with :func:`_audio_out` when it serialises the batch."""
+    return None if staged is None else stage.launch_audio(staged)
+
+
+def _audio_out(stage, launched) -> list | None:
+    """Calling thread: the latents of a batch's launched audio (see :func:`_audio_latents`)."""
+    return None if launched is None else stage.audio_result(launched)
 
 
 def _drop_failed(batch, failed: dict, z, texts, audio, partners, ref_audio):
@@ -222,6 +237,8 @@ class LatentFinisher:
         batch = [(item, res) for item, res, _ in entries]
         waves, partners, ref_waves, teach = (_take(batch, a) for a in ("audio", "partners", "audio_reference",
                                                                         "teacher"))
+        # audio stacked here too (page-locked on a GPU), while the encoder thread runs the batch before
+        waves, ref_waves = (None if w is None else stage.stage_audio(w) for w in (waves, ref_waves))
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
             self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves,
                                                                       ref_waves, teach)))
@@ -243,7 +260,7 @@ class LatentFinisher:
              partners=None, ref_waves=None):
         """Encoder thread: start the model work (staged pixels -> latents, captions -> embeddings);
         on a GPU it returns once the batch is queued there, so the next batch is queued behind it.
-        With ``waves``, their audio latents are made after the launch (``pend.audio``); with
+        With ``waves`` (staged audio), their audio latents are started after the launch (``pend.audio``); with
         ``partners`` (per item ``{name: pixels}``), the partners' latents (``pend.partners``)."""
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
         pend = stage.launch(host, len(batch), captions, staged_at=staged_at)
@@ -260,10 +277,15 @@ class LatentFinisher:
         their audio (and their references' audio) through the audio encoder; with ``teach`` (one
         :class:`~shardsmith.records.TeacherInput` per item, one shape), the teacher's trajectories, from
         the items' precomputed embeddings where they carry them."""
+        captions = [it.caption or "" for it, _ in batch]
         if teach is not None and all(t.emb is not None for t in teach):
             texts = [(t.emb, None) for t in teach]  # distill.text source: the source's txt_emb.pth
+        elif stage.text_encoder is None:
+            texts = None
+        elif teach is None:  # on the device while the next batch's captions are tokenised
+            texts = stage.launch_text(captions)
         else:
-            texts = stage.text([it.caption or "" for it, _ in batch]) if stage.text_encoder else None
+            texts = stage.text(captions)  # the teacher below takes them on the device now
         teacher = None
         if teach is not None:  # shardsmith distill: the teacher samples each prompt
             teacher = stage.trajectories([it.item_id for it, _ in batch], texts, teach[0].shape)
@@ -277,9 +299,9 @@ class LatentFinisher:
         with one_intra_op_thread():
             done = fut.result()
             z, texts = done.result_batch()
-            audio = getattr(done, "audio", None)
+            audio = _audio_out(self.stage, getattr(done, "audio", None))
             partners = getattr(done, "partners", None)
-            ref_audio = getattr(done, "audio_reference", None)
+            ref_audio = _audio_out(self.stage, getattr(done, "audio_reference", None))
             teacher = getattr(done, "teacher", None)
             failed = getattr(done, "failed", None)
             if failed:  # decoded on the device, and unreadable there and on the CPU: failed, not written

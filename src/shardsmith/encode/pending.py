@@ -30,11 +30,12 @@ class PendingBatch:
         self.z_host = self.start = self.vae_end = self.done_event = self.text_emb = None
         self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, launch queued
         self.known: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.audio: list | None = None  # one audio latent per item (None: no audio), set by the finisher
+        self.audio = None  # the batch's LaunchedAudio (None: no audio), set by the finisher
         self.partners: dict | None = None  # {partner name: latent per item}, set by the finisher
-        self.audio_reference: list | None = None  # the references' audio latents per item, set by the finisher
+        self.audio_reference = None  # the references' LaunchedAudio, set by the finisher
         self.todo: list[str] = []
         self.failed: dict | None = None  # {row: ItemError}: images no decoder could read (set by the finisher)
+        self.text_only = False  # EncodeStage.launch_text: captions alone, no latents
         self._out = None
 
     def done(self) -> bool:
@@ -59,4 +60,4 @@ class PendingBatch:
         per item: each is a torch call that gives up the GIL, which costs milliseconds a batch when
         the encoder thread wants it back)."""
         z, texts = self._resolve()
-        return (z if isinstance(z, torch.Tensor) else torch.stack(z)), texts
+        return (z if z is None or isinstance(z, torch.Tensor) else torch.stack(z)), texts

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from shardsmith.encode.vae import load_vae
 from shardsmith.precheck import resolve_device
 from shardsmith.recipe import LATENT_OUTPUTS
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
+
+if TYPE_CHECKING:
+    from shardsmith.encode.audio_vae import LaunchedAudio, StagedAudio
 
 log = logging.getLogger(__name__)
 
@@ -281,22 +284,47 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                 pend.z_host = None
                 pend.latents = self.encode_staged(host, n)
         if captions is not None:
-            if self.text_encoder is None:
-                raise RuntimeError("no text encoder configured (models.text)")
-            # cached captions are taken now: the cache may be pruned before this batch completes
-            pend.known = {c: self._text_cache[c] for c in captions if c in self._text_cache}
-            todo = sorted({c for c in captions if c not in pend.known})
-            pend.todo = todo
-            if todo:  # tokenised here, while the device runs the VAE batch just queued
-                t0 = time.perf_counter()
-                pend.text_emb = encode_halving(self.text_encoder, todo, device="cpu", non_blocking=True,
-                                               counter=getattr(self, "_text_oom", None), rows=self.text_rows())
-                self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
+            self._launch_captions(pend, captions)  # tokenised here, while the device runs the VAE batch
         if self.device == "cuda":
             pend.done_event = torch.cuda.Event(enable_timing=True)
             pend.done_event.record()
         pend.host_times = (begin if staged_at is None else staged_at, begin, time.perf_counter())
         return pend
+
+    def launch_text(self, captions: list[str]) -> "PendingBatch":
+        """Start the text embeddings of a batch without pixels (``prompt_wds``, audio-only items).
+
+        On a GPU this returns once the forward pass and its copy into page-locked memory are queued,
+        so the next batch's captions are tokenised and queued while this one runs (a synchronous
+        :meth:`text` leaves the device idle for every batch's tokenising and copies). The result is
+        ``PendingBatch.result_batch()``: ``(None, [(emb [L, D], mask [L]), ...])`` in ``captions``'
+        order; device time is booked under ``seconds["text"]`` once it is resolved."""
+        begin = time.perf_counter()
+        pend = PendingBatch(self, len(captions), captions, rows=len(captions))
+        pend.text_only = True
+        if self.device == "cuda":
+            pend.start = torch.cuda.Event(enable_timing=True)
+            pend.start.record()
+        self._launch_captions(pend, captions)
+        if self.device == "cuda":
+            pend.done_event = torch.cuda.Event(enable_timing=True)
+            pend.done_event.record()
+        pend.host_times = (begin, begin, time.perf_counter())
+        return pend
+
+    def _launch_captions(self, pend: "PendingBatch", captions: list[str]) -> None:
+        """Queue the embeddings of ``captions`` not in the cache (``pend.todo``; cached ones are taken
+        now, ``pend.known``: the cache may be pruned before the batch completes)."""
+        if self.text_encoder is None:
+            raise RuntimeError("no text encoder configured (models.text)")
+        pend.known = {c: self._text_cache[c] for c in captions if c in self._text_cache}
+        todo = sorted({c for c in captions if c not in pend.known})
+        pend.todo = todo
+        if todo:
+            t0 = time.perf_counter()
+            pend.text_emb = encode_halving(self.text_encoder, todo, device="cpu", non_blocking=True,
+                                           counter=getattr(self, "_text_oom", None), rows=self.text_rows())
+            self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
 
     def _timing_reference(self) -> None:
         """Record, once, a CUDA event whose wall-clock time is known (``self._ref``): batch end
@@ -309,7 +337,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             self._ref = (ev, time.perf_counter())
 
     def _complete(self, p: "PendingBatch") -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        if p.latents is None:  # launched asynchronously: book its device time now that it is done
+        if p.text_only:  # launch_text: no latents; the text encoder's device time booked
+            if p.start is not None:
+                self.seconds["text"] += p.start.elapsed_time(p.done_event) / 1e3
+        elif p.latents is None:  # launched asynchronously: book its device time now that it is done
             gpu_s = p.start.elapsed_time(p.vae_end) / 1e3
             ref, ref_wall = self._ref
             done_at = ref_wall + ref.elapsed_time(p.vae_end) / 1e3
@@ -339,6 +370,37 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         t0 = time.perf_counter()
         out = self.audio_vae.encode(waves)
         self.seconds["audio"] += time.perf_counter() - t0
+        return out
+
+    def stage_audio(self, waves: list) -> "StagedAudio | None":
+        """The host side of an audio batch (:meth:`AudioVae.stage <shardsmith.encode.audio_vae.AudioVae.stage>`),
+        on the calling thread; None when no item has a waveform."""
+        if all(w is None for w in waves):
+            return None
+        if self.audio_vae is None:
+            raise RuntimeError("no audio encoder configured (models.audio_vae)")
+        t0 = time.perf_counter()
+        staged = self.audio_vae.stage(waves)
+        self.seconds["prepare"] += time.perf_counter() - t0
+        return staged
+
+    def launch_audio(self, staged: "StagedAudio") -> "LaunchedAudio":
+        """Start a staged audio batch on the device thread (:meth:`AudioVae.launch`); its time is
+        booked by :meth:`audio_result`."""
+        t0 = time.perf_counter()
+        launched = self.audio_vae.launch(staged)
+        launched.host_seconds = time.perf_counter() - t0
+        return launched
+
+    def audio_result(self, launched: "LaunchedAudio") -> list:
+        """Wait for a launched audio batch: one latent per item (None where it had no waveform); books
+        its time under ``seconds["audio"]`` (on the caller's thread, once): on a GPU the stream's time
+        from the batch's first to its last queued step, elsewhere the synchronous launch."""
+        out = launched.result()
+        if not getattr(launched, "booked", False):
+            launched.booked = True
+            self.seconds["audio"] += (launched.device_seconds() if launched.start is not None
+                                      else getattr(launched, "host_seconds", 0.0))
         return out
 
     def trajectories(self, item_ids: list[str], texts: list[tuple[torch.Tensor, ...]],

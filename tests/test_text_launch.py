@@ -1,0 +1,139 @@
+"""Batches without pixels (``prompt_wds``, audio-only items) start their text embeddings with
+``EncodeStage.launch_text``: the encoder thread returns once the work is queued, and the finisher waits
+for it only when it serialises the batch (BENCHMARKS.md §10, the T5-XXL text build)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from shardsmith.encode.finisher import LatentFinisher, TextOnlyBatch
+from shardsmith.encode.pending import PendingBatch
+from shardsmith.encode.stage import EncodeStage
+from shardsmith.encode.text import load_text_encoder
+
+
+def _stage():
+    return EncodeStage(None, load_text_encoder("t5", config="tiny", max_length=16), batch_size=4, device="cpu")
+
+
+def test_launched_text_equals_the_synchronous_text_in_caption_order():
+    captions = ["a red fox", "a blue bird", "a red fox", ""]
+    want = _stage().text(captions)
+    st = _stage()
+    st.text(["a blue bird"])  # one caption cached before the launch
+    pend = st.launch_text(captions)
+    assert isinstance(pend, PendingBatch) and pend.todo == ["", "a red fox"]
+    z, got = pend.result_batch()
+    assert z is None and len(got) == len(captions)
+    for (e1, m1), (e2, m2) in zip(want, got):
+        assert e1.shape == e2.shape == (16, st.text_encoder.spec.dim) and e1.dtype == e2.dtype
+        assert torch.equal(e1, e2) and torch.equal(m1, m2)
+    assert st.seconds["text"] > 0
+
+
+class _Queued(PendingBatch):
+    """A launched text batch still running on the device."""
+
+    def __init__(self):
+        self.finished = False
+        self.resolved = 0
+
+    def done(self) -> bool:
+        return self.finished
+
+    def result_batch(self):
+        self.resolved += 1
+        return None, [(torch.zeros(2), torch.ones(2))]
+
+
+class _Stage:
+    text_encoder = object()
+
+    def __init__(self):
+        self.queued = _Queued()
+        self.synchronous = 0
+
+    def launch_text(self, captions):
+        return self.queued
+
+    def text(self, captions):
+        self.synchronous += 1
+        return [(torch.zeros(2), None)]
+
+
+def test_a_text_only_batch_is_left_on_the_device_until_it_is_serialised():
+    stage = _Stage()
+    batch = [(SimpleNamespace(caption="a cat"), SimpleNamespace())]  # (PlannedItem, SampleResult): the caption is read
+    out = LatentFinisher._text_only(stage, batch)
+    assert isinstance(out, TextOnlyBatch) and stage.synchronous == 0  # no wait on the encoder thread
+    assert not out.done()  # the finisher's ready() sees the batch as still running
+    stage.queued.finished = True
+    assert out.done()
+    z, texts = out.result_batch()
+    assert z is None and texts[0][1].tolist() == [1.0, 1.0]
+    out.result_batch()
+    assert stage.queued.resolved == 1  # resolved once
+
+
+def test_staged_and_launched_audio_equals_encode_item_by_item():
+    import numpy as np
+
+    from shardsmith.encode.audio_vae import load_audio_vae
+
+    vae = load_audio_vae(config="tiny")
+    rng = np.random.default_rng(0)
+    long_, short = (rng.standard_normal((2, n)).astype(np.float32) * 0.1 for n in (8000, 4000))
+    waves = [long_, None, short, long_ * 0.5, None]
+    want = vae.encode([w for w in waves if w is not None])
+    staged = vae.stage(waves)
+    assert staged.n == 5 and sorted(len(idx) for idx, _ in staged.groups) == [1, 2]  # one group per length
+    got = vae.launch(staged).result()
+    assert [g is None for g in got] == [False, True, False, False, True]
+    for w, g in zip(want, [g for g in got if g is not None]):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+    with __import__("pytest").raises(ValueError, match="audio clip 0: expected a stereo waveform"):
+        vae.stage([np.zeros(100, np.float32)])
+
+
+def test_the_finisher_stacks_a_batch_s_audio_on_its_own_thread_and_waits_only_to_serialise():
+    import threading
+
+    import numpy as np
+
+    calls: dict[str, object] = {}
+
+    class Launched:
+        def done(self):
+            return False
+
+    class Stage:
+        text_encoder = None
+        batch_size = 1
+        device = "cpu"
+        launched = 0
+
+        def stage_audio(self, waves):
+            calls["staged_on"] = threading.current_thread()
+            return ("staged", len(waves))
+
+        def launch_audio(self, staged):
+            calls["launched"] = staged
+            return Launched()
+
+        def submit(self, fn, *args):
+            from concurrent.futures import Future
+
+            f = Future()
+            f.set_result(fn(*args))
+            return f
+
+    fin = LatentFinisher.__new__(LatentFinisher)
+    fin.in_flight, fin.max_in_flight, fin._stage = [], 4, Stage()
+    res = SimpleNamespace(pixels=None, audio=np.zeros((2, 8), np.float32), partners=None, audio_reference=None,
+                          teacher=None)
+    fin._submit([(SimpleNamespace(caption=None), res, 0)])
+    assert calls["staged_on"] is threading.current_thread() and calls["launched"] == ("staged", 1)
+    assert res.audio is None  # the device thread owns the waveform now
+    assert not fin.in_flight[0][2].result().done()  # still on the device: not ready to serialise
