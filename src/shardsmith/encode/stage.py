@@ -305,16 +305,18 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         if self.device == "cuda":
             pend.start = torch.cuda.Event(enable_timing=True)
             pend.start.record()
-        self._launch_captions(pend, captions)
+        self._launch_captions(pend, captions, book=self.device != "cuda")  # a GPU's: the stream's time
         if self.device == "cuda":
             pend.done_event = torch.cuda.Event(enable_timing=True)
             pend.done_event.record()
         pend.host_times = (begin, begin, time.perf_counter())
         return pend
 
-    def _launch_captions(self, pend: "PendingBatch", captions: list[str]) -> None:
+    def _launch_captions(self, pend: "PendingBatch", captions: list[str], book: bool = True) -> None:
         """Queue the embeddings of ``captions`` not in the cache (``pend.todo``; cached ones are taken
-        now, ``pend.known``: the cache may be pruned before the batch completes)."""
+        now, ``pend.known``: the cache may be pruned before the batch completes). ``book``: add the host
+        side's time to ``seconds["text"]`` (not where the stream's time is booked instead: a launch
+        blocks once the device's queue is full, and would count that time twice)."""
         if self.text_encoder is None:
             raise RuntimeError("no text encoder configured (models.text)")
         pend.known = {c: self._text_cache[c] for c in captions if c in self._text_cache}
@@ -324,7 +326,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             t0 = time.perf_counter()
             pend.text_emb = encode_halving(self.text_encoder, todo, device="cpu", non_blocking=True,
                                            counter=getattr(self, "_text_oom", None), rows=self.text_rows())
-            self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
+            if book:
+                self.seconds["text"] += time.perf_counter() - t0  # host side (tokenise + queue)
 
     def _timing_reference(self) -> None:
         """Record, once, a CUDA event whose wall-clock time is known (``self._ref``): batch end
