@@ -280,26 +280,3 @@ def test_an_audio_column_gives_each_clip_its_own_audio_file(tmp_path):
     assert m["outputs"]["precomputed"]["counts"]["written"] == 1
     assert m["outputs"]["precomputed"]["counts"]["failed"] == {"missing_audio": 1}
 
-
-def test_an_audio_build_encodes_while_its_plan_runs_and_writes_the_plan_first_bytes(tmp_path, monkeypatch):
-    """An output with audio plans ahead (the preflight decodes the first committed row with audio);
-    the shards are the bytes of a plan-first build."""
-    import shardsmith.build as build_mod
-    from test_build import tree_bytes
-
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(6):
-        audio_file(src / f"s{i}.{'flac' if i % 2 else 'm4a'}", kind="speech", duration=1.1 + 0.2 * i,
-                   rate=44100 if i % 2 else 48000, layout="mono" if i % 2 else "stereo")
-    rec = {"sources": [{"path": str(src)}], "models": {"audio_vae": {"family": "ltx2_audio"}, "batch_size": 2},
-           "audio": {"durations": "1.0;2.0"},
-           "outputs": [{"format": "latent_wds", "dir": "audio", "samples_per_shard": 2}]}
-    m = build(recipe_from_dict(rec), tmp_path / "ahead", quiet=True)
-    assert m["timings"]["plan_ahead"] is True and m["counts"]["written"] == 6
-    assert m["outputs"]["latent_wds"]["audio"]["preflight"]["decoded"] is not None
-    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)
-    ref = build(recipe_from_dict(rec), tmp_path / "first", quiet=True)
-    assert "plan_ahead" not in ref["timings"]
-    assert tree_bytes(tmp_path / "ahead") == tree_bytes(tmp_path / "first")
-    assert m["outputs"] == ref["outputs"]

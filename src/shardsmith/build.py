@@ -561,6 +561,8 @@ def _ahead_output(recipe: Recipe, root: Path):
         return None
     if recipe.distribute.gpus != 1 and recipe.distribute.engine != "local":  # Ray's driver plans units first
         return None
+    if recipe.audio_outputs():  # the audio preflight decodes planned items before the first one is made; planning
+        return None  # ahead was tried and measured slower for audio builds (BENCHMARKS.md §7)
     if recipe.models.offload == "text-first":  # the text pass reads every caption before the VAE loads
         return None
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
@@ -623,10 +625,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
     if cutter is not None:
         from shardsmith.safety import audio as audio_safety
 
-        rows = None if ahead is None else ahead.items(  # (a model that cannot load stops the wait)
-            ledger, split=TRAIN, sources=srcs, check=ctx.preload.raise_if_failed if ctx.preload else None)
         result["audio"] = {"required": recipe.audio_required, "rate": cutter.rate,
-                           "preflight": audio_safety.preflight(ledger, recipe, output, cutter, rows), "splits": {}}
+                           "preflight": audio_safety.preflight(ledger, recipe, output, cutter), "splits": {}}
     elif recipe.audio.skip:
         result["audio"] = {"skipped": True, "why": "--skip-audio (audio.skip): no audio latents were written"}
     splits = kind.splits(output, recipe) or _splits(recipe)

@@ -46,17 +46,15 @@ def _audio_source(item):
     return None
 
 
-def preflight(ledger, recipe, output, cutter, rows=None) -> dict[str, Any]:
-    """See the module contract; returns what was tried (for the manifest). ``rows``: the train split's
-    planned ``ok`` rows of the output's sources in plan order (default: the ledger's; a plan running
-    ahead passes its rows as they are committed, so this waits only for the first with audio)."""
+def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
+    """See the module contract; returns what was tried (for the manifest)."""
     from shardsmith.split.assign import TRAIN
     from shardsmith.transform.audio import decode_audio, probe_audio
 
     srcs = recipe.source_ids(output)
     seen = with_stream = 0
     failures: list[str] = []
-    for item in (ledger.items(split=TRAIN, sources=srcs, status="ok") if rows is None else rows):
+    for item in ledger.items(split=TRAIN, sources=srcs, status="ok"):
         seen += 1
         src = _audio_source(item)
         if src is None:
