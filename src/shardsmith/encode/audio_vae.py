@@ -391,14 +391,14 @@ class AudioVae:
         from shardsmith.encode.host_threads import one_intra_op_thread
 
         present = [i for i, w in enumerate(waves) if w is not None]
-        arrays = _stereo_arrays([waves[i] for i in present])
+        arrays = dict(zip(present, _stereo_arrays([waves[i] for i in present])))
         groups: dict[int, list[int]] = {}
-        for i, a in zip(present, arrays):
+        for i, a in arrays.items():
             groups.setdefault(a.shape[1], []).append(i)
         staged = []
         pin = self.device.type == "cuda"
         for idx in groups.values():
-            views = [torch.from_numpy(np.ascontiguousarray(waves[i], dtype=np.float32)) for i in idx]
+            views = [torch.from_numpy(np.ascontiguousarray(arrays[i])) for i in idx]
             host = torch.empty((len(views), *views[0].shape), dtype=torch.float32, pin_memory=pin)
             with one_intra_op_thread():  # copies with the GIL released; the decode workers hold the cores
                 torch.stack(views, out=host)
