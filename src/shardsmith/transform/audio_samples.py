@@ -91,16 +91,22 @@ class AudioCutter:
                                              "sources:), or set audio.required: false"))
 
     def for_file(self, item: PlannedItem) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """An audio-only item's waveform (see the module contract)."""
-        try:
-            probe = probe_audio(item.path, item.item_id)
-        except ItemError as err:
-            return self._missing(item, err)
-        duration = probe.duration
+        """An audio-only item's waveform (see the module contract). The file's duration is the plan's
+        probe of it (the caller has checked that the bytes are the planned ones), probed again only
+        where the plan has none or found no audio (whose error then names the reason)."""
+        target = item.media.get("target")
+        facts = target.audio if target is not None else None
+        if facts is not None and "duration" in facts:
+            duration = float(facts["duration"])
+        else:
+            try:
+                duration = probe_audio(item.path, item.item_id).duration
+            except ItemError as err:
+                return self._missing(item, err)
         if self.durations:
-            chosen = choose_duration(probe.duration, self.durations)
+            chosen = choose_duration(duration, self.durations)
             if chosen is None:
-                raise ItemError("too_short", f"{item.item_id} lasts {probe.duration:.3f} s, shorter than the "
+                raise ItemError("too_short", f"{item.item_id} lasts {duration:.3f} s, shorter than the "
                                 f"smallest audio duration bucket ({min(self.durations):g} s); add a shorter one to "
                                 "audio.durations (--audio-durations) to keep it", skip=True)
             duration = chosen

@@ -1,0 +1,49 @@
+"""``AudioCutter.for_file`` takes an audio-only item's duration from the plan's probe (the worker opens
+the file once, to decode it), and probes again only where the plan has no duration for it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardsmith.transform.audio_samples as audio_samples
+from shardsmith.records import ItemError, MediaRef, PlannedItem
+from shardsmith.transform.audio import probe_audio
+from shardsmith.transform.audio_samples import AudioCutter
+from video_factory import audio_file
+
+
+def _item(path, audio):
+    media = {"target": MediaRef(str(path), path.name, "audio", audio=audio)}
+    return PlannedItem(0, f"s/{path.name}", "k", 0, str(path), path.name, None, None, None, {}, None, None, "audio",
+                       None, None, None, None, "train", "ok", media=media)
+
+
+@pytest.fixture()
+def speech(tmp_path):
+    return audio_file(tmp_path / "s.flac", kind="speech", duration=2.6, rate=44100, layout="mono")
+
+
+def test_the_plan_s_probe_gives_the_duration_and_the_file_is_not_probed_again(speech, monkeypatch):
+    facts = probe_audio(str(speech), "s").to_json()
+    want, want_info = AudioCutter(16000, durations=(1.0, 2.0)).for_file(_item(speech, None))  # probes
+
+    def refuse(*a, **k):
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(audio_samples, "probe_audio", refuse)
+    got, info = AudioCutter(16000, durations=(1.0, 2.0)).for_file(_item(speech, facts))
+    assert got.shape == (2, 32000) and got.dtype == np.float32 and np.array_equal(got, want)
+    assert info == want_info and info["duration"] == 2.0
+    whole, _ = AudioCutter(16000).for_file(_item(speech, facts))  # no buckets: the whole file, as probed
+    assert whole.shape == (2, round(facts["duration"] * 16000))
+    with pytest.raises(ItemError, match="lasts 2.600 s, shorter than the smallest audio duration bucket"):
+        AudioCutter(16000, durations=(4.0,)).for_file(_item(speech, facts))
+
+
+def test_a_plan_that_found_no_audio_is_probed_again_for_the_reason(tmp_path):
+    not_audio = tmp_path / "n.wav"
+    not_audio.write_bytes(b"RIFF" + bytes(60))
+    with pytest.raises(ItemError) as e:
+        AudioCutter(16000, durations=(1.0,)).for_file(_item(not_audio, {"none": "unreadable"}))
+    assert e.value.reason in ("unreadable", "no_audio_stream", "empty_file") and "n.wav" in e.value.detail
