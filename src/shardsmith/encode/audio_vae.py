@@ -542,6 +542,8 @@ class LaunchedAudio:
         self.n, self.parts, self.start, self.done_event = n, parts, start, done_event
         self._keep = keep  # the page-locked inputs, alive until the device has read them
         self._out: list | None = None
+        self.host_seconds = 0.0  # the launch's own time (EncodeStage.launch_audio)
+        self.booked = False  # its time is in the stage's seconds["audio"] (EncodeStage.audio_result)
 
     def done(self) -> bool:
         return self._out is not None or self.done_event is None or self.done_event.query()

@@ -20,8 +20,9 @@ Contract
   the next batch queues behind it. ``PendingBatch.result()`` waits and gives the per-item outputs.
 - ``text(captions)`` returns ``(emb [L, D], mask [L])`` per caption (``""`` for none), cached
   by caption within the stage (at most ``TEXT_CACHE_BYTES`` beyond the current batch).
-- ``encode_audio(waves)``: audio latents of processed waveforms (``models.audio_vae``), on the
-  calling thread (the finisher calls it on the device thread, after the batch's VAE launch).
+- ``stage_audio(waves)`` / ``launch_audio(staged)`` / ``audio_result(launched)``: audio latents of
+  processed waveforms (``models.audio_vae``): stacked on the calling thread, started on the device
+  thread after the batch's VAE launch, waited for (and booked) when the batch is serialised.
 - ``describe()`` gives the manifest block: each model's spec and provenance, with
   ``"random-weights"`` plain to see.
 """
@@ -365,16 +366,6 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         got = {**p.known, **new}
         return p.latents, [got[c] for c in p.captions]
 
-    def encode_audio(self, waves: list[np.ndarray]) -> list[torch.Tensor]:
-        """Audio latents ``[C, T, F]`` float32 of processed waveforms (``[2, N]`` float32 at the audio
-        encoder's rate; items of equal length share a forward pass), on the calling thread."""
-        if self.audio_vae is None:
-            raise RuntimeError("no audio encoder configured (models.audio_vae)")
-        t0 = time.perf_counter()
-        out = self.audio_vae.encode(waves)
-        self.seconds["audio"] += time.perf_counter() - t0
-        return out
-
     def stage_audio(self, waves: list) -> "StagedAudio | None":
         """The host side of an audio batch (:meth:`AudioVae.stage <shardsmith.encode.audio_vae.AudioVae.stage>`),
         on the calling thread; None when no item has a waveform."""
@@ -400,10 +391,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         its time under ``seconds["audio"]`` (on the caller's thread, once): on a GPU the stream's time
         from the batch's first to its last queued step, elsewhere the synchronous launch."""
         out = launched.result()
-        if not getattr(launched, "booked", False):
+        if not launched.booked:
             launched.booked = True
-            self.seconds["audio"] += (launched.device_seconds() if launched.start is not None
-                                      else getattr(launched, "host_seconds", 0.0))
+            self.seconds["audio"] += launched.device_seconds() if launched.start is not None else launched.host_seconds
         return out
 
     def trajectories(self, item_ids: list[str], texts: list[tuple[torch.Tensor, ...]],
