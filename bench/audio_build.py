@@ -134,16 +134,22 @@ def run_build(src: Path, out: Path, args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     rec = out.parent / "recipe.yaml"
     rec.write_text(yaml.safe_dump(recipe(src, args)))
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(rec), "--out", str(out), "--no-report", "-q"],
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                            [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])})
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the build and its workers (all waited for)
+    cpu = {"user_s": round(after.ru_utime - before.ru_utime, 1), "sys_s": round(after.ru_stime - before.ru_stime, 1)}
     if r.returncode != 0:
         raise SystemExit(f"build failed ({r.returncode}):\n{r.stderr[-3000:]}")
     m = json.loads((out / "manifest.json").read_text())
-    return {"wall_s": round(wall, 3), "written": m["counts"]["written"], "timings": m.get("timings"),
-            "models": {k: m["models"].get(k) for k in ("device", "batch_size", "seconds", "steady_state")}}
+    return {"wall_s": round(wall, 3), "written": m["counts"]["written"], "timings": m.get("timings"), "cpu": cpu,
+            "models": {k: m["models"].get(k) for k in ("device", "batch_size", "seconds", "steady_state",
+                                                       "audio_steady_state")}}
 
 
 def _alone_wave(args):

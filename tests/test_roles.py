@@ -307,3 +307,23 @@ def test_an_old_ledger_without_media_opens(tmp_path):
     finally:
         led.close()
     Ledger(path).close()  # opens again with the column now there
+
+
+def test_media_column_json_is_every_field_in_order_and_audio_copied():
+    """The ledger's media column is the dataclass's fields in declaration order (as ``asdict`` wrote them);
+    the audio facts are a copy: changing the returned dict leaves the ref as it was."""
+    from dataclasses import asdict
+
+    from shardsmith.records import media_from_json, media_to_json
+
+    audio = {"rate": 48000, "channels": 2, "layout": "stereo", "duration": 4.5, "codec": "aac", "stream": 0}
+    refs = {"target": MediaRef("/d/a.m4a", "a.m4a", "audio", 9, "ab", audio=audio),
+            "mask": MediaRef("/d/m.png", "m.png", "image", 3, "ef", 1, 1, "PNG", "L")}
+    text = media_to_json(refs)
+    assert text == json.dumps({r: asdict(m) for r, m in refs.items()}, ensure_ascii=False)
+    assert list(json.loads(text)["target"]) == ["path", "relpath", "kind", "size_bytes", "sha256", "width", "height",
+                                                 "image_format", "mode", "audio"]
+    assert media_from_json(text) == refs
+    d = refs["target"].to_json()
+    d["audio"]["rate"] = 1
+    assert refs["target"].audio["rate"] == 48000

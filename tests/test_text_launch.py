@@ -137,3 +137,51 @@ def test_the_finisher_stacks_a_batch_s_audio_on_its_own_thread_and_waits_only_to
     assert calls["staged_on"] is threading.current_thread() and calls["launched"] == ("staged", 1)
     assert res.audio is None  # the device thread owns the waveform now
     assert not fin.in_flight[0][2].result().done()  # still on the device: not ready to serialise
+
+
+def _audio_stage():
+    from shardsmith.encode.audio_vae import load_audio_vae
+
+    return EncodeStage(None, None, audio_vae=load_audio_vae(config="tiny", vocoder=False), batch_size=4, device="cpu")
+
+
+def test_each_audio_batch_is_booked_once_with_its_items_and_gives_a_steady_state():
+    import numpy as np
+
+    st = _audio_stage()
+    wave = np.zeros((2, 8000), np.float32)
+    assert st.audio_steady_state() is None
+    for waves in ([wave, None, wave], [wave] * 4, [wave] * 4, [None, wave]):
+        launched = st.launch_audio(st.stage_audio(waves))
+        assert launched.host_times[0] <= launched.host_times[1] <= launched.host_times[2]
+        st.audio_result(launched)
+        st.audio_result(launched)  # serialised twice (two outputs): booked once
+    assert [b.items for b in st.audio_batches] == [2, 4, 4, 1]
+    ss = st.audio_steady_state()
+    assert ss["batches"] == 4 and ss["items_per_s"] > 0 and ss["gpu_idle"] is None  # no GPU timeline on a CPU
+    assert st.describe()["audio_steady_state"]["batches"] == 4
+    assert st.seconds["audio"] > 0
+
+
+def test_the_manifest_line_gives_the_audio_encoder_s_rate_and_idle_share():
+    from shardsmith.manifest import model_lines
+
+    [line] = model_lines({"device": "cuda", "batch_size": 64, "steady_state": None,
+                          "audio_steady_state": {"items_per_s": 754.2, "gpu_idle": {"idle_frac": 0.125}}})
+    assert "audio encoder 754.2 items/s in the steady state, GPU idle 12.5 % between its batches" in line
+
+
+@__import__("pytest").mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_launched_audio_batches_are_on_the_gpu_timeline():
+    import numpy as np
+
+    from shardsmith.encode.audio_vae import load_audio_vae
+
+    st = EncodeStage(None, None, audio_vae=load_audio_vae(config="tiny", vocoder=False, device="cuda"), batch_size=4,
+                     device="cuda")
+    wave = np.zeros((2, 16000), np.float32)
+    for _ in range(3):
+        st.audio_result(st.launch_audio(st.stage_audio([wave] * 4)))
+    rows = st.audio_timeline
+    assert len(rows) == 3 and all(r.staged_at <= r.launch_begin <= r.launch_end and r.gpu_start < r.gpu_end for r in rows)
+    assert st.audio_steady_state()["gpu_idle"]["gaps"] >= 0

@@ -120,7 +120,8 @@ def summary(manifest: dict[str, Any]) -> list[str]:
 
 def model_lines(models: dict[str, Any] | None) -> list[str]:
     """One line on how the build ran its encoders: device and batch, the compile decision and why, the JPEG
-    decoder, when the first batch was done, the steady-state rate and the GPU's idle share, the text pass of
+    decoder, when the first batch was done, the steady-state rate and the GPU's idle share (the audio encoder's
+    too), the text pass of
     ``models.offload`` text-first, the GPU's peak."""
     if not models or "device" not in models:
         return []
@@ -137,6 +138,12 @@ def model_lines(models: dict[str, Any] | None) -> list[str]:
         idle = (ss.get("gpu_idle") or {}).get("idle_frac")
         parts.append(f"{ss['items_per_s']:.1f} items/s in the steady state"
                      + (f", GPU idle {100 * idle:.1f} %" if idle is not None else ""))
+    audio = models.get("audio_steady_state") or {}
+    if audio.get("items_per_s"):
+        idle = audio.get("gpu_idle") or {}
+        parts.append(f"audio encoder {audio['items_per_s']:.1f} items/s in the steady state"
+                     + (f", GPU idle {100 * idle['idle_frac']:.1f} % between its batches"
+                        if idle.get("idle_frac") is not None else ""))
     off = models.get("offload") or {}
     if off.get("mode") == "text-first":  # encode/offload.py: the text encoder ran alone, before the VAE loaded
         tp = off.get("text_pass") or {}

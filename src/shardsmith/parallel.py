@@ -3,7 +3,8 @@
 ``Workers.map(name, items)`` yields ``(item, result)`` in input order while keeping at most
 ``window`` chunks of ``chunk`` items in flight (one task per chunk: the per-task overhead of a
 process pool is paid once per chunk), so host memory stays bounded whatever the dataset
-size. ``workers <= 1`` runs inline. Makers (picklable callables) are installed once
+size. ``workers <= 1`` runs inline. Results come back packed (:mod:`~shardsmith.shm_transfer`): their
+large arrays through shared memory, the rest through the pool's pipe. Makers (picklable callables) are installed once
 per worker process, keyed by name; a task is ``(maker_name, item)``.
 
 Workers never outlive the process that started them (:func:`exit_with_parent`): killed with
@@ -24,6 +25,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+from shardsmith.shm_transfer import Packed, ResultFolder, pack, unpack
 
 PR_SET_PDEATHSIG = 1
 ORPHAN_POLL_S = 0.25  # how often a worker's watcher looks for its parent
@@ -58,8 +61,9 @@ def _noop() -> None:
     return None
 
 
-def _run_many(maker: Any, items: list[Any]) -> list[Any]:
-    return [maker(it) for it in items]
+def _run_many(maker: Any, items: list[Any], folder: str | None = None) -> Packed:
+    """A worker's chunk: its results packed, their large arrays in shared memory (``folder``)."""
+    return pack([maker(it) for it in items], folder)
 
 
 def _widen_pipe(conn: Any, nbytes: int) -> bool:
@@ -84,7 +88,9 @@ class Workers:
     def __init__(self, workers: int, chunk: int = 8):
         self.n, self.chunk = workers, chunk
         self.pool = None
+        self.results: ResultFolder | None = None  # where results' large arrays travel (None: the pipe)
         if workers > 1:
+            self.results = ResultFolder.create()
             # forked from this thread (the executor starts every worker at its first submit, below)
             main = threading.current_thread() is threading.main_thread()
             self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
@@ -112,12 +118,14 @@ class Workers:
         window = window or self.n * 4  # chunks in flight
         q: deque = deque()
 
+        folder = str(self.results.path) if self.results is not None else None
+
         def drain_one():
             chunk, fut = q.popleft()
-            yield from zip(chunk, fut.result())
+            yield from zip(chunk, unpack(fut.result()))
 
         def submit(chunk_: list[Any], limit: int):
-            q.append((chunk_, self.pool.submit(_run_many, maker, chunk_)))
+            q.append((chunk_, self.pool.submit(_run_many, maker, chunk_, folder)))
             if len(q) >= limit:
                 yield from drain_one()
 
@@ -136,10 +144,12 @@ class Workers:
                 yield from submit(chunk, window)
                 chunk = []
         if chunk:
-            q.append((chunk, self.pool.submit(_run_many, maker, chunk)))
+            q.append((chunk, self.pool.submit(_run_many, maker, chunk, folder)))
         while q:
             yield from drain_one()
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+        if self.results is not None:
+            self.results.close()

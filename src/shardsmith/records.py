@@ -8,7 +8,7 @@ the fix.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 WRITTEN = "written"
@@ -81,11 +81,19 @@ class MediaRef:
     audio: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict, in field order (what ``asdict`` gives: ``audio`` holds probe facts, flat
+        JSON values, so a shallow copy of it is a full one); called once per planned row."""
+        d = {k: getattr(self, k) for k in _MEDIA_FIELDS}
+        if self.audio is not None:
+            d["audio"] = dict(self.audio)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MediaRef:
         return cls(**d)
+
+
+_MEDIA_FIELDS = tuple(f.name for f in fields(MediaRef))
 
 
 def media_to_json(media: dict[str, MediaRef]) -> str:

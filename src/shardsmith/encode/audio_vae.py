@@ -531,6 +531,7 @@ class StagedAudio:
 
     n: int
     groups: list
+    staged_at: float | None = None  # perf_counter when stacked (EncodeStage.stage_audio sets it)
 
 
 class LaunchedAudio:
@@ -543,6 +544,7 @@ class LaunchedAudio:
         self._keep = keep  # the page-locked inputs, alive until the device has read them
         self._out: list | None = None
         self.host_seconds = 0.0  # the launch's own time (EncodeStage.launch_audio)
+        self.host_times: tuple[float, float, float] | None = None  # staged, launch begun, queued (perf_counter)
         self.booked = False  # its time is in the stage's seconds["audio"] (EncodeStage.audio_result)
 
     def done(self) -> bool:

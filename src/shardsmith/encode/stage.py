@@ -114,6 +114,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.seconds = {"prepare": 0.0, "encode": 0.0, "text": 0.0, "audio": 0.0, "teacher": 0.0}  # where time goes
         self.batches: list[BatchRecord] = []  # every encoded batch
         self.timeline: list[LaunchRecord] = []  # launched batches, for encode.idle.gpu_idle
+        self.audio_batches: list[BatchRecord] = []  # the audio encoder's batches (audio_steady_state)
+        self.audio_timeline: list[LaunchRecord] = []  # ... launched on a GPU
         self._thread = None  # the device thread (device_thread())
         self._threads = torch.get_num_threads()  # its intra-op threads (see pin_intra_op_threads)
         self.created = time.perf_counter()
@@ -375,15 +377,20 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             raise RuntimeError("no audio encoder configured (models.audio_vae)")
         t0 = time.perf_counter()
         staged = self.audio_vae.stage(waves)
-        self.seconds["prepare"] += time.perf_counter() - t0
+        staged.staged_at = time.perf_counter()
+        self.seconds["prepare"] += staged.staged_at - t0
         return staged
 
     def launch_audio(self, staged: "StagedAudio") -> "LaunchedAudio":
         """Start a staged audio batch on the device thread (:meth:`AudioVae.launch`); its time is
         booked by :meth:`audio_result`."""
         t0 = time.perf_counter()
+        if self.device == "cuda":
+            self._timing_reference()
         launched = self.audio_vae.launch(staged)
-        launched.host_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        launched.host_seconds = t1 - t0
+        launched.host_times = (staged.staged_at if staged.staged_at is not None else t0, t0, t1)
         return launched
 
     def audio_result(self, launched: "LaunchedAudio") -> list:
@@ -393,7 +400,18 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         out = launched.result()
         if not launched.booked:
             launched.booked = True
-            self.seconds["audio"] += launched.device_seconds() if launched.start is not None else launched.host_seconds
+            items = sum(z is not None for z in out)
+            if launched.start is None:
+                self.seconds["audio"] += launched.host_seconds
+                self.audio_batches.append(BatchRecord(time.perf_counter(), items, launched.host_seconds, items))
+                return out
+            gpu_s = launched.device_seconds()
+            self.seconds["audio"] += gpu_s
+            ref, ref_wall = self._ref
+            gpu_start = ref_wall + ref.elapsed_time(launched.start) / 1e3
+            gpu_end = ref_wall + ref.elapsed_time(launched.done_event) / 1e3
+            self.audio_batches.append(BatchRecord(gpu_end, items, gpu_s, items))
+            self.audio_timeline.append(LaunchRecord(*launched.host_times, gpu_start, gpu_end))
         return out
 
     def trajectories(self, item_ids: list[str], texts: list[tuple[torch.Tensor, ...]],
@@ -446,6 +464,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        if self.audio_batches:
+            d["audio_steady_state"] = self.audio_steady_state()
         offload = getattr(self, "offload", None)
         if getattr(self, "memory", None) and self.device == "cuda":  # measured in the warm-up (memory_plan.py)
             from shardsmith.encode.memory_plan import memory_block

@@ -1,7 +1,7 @@
 """What an encode stage reports of its own speed, from the batches it booked.
 
 Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used:
-``batches``, ``timeline``, ``created``)
+``batches``, ``timeline``, ``audio_batches``, ``audio_timeline``, ``created``)
 - ``batches`` holds a :class:`BatchRecord` per encoded batch, ``timeline`` a :class:`LaunchRecord`
   per batch launched ahead on a GPU (the rows :func:`~shardsmith.encode.idle.gpu_idle` reads).
 - ``steady_state()``: None before three batches; else the throughput between the first and the
@@ -48,32 +48,44 @@ class Throughput:
         """Throughput between the first and the last encoded batch (model load, planning and the
         first batch's autotuning left out), and the median encode time of the largest batches
         (units smaller than a batch, e.g. shards bounded by bytes, make every batch partial)."""
-        if len(self.batches) < 3:
-            return None
-        largest = max(b.items for b in self.batches)
-        full = [b for b in self.batches if b.items == largest]
-        t_first, t_last = self.batches[0].done_at, self.batches[-1].done_at
-        items = sum(b.items for b in self.batches[1:])
-        times = sorted(b.encode_s for b in full)
-        return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
-                "first_batch_done_s": round(t_first - self.created, 3),  # after the outputs started (mark_start)
-                "last_batch_done_s": round(t_last - self.created, 3),
-                "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(self.batches),
-                "first_batch": self._first_batch(), "gpu_idle": gpu_idle(self.timeline),
-                "median_batch_gpu_s": self._median_gpu_s()}
+        return _steady(self.batches, self.timeline, self.created)
 
-    def _median_gpu_s(self) -> float | None:
-        """Median device time of a launched batch, the text encoder's part included (the encode time
-        above is the VAE's alone)."""
-        spans = sorted(r.gpu_end - r.gpu_start for r in self.timeline)
-        return round(spans[len(spans) // 2], 4) if spans else None
+    def audio_steady_state(self) -> dict[str, Any] | None:
+        """The same account for the audio encoder's batches (``audio_batches``, ``audio_timeline``):
+        its ``gpu_idle`` cause ``pixels`` is then a batch whose waveforms were not stacked yet."""
+        return _steady(self.audio_batches, self.audio_timeline, self.created)
 
-    def _first_batch(self) -> dict[str, float] | None:
-        """When the first launched batch was staged, queued and started on the device, counted like
-        ``first_batch_done_s`` from the start of the outputs (pixels late, or models late?). A batch
-        run synchronously right after a compile is not a launched one."""
-        if not self.timeline:
-            return None
-        staged, begin, end, start, _ = min(self.timeline, key=lambda r: r.gpu_start)
-        return {k: round(v - self.created, 3) for k, v in
-                (("staged_s", staged), ("launch_begun_s", begin), ("queued_s", end), ("gpu_start_s", start))}
+
+def _steady(batches: list[BatchRecord], timeline: list[LaunchRecord], created: float) -> dict[str, Any] | None:
+    """``steady_state``'s figures of one encoder's batches; None before three batches."""
+    if len(batches) < 3:
+        return None
+    largest = max(b.items for b in batches)
+    full = [b for b in batches if b.items == largest]
+    t_first, t_last = batches[0].done_at, batches[-1].done_at
+    items = sum(b.items for b in batches[1:])
+    times = sorted(b.encode_s for b in full)
+    return {"items_per_s": round(items / (t_last - t_first), 1) if t_last > t_first else None,
+            "first_batch_done_s": round(t_first - created, 3),  # after the outputs started (mark_start)
+            "last_batch_done_s": round(t_last - created, 3),
+            "median_batch_encode_s": round(times[len(times) // 2], 4), "batches": len(batches),
+            "first_batch": _first_batch(timeline, created), "gpu_idle": gpu_idle(timeline),
+            "median_batch_gpu_s": _median_gpu_s(timeline)}
+
+
+def _median_gpu_s(timeline: list[LaunchRecord]) -> float | None:
+    """Median device time of a launched batch, the text encoder's part included (the encode time
+    above is the VAE's alone)."""
+    spans = sorted(r.gpu_end - r.gpu_start for r in timeline)
+    return round(spans[len(spans) // 2], 4) if spans else None
+
+
+def _first_batch(timeline: list[LaunchRecord], created: float) -> dict[str, float] | None:
+    """When the first launched batch was staged, queued and started on the device, counted like
+    ``first_batch_done_s`` from the start of the outputs (pixels late, or models late?). A batch
+    run synchronously right after a compile is not a launched one."""
+    if not timeline:
+        return None
+    staged, begin, end, start, _ = min(timeline, key=lambda r: r.gpu_start)
+    return {k: round(v - created, 3) for k, v in
+            (("staged_s", staged), ("launch_begun_s", begin), ("queued_s", end), ("gpu_start_s", start))}
