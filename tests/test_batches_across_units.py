@@ -36,6 +36,32 @@ def _per_item_encoder(monkeypatch):
         return vae
 
     monkeypatch.setattr(stage_mod, "load_vae", load_stand_in)
+    # the text encoder too, one caption a pass: on some CPUs the BLAS rounds a caption's embedding
+    # differently with other batch-mates, and these tests are about which item goes where
+    load_text = stage_mod.load_text_encoder
+
+    def load_text_per_item(*a, **k):
+        te = load_text(*a, **k)
+        encode = te.encode
+
+        def per_item(prompts, **kw):
+            parts = [encode([p], **kw) for p in prompts]
+            return type(parts[0])(**{f: _joined([getattr(x, f) for x in parts]) for f in vars(parts[0])})
+
+        te.encode = per_item
+        return te
+
+    monkeypatch.setattr(stage_mod, "load_text_encoder", load_text_per_item)
+
+
+def _joined(values: list):
+    import torch
+
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(values)
+    if isinstance(values[0], list):
+        return [v for part in values for v in part]
+    return values[0]
 
 
 def _launches(monkeypatch) -> list[int]:

@@ -40,9 +40,11 @@ def test_out_of_memory_halves_the_batch_and_gives_the_same_embeddings(minilm, fi
     got = encode_halving(tight, PROMPTS, device="cpu", counter=counter)
     assert max(tight.ok) <= fits and sum(tight.ok) == len(PROMPTS)  # every prompt once, in passes that fit
     assert counter[0] > 0 and got.emb.shape == (len(PROMPTS), 77, 384) and got.mask.shape == (len(PROMPTS), 77)
-    for i, p in enumerate(PROMPTS):  # each as a pass of its own: the very same embedding and mask
+    for i, p in enumerate(PROMPTS):  # each as a pass of its own: its embedding and the very same mask
         one = minilm.encode([p], device="cpu")
-        assert torch.equal(got.emb[i], one.emb[0]) and torch.equal(got.mask[i], one.mask[0])
+        # (equal to the last bit on most CPUs; on some, the BLAS rounds a batch of 3 and a batch of 1 apart)
+        torch.testing.assert_close(got.emb[i], one.emb[0], rtol=0, atol=1e-5)
+        assert torch.equal(got.mask[i], one.mask[0])
     assert got.truncated == [False] * len(PROMPTS)
 
 
