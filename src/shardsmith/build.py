@@ -167,6 +167,9 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
             if remove_stale_tmp(out):
                 progress.say("removed the temporary file(s) of a run killed after it finished")
             progress.say(f"{out} already holds this build, complete; nothing to do (pass --overwrite to rebuild)")
+            _warn_if_sources_changed(out, recipe, f"{out} holds the build of the sources as they were then; pass "
+                                     "--overwrite to rebuild from them as they are now (the old output stays until "
+                                     "the new one is complete)")
             return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
         if mode == "reset":
             progress.say(f"{out} holds a build of another recipe that stopped before writing anything; starting afresh")
@@ -238,6 +241,28 @@ def _unwritable_in(exc: BaseException, root: Path) -> bool:
     return name is not None and paths.within(os.path.realpath(os.fspath(name)), os.path.realpath(root))
 
 
+def _warn_if_sources_changed(root: Path, recipe: Recipe, consequence: str) -> None:
+    """One warning line on stderr (shown with ``--quiet`` too) when files were added to, changed in or
+    removed from the sources since ``root``'s plan (:mod:`~shardsmith.safety.source_changes`)."""
+    import sys
+
+    from shardsmith.safety.source_changes import source_changes
+    from shardsmith.sources.base import SourceError
+
+    ledger_path = root / formats.LEDGER_FILE
+    started = Ledger.peek(ledger_path, "started")[0]
+    since = datetime.fromisoformat(started).timestamp() - 1 if started else float("inf")
+    try:
+        changes = source_changes(ledger_path, open_sources(recipe, exclude=[root]), since)
+    except (SourceError, OSError, sqlite3.Error) as exc:
+        sys.stderr.write(f"warning: could not check whether the sources changed since {root} was planned "
+                         f"({exc})\n")
+        return
+    if changes:
+        sys.stderr.write(f"warning: the sources changed since this build was planned: {changes.summary()}; "
+                         f"{consequence}\n")
+
+
 def default_workers() -> int:
     """Decode workers when neither ``--workers`` nor the recipe says: every core on a small machine, all
     but two on a large one (the main process and the encoder's thread need theirs), at least 8 where there
@@ -274,6 +299,10 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
                  "open_sources_s": round(time.perf_counter() - t, 3)}
         ahead = None
         plan_needed = not ledger.get_meta("plan_complete")
+        if not plan_needed:  # a resume: the plan stands, whatever the folders hold now
+            _warn_if_sources_changed(root, recipe, "this build goes on with the files as planned (a changed one "
+                                     "fails as changed_since_plan, a new one is not in it); pass --overwrite to "
+                                     "start again from the sources as they are now")
         if plan_needed:
             _remove_written_ahead(root, ledger, progress)
             shutil.rmtree(root / formats.ENCODED_DIR, ignore_errors=True)  # kept by plan position

@@ -1,0 +1,111 @@
+"""What changed in a build's sources since its plan, so that a re-run never says "nothing to do" of a
+dataset that no longer matches them without saying so.
+
+Contract
+- ``source_changes(ledger_path, opened, since)``: the sources listed again (``opened``, as
+  :func:`~shardsmith.sources.base.open_sources` gives them) against the ledger's planned items:
+  ``added`` (listed now, not planned), ``gone`` (planned, no longer listed, or their file is missing),
+  ``changed`` (a planned file of another size now, or modified after ``since`` (a POSIX time, the build's
+  start) with other bytes than the plan hashed). Only files changed after ``since`` are hashed again.
+- The ledger is read only (``mode=ro``); the listing's item ids go through a temporary on-disk table,
+  so memory does not grow with the dataset.
+- ``SourceChanges.summary()``: one line, counts and the first few item ids of each kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXAMPLES = 3
+
+
+@dataclass
+class SourceChanges:
+    added: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {"added": 0, "gone": 0, "changed": 0})
+
+    def __bool__(self) -> bool:
+        return any(self.counts.values())
+
+    def summary(self) -> str:
+        parts = []
+        for kind, label in (("added", "new"), ("changed", "changed"), ("gone", "gone")):
+            n = self.counts[kind]
+            if n:
+                shown = getattr(self, kind)
+                more = f", +{n - len(shown)} more" if n > len(shown) else ""
+                parts.append(f"{n} {label} ({', '.join(shown)}{more})")
+        return ", ".join(parts)
+
+
+def _note(ch: SourceChanges, kind: str, item_id: str) -> None:
+    ch.counts[kind] += 1
+    if len(getattr(ch, kind)) < EXAMPLES:
+        getattr(ch, kind).append(item_id)
+
+
+def _sha256(path: str) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _file_changed(ref: dict, since: float) -> str | None:
+    """``"gone"``, ``"changed"`` or None for one planned file (its ledger ``media`` entry)."""
+    try:
+        st = os.stat(ref["path"])
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return None  # unreadable now: the build's own read would say why; not a change we can tell
+    if ref.get("size_bytes") is not None and st.st_size != ref["size_bytes"]:
+        return "changed"
+    if st.st_mtime > since and _sha256(ref["path"]) != ref["sha256"]:
+        return "changed"
+    return None
+
+
+def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], Iterator]]],
+                   since: float) -> SourceChanges:
+    ch = SourceChanges()
+    db = sqlite3.connect("file:?mode=rwc", uri=True)  # a private temporary database on disk
+    try:
+        db.execute("ATTACH DATABASE ? AS l", (f"{Path(ledger_path).resolve().as_uri()}?mode=ro",))
+        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY)")
+        for _, items in opened:
+            stream = iter(items())
+            while batch := list(itertools.islice(stream, 1000)):
+                db.executemany("INSERT OR IGNORE INTO now VALUES (?)", [(it.item_id,) for it in batch])
+        for (item_id,) in db.execute("SELECT item_id FROM now WHERE item_id NOT IN (SELECT item_id FROM l.items) "
+                                     "ORDER BY item_id"):
+            _note(ch, "added", item_id)
+        for item_id, in_now, media in db.execute(
+                "SELECT i.item_id, n.item_id IS NOT NULL, i.media FROM l.items i LEFT JOIN now n "
+                "ON n.item_id = i.item_id ORDER BY i.idx"):
+            if not in_now:
+                _note(ch, "gone", item_id)
+                continue
+            for ref in json.loads(media or "{}").values():
+                if ref.get("sha256") is None:
+                    continue  # not read at plan time (failed there): nothing to compare
+                kind = _file_changed(ref, since)
+                if kind is not None:
+                    _note(ch, kind, item_id)
+                    break
+    finally:
+        db.close()
+    return ch
