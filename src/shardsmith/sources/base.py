@@ -11,7 +11,7 @@ from pathlib import Path
 from shardsmith.errors import UserError
 from shardsmith.records import Item, SourceInfo
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "avif", "heic", "heif"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "mov", "webm", "mkv", "avi", "m4v", "mpg", "mpeg", "ogv", "wmv"})
 AUDIO_EXTENSIONS = frozenset({"wav", "flac", "mp3", "ogg", "m4a", "aac", "opus"})
 MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS | AUDIO_EXTENSIONS

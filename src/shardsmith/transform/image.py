@@ -21,6 +21,16 @@ from shardsmith.transform import geometry
 
 Image.MAX_IMAGE_PIXELS = None  # we enforce images.max_pixels ourselves, before decoding
 
+try:  # HEIC / HEIF (phone photos): Pillow reads them through the optional pillow-heif plugin
+    from pillow_heif import register_heif_opener
+
+    register_heif_opener()
+    HEIF_PLUGIN = True
+except ImportError:
+    HEIF_PLUGIN = False
+
+_HEIF_BRANDS = (b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1")
+
 _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 _PIL_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 
@@ -58,6 +68,10 @@ def identify(data: bytes, *, name: str, max_pixels: int) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
+        if not HEIF_PLUGIN and data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
+            raise ItemError("heif_needs_plugin", f"{name} is a HEIC/HEIF image, which Pillow reads only with its "
+                            "pillow-heif plugin: pip install pillow-heif, then rebuild (--overwrite); or convert "
+                            "it to JPEG or PNG") from None
         raise ItemError("not_an_image", f"{name} is not an image PIL can identify ({len(data):,} bytes); "
                         "remove it or fix its extension") from None
     except Exception as exc:  # noqa: BLE001 - any parser error is a per-item failure
