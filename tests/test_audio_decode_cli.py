@@ -105,14 +105,15 @@ def test_overwrite_replaces_exactly_the_decode(av_build, tmp_path):
     dec = tmp_path / "dec"
     decode(out, dec, device="cpu", limit=1)  # an earlier, smaller decode: one picture, one WAV
     assert sorted(p.relative_to(dec).as_posix() for p in dec.rglob("*") if p.is_file()) == [
-        ".decode_files", "decode_report.json", "sub/chat.mp4", "sub/chat.wav"]
+        ".decode_files", ".shardsmith/lock", "decode_report.json", "sub/chat.mp4", "sub/chat.wav"]  # (its lock)
     before = (dec / "sub" / "chat.wav").read_bytes()
     r = cli("decode", out, "--out", dec, "--device", "cpu", "-q")
     assert r.returncode == 2 and "holds an earlier decode" in r.stderr and "--overwrite" in r.stderr
     r = cli("decode", out, "--out", dec, "--device", "cpu", "-q", "--overwrite")
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.relative_to(dec).as_posix() for p in dec.rglob("*") if p.is_file()) == [
-        ".decode_files", "decode_report.json", "sub/chat.mp4", "sub/chat.wav", "talk.mp4", "talk.wav"]
+        ".decode_files", ".shardsmith/lock", "decode_report.json", "sub/chat.mp4", "sub/chat.wav", "talk.mp4",
+        "talk.wav"]
     assert (dec / "sub" / "chat.wav").read_bytes() == before
     assert sorted((dec / ".decode_files").read_text().split()) == ["sub/chat.mp4", "sub/chat.wav", "talk.mp4",
                                                                     "talk.wav"]
@@ -148,8 +149,8 @@ def test_an_audio_only_dataset_decodes_its_audio(tmp_path, audio_vae):
     t = latent["latents"].shape[1]
     assert t == 26  # 1.0 s at 16 kHz: 16000 samples -> 101 mel frames -> 26 latent steps
     assert _wav(tmp_path / "dec" / "voice.wav") == (2, 24000, 2, _expected_frames(audio_vae, t))
-    assert sorted(p.name for p in (tmp_path / "dec").iterdir()) == [".decode_files", "decode_report.json",
-                                                                    "voice.wav"]
+    assert sorted(p.name for p in (tmp_path / "dec").iterdir()) == [".decode_files", ".shardsmith",
+                                                                    "decode_report.json", "voice.wav"]
 
 
 def test_an_audio_vae_without_a_vocoder_is_refused_before_anything_is_written(av_build, tmp_path):

@@ -233,3 +233,26 @@ def test_time_grid_checks_steps_before_building_the_grid():
     assert len(time_grid(MAX_STEPS, [0.999, 0.5, 0.0])[0]) == MAX_STEPS + 1
     with deadline(2), pytest.raises(ValueError, match=f"more than {MAX_STEPS}"):
         time_grid(10 ** 11, [0.999, 0.5, 0.0])
+
+
+# ---------------------------------------------------------------- two decodes into one --out
+
+def test_a_second_decode_into_the_same_out_is_refused_at_once_naming_the_first(tmp_path, no_model_load):
+    from shardsmith.safety.lock import hold
+
+    build = hand_build(tmp_path / "b")
+    with hold(tmp_path / "dec", "decode"):
+        code, output = invoke("decode", build, "--out", tmp_path / "dec", "--output", "precomputed")
+    assert_message(code, output, str(tmp_path / "dec"), "is in use by another shardsmith process", "decode")
+
+
+def test_the_decode_lock_is_not_a_foreign_file_for_the_next_decode(tmp_path):
+    build = hand_build(tmp_path / "b")
+    code, output = invoke("decode", build, "--out", tmp_path / "dec", "--output", "precomputed", "--device", "cpu")
+    assert code == 0, output
+    assert (tmp_path / "dec" / ".shardsmith" / "lock").is_file()
+    code, output = invoke("decode", build, "--out", tmp_path / "dec", "--output", "precomputed", "--device", "cpu")
+    assert_message(code, output, "holds an earlier decode", "pass --overwrite")
+    code, output = invoke("decode", build, "--out", tmp_path / "dec", "--output", "precomputed", "--device", "cpu",
+                          "--overwrite")
+    assert code == 0, output

@@ -45,12 +45,13 @@ import torch
 from shardsmith.encode.vae import load_vae
 from shardsmith.errors import UserError
 from shardsmith.formats import wds as wds_layout
-from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.formats.build_dir import LEDGER_FILE, LOCK_FILE, MANIFEST_FILE
 from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
 from shardsmith.verify.latent_records import latent_records
 from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import resolve_device
 from shardsmith.recipe import recipe_from_dict
+from shardsmith.safety.lock import hold
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
@@ -142,8 +143,28 @@ def _decoded_before(out: Path) -> set[str]:
 
 
 def _files_under(out: Path) -> list[str]:
-    """Every non-folder entry under ``out`` (links included), relative, sorted."""
-    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_symlink() or not p.is_dir())
+    """Every non-folder entry under ``out`` (links included), relative, sorted; not the decode's lock."""
+    return sorted(rel for p in out.rglob("*") if (p.is_symlink() or not p.is_dir())
+                  and (rel := p.relative_to(out).as_posix()) != LOCK_FILE)
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock (``.shardsmith/lock``, as a build holds its folder's) for the whole decode: a second
+    decode into the same folder is refused at once, naming the first. A decode that fails in a folder it
+    created leaves no folder behind."""
+    created = not out.exists()
+    try:
+        with hold(out, "decode"):
+            yield
+    except BaseException:
+        if created:
+            lock = out / LOCK_FILE
+            lock.unlink(missing_ok=True)
+            for folder in (lock.parent, out):
+                with contextlib.suppress(OSError):  # not empty: what was written stays
+                    folder.rmdir()
+        raise
 
 
 def _clear_earlier_decode(out: Path, owned: set[str]) -> None:
@@ -158,14 +179,19 @@ def _clear_earlier_decode(out: Path, owned: set[str]) -> None:
                 parent.rmdir()
 
 
-def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
-    """Make ``out`` ready for a decode (see the module contract) or raise :class:`DecodeError`."""
+def check_place(out: Path, root: Path) -> None:
+    """Refuse an ``out`` inside the build, a file, or a folder that cannot be written (:class:`DecodeError`)."""
     if out == root or out.is_relative_to(root):
         raise DecodeError(f"--out {out} lies inside the build folder {root}; decode never writes into a build: "
                           "pick a folder outside it")
     if out.exists() and not out.is_dir():
         raise DecodeError(f"--out {out} is a file; give a folder (it is created)")
     _check_writable(out)
+
+
+def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
+    """Make ``out`` ready for a decode (see the module contract) or raise :class:`DecodeError`."""
+    check_place(out, root)
     present = _files_under(out) if out.is_dir() else []
     if not present:
         return
@@ -319,7 +345,14 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     if split not in block["files"]:
         raise DecodeError(f"--split {split!r}: output {name!r} has no such split; use one of {sorted(block['files'])}")
     device = resolve_device(device, "--device")
-    prepare_out(out, root, overwrite)
+    check_place(out, root)  # (before the lock makes a folder)
+    with _locked(out):
+        prepare_out(out, root, overwrite)  # holding the lock: no other decode is clearing or writing it
+        return _decode_locked(root, out, manifest, name, block, split, limit, device, progress)
+
+
+def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, block: dict[str, Any], split: str,
+                   limit: int | None, device: str, progress: Any) -> dict[str, Any]:
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
     _check_present(root, name, block, split, pictures=recipe.models.vae is not None)
     check_recorded_weights("models.vae", recipe.models.vae, DecodeError)
