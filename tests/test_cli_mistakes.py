@@ -392,3 +392,26 @@ def test_a_build_folders_precomputed_tree_is_named_too(tmp_path):
     assert build_folder_message(tmp_path) == (f"{tmp_path} is a shardsmith build folder, not one dataset; pass one of "
                                               f"its datasets: {tmp_path / '.precomputed'}")
     assert build_folder_message(tmp_path / ".precomputed") is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (("build", "x.yaml", "--workers", "abc"), "error: Invalid value for '--workers': Input should be a valid integer"),
+    (("build", "x.yaml", "--bogus"), "error: No such option: --bogus"),
+    (("verify",), "error: Missing argument 'dataset'."),
+])
+def test_a_flag_click_refuses_is_one_error_line_naming_the_help(args, message):
+    """Click's own usage errors (a value of the wrong type, an unknown flag, a missing argument) read like
+    every other mistake: one ``error:`` line, exit 2, no boxed panel."""
+    r = run(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    [line] = r.stderr.splitlines()
+    assert line.startswith(message) and line.endswith(f"(see: shardsmith {args[0]} --help)")
+    code, output = invoke(*args)  # the same in-process (where click names the program after the runner)
+    [got] = output.strip().splitlines()
+    assert code == 2 and got.startswith(message) and got.endswith(f" {args[0]} --help)")
+
+
+def test_help_and_no_arguments_still_show_the_help():
+    assert run("build", "--help").returncode == 0
+    r = run()
+    assert r.returncode == 2 and "Usage: shardsmith" in r.stdout + r.stderr and "error:" not in r.stderr

@@ -1,3 +1,3 @@
 from shardsmith.cli import app
 
-app()
+app(prog_name="shardsmith")

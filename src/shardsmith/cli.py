@@ -20,6 +20,8 @@ from typing import Any, Callable, NoReturn, Optional
 
 import typer
 import yaml
+from typer._click import exceptions as click_errors  # typer 0.29 ships its own click (pinned)
+from typer.core import TyperGroup
 
 from shardsmith.errors import UserError
 from shardsmith.import_notices import quiet_import_notices
@@ -27,7 +29,33 @@ from shardsmith.recipe import recipe_from_dict, set_key
 
 quiet_import_notices()  # before any model library is imported
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+class _OneLineErrors(TyperGroup):
+    """Click's own usage errors (a flag value of the wrong type, an unknown option, a missing argument) end
+    as one ``error:`` line naming the command's ``--help``, with click's exit code (2), like every other
+    mistake, instead of a boxed panel; help (``--help``, no arguments) is shown as before."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click_errors.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "shardsmith"
+            typer.echo(f"error: {exc.format_message()} (see: {where} --help)", err=True)
+            sys.exit(exc.exit_code)
+        except click_errors.ClickException as exc:
+            typer.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click_errors.Abort:
+            typer.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)  # (a command's typer.Exit(code) comes back as its code)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Compile raw media into training-ready datasets and prove they load.")
 
 
