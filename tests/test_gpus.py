@@ -51,9 +51,11 @@ def _ahead_recipe(tmp: Path) -> Path:
 
 
 def _build(recipe: Path, out: Path, *extra, env=None) -> subprocess.CompletedProcess:
+    """One build; every one of them computes with one intra-op thread, as each worker of two does on this
+    2-core machine: MKL splits a matrix product by its thread count, and on some CPUs the last bits follow."""
     return subprocess.run([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--workers", "2",
                            "--no-report", *extra], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +118,7 @@ def _kill_and_resume(recipe: Path, out: Path) -> subprocess.CompletedProcess:
     import signal
     import time
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "SHARDSMITH_WORKER_DEVICES": "cpu,cpu"}
     p = subprocess.Popen([PY, "-m", "shardsmith", "build", str(recipe), "--out", str(out), "--workers", "2",
                           "--no-report", "-q", "--gpus", "2"], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
