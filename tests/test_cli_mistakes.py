@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -415,3 +416,26 @@ def test_help_and_no_arguments_still_show_the_help():
     assert run("build", "--help").returncode == 0
     r = run()
     assert r.returncode == 2 and "Usage: shardsmith" in r.stdout + r.stderr and "error:" not in r.stderr
+
+
+@pytest.mark.parametrize("what, preset, texts", [
+    ("random.zip", "class_zip", ["is not a readable ZIP archive"]),
+    ("empty.zip", "class_zip", ["is a ZIP archive without any image or .npy member"]),
+    ("shards/00000.tar", "image", ["00000.tar is not a readable tar shard", "shardsmith inspect"]),
+    ("empty/00000.tar", "image", ["00000.tar is an empty tar: it holds no sample"]),
+])
+def test_register_refuses_bytes_that_only_look_like_a_dataset(tmp_path, what, preset, texts):
+    """A .zip of random bytes, a ZIP without samples, a .tar that is not a tar or is empty: register names the
+    file and writes no config entry (a training run would fail on it, not register)."""
+    target = tmp_path / what
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if what == "empty.zip":
+        target.write_bytes(b"PK\x05\x06" + b"\x00" * 18)
+    elif what.startswith("empty/"):
+        target.write_bytes(b"\x00" * 10240)  # two zero blocks: a tar's end, and nothing before it
+    else:
+        target.write_bytes(np.random.default_rng(0).bytes(4096))
+    dataset = target if target.suffix == ".zip" else target.parent
+    cfg = tmp_path / "data.yaml"
+    assert_message(*invoke("register", dataset, "--preset", preset, "--name", "x", "--config", cfg), *texts)
+    assert not cfg.exists()

@@ -872,7 +872,7 @@ def register(
     from shardsmith.loaders.fastgen import fastgen_snippet
     from shardsmith.loaders.presets import get_preset, preset_config
     from shardsmith.loaders.registry import add_entry, config_path, portable_path
-    from shardsmith.formats.detect import dataset_kind
+    from shardsmith.formats.detect import dataset_kind, refuse_unreadable
 
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
@@ -890,6 +890,10 @@ def register(
     p = get_preset(preset)
     if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
         _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset")
+    try:
+        refuse_unreadable(dataset, kind)  # (bytes that only look like a dataset by their name)
+    except ValueError as exc:
+        _fail(str(exc))
     overrides = dict(_setting("--set", s) for s in set_ or [])
     preset_config(preset, dataset, **overrides)  # validates the overrides now, not at training time
     path, root = portable_path(dataset, root_env)

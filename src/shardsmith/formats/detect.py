@@ -33,6 +33,42 @@ def dataset_kind(path: Path) -> DatasetKind:
                      or f"{path} is neither an EDM .zip, a folder with .tar shards, nor a .precomputed/ tree")
 
 
+def refuse_unreadable(path: Path, kind: DatasetKind) -> None:
+    """``ValueError`` (naming the file) unless ``path`` reads as the ``kind`` it was taken for: a ``zip`` is a ZIP
+    archive holding at least one sample (an image or ``.npy``); every ``.tar`` of a ``wds`` folder (of each
+    bucket's folder for ``wds_buckets``) opens as a tar and holds a first member. Headers only: ``inspect``
+    checks every member."""
+    import tarfile
+    import zipfile
+
+    from shardsmith.formats.zip import is_sample_member
+
+    path = Path(path)
+    if kind == "zip":
+        try:
+            with zipfile.ZipFile(path) as zf:
+                if not any(is_sample_member(n) for n in zf.namelist()):
+                    raise ValueError(f"{path} is a ZIP archive without any image or .npy member: not an EDM "
+                                     "dataset; register the .zip that a build (or EDM's dataset_tool) wrote")
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ValueError(f"{path} is not a readable ZIP archive ({exc}); register the .zip that a build (or "
+                             "EDM's dataset_tool) wrote, or re-copy it") from None
+        return
+    if kind not in ("wds", "wds_buckets"):
+        return
+    folders = [path] if kind == "wds" else sorted(p for p in path.iterdir() if p.is_dir())
+    for folder in folders:
+        for shard in sorted(p for p in folder.iterdir() if is_shard_file_name(p.name)):
+            try:
+                with tarfile.open(shard, "r:") as tf:
+                    first = tf.next()
+            except (tarfile.TarError, OSError) as exc:
+                raise ValueError(f"{shard} is not a readable tar shard ({exc}); shardsmith inspect {folder} lists "
+                                 f"what is wrong, shardsmith repair {folder} rewrites truncated shards") from None
+            if first is None:
+                raise ValueError(f"{shard} is an empty tar: it holds no sample; remove it, or rebuild the dataset")
+
+
 def build_folder_message(path: Path) -> str | None:
     """For a shardsmith build folder (a manifest or a ledger in it): what to pass instead, naming its
     datasets; None for any other path."""
