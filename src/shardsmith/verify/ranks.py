@@ -91,7 +91,18 @@ def rank_main(rank: int, spec: dict[str, Any], queue) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         if seen is not None:
             seen.close()
-        queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+        queue.put({"rank": rank, "error": error_line(exc), "trace": traceback.format_exc()})
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: message`` of a rank's error on one line. A DataLoader worker's error arrives as ``Caught X in
+    DataLoader worker process N.`` followed by the worker's traceback: it becomes that first sentence and the
+    traceback's last line (the original error); the traceback itself stays in the report's ``traces``."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if "Original Traceback (most recent call last):" in text and len(lines) > 2:
+        return f"{type(exc).__name__}: {lines[0]} {lines[-1]}"
+    return f"{type(exc).__name__}: {' '.join(lines)}"
 
 
 class _Seen:
