@@ -9,6 +9,12 @@ compared on what they say of the data (counts, outputs, sources, models), withou
 The hashes live in ``tests/golden/hashes.json``. They hold on the project's machines (CPU
 torch, the pinned packages); a deliberate change of output bytes regenerates them with
 ``SHARDSMITH_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`` and says why in its commit.
+
+A model's float output is not the same to the last bit on every CPU: MKL and oneDNN pick their kernels
+by instruction set (an Intel AVX-512 machine and an AMD one round differently). A file whose bytes differ
+but which holds tensors (``.pt``, ``.npy``, a shard's ``.pth`` / ``.npy`` members) is then compared by
+its values: every non-tensor part and every tensor's shape and dtype exactly, each tensor's sum and sum of
+absolute values within 1e-4 of its sum of absolute values. ``SHARDSMITH_UPDATE_GOLDEN=values`` adds those fingerprints and keeps the hashes.
 """
 
 from __future__ import annotations
@@ -27,7 +33,69 @@ from media_factory import real_photos
 from video_factory import captioned_clips_table
 
 GOLDEN = Path(__file__).parent / "golden" / "hashes.json"
-UPDATE = os.environ.get("SHARDSMITH_UPDATE_GOLDEN") == "1"
+UPDATE = os.environ.get("SHARDSMITH_UPDATE_GOLDEN")
+TENSOR_SUFFIXES = (".pt", ".pth", ".npy")
+RTOL = 1e-4
+
+
+def _summary(x) -> object:
+    """A tensor or array as (shape, dtype, sum, sum of |x|); anything else as it is (nested)."""
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        x = x.detach().float().numpy() if x.dtype == torch.bfloat16 else x.detach().numpy()
+    if isinstance(x, np.ndarray):
+        a = x.astype(np.float64)
+        return {"shape": list(x.shape), "dtype": str(x.dtype), "sum": float(a.sum()), "abs": float(np.abs(a).sum())}
+    if isinstance(x, dict):
+        return {str(k): _summary(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_summary(v) for v in x]
+    return x
+
+
+def _load(name: str, data: bytes) -> object:
+    import io
+
+    import numpy as np
+    import torch
+
+    if name.endswith(".npy"):
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _values(path: Path) -> object | None:
+    """The value fingerprint of a file holding tensors (see the module), else None."""
+    import tarfile
+
+    if path.suffix in TENSOR_SUFFIXES:
+        return _summary(_load(path.name, path.read_bytes()))
+    if path.suffix == ".tar":
+        out = {}
+        with tarfile.open(path) as tf:
+            for m in tf.getmembers():
+                data = tf.extractfile(m).read()
+                out[m.name] = (_summary(_load(m.name, data)) if m.name.endswith(TENSOR_SUFFIXES)
+                               else hashlib.sha256(data).hexdigest())
+        return out
+    return None
+
+
+def _close(got: object, want: object) -> bool:
+    """``got`` equals ``want`` but for the sums of tensors, which may differ by RTOL (relative)."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if set(got) != set(want):
+            return False
+        if set(want) == {"shape", "dtype", "sum", "abs"}:
+            scale = RTOL * max(1.0, want["abs"])  # (a sum cancels: its error is the size of the values')
+            return (got["shape"] == want["shape"] and got["dtype"] == want["dtype"]
+                    and all(abs(got[k] - want[k]) <= scale for k in ("sum", "abs")))
+        return all(_close(got[k], want[k]) for k in want)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want))
+    return got == want
 
 
 def _hashes(root: Path) -> dict[str, str]:
@@ -38,15 +106,25 @@ def _hashes(root: Path) -> dict[str, str]:
             and p.name not in ("manifest.json", "report.html")}
 
 
+def _without_hashes(x: object) -> object:
+    """``x`` without its ``sha256`` entries (a shard's, recorded in the manifest: its bytes are checked
+    with the files, by value where they hold tensors)."""
+    if isinstance(x, dict):
+        return {k: _without_hashes(v) for k, v in x.items() if k != "sha256"}
+    if isinstance(x, list):
+        return [_without_hashes(v) for v in x]
+    return x
+
+
 def _stable_manifest(root: Path) -> dict:
     """What the manifest says of the data (counts, splits, outputs, sources, models), without
-    what differs between runs or machines (times, paths) and without the recipe echo (a new
+    what differs between runs or machines (times, paths, the shards' hashes) and without the recipe echo (a new
     recipe key with a default adds to it without changing a byte)."""
     m = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     for s in m["sources"]:
         s.pop("path", None)
     models = m.get("models") or {}
-    return {"counts": m["counts"], "splits": m["splits"], "outputs": m["outputs"], "sources": m["sources"],
+    return {"counts": m["counts"], "splits": m["splits"], "outputs": _without_hashes(m["outputs"]), "sources": m["sources"],
             "split": m["split"], "warnings": m["warnings"],
             "models": {k: v for k, v in models.items() if k in ("vae", "text", "random_weights")}}
 
@@ -64,16 +142,21 @@ def _build(recipe: Path | dict, out: Path, tmp_path: Path) -> None:
 
 def _check(case: str, root: Path) -> None:
     got = {"files": _hashes(root), "manifest": _stable_manifest(root)}
+    values = {k: v for k in got["files"] if (v := _values(root / k)) is not None}
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    if UPDATE == "1":
+        golden[case] = {**got, "values": values}
+    elif UPDATE == "values":
+        golden[case]["values"] = values
     if UPDATE:
-        golden[case] = got
         GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
         return
     assert case in golden, f"no golden hashes for {case}: run with SHARDSMITH_UPDATE_GOLDEN=1"
     want = golden[case]
     assert sorted(got["files"]) == sorted(want["files"]), "the set of output files changed"
     changed = [k for k in want["files"] if got["files"][k] != want["files"][k]]
-    assert not changed, f"output bytes changed: {changed}"
+    other = [k for k in changed if k not in want.get("values", {}) or not _close(values.get(k), want["values"][k])]
+    assert not other, f"output bytes changed: {other} (of {changed}: tensors compared by value)"
     assert got["manifest"] == want["manifest"], "the manifest (counts, recipe, models) changed"
 
 
