@@ -118,13 +118,11 @@ def test_two_buckets_interleaved_each_item_keeps_its_latent_and_shard(tmp_path, 
 
 
 @pytest.mark.parametrize("pad", [None, True])
-def test_a_failed_shard_write_then_resume_gives_the_uninterrupted_bytes(tmp_path, monkeypatch, pad):
+def test_a_failed_shard_write_then_resume_gives_the_uninterrupted_bytes(tmp_path, monkeypatch, disk_full_at, pad):
     """Units are written on a writer thread. With batches straddling units (pad) or not: an error
     there (a full disk) reaches the caller, the units written before it stay recorded, and a resume
     gives the bytes of an uninterrupted build (real tiny VAE)."""
     import sqlite3
-
-    from shardsmith.sinks.wds import WdsSink
 
     monkeypatch.setattr(EncodeStage, "pad_batches", pad)
     real_photos(tmp_path / "p", 9, seed=12, min_side=40, max_side=90)
@@ -133,20 +131,13 @@ def test_a_failed_shard_write_then_resume_gives_the_uninterrupted_bytes(tmp_path
                             "models": {"vae": {"family": "sd"}, "batch_size": 3},
                             "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]})
     build(rec, tmp_path / "ref", quiet=True, workers=1)
-    write = WdsSink.write_unit
-
-    def full_disk(self, seq, samples):
-        if seq == 2:
-            raise OSError(28, "No space left on device")
-        return write(self, seq, samples)
-
-    monkeypatch.setattr(WdsSink, "write_unit", full_disk)
+    disk_full_at(2)
     with pytest.raises(OSError, match="No space left"):
         build(rec, tmp_path / "o", quiet=True, workers=1)
     db = sqlite3.connect(tmp_path / "o" / ".shardsmith" / "ledger.sqlite")
     assert [r[0] for r in db.execute("SELECT seq FROM shards ORDER BY seq")] == [0, 1]
     db.close()
-    monkeypatch.setattr(WdsSink, "write_unit", write)
+    disk_full_at(None)
     m = build(rec, tmp_path / "o", quiet=True, workers=1)
     assert m["counts"]["written"] == 9
     assert tree_bytes(tmp_path / "o") == tree_bytes(tmp_path / "ref")

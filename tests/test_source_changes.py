@@ -18,7 +18,6 @@ from media_factory import real_photos
 from shardsmith.build import build
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.safety.source_changes import source_changes
-from shardsmith.sinks.wds import WdsSink
 from shardsmith.sources import open_sources
 from test_build import tree_bytes
 
@@ -60,20 +59,13 @@ def test_a_complete_build_rerun_on_changed_sources_warns_and_keeps_the_build(tmp
     assert tree_bytes(out) == before  # nothing rewritten
 
 
-def test_a_resume_on_changed_sources_says_it_goes_on_with_the_planned_files(tmp_path, monkeypatch, capfd):
+def test_a_resume_on_changed_sources_says_it_goes_on_with_the_planned_files(tmp_path, disk_full_at, capfd):
     real_photos(tmp_path / "p", 9, seed=4, min_side=40, max_side=90)
     spec = yaml.safe_load(_recipe(tmp_path).read_text())
-    write = WdsSink.write_unit
-
-    def full_disk(self, seq, samples):
-        if seq == 1:
-            raise OSError(28, "No space left on device")
-        return write(self, seq, samples)
-
-    monkeypatch.setattr(WdsSink, "write_unit", full_disk)
+    disk_full_at(1)
     with pytest.raises(OSError, match="No space left"):
         build(recipe_from_dict(spec), tmp_path / "out", quiet=True, workers=1)
-    monkeypatch.setattr(WdsSink, "write_unit", write)
+    disk_full_at(None)
     (tmp_path / "p" / "zz_new.jpg").write_bytes((tmp_path / "p" / "photo_00004.jpg").read_bytes())
     capfd.readouterr()
     m = build(recipe_from_dict(spec), tmp_path / "out", quiet=True, workers=1)
