@@ -14,7 +14,9 @@ Contract
   the pickle (small) travels in the returned :class:`Packed`. Nothing large, or the file cannot be
   written (tmpfs full): the whole pickle travels in the :class:`Packed` and no file is left.
 - ``unpack(packed)`` (the caller): the object again, its arrays mapped from the file (no copy), which
-  is unlinked at once; its memory goes back when the last array is gone. Arrays are writable.
+  is unlinked at once; its memory goes back when the last array is gone. Arrays are writable. The arrays
+  of one chunk share its file: an item still queued (a bucket that fills slowly) keeps its chunk-mates'
+  bytes mapped with its own, as much memory as the pickled chunk would have held.
 - ``ResultFolder.close()`` removes the folder and anything never unpacked.
 """
 
