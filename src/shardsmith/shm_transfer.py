@@ -16,7 +16,8 @@ Contract
 - ``unpack(packed)`` (the caller): the object again, its arrays mapped from the file (no copy), which
   is unlinked at once; its memory goes back when the last array is gone. Arrays are writable. The arrays
   of one chunk share its file: an item still queued (a bucket that fills slowly) keeps its chunk-mates'
-  bytes mapped with its own, as much memory as the pickled chunk would have held.
+  bytes mapped with its own (up to a chunk's memory per such item, where unpickled arrays held only their
+  own; a heavy item, a clip, travels alone).
 - ``ResultFolder.close()`` removes the folder and anything never unpacked.
 """
 
