@@ -79,8 +79,8 @@ def test_two_workers_write_the_bytes_of_one_process_for_latent_and_text_outputs(
         assert d["gpus"] == 2 and d["died"] == [] and [w["exit_code"] for w in d["workers"]] == [0, 0]
         per = 3 if name == "latent_wds" else 4
         assert sum(w["units"] for w in d["workers"]) == -(-17 // per)  # 20 photos, 3 held out: every unit once
-        if name == "latent_wds":  # (prompt_wds's five cheap units may all go to whichever worker asks first)
-            assert all(w["units"] > 0 for w in d["workers"])  # both workers took units
+        # (which worker takes how many units is a race: the first one free takes the next, and on 2 cores one
+        # worker may finish loading first and take all six; that each worker claims units is the next test's)
 
 
 @pytest.mark.slow
