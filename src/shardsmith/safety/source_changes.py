@@ -14,7 +14,6 @@ Contract
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -54,14 +53,13 @@ def _note(ch: SourceChanges, kind: str, item_id: str) -> None:
 
 
 def _sha256(path: str) -> str | None:
-    h = hashlib.sha256()
+    """The plan's own hash of ``path`` (:func:`~shardsmith.plan.probe.read_and_hash`), None where it cannot be read."""
+    from shardsmith.plan.probe import read_and_hash
+
     try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        return read_and_hash(path, keep=False)[1]
     except OSError:
         return None
-    return h.hexdigest()
 
 
 def _file_changed(ref: dict, since: float) -> str | None:
