@@ -5,8 +5,8 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 ``text_encoder``, ``batch_size``, ``seconds``, ``_text_cache``)
 - ``text(captions)``: ``(emb [L, D], mask [L])`` per caption, in order (``(emb, mask, audio_emb
   [L, D_a])`` for an encoder that also makes audio features, LTX-2's); each distinct caption not
-  cached is encoded once, in chunks of ``4 * batch_size`` (on a GPU, where batches are padded to one shape:
-  chunks of ``batch_size``, each padded to it, as the stage's launched batches and the text pass are).
+  cached is encoded once, in chunks of ``batch_size``, each padded to it (the stage's ``text_rows``), as the
+  stage's launched batches and the text pass are: an embedding does not depend on its chunk-mates.
 - ``text_entry(te, j)``: caption ``j`` of a batch of :class:`~shardsmith.encode.text.TextEmbeddings`
   as that tuple, each tensor with its own memory.
 - Past ``TEXT_CACHE_BYTES`` (or 4096 entries) the cache keeps only the captions of the current
@@ -47,7 +47,7 @@ class CaptionCache:
         t0 = time.perf_counter()
         todo = sorted({c for c in captions if c not in self._text_cache})
         rows = self.text_rows() if hasattr(self, "text_rows") else None
-        bs = rows or max(1, self.batch_size * 4)
+        bs = rows or max(1, self.batch_size * 4)  # (rows: every text batch has the stage's one shape)
         for i in range(0, len(todo), bs):
             chunk = todo[i:i + bs]
             # one device->host copy per chunk; out of memory: the chunk in halves (encode/text_memory.py)

@@ -8,9 +8,12 @@ Contract
   and audio latent (``audio[i]``, when it has one) go to
   ``<folder>/<idx>.pt`` with the item's key, content hash and geometry (the pixels' bucket and
   crop, a string; outputs cut an item differently, e.g. a ``latent_zip`` and bucketed outputs),
-  written atomically; an item already kept is not written again.
+  written atomically; an item already kept is not written again. Each record names its batch-mates.
 - ``get(item, geometry)``: ``(latent, text or None, audio latent or None)`` kept for this very item (same plan position,
-  key, content hash and geometry), or None. Values read back are bit for bit those put.
+  key, content hash and geometry) whose batch-mates are all kept too, or None. Values read back are bit
+  for bit those put. A batch is thus served whole or not at all: a build killed between two of a
+  batch's writes encodes that batch again with the same mates, not its unkept items in a smaller batch
+  (on a CPU a latent's last bits depend on its batch's size), so the resumed build is byte-identical.
 - The folder is the build's (``.shardsmith/encoded``): it survives a crash, so a resumed build
   does not encode again what it kept; a redone plan removes it (positions change), and so does
   the end of the build (``remove()``).
@@ -41,11 +44,12 @@ class EncodedMemo:
         return f"{item.key}\0{item.sha256 or ''}\0{item.caption or ''}\0{geometry}"
 
     def put(self, items: list[PlannedItem], z: torch.Tensor, texts, geometries: list[str], audio=None) -> None:
+        mates = [item.idx for item in items]
         for i, item in enumerate(items):
             path = self._path(item.idx)
             if path.exists():
                 continue
-            rec = {"latent": z[i].clone(), "item": self._identity(item, geometries[i])}
+            rec = {"latent": z[i].clone(), "item": self._identity(item, geometries[i]), "batch": mates}
             if texts is not None:
                 rec["text_emb"], rec["text_mask"] = texts[i][0].clone(), texts[i][1].clone()
                 if len(texts[i]) > 2:
@@ -63,6 +67,8 @@ class EncodedMemo:
         rec = torch.load(path, map_location="cpu", weights_only=True)
         if rec.get("item") != self._identity(item, geometry):
             return None  # kept for another item (a plan redone over changed sources) or geometry: encoded again
+        if not all(self._path(idx).exists() for idx in rec.get("batch", ())):
+            return None  # a batch-mate was never kept (a kill between the batch's writes): the batch again, whole
         self.hits += 1
         text = (rec["text_emb"], rec["text_mask"]) if "text_emb" in rec else None
         if text is not None and "text_audio_emb" in rec:

@@ -7,10 +7,11 @@ Contract
   encoder whose prompts do not see each other (every family here). ``retries`` counts the halvings.
 - One prompt that still does not fit is a :class:`TextMemoryError` naming the model, the memory the
   failed allocation asked for, the model's own size and what to set; never a traceback.
-- ``rows=R`` (a GPU stage: :meth:`~shardsmith.encode.staging.HostStaging.pads`): fewer prompts than ``R``
-  are padded with ``""`` to ``R`` and the result cut back, so every text batch has one shape and a prompt's
-  embedding does not depend on its batch-mates (on CUDA a GEMM of another shape may round differently);
-  the text pass of ``models.offload: text-first`` and the stage then give the same bits.
+- ``rows=R`` (the stage's :meth:`~shardsmith.encode.stage.EncodeStage.text_rows`): the prompts go in passes of
+  exactly ``R`` rows, the last padded with ``""`` and the result cut back, so every text batch has one shape
+  and a prompt's embedding does not depend on its batch-mates (a GEMM of another shape may round
+  differently, on CUDA and on a CPU's MKL alike); the text pass of ``models.offload: text-first`` and the
+  stage then give the same bits, and so do a build and its resume.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def _cut(te, n: int):
 
 
 def encode_halving(encoder, prompts: list[str], *, counter: list[int] | None = None, rows: int | None = None, **kw):
+    if rows is not None and len(prompts) > rows:
+        kw = {**kw, "non_blocking": False} if "non_blocking" in kw else kw  # joined on the host at once
+        return _join([encode_halving(encoder, prompts[i:i + rows], counter=counter, rows=rows, **kw)
+                      for i in range(0, len(prompts), rows)])
     if rows is not None and 0 < len(prompts) < rows:
         n = len(prompts)
         return _cut(encode_halving(encoder, list(prompts) + [""] * (rows - n), counter=counter, **kw), n)

@@ -10,8 +10,8 @@ Contract
   the plan incomplete is an error: the build stopped).
 - :func:`text_first(load, recipe, run, decision, device, batch)`: loads the text encoder (``load()``), encodes
   every caption of :func:`plan_captions` not already in the cache (a resumed build encodes only what it
-  lacks), in batches of ``batch`` distinct captions (on a GPU padded to ``batch`` rows, the stage's text
-  batch shape: the same bits; out of memory: halved, ``text_memory``), frees the
+  lacks), in batches of ``batch`` distinct captions (padded to ``batch`` rows, the stage's text batch shape
+  on any device: the same bits; out of memory: halved, ``text_memory``), frees the
   encoder (its last reference, ``gc``, the CUDA cache) and returns ``(CachedText, counts, memory)``:
   ``counts`` (captions read, distinct captions encoded now, entries the cache held before and after, seconds);
   the captions read are counted on ``run.progress`` (the build's display) when given and the text encoder's
@@ -132,10 +132,7 @@ def text_first(load: Callable[[], Any], recipe, run, device: str, batch: int,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    from shardsmith.encode.stage import EncodeStage
-
-    pads = EncodeStage.pad_batches  # padded to the stage's text batch shape where the stage pads (pads())
-    rows = batch if (device == "cuda" if pads is None else pads) else None
+    rows = max(1, batch)  # the stage's text batch shape (EncodeStage.text_rows): the same bits as it gives
     with contextlib.ExitStack() as stack:
         tick = None
         if getattr(run, "progress", None) is not None:
