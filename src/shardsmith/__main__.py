@@ -1,3 +1,3 @@
-from shardsmith.cli import app
+from shardsmith.cli import main
 
-app(prog_name="shardsmith")
+main()

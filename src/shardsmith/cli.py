@@ -23,6 +23,7 @@ import yaml
 from typer._click import exceptions as click_errors  # typer 0.29 ships its own click (pinned)
 from typer.core import TyperGroup
 
+from shardsmith import process_exit
 from shardsmith.errors import UserError
 from shardsmith.import_notices import quiet_import_notices
 from shardsmith.recipe import recipe_from_dict, set_key
@@ -552,6 +553,7 @@ def build(
 
         shown = f" and {out / REPORT_FILE}" if not no_report and (out / REPORT_FILE).is_file() else ""
         typer.echo(f"done: {out} ({c['written']} of {c['inputs']} inputs written; see {out}/manifest.json{shown})")
+    process_exit.done()
 
 
 @command()
@@ -594,6 +596,7 @@ def distill(
     c = manifest["counts"]
     if not quiet:
         typer.echo(f"done: {out} ({c['written']} of {c['inputs']} prompts sampled; see {out}/manifest.json)")
+    process_exit.done()
 
 
 @command()
@@ -664,8 +667,12 @@ def scan(
             typer.echo(line)
 
 
-def main() -> None:  # pragma: no cover - console entry
-    app()
+def main() -> None:
+    """The console entry: the app, left without the interpreter's teardown once a build is on disk
+    (:mod:`shardsmith.process_exit`)."""
+    from shardsmith.process_exit import run
+
+    run(app, prog_name="shardsmith")
 
 
 def _key_map(text: Optional[str]) -> Optional[dict[str, str]]:
