@@ -142,12 +142,15 @@ def run_build(src: Path, out: Path, args) -> dict:
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                            [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])})
     wall = time.perf_counter() - t0
+    ended = time.time()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the build and its workers (all waited for)
     cpu = {"user_s": round(after.ru_utime - before.ru_utime, 1), "sys_s": round(after.ru_stime - before.ru_stime, 1)}
     if r.returncode != 0:
         raise SystemExit(f"build failed ({r.returncode}):\n{r.stderr[-3000:]}")
     m = json.loads((out / "manifest.json").read_text())
     return {"wall_s": round(wall, 3), "written": m["counts"]["written"], "timings": m.get("timings"), "cpu": cpu,
+            # the process's life after its manifest was written (interpreter teardown, unless it left at once)
+            "after_manifest_s": round(ended - (out / "manifest.json").stat().st_mtime, 3),
             "models": {k: m["models"].get(k) for k in ("device", "batch_size", "seconds", "steady_state",
                                                        "audio_steady_state")}}
 
