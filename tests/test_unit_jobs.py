@@ -16,7 +16,6 @@ from shardsmith import formats
 from shardsmith.build import build
 from shardsmith.distribute import local
 from shardsmith.encode.stage import EncodeStage
-from shardsmith.encode.text import TextEncoder
 from shardsmith.outputs import OutputContext, kind_of
 from shardsmith.plan.ledger import Ledger
 from shardsmith.recipe import recipe_from_dict
@@ -151,18 +150,21 @@ def captioned(tmp_path_factory):
 
 def _count_encoders(monkeypatch) -> dict[str, int]:
     counts = {"vae_items": 0, "text_prompts": 0}
-    launch, encode = EncodeStage.launch, TextEncoder.encode
+    from shardsmith.encode import text_memory
+
+    launch, encode = EncodeStage.launch, text_memory.encode_halving
 
     def launch_spy(self, host, n=None, *a, **k):
         counts["vae_items"] += host.shape[0] if n is None else n
         return launch(self, host, n, *a, **k)
 
-    def text_spy(self, prompts, *a, **k):
+    def text_spy(encoder, prompts, *a, **k):  # the prompts asked for (a text batch's padding rows not counted)
         counts["text_prompts"] += len(prompts)
-        return encode(self, prompts, *a, **k)
+        return encode(encoder, prompts, *a, **k)
 
     monkeypatch.setattr(EncodeStage, "launch", launch_spy)
-    monkeypatch.setattr(TextEncoder, "encode", text_spy)
+    for mod in ("shardsmith.encode.stage", "shardsmith.encode.caption_cache", "shardsmith.encode.text_pass"):
+        monkeypatch.setattr(f"{mod}.encode_halving", text_spy)
     return counts
 
 
