@@ -315,3 +315,41 @@ def test_an_output_written_into_the_build_root_plans_first(photos, tmp_path):
     m = build(rec, tmp_path / "o", quiet=True, workers=1)
     assert "plan_ahead" not in m["timings"] and m["counts"]["written"] == 11
     assert (tmp_path / "o" / "00000.tar").exists()
+
+
+@pytest.mark.slow
+def test_a_plan_first_build_with_models_plans_apart_with_the_bytes_of_an_in_process_plan(photos, tmp_path, monkeypatch):
+    """A plan that must end before the outputs start (here: a holdout of N items) runs in its own process
+    while this one loads the models, so the plan's rows do not share the interpreter lock with the
+    models' imports (BENCHMARKS.md §7); the files and counts are those of a plan made in-process."""
+    m = build(_recipe(photos, holdout=2), tmp_path / "apart", quiet=True, workers=1)
+    assert m["timings"].get("plan_apart") is True and "plan_ahead" not in m["timings"]
+    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)  # tests' switch: the plan in the build's process
+    ref = build(_recipe(photos, holdout=2), tmp_path / "here", quiet=True, workers=1)
+    assert "plan_apart" not in ref["timings"]
+    assert m["counts"] == ref["counts"] and m["outputs"] == ref["outputs"] and m["splits"] == ref["splits"]
+    assert m["splits"]["holdout"]["written"] == 2
+    assert tree_bytes(tmp_path / "apart") == tree_bytes(tmp_path / "here")
+
+
+@pytest.mark.slow
+def test_a_model_that_cannot_load_stops_a_plan_apart_at_once(photos, tmp_path, monkeypatch):
+    """The build waits for its plan apart while checking its model load: a load error ends the build in
+    seconds, not after the plan (each probe here takes 2 s: 26 s of plan)."""
+    import shardsmith.encode.stage as stage_mod
+
+    real_call = planner.Prober.__call__
+
+    def slow_probe(self, item):
+        time.sleep(2)
+        return real_call(self, item)
+
+    def no_weights(*a, **k):
+        raise RuntimeError("the VAE's weights are missing")
+
+    monkeypatch.setattr(planner.Prober, "__call__", slow_probe)  # (the plan process is forked: it has these)
+    monkeypatch.setattr(stage_mod, "load_vae", no_weights)
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="weights are missing"):
+        build(_recipe(photos, holdout=2), tmp_path / "o", quiet=True, workers=1)
+    assert time.perf_counter() - t < 20

@@ -330,18 +330,29 @@ def _start_plan_ahead(recipe: Recipe, root: Path, ledger: Ledger, opened, n_work
     """Start the plan in its own process when the first output may begin before it completes
     (:func:`_ahead_output`); returns the :class:`~shardsmith.plan.ahead.PlanAhead` or None."""
     output = _ahead_output(recipe, root)
-    if output is None:
+    if output is None and not _plan_apart(recipe):
         return None
     from shardsmith.plan.ahead import PlanAhead
 
-    # recorded before anything is written ahead: a crash before the plan completes removes it on
-    # the next run (it was derived from a plan that is then redone)
-    ledger.set_meta("written_ahead", [output_dest(root, output, TRAIN).relative_to(root).as_posix()])
-    # a few probe processes of its own: the build's workers decode for the output meanwhile
-    probes = 1 if n_workers <= 1 else max(2, n_workers // 4)
+    if output is not None:
+        # recorded before anything is written ahead: a crash before the plan completes removes it on
+        # the next run (it was derived from a plan that is then redone)
+        ledger.set_meta("written_ahead", [output_dest(root, output, TRAIN).relative_to(root).as_posix()])
+    # ahead: a few probe processes of its own, the build's workers decode for the output meanwhile; apart:
+    # as many as the build has, which wait for the plan
+    probes = n_workers if output is None else 1 if n_workers <= 1 else max(2, n_workers // 4)
     ahead = PlanAhead(recipe, ledger.path, opened, probe_workers=probes).start()
     ahead.output = output
     return ahead
+
+
+def _plan_apart(recipe: Recipe) -> bool:
+    """Whether a plan that does not run ahead of an output runs in a process of its own anyway (and is
+    waited for): where this process loads models meanwhile, whose imports hold the interpreter lock for
+    seconds (BENCHMARKS.md §7), on one GPU; not with models.offload text-first (its text pass reads the
+    plan) nor in one-sample mode (a plan of one item)."""
+    return (needs_encoders(recipe) and recipe.distribute.gpus == 1 and recipe.models.offload != "text-first"
+            and not recipe.one_sample and PLAN_AHEAD)
 
 
 def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, ledger: Ledger, opened,
@@ -354,6 +365,9 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings,
                        need=need or SpaceNeed(), pool=pool)
     preload = None
+    apart = ahead if ahead is not None and ahead.output is None else None  # a plan-first plan in its own process
+    if apart is not None:
+        ahead = None
     if needs_encoders(recipe):
         ctx.gpu_workers = _start_gpu_workers(ctx)  # their models load and warm up while the plan runs
         if ctx.gpu_workers is None:
@@ -374,6 +388,15 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
             tick = stack.enter_context(progress.task("plan", total=None))
             count_in_background(tick, count)
             ahead.listen(tick)
+        elif apart is not None:
+            try:
+                with progress.task("plan", total=None) as tick:
+                    count_in_background(tick, count)
+                    apart.listen(tick)
+                    apart.wait(check=preload.raise_if_failed if preload is not None else None)
+            finally:
+                if preload is not None:
+                    preload.planned()
         elif plan_needed:
             try:
                 with progress.task("plan", total=None) as tick, total_in_background(tick, count):
@@ -384,6 +407,8 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
                     preload.planned()
         if ahead is None:
             timings["plan_s"] = round(time.perf_counter() - t0, 3)
+            if apart is not None:
+                timings["plan_apart"] = True
             _check_plan(ctx)
         # the outputs start now; the models are waited for at their first batch (the decode workers
         # work on the first items meanwhile)

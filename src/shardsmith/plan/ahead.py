@@ -18,11 +18,14 @@ Contract
 - ``items(ledger, split, sources)`` (the caller's connection) yields the planned ``ok`` rows of
   one split in plan order as they are committed, blocks while the plan is behind, ends when the
   plan is complete, and raises the plan's error.
-- ``wait()`` blocks until the plan is complete (re-raising its error); ``close()`` stops an
+- ``wait(check)`` blocks until the plan is complete (re-raising its error); ``close()`` stops an
   unfinished plan after its current item and joins the process (each batch is one
   transaction, so nothing is left half-committed).
 - Refused by :func:`can_plan_ahead` (the caller plans first instead) where a row is not final
   when committed: a count-based holdout (splits assigned at the end) and one-sample mode.
+- Apart: a ``PlanAhead`` whose ``output`` is None is waited for before any output starts (a plan-first
+  build whose plan runs in its own process, so that its rows do not share the interpreter lock with the
+  models' imports and load in the build's process).
 """
 
 from __future__ import annotations
@@ -178,13 +181,16 @@ class PlanAhead:
     def done(self) -> bool:
         return self._done
 
-    def wait(self) -> None:
-        """Block until the plan is complete; raise its error."""
+    def wait(self, check: Callable[[], None] | None = None) -> None:
+        """Block until the plan is complete; raise its error. ``check()`` runs at least every 0.2 s while
+        it waits (it may raise to stop)."""
         if self._relay is None:
             self.listen()
         with self._cv:
             while not self._done:
-                self._cv.wait()
+                if check is not None:
+                    check()
+                self._cv.wait(0.2 if check is not None else None)
         self._raise()
         if self._error is not None:  # stopped: no complete plan to go on with
             raise RuntimeError("the plan was stopped before it completed")
