@@ -216,14 +216,6 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         if index is not None and torch.cuda.current_device() != index:
             torch.cuda.set_device(index)
 
-    def text_rows(self) -> int:
-        """Rows of every text batch, on any device: ``batch_size`` (short ones padded with ``""``). One
-        shape makes a caption's embedding independent of its batch-mates and of which captions the cache
-        already held, so a resumed build gives the same bytes: on a CPU too, where MKL rounds a GEMM by
-        its shape (MiniLM's embeddings differ in the last bits between batches of 1-2 and 3+ rows on an
-        AVX-512 Xeon)."""
-        return max(1, self.batch_size)
-
     # ---------------------------------------------------------------- pixels -> latents
     def encode_staged(self, host: torch.Tensor, n: int | None = None) -> list[torch.Tensor]:
         """Latents of a staged batch (its first ``n`` items: the rest is padding)."""

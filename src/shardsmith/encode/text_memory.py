@@ -7,7 +7,7 @@ Contract
   encoder whose prompts do not see each other (every family here). ``retries`` counts the halvings.
 - One prompt that still does not fit is a :class:`TextMemoryError` naming the model, the memory the
   failed allocation asked for, the model's own size and what to set; never a traceback.
-- ``rows=R`` (the stage's :meth:`~shardsmith.encode.stage.EncodeStage.text_rows`): the prompts go in passes of
+- ``rows=R`` (the stage's :meth:`~shardsmith.encode.caption_cache.CaptionCache.text_rows`): the prompts go in passes of
   exactly ``R`` rows, the last padded with ``""`` and the result cut back, so every text batch has one shape
   and a prompt's embedding does not depend on its batch-mates (a GEMM of another shape may round
   differently, on CUDA and on a CPU's MKL alike); the text pass of ``models.offload: text-first`` and the

@@ -132,7 +132,7 @@ def text_first(load: Callable[[], Any], recipe, run, device: str, batch: int,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    rows = max(1, batch)  # the stage's text batch shape (EncodeStage.text_rows): the same bits as it gives
+    rows = max(1, batch)  # the stage's text batch shape (CaptionCache.text_rows): the same bits as it gives
     with contextlib.ExitStack() as stack:
         tick = None
         if getattr(run, "progress", None) is not None:
