@@ -439,3 +439,30 @@ def test_register_refuses_bytes_that_only_look_like_a_dataset(tmp_path, what, pr
     cfg = tmp_path / "data.yaml"
     assert_message(*invoke("register", dataset, "--preset", preset, "--name", "x", "--config", cfg), *texts)
     assert not cfg.exists()
+
+
+def test_an_interrupt_ends_as_aborted_and_an_unexpected_error_stays_itself(monkeypatch, tmp_path):
+    """Ctrl-C in a command is exit code 130 (the shell's code for SIGINT), end of input "Aborted." and
+    exit code 1; any other exception reaches the caller as it was raised. (The app's error handler named
+    ``click.exceptions.Abort``, which typer's own click lacks: every exception the handler did not catch
+    before that clause ended as an AttributeError of the handler itself.)"""
+    import shardsmith.build as build_mod
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"sources": [{"path": str(tmp_path)}], "outputs": [{"format": "wds"}]}))
+
+    def raising(exc):
+        def build(*a, **k):
+            raise exc
+        return build
+
+    def invoke_build(exc):
+        monkeypatch.setattr(build_mod, "build", raising(exc))
+        return CliRunner().invoke(cli.app, ["build", str(recipe), "--out", str(tmp_path / "o")])
+
+    r = invoke_build(KeyboardInterrupt())
+    assert r.exit_code == 130 and "Traceback" not in r.output, r.output
+    r = invoke_build(EOFError())
+    assert r.exit_code == 1 and r.output.strip().splitlines()[-1] == "Aborted.", r.output
+    r = invoke_build(RuntimeError("a bug in the build"))
+    assert isinstance(r.exception, RuntimeError) and str(r.exception) == "a bug in the build"

@@ -50,7 +50,7 @@ class _OneLineErrors(TyperGroup):
         except click_errors.ClickException as exc:
             typer.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
-        except click_errors.Abort:
+        except typer.Abort:  # (click turns Ctrl-C into it; typer has its own, its click module none)
             typer.echo("Aborted.", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)  # (a command's typer.Exit(code) comes back as its code)
