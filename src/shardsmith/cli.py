@@ -50,7 +50,7 @@ class _OneLineErrors(TyperGroup):
         except click_errors.ClickException as exc:
             typer.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
-        except typer.Abort:  # (click turns Ctrl-C into it; typer has its own, its click module none)
+        except typer.Abort:  # (typer's, from an end of input; its click module has none; Ctrl-C is exit 130)
             typer.echo("Aborted.", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)  # (a command's typer.Exit(code) comes back as its code)
@@ -670,9 +670,7 @@ def scan(
 def main() -> None:
     """The console entry: the app, left without the interpreter's teardown once a build is on disk
     (:mod:`shardsmith.process_exit`)."""
-    from shardsmith.process_exit import run
-
-    run(app, prog_name="shardsmith")
+    process_exit.run(app, prog_name="shardsmith")
 
 
 def _key_map(text: Optional[str]) -> Optional[dict[str, str]]:

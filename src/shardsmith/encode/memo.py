@@ -35,6 +35,7 @@ class EncodedMemo:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.hits = 0  # items served from the memo (not encoded again)
+        self._whole: set[tuple[int, ...]] = set()  # batches whose every record was seen on disk
 
     def _path(self, idx: int) -> Path:
         return self.folder / f"{idx // 1000:06d}" / f"{idx}.pt"
@@ -67,8 +68,11 @@ class EncodedMemo:
         rec = torch.load(path, map_location="cpu", weights_only=True)
         if rec.get("item") != self._identity(item, geometry):
             return None  # kept for another item (a plan redone over changed sources) or geometry: encoded again
-        if not all(self._path(idx).exists() for idx in rec.get("batch", ())):
-            return None  # a batch-mate was never kept (a kill between the batch's writes): the batch again, whole
+        mates = tuple(rec.get("batch", ()))
+        if mates not in self._whole:  # (checked once a batch, not once an item: records are never removed singly)
+            if not all(self._path(idx).exists() for idx in mates):
+                return None  # a batch-mate was never kept (a kill between the batch's writes): the batch again, whole
+            self._whole.add(mates)
         self.hits += 1
         text = (rec["text_emb"], rec["text_mask"]) if "text_emb" in rec else None
         if text is not None and "text_audio_emb" in rec:
@@ -77,3 +81,4 @@ class EncodedMemo:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        self._whole.clear()

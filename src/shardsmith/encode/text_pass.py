@@ -91,15 +91,15 @@ def _identity(enc) -> dict[str, Any]:
     return model_identity({"spec": enc.spec.to_dict(), "provenance": prov})
 
 
-def _fill(enc, cache: TextCache, captions: Iterator[str], batch: int, counter: list[int],
-          rows: int | None, tick=None) -> dict[str, int]:
+def _fill(enc, cache: TextCache, captions: Iterator[str], rows: int, counter: list[int],
+          tick=None) -> dict[str, int]:
     read = encoded = 0
     window: list[str] = []
 
     def run(window: list[str]) -> int:
         todo = cache.missing(window)
-        for i in range(0, len(todo), batch):
-            chunk = todo[i:i + batch]
+        for i in range(0, len(todo), rows):
+            chunk = todo[i:i + rows]
             cache.put(chunk, encode_halving(enc, chunk, device="cpu", counter=counter, rows=rows))
         cache.flush()  # committed before the next window asks what is missing
         return len(todo)
@@ -137,8 +137,7 @@ def text_first(load: Callable[[], Any], recipe, run, device: str, batch: int,
         tick = None
         if getattr(run, "progress", None) is not None:
             tick = stack.enter_context(run.progress.task("text pass: captions (models.offload text-first)", None))
-        counts = _fill(enc, cache, plan_captions(recipe, run), max(1, batch),
-                       counter if counter is not None else [0], rows, tick)
+        counts = _fill(enc, cache, plan_captions(recipe, run), rows, counter if counter is not None else [0], tick)
     peak = None
     if device == "cuda":
         torch.cuda.synchronize()
