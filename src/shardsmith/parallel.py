@@ -13,8 +13,10 @@ Workers never outlive the process that started them (:func:`exit_with_parent`): 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -77,6 +79,20 @@ def _widen_pipe(conn: Any, nbytes: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def fork_safe_gc():
+    """Around a fork: this process's garbage collected first, then what is left frozen until the block ends,
+    so that a forked child never collects an object it inherited. A PyAV filter graph (an audio resampler's)
+    left in a reference cycle frees its libav thread pool when collected; in a child, whose copy of that pool
+    has no threads, the same free blocks forever (a plan process hung so in CI)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class Workers:
     """A process pool (or inline runner) applying sample makers to items in order."""
 
@@ -99,8 +115,9 @@ class Workers:
             self.wide_pipe = bool(queue is not None and self.RESULT_PIPE_BYTES and
                                   _widen_pipe(queue._reader, self.RESULT_PIPE_BYTES))
             # start every worker now (the executor forks lazily), before the caller loads models
-            for f in [self.pool.submit(_noop) for _ in range(workers * 2)]:
-                f.result()
+            with fork_safe_gc():
+                for f in [self.pool.submit(_noop) for _ in range(workers * 2)]:
+                    f.result()
 
     def map(self, maker: Any, items: Iterable[Any], window: int | None = None,
             chunk_size: int | None = None) -> Iterator[tuple[Any, Any]]:

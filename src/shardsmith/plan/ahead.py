@@ -38,6 +38,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from shardsmith.parallel import fork_safe_gc
 from shardsmith.plan.ledger import Ledger
 from shardsmith.plan.planner import make_plan
 from shardsmith.records import PlannedItem
@@ -117,7 +118,8 @@ class PlanAhead:
         self._proc = ctx.Process(target=_plan_process, name="shardsmith-plan",
                                  args=(self.recipe, self.ledger_path, self.sources, self.probe_workers, send,
                                        self._stop, threading.current_thread() is threading.main_thread()))
-        self._proc.start()
+        with fork_safe_gc():
+            self._proc.start()
         send.close()
         return self
 
