@@ -14,7 +14,9 @@ Contract
   the pickle (small) travels in the returned :class:`Packed`. Nothing large, or the file cannot be
   written (tmpfs full): the whole pickle travels in the :class:`Packed` and no file is left.
 - ``unpack(packed)`` (the caller): the object again, its arrays mapped from the file (no copy), which
-  is unlinked at once; its memory goes back when the last array is gone. Arrays are writable. The arrays
+  is unlinked at once; its memory goes back when the last array is gone. The mapping's pages are
+  entered in one call (``MAP_POPULATE`` where the platform has it), not faulted in one at a time when
+  the arrays are first read by a process whose other threads fault and map memory meanwhile. Arrays are writable. The arrays
   of one chunk share its file: an item still queued (a bucket that fills slowly) keeps its chunk-mates'
   bytes mapped with its own (up to a chunk's memory per such item, where unpickled arrays held only their
   own; a heavy item, a clip, travels alone).
@@ -37,6 +39,7 @@ PREFIX = "shardsmith-results-"
 OUT_OF_BAND = 16 * 1024  # smaller buffers stay in the pickle
 MIN_FREE = 1 << 30  # a tmpfs with less free (a container's default 64 MB /dev/shm) is not used
 ALIGN = 64
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux)
 
 
 @dataclass
@@ -133,7 +136,7 @@ def unpack(p: Packed) -> Any:
         return pickle.loads(p.data)
     fd = os.open(p.path, os.O_RDWR)
     try:
-        mm = mmap.mmap(fd, p.size)
+        mm = mmap.mmap(fd, p.size, flags=mmap.MAP_SHARED | _POPULATE)
     finally:
         os.close(fd)
         os.unlink(p.path)
