@@ -651,6 +651,19 @@ class Recipe(_Strict):
             return self.audio.required
         return bool(self.audio_outputs())
 
+    def audio_encode_seconds(self) -> list[float]:
+        """The audio durations (seconds) the audio encoder is known to encode before the plan: each
+        ``audio.durations`` bucket, then each clip bucket's ``frames / geometry.fps`` where ``fps`` is set
+        (a clip at its native rate gives a length only its probe knows); [] without audio outputs."""
+        if not self.audio_outputs():
+            return []
+        out = list(self.audio.durations or [])
+        if self.geometry.fps:
+            for b in parse_buckets(self.geometry.buckets):
+                if b.frames > 1 and b.frames / self.geometry.fps not in out:
+                    out.append(b.frames / self.geometry.fps)
+        return out
+
     def encode_buckets(self) -> list[str]:
         """Every pixel shape ``WxHxF`` the VAE encodes: ``geometry.buckets``, then each ``latent_zip``
         output's square ``SxSx1`` (once each, in that order)."""

@@ -186,8 +186,9 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
         stage = EncodeStage.from_recipe(recipe)
         loaded = time.perf_counter() - t0
         buckets = recipe.encode_buckets()
-        if stage.device == "cuda" and buckets:  # cuDNN's kernels chosen while the build plans
-            stage.warm_up(parse_buckets(buckets))
+        audio = recipe.audio_encode_seconds()
+        if stage.device == "cuda" and (buckets or audio):  # cuDNN's kernels chosen while the build plans
+            stage.warm_up(parse_buckets(buckets) if buckets else [], audio_seconds=audio)
         infos = [info for info, _ in open_sources(recipe)]
         results.put(("ready", spec.rank, {"load_s": round(loaded, 3), "ready_s": round(time.perf_counter() - t0, 3),
                                           "described": stage.describe(),

@@ -4,9 +4,10 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 - ``device_thread()`` / ``submit(fn, *args)``: every model call of the stage (warm-up, launched
   batches) runs on one thread, started on first use with the stage's intra-op thread count pinned;
   ``close()`` stops it once its queued work is done.
-- ``warm_up(buckets, stop)``: one padded batch of zeros per bucket shape on that thread before the
-  real batches; books nothing, changes no output, never raises for a model error (it is logged and
-  returned in the info dict, ``warm_up_info``).
+- ``warm_up(buckets, stop, audio_seconds=...)``: one padded batch of zeros per bucket shape, one of
+  prompts, and one of silent waveforms per audio duration, on that thread before the real batches;
+  books nothing, changes no output, never raises for a model error (it is logged and returned in the
+  info dict, ``warm_up_info``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from shardsmith.encode.host_threads import pin_intra_op_threads
@@ -49,7 +51,7 @@ class DeviceThread:
             self._thread.shutdown(wait=True)
             self._thread = None
 
-    def warm_up(self, buckets, stop=None, timed: bool = False) -> dict[str, Any]:
+    def warm_up(self, buckets, stop=None, timed: bool = False, audio_seconds=()) -> dict[str, Any]:
         """One padded batch of zeros per bucket shape through the VAE, so that cuDNN's autotuning,
         the compiled graph's build or cache load (``models.compile="on"``) and the device's first
         allocations happen before the first real batch, e.g. while the build plans. Runs on the
@@ -57,7 +59,7 @@ class DeviceThread:
         booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
         shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
         memory) is logged and left to the real batches, which retry; returns what was done."""
-        return self.submit(self._warm_up, buckets, stop, timed).result()
+        return self.submit(self._warm_up, buckets, stop, timed, tuple(audio_seconds)).result()
 
     def _peak_start(self) -> int:
         """On a GPU: reset the peak statistic and return the bytes allocated now (the resident weights)."""
@@ -80,7 +82,7 @@ class DeviceThread:
         a GPU the peak of the batch just run above what was resident before it."""
         from shardsmith.encode.memory_plan import ModelMemory, param_bytes
 
-        enc = self.vae if name == "vae" else self.text_encoder
+        enc = {"vae": self.vae, "text": self.text_encoder, "audio": getattr(self, "audio_vae", None)}[name]
         peak = None
         if self.device == "cuda":
             torch.cuda.synchronize()
@@ -92,7 +94,7 @@ class DeviceThread:
         mem = ModelMemory(name, what, self.batch_size, params, None if peak is None else params + peak, seconds)
         self.memory = [m for m in getattr(self, "memory", []) if (m.name, m.what) != (name, what)] + [mem]
 
-    def _warm_up(self, buckets, stop=None, timed: bool = False) -> dict[str, Any]:
+    def _warm_up(self, buckets, stop=None, timed: bool = False, audio_seconds=()) -> dict[str, Any]:
         info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
         stopped = stop.is_set if stop is not None else (lambda: False)
         t0 = time.perf_counter()
@@ -121,6 +123,17 @@ class DeviceThread:
                 self._measured("text", f"{spec.max_length} tokens", base,
                                self._timed(lambda: self.text_encoder.encode(prompts, device="cpu")) if timed else None)
                 info["text"] = True
+            audio = getattr(self, "audio_vae", None)  # (its mel's FFT plans and kernels: per waveform length)
+            for seconds in audio_seconds if audio is not None and not stopped() else ():
+                from shardsmith.transform.audio import num_samples
+
+                waves = [np.zeros((2, num_samples(seconds, audio.settings.sample_rate)), np.float32)] * self.batch_size
+                base = self._peak_start()
+                audio.encode(waves)
+                self._measured("audio", f"{seconds:g} s", base, self._timed(lambda: audio.encode(waves)) if timed else None)
+                info.setdefault("audio", []).append(f"{seconds:g} s")
+                if stopped():
+                    break
             if self.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()  # from here: the run's own peak (describe's memory block)

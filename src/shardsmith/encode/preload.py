@@ -68,7 +68,8 @@ class ModelPreload:
             self.seconds["load"] = round(time.perf_counter() - t, 3)
             if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
                 buckets = self.recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
-                stage.warm_up(parse_buckets(buckets) if buckets else [], stop=self._planned)
+                stage.warm_up(parse_buckets(buckets) if buckets else [], stop=self._planned,
+                              audio_seconds=self.recipe.audio_encode_seconds())
             self._stage = stage
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc

@@ -1,5 +1,6 @@
 """``scan --recipe R --probe-models``: the recipe's models loaded on its device, one timed batch of each
-bucket and of text (:meth:`~shardsmith.encode.device_thread.DeviceThread.warm_up` with ``timed``).
+bucket, of text and of each known audio duration (:meth:`~shardsmith.encode.device_thread.DeviceThread.warm_up`
+with ``timed``).
 
 Contract: ``probe_models(recipe, items)`` returns ``{"device", "models": [...], "free_bytes",
 "total_bytes", "lines"}``: each model's :class:`~shardsmith.encode.memory_plan.ModelMemory` figures
@@ -20,7 +21,7 @@ def probe_models(recipe, items: int | None) -> dict[str, Any]:
     stage = EncodeStage.from_recipe(recipe)
     try:
         buckets = recipe.encode_buckets()
-        stage.warm_up(parse_buckets(buckets) if buckets else [], timed=True)
+        stage.warm_up(parse_buckets(buckets) if buckets else [], timed=True, audio_seconds=recipe.audio_encode_seconds())
         free, total = gpu_free_total(getattr(stage, "device_index", None)) if stage.device == "cuda" else (None, None)
         mems = getattr(stage, "memory", [])
         return {"device": stage.device, "models": [m.to_dict() for m in mems], "free_bytes": free,
