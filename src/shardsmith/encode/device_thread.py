@@ -52,9 +52,11 @@ class DeviceThread:
             self._thread = None
 
     def warm_up(self, buckets, stop=None, timed: bool = False, audio_seconds=()) -> dict[str, Any]:
-        """One padded batch of zeros per bucket shape through the VAE, so that cuDNN's autotuning,
-        the compiled graph's build or cache load (``models.compile="on"``) and the device's first
-        allocations happen before the first real batch, e.g. while the build plans. Runs on the
+        """One padded batch of zeros per bucket shape through the VAE, one of full-length prompts
+        through the text encoder and one of silent waveforms per ``audio_seconds`` duration through the
+        audio encoder, so that cuDNN's autotuning, FFT plans, the compiled graph's build or cache load
+        (``models.compile="on"``) and the device's first allocations happen before the first real batch,
+        e.g. while the build plans. Runs on the
         device thread (waited for here), where the batches will run. Nothing is
         booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
         shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
@@ -94,6 +96,22 @@ class DeviceThread:
         mem = ModelMemory(name, what, self.batch_size, params, None if peak is None else params + peak, seconds)
         self.memory = [m for m in getattr(self, "memory", []) if (m.name, m.what) != (name, what)] + [mem]
 
+    def _warm_audio(self, audio_seconds, stopped, timed: bool, done: list[str]) -> None:
+        """One batch of silent waveforms per duration through the audio encoder (its mel's FFT plans
+        and kernels are per waveform length), each appended to ``done``, up to the one under way when
+        stopped."""
+        from shardsmith.transform.audio import num_samples
+
+        audio = self.audio_vae
+        for seconds in audio_seconds:
+            waves = [np.zeros((2, num_samples(seconds, audio.settings.sample_rate)), np.float32)] * self.batch_size
+            base = self._peak_start()
+            audio.encode(waves)
+            self._measured("audio", f"{seconds:g} s", base, self._timed(lambda: audio.encode(waves)) if timed else None)
+            done.append(f"{seconds:g} s")
+            if stopped():
+                break
+
     def _warm_up(self, buckets, stop=None, timed: bool = False, audio_seconds=()) -> dict[str, Any]:
         info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
         stopped = stop.is_set if stop is not None else (lambda: False)
@@ -123,17 +141,8 @@ class DeviceThread:
                 self._measured("text", f"{spec.max_length} tokens", base,
                                self._timed(lambda: self.text_encoder.encode(prompts, device="cpu")) if timed else None)
                 info["text"] = True
-            audio = getattr(self, "audio_vae", None)  # (its mel's FFT plans and kernels: per waveform length)
-            for seconds in audio_seconds if audio is not None and not stopped() else ():
-                from shardsmith.transform.audio import num_samples
-
-                waves = [np.zeros((2, num_samples(seconds, audio.settings.sample_rate)), np.float32)] * self.batch_size
-                base = self._peak_start()
-                audio.encode(waves)
-                self._measured("audio", f"{seconds:g} s", base, self._timed(lambda: audio.encode(waves)) if timed else None)
-                info.setdefault("audio", []).append(f"{seconds:g} s")
-                if stopped():
-                    break
+            if getattr(self, "audio_vae", None) is not None and audio_seconds and not stopped():
+                self._warm_audio(audio_seconds, stopped, timed, info.setdefault("audio", []))
             if self.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()  # from here: the run's own peak (describe's memory block)
