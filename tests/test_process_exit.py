@@ -1,6 +1,8 @@
 """``shardsmith build`` leaves once its manifest is written, without the interpreter's teardown of torch and
 the models (``shardsmith.process_exit``): the output and the "done" line are all there, exit code 0; an error
-exits as usual, and so does a process with a child or a non-daemon thread still running."""
+exits as usual, unless a daemon thread (a model still loading) runs, whose teardown inside torch would abort the
+process: then it leaves at once with the error's code; a process with a child or a non-daemon thread still
+running exits as usual."""
 
 from __future__ import annotations
 
@@ -37,6 +39,30 @@ def test_a_failed_build_exits_as_usual(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
     assert r.stdout.strip().splitlines()[-1] == "TEARDOWN"
+
+
+# a build's model still loading on its daemon preload thread (torch working outside the interpreter lock)
+# when a mistake found mid-build ends the process: here a recipe that does not exist
+LOADING = ("import atexit, threading, runpy, torch\n"
+           "def load():\n"
+           "    while True:\n"
+           "        torch.nn.init.kaiming_uniform_(torch.empty(1024, 1024)); torch.randn(512, 512).matmul(torch.randn(512, 512))\n"
+           "threading.Thread(target=load, name='shardsmith-model-preload', daemon=True).start()\n"
+           "atexit.register(print, 'TEARDOWN', flush=True)\n"
+           "runpy.run_module('shardsmith', run_name='__main__')\n")
+
+
+@pytest.mark.slow
+def test_an_error_while_a_model_still_loads_ends_with_its_own_code_not_an_abort(tmp_path):
+    """The interpreter's teardown stops a daemon thread wherever it is; inside torch that aborts the process
+    ('terminate called without an active exception', exit 134) after the error's message. An error's exit
+    code leaves without that teardown while such a thread runs (three runs: the abort was every run before)."""
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", LOADING, "build", str(tmp_path / "none.yaml"), "--out",
+                            str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+        assert "error:" in r.stderr and "terminate called" not in r.stderr and "Traceback" not in r.stderr
+        assert "TEARDOWN" not in r.stdout
 
 
 def test_no_quick_exit_while_a_non_daemon_thread_or_a_child_process_runs():

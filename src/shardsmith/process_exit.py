@@ -8,8 +8,12 @@ Contract
   leaves with ``os._exit(0)``, skipping the teardown of torch, the models, their thread pools and (on a GPU)
   the CUDA context, which runs after the manifest and delays the shell's prompt (BENCHMARKS.md has the cost).
   Not taken while a child process or a non-daemon thread is alive (their end would be cut short), nor on
-  any other exit code or exception: then Python exits as usual. An app run in-process (tests' ``CliRunner``)
-  never reaches it.
+  an exception: then Python exits as usual. An app run in-process (tests' ``CliRunner``) never reaches it.
+- An error's exit code (its message already printed: a user's mistake found mid-build, exit 2 or 3, or
+  Ctrl-C) leaves the same way, with that code, when a daemon thread is still running, say a model still
+  loading on the build's preload thread: the interpreter's teardown would stop that thread inside torch
+  and the process would abort ("terminate called without an active exception", exit 134) instead of
+  ending with its own code. With no such thread, or a child or a non-daemon thread alive, it exits as usual.
 """
 
 from __future__ import annotations
@@ -28,26 +32,39 @@ def done() -> None:
     _done = True
 
 
-def _quick_exit_safe() -> bool:
-    if multiprocessing.active_children():
-        return False
+def _thread_alive(daemon: bool) -> bool:
+    """Whether a thread other than the main one, daemon or not as asked, is still running."""
     main = threading.main_thread()
-    return not any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
+    return any(t is not main and t.is_alive() and t.daemon == daemon for t in threading.enumerate())
+
+
+def _quick_exit_safe() -> bool:
+    return not multiprocessing.active_children() and not _thread_alive(daemon=False)
 
 
 def run(app, **kw) -> None:
+    code = 0
     try:
         app(**kw)
     except SystemExit as exc:
-        if exc.code not in (0, None) or not _done or not _quick_exit_safe():
+        if exc.code in (0, None):
+            if not _done or not _quick_exit_safe():
+                raise
+        elif not isinstance(exc.code, int) or not _thread_alive(daemon=True) or not _quick_exit_safe():
             raise
+        else:
+            code = exc.code
     else:
         if not _done or not _quick_exit_safe():
             return
+    _leave(code)
+
+
+def _leave(code: int) -> None:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can reach it
             pass
-    os._exit(0)
+    os._exit(code)
