@@ -180,15 +180,12 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
         pool = Workers(spec.decode_workers)  # forked before any model or thread
         from shardsmith.encode.stage import EncodeStage
         from shardsmith.sources import open_sources
-        from shardsmith.transform.buckets import parse_buckets
 
         ledger = Ledger(spec.root / formats.LEDGER_FILE)
         stage = EncodeStage.from_recipe(recipe)
         loaded = time.perf_counter() - t0
-        buckets = recipe.encode_buckets()
-        audio = recipe.audio_encode_seconds()
-        if stage.device == "cuda" and (buckets or audio):  # cuDNN's kernels chosen while the build plans
-            stage.warm_up(parse_buckets(buckets) if buckets else [], audio_seconds=audio)
+        if stage.device == "cuda" and (recipe.encode_buckets() or recipe.audio_encode_seconds()):
+            stage.warm_up_for(recipe)  # cuDNN's kernels chosen while the build plans
         infos = [info for info, _ in open_sources(recipe)]
         results.put(("ready", spec.rank, {"load_s": round(loaded, 3), "ready_s": round(time.perf_counter() - t0, 3),
                                           "described": stage.describe(),

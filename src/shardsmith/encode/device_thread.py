@@ -4,7 +4,7 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 - ``device_thread()`` / ``submit(fn, *args)``: every model call of the stage (warm-up, launched
   batches) runs on one thread, started on first use with the stage's intra-op thread count pinned;
   ``close()`` stops it once its queued work is done.
-- ``warm_up(buckets, stop, audio_seconds=...)``: one padded batch of zeros per bucket shape, one of
+- ``warm_up(buckets, stop, audio_seconds=...)`` (``warm_up_for(recipe, stop)``: the recipe's shapes): one padded batch of zeros per bucket shape, one of
   prompts, and one of silent waveforms per audio duration, on that thread before the real batches;
   books nothing, changes no output, never raises for a model error (it is logged and returned in the
   info dict, ``warm_up_info``).
@@ -56,12 +56,20 @@ class DeviceThread:
         through the text encoder and one of silent waveforms per ``audio_seconds`` duration through the
         audio encoder, so that cuDNN's autotuning, FFT plans, the compiled graph's build or cache load
         (``models.compile="on"``) and the device's first allocations happen before the first real batch,
-        e.g. while the build plans. Runs on the
-        device thread (waited for here), where the batches will run. Nothing is
-        booked as a batch and no output depends on it. ``stop`` (an Event), checked after each
-        shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
+        e.g. while the build plans. Runs on the device thread (waited for here), where the batches will
+        run. Nothing is booked as a batch and no output depends on it. ``stop`` (an Event), checked after
+        each shape: the shapes not warmed are tuned on first use as before. A failure here (say out of
         memory) is logged and left to the real batches, which retry; returns what was done."""
         return self.submit(self._warm_up, buckets, stop, timed, tuple(audio_seconds)).result()
+
+    def warm_up_for(self, recipe, stop=None, timed: bool = False) -> dict[str, Any]:
+        """:meth:`warm_up` with the shapes ``recipe`` knows before its plan: its VAE's bucket shapes
+        (``Recipe.encode_buckets``) and its audio durations (``Recipe.audio_encode_seconds``)."""
+        from shardsmith.transform.buckets import parse_buckets
+
+        buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
+        return self.warm_up(parse_buckets(buckets) if buckets else [], stop=stop, timed=timed,
+                            audio_seconds=recipe.audio_encode_seconds())
 
     def _peak_start(self) -> int:
         """On a GPU: reset the peak statistic and return the bytes allocated now (the resident weights)."""

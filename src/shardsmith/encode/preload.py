@@ -54,7 +54,6 @@ class ModelPreload:
         try:
             from shardsmith.encode.host_threads import pin_intra_op_threads
             from shardsmith.encode.stage import EncodeStage
-            from shardsmith.transform.buckets import parse_buckets
 
             pin_intra_op_threads(self._threads)
             t = time.perf_counter()
@@ -67,9 +66,7 @@ class ModelPreload:
                 stage.offload = decision
             self.seconds["load"] = round(time.perf_counter() - t, 3)
             if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
-                buckets = self.recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
-                stage.warm_up(parse_buckets(buckets) if buckets else [], stop=self._planned,
-                              audio_seconds=self.recipe.audio_encode_seconds())
+                stage.warm_up_for(self.recipe, stop=self._planned)
             self._stage = stage
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc

@@ -16,12 +16,10 @@ from typing import Any
 def probe_models(recipe, items: int | None) -> dict[str, Any]:
     from shardsmith.encode.memory_plan import gpu_free_total, summary
     from shardsmith.encode.stage import EncodeStage
-    from shardsmith.transform.buckets import parse_buckets
 
     stage = EncodeStage.from_recipe(recipe)
     try:
-        buckets = recipe.encode_buckets()
-        stage.warm_up(parse_buckets(buckets) if buckets else [], timed=True, audio_seconds=recipe.audio_encode_seconds())
+        stage.warm_up_for(recipe, timed=True)
         free, total = gpu_free_total(getattr(stage, "device_index", None)) if stage.device == "cuda" else (None, None)
         mems = getattr(stage, "memory", [])
         return {"device": stage.device, "models": [m.to_dict() for m in mems], "free_bytes": free,
