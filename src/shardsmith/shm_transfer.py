@@ -17,9 +17,9 @@ Contract
   is unlinked at once; its memory goes back when the last array is gone. The mapping's pages are
   entered in one call (``MAP_POPULATE`` where the platform has it), not faulted in one at a time when
   the arrays are first read by a process whose other threads fault and map memory meanwhile. Arrays
-  are writable. The arrays of one chunk share its file: an item still queued (a bucket that fills slowly) keeps its chunk-mates'
-  bytes mapped with its own (up to a chunk's memory per such item, where unpickled arrays held only their
-  own; a heavy item, a clip, travels alone).
+  are writable. The arrays of one chunk share its file: an item still queued (a bucket that fills
+  slowly) keeps its chunk-mates' bytes mapped with its own (up to a chunk's memory per such item, where
+  unpickled arrays held only their own; a heavy item, a clip, travels alone).
 - ``ResultFolder.close()`` removes the folder and anything never unpacked.
 """
 
