@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     recipe = {"sources": [{"path": str(work / "clips")}], "geometry": {"buckets": [f"{w}x{h}x{args.frames}"]},
               "models": {"vae": {"family": "ltx2", "config": "tiny"}, "batch_size": 1, "compile": "off"},
               "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 100}]}
-    heavy = LatentPixelMaker.__dict__["is_heavy"]  # the staticmethod object itself
+    heavy = LatentPixelMaker.__dict__["is_heavy"]  # the method as the class holds it
 
     def run(alone: bool) -> dict:
         LatentPixelMaker.is_heavy = heavy if alone else None

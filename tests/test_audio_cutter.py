@@ -47,3 +47,42 @@ def test_a_plan_that_found_no_audio_is_probed_again_for_the_reason(tmp_path):
     with pytest.raises(ItemError) as e:
         AudioCutter(16000, durations=(1.0,)).for_file(_item(not_audio, {"none": "unreadable"}))
     assert e.value.reason in ("unreadable", "no_audio_stream", "empty_file") and "n.wav" in e.value.detail
+
+
+def _facts(seconds):
+    return {"rate": 44100, "channels": 1, "layout": "mono", "duration": seconds, "codec": "flac", "stream_index": 0}
+
+
+def test_short_audio_files_travel_to_the_workers_in_chunks_long_ones_alone(tmp_path):
+    """An audio-only item decodes in milliseconds: it goes to the decode workers in a chunk, as images do
+    (alone, each paid a task's round trip and only 2 x workers waveforms were decoded ahead of the
+    encoder). A waveform longer than LIGHT_AUDIO_S, or one whose duration the plan does not give, travels
+    alone as a clip does."""
+    from shardsmith.recipe import ImageRules
+    from shardsmith.transform.audio_samples import LIGHT_AUDIO_S, audio_seconds
+    from shardsmith.transform.buckets import parse_buckets
+    from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+    f = tmp_path / "a.flac"
+    bucketed, whole = AudioCutter(16000, durations=(4.0, 8.0)), AudioCutter(16000)
+    assert audio_seconds(_item(f, _facts(9.5)), bucketed) == 8.0
+    assert audio_seconds(_item(f, _facts(3.0)), bucketed) == 0.0  # too short: skipped, nothing decoded
+    assert audio_seconds(_item(f, _facts(600.0)), whole) == 600.0
+    assert audio_seconds(_item(f, None), bucketed) == float("inf")
+    assert audio_seconds(_item(f, _facts(5.0)), None) == float("inf")
+    assert LIGHT_AUDIO_S >= 8.0  # LTX's audio buckets (a few seconds) stay light
+
+    def maker(cutter):
+        return LatentPixelMaker(parse_buckets(["64x64x1"]), ImageRules(), audio=cutter)
+
+    assert maker(bucketed).is_heavy(_item(f, _facts(9.5))) is False
+    assert maker(bucketed).is_heavy(_item(f, _facts(600.0))) is False  # cut to its 8 s bucket
+    assert maker(whole).is_heavy(_item(f, _facts(600.0))) is True  # ten minutes decoded whole
+    assert maker(whole).is_heavy(_item(f, _facts(LIGHT_AUDIO_S))) is False
+    assert maker(bucketed).is_heavy(_item(f, None)) is True  # no duration from the plan: may be long
+    video = _item(f, None)
+    video.kind = "video"
+    assert maker(bucketed).is_heavy(video) is True
+    image = _item(f, None)
+    image.kind = "image"
+    assert maker(bucketed).is_heavy(image) is False

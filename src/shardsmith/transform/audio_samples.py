@@ -34,6 +34,24 @@ from shardsmith.transform.audio import DecodedAudio, choose_duration, clip_windo
 from shardsmith.transform.geometry import Geometry
 
 AUDIO_ROLE = "audio"
+#: an audio-only item whose waveform lasts at most this (seconds) decodes in milliseconds: the worker pool
+#: sends it in a chunk with others (``LatentPixelMaker.is_heavy``)
+LIGHT_AUDIO_S = 10.0
+
+
+def audio_seconds(item: PlannedItem, cutter: "AudioCutter | None") -> float:
+    """The seconds of audio :meth:`AudioCutter.for_file` will decode for the audio-only ``item``, from the
+    plan's probe: its duration bucket, 0.0 when it is shorter than every bucket (skipped undecoded), the
+    whole file without buckets; infinite when the plan gave no duration or there is no cutter."""
+    target = item.media.get("target")
+    facts = target.audio if target is not None else None
+    if cutter is None or not facts or "duration" not in facts:
+        return float("inf")
+    duration = float(facts["duration"])
+    if not cutter.durations:
+        return duration
+    chosen = choose_duration(duration, cutter.durations)
+    return 0.0 if chosen is None else chosen
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from shardsmith.records import NO_AUDIO, WRITTEN, ItemError, PlannedItem, Sample
 from shardsmith.recipe import ImageRules
 from typing import TYPE_CHECKING
 
+from shardsmith.transform.audio_samples import LIGHT_AUDIO_S, audio_seconds
 from shardsmith.transform.buckets import Bucket, available_frames, choose_bucket, effective_fps, frame_indices
 from shardsmith.transform.geometry import Geometry, decide
 from shardsmith.transform.image import decode_image
@@ -79,10 +80,14 @@ class LatentPixelMaker:
                 raise ItemError("too_small", f"{item.item_id} is {w}x{h}, smaller than its bucket {bucket}; "
                                 "set images.upscale: true to enlarge it", skip=True)
 
-    @staticmethod
-    def is_heavy(item: PlannedItem) -> bool:
-        """A clip takes seconds to decode: the worker pool sends it on its own (see Workers.map)."""
-        return item.kind in ("video", "audio")
+    def is_heavy(self, item: PlannedItem) -> bool:
+        """Whether the worker pool sends ``item`` on its own (see Workers.map): a clip (seconds to decode),
+        and an audio file whose waveform would last more than :data:`LIGHT_AUDIO_S` or whose duration the
+        plan did not give. Shorter audio travels in chunks like images: one file decodes in milliseconds,
+        and alone each would pay a task's round trip and leave few waveforms decoded ahead of the encoder."""
+        if item.kind != "audio":
+            return item.kind == "video"
+        return not (audio_seconds(item, self.audio) <= LIGHT_AUDIO_S)
 
     def __call__(self, item: PlannedItem) -> SampleResult:
         try:
