@@ -91,6 +91,31 @@ def test_workers_map_returns_every_result_in_order_and_cleans_up():
     assert not path.exists()
 
 
+def test_chunks_are_unpacked_ahead_on_a_thread_of_their_own(monkeypatch):
+    """Mapping a chunk's file is kernel work: it runs on the pool's unpacking thread, in order and ahead of
+    the caller, whose thread (the build's busiest) only takes the results."""
+    import threading
+
+    import shardsmith.parallel as parallel
+
+    seen: list[tuple[str, int]] = []
+
+    def recording(p):
+        out = unpack(p)
+        seen.append((threading.current_thread().name, int(out[0][0, 0])))
+        return out
+
+    monkeypatch.setattr(parallel, "unpack", recording)
+    w = Workers(2, chunk=3)
+    try:
+        got = list(w.map(_big, range(12)))
+    finally:
+        w.close()
+    assert [i for i, _ in got] == list(range(12)) and all((a == i).all() for i, a in got)
+    assert [first for _, first in seen] == [0, 3, 6, 9]  # one call per chunk, in submission order
+    assert {name.split("_")[0] for name, _ in seen} == {"shardsmith-unpack"}
+
+
 def test_folders_of_killed_builds_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(shm_transfer, "MIN_FREE", 0)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

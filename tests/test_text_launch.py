@@ -97,8 +97,13 @@ def test_staged_and_launched_audio_equals_encode_item_by_item():
         vae.stage([np.zeros(100, np.float32)])
 
 
-def test_the_finisher_stacks_a_batch_s_audio_on_its_own_thread_and_waits_only_to_serialise():
+def test_the_finisher_hands_a_batch_s_audio_to_the_device_thread_and_waits_only_to_serialise():
+    """The calling thread (the build's busiest: it takes the decode workers' results and serialises)
+    only hands the waveforms over; the device thread stacks them (page-locked on a GPU) and launches
+    them, and the GPU's idle gaps are judged against the hand-over."""
     import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
@@ -108,6 +113,8 @@ def test_the_finisher_stacks_a_batch_s_audio_on_its_own_thread_and_waits_only_to
         def done(self):
             return False
 
+    device = ThreadPoolExecutor(1, thread_name_prefix="device")
+
     class Stage:
         text_encoder = None
         batch_size = 1
@@ -115,28 +122,29 @@ def test_the_finisher_stacks_a_batch_s_audio_on_its_own_thread_and_waits_only_to
         launched = 0
 
         def stage_audio(self, waves):
-            calls["staged_on"] = threading.current_thread()
-            return ("staged", len(waves))
+            calls["staged_on"] = threading.current_thread().name
+            return SimpleNamespace(n=len(waves), staged_at=None)
 
         def launch_audio(self, staged):
-            calls["launched"] = staged
+            calls["launched"] = (staged.n, staged.staged_at)
             return Launched()
 
         def submit(self, fn, *args):
-            from concurrent.futures import Future
-
-            f = Future()
-            f.set_result(fn(*args))
-            return f
+            return device.submit(fn, *args)
 
     fin = LatentFinisher.__new__(LatentFinisher)
     fin.in_flight, fin.max_in_flight, fin._stage = [], 4, Stage()
     res = SimpleNamespace(pixels=None, audio=np.zeros((2, 8), np.float32), partners=None, audio_reference=None,
                           teacher=None)
+    before = time.perf_counter()
     fin._submit([(SimpleNamespace(caption=None), res, 0)])
-    assert calls["staged_on"] is threading.current_thread() and calls["launched"] == ("staged", 1)
+    after = time.perf_counter()
     assert res.audio is None  # the device thread owns the waveform now
     assert not fin.in_flight[0][2].result().done()  # still on the device: not ready to serialise
+    assert calls["staged_on"].startswith("device")
+    n, handed_at = calls["launched"]
+    assert n == 1 and before <= handed_at <= after
+    device.shutdown()
 
 
 def _audio_stage():

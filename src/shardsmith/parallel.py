@@ -4,7 +4,8 @@
 ``window`` chunks of ``chunk`` items in flight (one task per chunk: the per-task overhead of a
 process pool is paid once per chunk), so host memory stays bounded whatever the dataset
 size. ``workers <= 1`` runs inline. Results come back packed (:mod:`~shardsmith.shm_transfer`): their
-large arrays through shared memory, the rest through the pool's pipe. Makers (picklable callables) are installed once
+large arrays through shared memory, the rest through the pool's pipe; they are unpacked (mapped) in
+order on a thread of their own, ahead of the caller, whose thread then only takes them. Makers (picklable callables) are installed once
 per worker process, keyed by name; a task is ``(maker_name, item)``.
 
 Workers never outlive the process that started them (:func:`exit_with_parent`): killed with
@@ -25,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 from shardsmith.shm_transfer import Packed, ResultFolder, pack, unpack
@@ -68,6 +69,11 @@ def _run_many(maker: Any, items: list[Any], folder: str | None = None) -> Packed
     return pack([maker(it) for it in items], folder)
 
 
+def _unpacked(fut: Any) -> list[Any]:
+    """A chunk's results, unpacked (the unpacking thread, in submission order)."""
+    return unpack(fut.result())
+
+
 def _widen_pipe(conn: Any, nbytes: int) -> bool:
     """Ask Linux for a ``nbytes`` pipe buffer behind ``conn`` (False where that is refused)."""
     try:
@@ -105,7 +111,11 @@ class Workers:
         self.n, self.chunk = workers, chunk
         self.pool = None
         self.results: ResultFolder | None = None  # where results' large arrays travel (None: the pipe)
+        self._unpacker: ThreadPoolExecutor | None = None
         if workers > 1:
+            # one thread unpacks the chunks in submission order (mapping a chunk's file and entering its pages is
+            # kernel work the caller's thread would otherwise wait for between taking results)
+            self._unpacker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-unpack")
             self.results = ResultFolder.create()
             # forked from this thread (the executor starts every worker at its first submit, below)
             main = threading.current_thread() is threading.main_thread()
@@ -139,10 +149,10 @@ class Workers:
 
         def drain_one():
             chunk, fut = q.popleft()
-            yield from zip(chunk, unpack(fut.result()))
+            yield from zip(chunk, fut.result())
 
         def submit(chunk_: list[Any], limit: int):
-            q.append((chunk_, self.pool.submit(_run_many, maker, chunk_, folder)))
+            q.append((chunk_, self._unpacker.submit(_unpacked, self.pool.submit(_run_many, maker, chunk_, folder))))
             if len(q) >= limit:
                 yield from drain_one()
 
@@ -161,12 +171,14 @@ class Workers:
                 yield from submit(chunk, window)
                 chunk = []
         if chunk:
-            q.append((chunk, self.pool.submit(_run_many, maker, chunk, folder)))
+            q.append((chunk, self._unpacker.submit(_unpacked, self.pool.submit(_run_many, maker, chunk, folder))))
         while q:
             yield from drain_one()
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+            self.pool.shutdown(cancel_futures=True)  # (the unpacking thread's waits then end too)
+        if self._unpacker is not None:
+            self._unpacker.shutdown(cancel_futures=True)
         if self.results is not None:
             self.results.close()

@@ -25,9 +25,9 @@ Contract
   caption once. Batches with pixels go exactly as before. Audio-only results queue by their audio's
   length (:func:`queue_of`).
 - Audio: a result with ``res.audio`` (a processed waveform, ``[2, N]`` float32) has it stacked on the
-  calling thread (``stage.stage_audio``: page-locked on a GPU), started by the stage's audio encoder on
-  the device thread with its batch (after the batch's VAE launch) and waited for when the batch is
-  serialised (``stage.audio_result``), and the
+  device thread (``stage.stage_audio``: page-locked on a GPU; the calling thread, which feeds the device
+  and serialises, is the build's busiest), started there by the stage's audio encoder with its batch
+  (after the batch's VAE launch) and waited for when the batch is serialised (``stage.audio_result``), and the
   renderer gets ``audio=`` one latent per item (None for an item without audio); a batch without any
   audio is rendered as before (no ``audio`` argument). An audio-only item has no pixels: it goes in
   the queue without pixels, whose batches then run the audio encoder too.
@@ -128,11 +128,17 @@ def _partner_latents(stage, partners: list | None) -> dict[str, list] | None:
     return out
 
 
-def _audio_latents(stage, staged) -> "LaunchedAudio | None":
-    """Encoder thread: a batch's audio (:meth:`EncodeStage.stage_audio`, None: no item has audio)
-    started on the device; the calling thread takes one latent per item (None where the item has no
-    audio) with :func:`_audio_out` when it serialises the batch."""
-    return None if staged is None else stage.launch_audio(staged)
+def _audio_latents(stage, waves: list | None, handed_at: float) -> "LaunchedAudio | None":
+    """Encoder thread: a batch's waveforms (one per item, None where it has none; ``waves`` None: no item
+    has audio) stacked (:meth:`EncodeStage.stage_audio`) and started on the device; the calling thread
+    takes one latent per item (None where the item has no audio) with :func:`_audio_out` when it
+    serialises the batch. ``handed_at``: when the calling thread submitted the batch (the GPU's idle
+    gaps are judged against it: the stacking is this thread's work)."""
+    staged = None if waves is None else stage.stage_audio(waves)
+    if staged is None:
+        return None
+    staged.staged_at = handed_at
+    return stage.launch_audio(staged)
 
 
 def _audio_out(stage, launched) -> list | None:
@@ -232,16 +238,15 @@ class LatentFinisher:
             self._stage.expect(items, since=self._base)
 
     def _submit(self, entries: list[tuple[PlannedItem, SampleResult, int]]) -> None:
-        # stage (stack + page-lock) here, while the encoder thread still runs the previous batch
+        # pixels staged (stack + page-lock) here, while the encoder thread still runs the previous batch; waveforms
+        # on the encoder thread (_audio_latents)
         stage = self.stage
         batch = [(item, res) for item, res, _ in entries]
         waves, partners, ref_waves, teach = (_take(batch, a) for a in ("audio", "partners", "audio_reference",
                                                                         "teacher"))
-        # audio stacked here too (page-locked on a GPU), while the encoder thread runs the batch before
-        waves, ref_waves = (None if w is None else stage.stage_audio(w) for w in (waves, ref_waves))
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
             self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves,
-                                                                      ref_waves, teach)))
+                                                                      ref_waves, teach, time.perf_counter())))
             while len(self.in_flight) > self.max_in_flight:
                 self._finish(self.in_flight.pop(0))
             return
@@ -265,14 +270,14 @@ class LatentFinisher:
         captions = [it.caption or "" for it, _ in batch] if stage.text_encoder else None
         pend = stage.launch(host, len(batch), captions, staged_at=staged_at)
         pend.failed = getattr(host, "failed", None) or None  # JPEGs no decoder could read (gpu_decode)
-        pend.audio = _audio_latents(stage, waves)
+        pend.audio = _audio_latents(stage, waves, staged_at)
         pend.partners = _partner_latents(stage, partners)
-        pend.audio_reference = _audio_latents(stage, ref_waves)
+        pend.audio_reference = _audio_latents(stage, ref_waves, staged_at)
         return pend
 
     @staticmethod
     def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]], waves=None,
-                   ref_waves=None, teach=None) -> "TextOnlyBatch":
+                   ref_waves=None, teach=None, handed_at: float = 0.0) -> "TextOnlyBatch":
         """Encoder thread: the captions of a batch without pixels through the text encoder, and
         their audio (and their references' audio) through the audio encoder; with ``teach`` (one
         :class:`~shardsmith.records.TeacherInput` per item, one shape), the teacher's trajectories, from
@@ -289,7 +294,8 @@ class LatentFinisher:
         teacher = None
         if teach is not None:  # shardsmith distill: the teacher samples each prompt
             teacher = stage.trajectories([it.item_id for it, _ in batch], texts, teach[0].shape)
-        return TextOnlyBatch(texts, _audio_latents(stage, waves), _audio_latents(stage, ref_waves), teacher)
+        return TextOnlyBatch(texts, _audio_latents(stage, waves, handed_at), _audio_latents(stage, ref_waves, handed_at),
+                             teacher)
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).

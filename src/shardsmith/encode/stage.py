@@ -21,8 +21,8 @@ Contract
 - ``text(captions)`` returns ``(emb [L, D], mask [L])`` per caption (``""`` for none), cached
   by caption within the stage (at most ``TEXT_CACHE_BYTES`` beyond the current batch).
 - ``stage_audio(waves)`` / ``launch_audio(staged)`` / ``audio_result(launched)``: audio latents of
-  processed waveforms (``models.audio_vae``): stacked on the calling thread, started on the device
-  thread after the batch's VAE launch, waited for (and booked) when the batch is serialised.
+  processed waveforms (``models.audio_vae``): stacked and started on the device thread (after the
+  batch's VAE launch), waited for (and booked) when the batch is serialised.
 - ``describe()`` gives the manifest block: each model's spec and provenance, with
   ``"random-weights"`` plain to see.
 """
@@ -365,7 +365,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
 
     def stage_audio(self, waves: list) -> "StagedAudio | None":
         """The host side of an audio batch (:meth:`AudioVae.stage <shardsmith.encode.audio_vae.AudioVae.stage>`),
-        on the calling thread; None when no item has a waveform."""
+        on the calling thread (the build's: the device thread); None when no item has a waveform."""
         if all(w is None for w in waves):
             return None
         if self.audio_vae is None:
