@@ -136,8 +136,12 @@ def _kill_and_resume(recipe: Path, out: Path) -> subprocess.CompletedProcess:
     assert workers, "the build's GPU workers were not found"
     os.kill(p.pid, signal.SIGKILL)  # the build's process only: its workers must go with it
     p.wait()
-    time.sleep(2.0)
-    left = [w for w in workers if os.path.exists(f"/proc/{w}")]
+    # A worker that runs ends at once (PR_SET_PDEATHSIG); one still starting (a spawned interpreter importing
+    # the CLI's modules, seconds on a loaded machine: the build writes units itself meanwhile) ends as soon as
+    # its first line runs (exit_with_parent). Neither has opened the ledger or a shard before that.
+    deadline = time.monotonic() + 20
+    while (left := [w for w in workers if os.path.exists(f"/proc/{w}")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not left, f"workers {left} of the killed build still run"
     before = {f: f.stat().st_mtime_ns for f in out.rglob("*.tar")}
     time.sleep(1.0)
