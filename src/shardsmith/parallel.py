@@ -1,12 +1,12 @@
 """Bounded, ordered parallel map over worker processes.
 
-``Workers.map(name, items)`` yields ``(item, result)`` in input order while keeping at most
+``Workers.map(maker, items)`` yields ``(item, result)`` in input order while keeping at most
 ``window`` chunks of ``chunk`` items in flight (one task per chunk: the per-task overhead of a
 process pool is paid once per chunk), so host memory stays bounded whatever the dataset
-size. ``workers <= 1`` runs inline. Results come back packed (:mod:`~shardsmith.shm_transfer`): their
-large arrays through shared memory, the rest through the pool's pipe; they are unpacked (mapped) in
-order on a thread of their own, ahead of the caller, whose thread then only takes them. Makers (picklable callables) are installed once
-per worker process, keyed by name; a task is ``(maker_name, item)``.
+size. ``workers <= 1`` runs inline. The maker (a picklable callable) travels with each chunk. Results
+come back packed (:mod:`~shardsmith.shm_transfer`): their large arrays through shared memory, the rest
+through the pool's pipe; they are unpacked (mapped) in order on a thread of their own, ahead of the
+caller, whose thread then only takes them.
 
 Workers never outlive the process that started them (:func:`exit_with_parent`): killed with
 ``kill -9``, a build leaves no worker holding its ledger or its files open.
