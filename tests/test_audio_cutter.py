@@ -86,3 +86,15 @@ def test_short_audio_files_travel_to_the_workers_in_chunks_long_ones_alone(tmp_p
     image = _item(f, None)
     image.kind = "image"
     assert maker(bucketed).is_heavy(image) is False
+
+
+def test_scan_probes_audio_files_in_chunks_and_clips_alone(tmp_path):
+    """``shardsmith scan`` probes an audio file by its header (milliseconds): in a chunk, as the build sends
+    it; a clip's probe decodes a frame and goes alone."""
+    from shardsmith.scan.media import ClipProber
+
+    f = tmp_path / "a.flac"
+    assert ClipProber.is_heavy(_item(f, _facts(9.5))) is False
+    video = _item(f, None)
+    video.kind = "video"
+    assert ClipProber.is_heavy(video) is True

@@ -101,7 +101,9 @@ class ClipProber:
 
     @staticmethod
     def is_heavy(item: PlannedItem) -> bool:
-        return True  # a probe demuxes and decodes a frame: one clip per task
+        """A clip's probe demuxes and decodes a frame: one clip per task. An audio file's reads its header
+        (milliseconds): in chunks, as the build sends audio files (``LatentPixelMaker.is_heavy``)."""
+        return item.kind != "audio"
 
     def __call__(self, item: PlannedItem) -> Clip:
         from shardsmith.transform.video import probe_video
