@@ -151,8 +151,11 @@ class Workers:
             chunk, fut = q.popleft()
             yield from zip(chunk, fut.result())
 
+        def launch(chunk_: list[Any]) -> tuple[list[Any], Any]:  # the chunk, and the future of its unpacked results
+            return chunk_, self._unpacker.submit(_unpacked, self.pool.submit(_run_many, maker, chunk_, folder))
+
         def submit(chunk_: list[Any], limit: int):
-            q.append((chunk_, self._unpacker.submit(_unpacked, self.pool.submit(_run_many, maker, chunk_, folder))))
+            q.append(launch(chunk_))
             if len(q) >= limit:
                 yield from drain_one()
 
@@ -171,7 +174,7 @@ class Workers:
                 yield from submit(chunk, window)
                 chunk = []
         if chunk:
-            q.append((chunk, self._unpacker.submit(_unpacked, self.pool.submit(_run_many, maker, chunk, folder))))
+            q.append(launch(chunk))
         while q:
             yield from drain_one()
 

@@ -128,16 +128,17 @@ def _partner_latents(stage, partners: list | None) -> dict[str, list] | None:
     return out
 
 
-def _audio_latents(stage, waves: list | None, handed_at: float) -> "LaunchedAudio | None":
+def _audio_latents(stage, waves: list | None, handed_at: float | None) -> "LaunchedAudio | None":
     """Encoder thread: a batch's waveforms (one per item, None where it has none; ``waves`` None: no item
     has audio) stacked (:meth:`EncodeStage.stage_audio`) and started on the device; the calling thread
     takes one latent per item (None where the item has no audio) with :func:`_audio_out` when it
     serialises the batch. ``handed_at``: when the calling thread submitted the batch (the GPU's idle
-    gaps are judged against it: the stacking is this thread's work)."""
+    gaps are judged against it: the stacking is this thread's work); None: when it was stacked."""
     staged = None if waves is None else stage.stage_audio(waves)
     if staged is None:
         return None
-    staged.staged_at = handed_at
+    if handed_at is not None:
+        staged.staged_at = handed_at
     return stage.launch_audio(staged)
 
 
@@ -277,7 +278,7 @@ class LatentFinisher:
 
     @staticmethod
     def _text_only(stage, batch: list[tuple[PlannedItem, SampleResult]], waves=None,
-                   ref_waves=None, teach=None, handed_at: float = 0.0) -> "TextOnlyBatch":
+                   ref_waves=None, teach=None, handed_at: float | None = None) -> "TextOnlyBatch":
         """Encoder thread: the captions of a batch without pixels through the text encoder, and
         their audio (and their references' audio) through the audio encoder; with ``teach`` (one
         :class:`~shardsmith.records.TeacherInput` per item, one shape), the teacher's trajectories, from
@@ -294,8 +295,8 @@ class LatentFinisher:
         teacher = None
         if teach is not None:  # shardsmith distill: the teacher samples each prompt
             teacher = stage.trajectories([it.item_id for it, _ in batch], texts, teach[0].shape)
-        return TextOnlyBatch(texts, _audio_latents(stage, waves, handed_at), _audio_latents(stage, ref_waves, handed_at),
-                             teacher)
+        return TextOnlyBatch(texts, _audio_latents(stage, waves, handed_at),
+                             _audio_latents(stage, ref_waves, handed_at), teacher)
 
     def _finish(self, entry) -> None:
         """Calling thread: wait for the batch, serialise members (re-raises an encoder error here).

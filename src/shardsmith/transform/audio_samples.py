@@ -39,15 +39,20 @@ AUDIO_ROLE = "audio"
 LIGHT_AUDIO_S = 10.0
 
 
+def planned_duration(item: PlannedItem) -> float | None:
+    """The plan's probe of an audio-only item's duration (seconds); None where the plan has none for it."""
+    target = item.media.get("target")
+    facts = target.audio if target is not None else None
+    return float(facts["duration"]) if facts is not None and "duration" in facts else None
+
+
 def audio_seconds(item: PlannedItem, cutter: "AudioCutter | None") -> float:
     """The seconds of audio :meth:`AudioCutter.for_file` will decode for the audio-only ``item``, from the
     plan's probe: its duration bucket, 0.0 when it is shorter than every bucket (skipped undecoded), the
     whole file without buckets; infinite when the plan gave no duration or there is no cutter."""
-    target = item.media.get("target")
-    facts = target.audio if target is not None else None
-    if cutter is None or not facts or "duration" not in facts:
+    duration = planned_duration(item)
+    if cutter is None or duration is None:
         return float("inf")
-    duration = float(facts["duration"])
     if not cutter.durations:
         return duration
     chosen = choose_duration(duration, cutter.durations)
@@ -112,11 +117,8 @@ class AudioCutter:
         """An audio-only item's waveform (see the module contract). The file's duration is the plan's
         probe of it (the caller has checked that the bytes are the planned ones), probed again only
         where the plan has none or found no audio (whose error then names the reason)."""
-        target = item.media.get("target")
-        facts = target.audio if target is not None else None
-        if facts is not None and "duration" in facts:
-            duration = float(facts["duration"])
-        else:
+        duration = planned_duration(item)
+        if duration is None:
             try:
                 duration = probe_audio(item.path, item.item_id).duration
             except ItemError as err:

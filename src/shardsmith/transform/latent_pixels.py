@@ -87,7 +87,7 @@ class LatentPixelMaker:
         and alone each would pay a task's round trip and leave few waveforms decoded ahead of the encoder."""
         if item.kind != "audio":
             return item.kind == "video"
-        return not (audio_seconds(item, self.audio) <= LIGHT_AUDIO_S)
+        return audio_seconds(item, self.audio) > LIGHT_AUDIO_S
 
     def __call__(self, item: PlannedItem) -> SampleResult:
         try:
