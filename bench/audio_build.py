@@ -207,7 +207,7 @@ def encoder_alone(src: Path, args) -> dict:
     with torch.inference_mode():
         secs = {"sync": best_of_two(lambda: [vae.encode(b) for b in batches]),
                 "pipelined": best_of_two(lambda: [vae.launch(s) for s in staged]),
-                "resident": best_of_two(lambda: [vae._latents(x) for x in resident])}
+                "resident": best_of_two(lambda: [vae._latents(x, vae.spec.sample_rate) for x in resident])}
     rates = {k: round(len(waves) / v, 1) for k, v in secs.items()}
     fastest = max(rates, key=rates.get)
     return {"items": len(waves), "encode_s": round(secs[fastest], 3), "items_per_s": rates[fastest],

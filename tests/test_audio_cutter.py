@@ -33,12 +33,23 @@ def test_the_plan_s_probe_gives_the_duration_and_the_file_is_not_probed_again(sp
 
     monkeypatch.setattr(audio_samples, "probe_audio", refuse)
     got, info = AudioCutter(16000, durations=(1.0, 2.0)).for_file(_item(speech, facts))
-    assert got.shape == (2, 32000) and got.dtype == np.float32 and np.array_equal(got, want)
+    # cut at the source's 44.1 kHz (the encoder resamples it): 2.0 s is 88,200 samples there, 32,000 at 16 kHz;
+    # mono stays one channel (the encoder duplicates it)
+    assert got.rate == 44100 and got.samples.shape == (1, 88200) and got.samples.dtype == np.float32
+    assert np.array_equal(got.samples, want.samples) and got.length_at(16000) == 32000
     assert info == want_info and info["duration"] == 2.0
+    assert (info["samples"], info["rate"], info["cut_samples"], info["cut_rate"]) == (32000, 16000, 88200, 44100)
     whole, _ = AudioCutter(16000).for_file(_item(speech, facts))  # no buckets: the whole file, as probed
-    assert whole.shape == (2, round(facts["duration"] * 16000))
+    assert whole.samples.shape == (1, round(facts["duration"] * 44100))
     with pytest.raises(ItemError, match="lasts 2.600 s, shorter than the smallest audio duration bucket"):
         AudioCutter(16000, durations=(4.0,)).for_file(_item(speech, facts))
+
+
+def test_with_the_ffmpeg_resampler_the_worker_resamples_to_the_encoder_s_rate(speech):
+    facts = probe_audio(str(speech), "s").to_json()
+    got, info = AudioCutter(16000, durations=(2.0,), resampler="ffmpeg").for_file(_item(speech, facts))
+    assert got.rate == 16000 and got.samples.shape == (2, 32000)
+    assert (info["samples"], info["rate"], info["cut_samples"], info["cut_rate"]) == (32000, 16000, 32000, 16000)
 
 
 def test_a_plan_that_found_no_audio_is_probed_again_for_the_reason(tmp_path):

@@ -478,3 +478,18 @@ def test_ci_has_real_speech():
     if os.environ.get("CI") and not SPEECH_IS_REAL:
         pytest.fail("CI has no espeak-ng: .ci/run must install it (the audio tests would use synthetic sound)")
     assert SPEECH_IS_REAL or not os.environ.get("CI")
+
+
+def test_a_seek_at_the_source_s_rate_gives_the_decode_from_zero_then_cut(tmp_path, monkeypatch):
+    """``rate=None`` (audio.resampler: sinc): no resampler in the worker; a clip that starts late still seeks,
+    and its window equals a decode from the beginning cut at the source's 48 kHz, sample for sample."""
+    p = vf.pan_video(tmp_path / "v.mp4", frames=72, fps=24, size=(64, 64), photo="camera", audio="speech",
+                     audio_rate=48000, audio_layout="5.1")
+    start, dur = clip_window(54, 24.0, 17, 24.0)  # 2.25 s in, 0.708 s long
+    calls = _count_seeks(monkeypatch)
+    got = decode_audio(str(p), "v", rate=None, start=start, duration=dur, keep_mono=True)
+    assert calls == ["seek"] and got.rate == 48000
+    assert got.wave.shape == (2, num_samples(17 / 24, 48000))  # 5.1 down-mixed (keep_mono keeps only mono)
+    want = _decode_from_zero_then_cut(p, 48000, start, dur)
+    assert np.array_equal(got.wave, want)
+    assert _rms(got.wave) > 0.005

@@ -203,11 +203,11 @@ def test_oom_halves_the_batch(tiny, speech2, monkeypatch):
     real = tiny._forward
     calls = []
 
-    def forward(x):
+    def forward(x, rate):
         calls.append(x.shape[0])
         if x.shape[0] > 1:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(x)
+        return real(x, rate)
 
     monkeypatch.setattr(tiny, "_forward", forward)
     before = tiny.oom_retries
@@ -218,7 +218,7 @@ def test_oom_halves_the_batch(tiny, speech2, monkeypatch):
     ref = tiny.encode([speech2, speech2 * 0.5, speech2 * 0.25])
     assert all((a - b).abs().max() < 1e-5 for a, b in zip(out, ref))
 
-    def broken(x):
+    def broken(x, rate):
         raise RuntimeError("something else")
 
     monkeypatch.setattr(tiny, "_forward", broken)

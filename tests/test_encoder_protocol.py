@@ -23,7 +23,7 @@ def test_the_stage_describes_and_stamps_its_encoders_by_name():
     assert d["vae"]["spec"] == {"family": "sd", "kind": "image_vae"} and d["text"]["provenance"]["weights"] == "pretrained"
     assert d["random_weights"] == ["vae"]
     recipe = SimpleNamespace(geometry=SimpleNamespace(buckets=["64x64x1"], fps=None), lora_trigger=None,
-                             audio=SimpleNamespace(skip=False, durations=None))
+                             audio=SimpleNamespace(skip=False, durations=None, resampler="sinc"))
     stamp = both.stamp(recipe)
     assert list(stamp) == ["vae", "text", "buckets", "fps"] and stamp["text"] is not None  # no audio: as before
 
@@ -31,8 +31,11 @@ def test_the_stage_describes_and_stamps_its_encoders_by_name():
     av = EncodeStage(vae, text, batch_size=2, device="cpu", audio_vae=audio)
     assert list(av.encoders) == list(ENCODER_NAMES)[:3] == ["vae", "text", "audio_vae"]
     assert av.describe()["random_weights"] == ["audio_vae", "vae"]
-    assert list(av.stamp(recipe)) == ["vae", "text", "audio_vae", "buckets", "fps"]
-    skipped = SimpleNamespace(**{**vars(recipe), "audio": SimpleNamespace(skip=True, durations=None)})
+    assert list(av.stamp(recipe)) == ["vae", "text", "audio_vae", "buckets", "fps", "audio_resampler"]
+    assert av.stamp(recipe)["audio_resampler"] == "sinc"  # cut at the source's rate, resampled by the encoder
+    ffmpeg = SimpleNamespace(**{**vars(recipe), "audio": SimpleNamespace(skip=False, durations=None, resampler="ffmpeg")})
+    assert list(av.stamp(ffmpeg)) == ["vae", "text", "audio_vae", "buckets", "fps"]  # as trees before the setting
+    skipped = SimpleNamespace(**{**vars(recipe), "audio": SimpleNamespace(skip=True, durations=None, resampler="sinc")})
     assert both.stamp(skipped)["audio"] == "skipped"  # a tree built with --skip-audio is another cache
 
     teacher = _enc("sana", "teacher", "random-weights")  # shardsmith distill: the text encoder and the teacher

@@ -88,7 +88,7 @@ def test_staged_and_launched_audio_equals_encode_item_by_item():
     waves = [long_, None, short, long_ * 0.5, None]
     want = vae.encode([w for w in waves if w is not None])
     staged = vae.stage(waves)
-    assert staged.n == 5 and sorted(len(idx) for idx, _ in staged.groups) == [1, 2]  # one group per length
+    assert staged.n == 5 and sorted(len(idx) for idx, _, _ in staged.groups) == [1, 2]  # one group per length
     got = vae.launch(staged).result()
     assert [g is None for g in got] == [False, True, False, False, True]
     for w, g in zip(want, [g for g in got if g is not None]):

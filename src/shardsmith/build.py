@@ -289,6 +289,9 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
             from shardsmith.encode import offload
 
             recipe = offload.settle(recipe, ledger)  # models.offload where no GPU must be asked (kept in the ledger)
+            from shardsmith.encode import resample
+
+            recipe = resample.settle(recipe, ledger)  # audio.resampler, as this build began (kept in the ledger)
         stale = remove_stale_tmp(root)
         if stale:
             progress.say(f"resuming: removed {len(stale)} uncommitted temporary file(s)")
@@ -679,7 +682,10 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
     if cutter is not None:
         from shardsmith.safety import audio as audio_safety
 
+        from shardsmith.encode.resample import describe
+
         result["audio"] = {"required": recipe.audio_required, "rate": cutter.rate,
+                           "resampler": describe(cutter.resampler),
                            "preflight": audio_safety.preflight(ledger, recipe, output, cutter), "splits": {}}
     elif recipe.audio.skip:
         result["audio"] = {"skipped": True, "why": "--skip-audio (audio.skip): no audio latents were written"}

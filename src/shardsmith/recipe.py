@@ -470,6 +470,11 @@ class AudioRules(_Strict):
     durations: Annotated[list[float] | None, BeforeValidator(_durations)] = Field(
         None, description="duration buckets in seconds of audio-only items (LTX's --audio-durations '2.0;4.0;8.0'): "
         "each file takes the largest bucket not longer than it; shorter files are skipped:too_short")
+    resampler: Literal["sinc", "ffmpeg"] = Field(
+        "sinc", description="how audio reaches the encoder's rate. sinc: LTX-2's way, the window cut at the "
+        "source's rate, then torchaudio's resample (Hann-windowed sinc, 6 zero crossings, rolloff 0.99) on the "
+        "audio encoder's device before the mel; ffmpeg: FFmpeg's swresample in the decode workers, then the cut "
+        "at the encoder's rate (what builds did before this setting; a resumed build keeps the one it began with)")
 
     @field_validator("durations")
     @classmethod

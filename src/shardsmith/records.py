@@ -176,6 +176,24 @@ class TeacherInput:
     emb: Any = None
 
 
+@dataclass(frozen=True)
+class Waveform:
+    """A sample's audio on its way to the audio encoder: float32 ``samples`` ``[2, N]`` (stereo) or ``[1, N]``
+    (mono, which the encoder duplicates to both channels on its device, as LTX-2 does) at ``rate`` Hz. The
+    encoder resamples it to its own rate first when ``rate`` differs (``audio.resampler: sinc``: the window
+    is cut at the source's rate, as LTX-2 does); with ``audio.resampler: ffmpeg`` it comes stereo at the
+    encoder's rate already."""
+
+    samples: Any
+    rate: int
+
+    def length_at(self, rate: int) -> int:
+        """Its sample count once at ``rate`` Hz (:func:`~shardsmith.transform.audio.resampled_length`)."""
+        from shardsmith.transform.audio import resampled_length
+
+        return resampled_length(int(self.samples.shape[-1]), self.rate, rate)
+
+
 @dataclass
 class SampleResult:
     """What the transform stage returns for one item and one output."""
@@ -186,10 +204,10 @@ class SampleResult:
     members: dict[str, bytes] | None = None  # suffix -> bytes (wds) or {"png": ...} (zip)
     info: dict[str, Any] = field(default_factory=dict)  # per-sample facts for json/manifest
     pixels: Any = None  # latent outputs: uint8 frames [F, H, W, 3] in their bucket, awaiting the encoder
-    audio: Any = None  # outputs with audio latents: float32 [2, N] at the audio encoder's rate, awaiting it
+    audio: Waveform | None = None  # outputs with audio latents: the sample's waveform, awaiting the audio encoder
     partners: Any = None  # latent outputs of a mode with partners: {name: uint8 [F, H, W, 3]}, awaiting the VAE
     conditions: Any = None  # arrays written as they are (a latent-grid mask, camera rows): {name: ndarray}
-    audio_reference: Any = None  # IC-LoRA with audio: the reference's waveform [2, N], awaiting the audio encoder
+    audio_reference: Waveform | None = None  # IC-LoRA with audio: the reference's waveform, awaiting the audio encoder
     teacher: TeacherInput | None = None  # shardsmith distill: what the teacher samples, awaiting it
 
 

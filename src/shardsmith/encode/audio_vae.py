@@ -335,23 +335,32 @@ class AudioVae:
         """Latent time steps of ``num_samples`` samples (what :meth:`encode` returns; pure arithmetic)."""
         return self.settings.latent_steps(num_samples)
 
-    def _forward(self, x: "torch.Tensor") -> "torch.Tensor":
-        return self._latents(x).to("cpu")
+    def _forward(self, x: "torch.Tensor", rate: int) -> "torch.Tensor":
+        return self._latents(x, rate).to("cpu")
 
-    def _latents(self, x: "torch.Tensor") -> "torch.Tensor":
-        """``[B, 2, N]`` waveforms (any device) -> normalised latents ``[B, C, T, F]`` float32 on the model's device."""
+    def _latents(self, x: "torch.Tensor", rate: int) -> "torch.Tensor":
+        """``[B, 2, N]`` (or mono ``[B, 1, N]``) waveforms at ``rate`` Hz (any device) -> normalised latents
+        ``[B, C, T, F]`` float32 on the model's device. There, as LTX-2's ``_encode_audio`` and ``AudioProcessor``
+        do: mono duplicated to stereo, resampled to the encoder's rate (:mod:`shardsmith.encode.resample`),
+        then the mel and the encoder."""
         import torch
 
+        from shardsmith.encode.resample import resample
+
         with torch.inference_mode():
+            x = x.to(device=self.device, dtype=torch.float32)
+            if x.shape[1] == 1:
+                x = x.repeat(1, 2, 1)
+            x = resample(x, rate, self.settings.sample_rate)
             mel = self.mel(x)
             post = self.model.encode(mel.to(self.torch_dtype)).latent_dist
             return self.normalise(post.mean)
 
-    def _encode_batch(self, x: "torch.Tensor") -> list["torch.Tensor"]:
+    def _encode_batch(self, x: "torch.Tensor", rate: int) -> list["torch.Tensor"]:
         import torch
 
         try:
-            z = self._forward(x)
+            z = self._forward(x, rate)
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
             if not _is_oom(exc):
                 raise
@@ -362,47 +371,44 @@ class AudioVae:
             if n > 1:
                 half = n // 2
                 log.warning("out of memory encoding %d audio clips; retrying as %d + %d", n, half, n - half)
-                return self._encode_batch(x[:half]) + self._encode_batch(x[half:])
+                return self._encode_batch(x[:half], rate) + self._encode_batch(x[half:], rate)
             raise
         return [t.clone() for t in z.unbind(0)]
 
-    def encode(self, waves: list[np.ndarray]) -> list["torch.Tensor"]:
-        """Waveforms ``[2, N]`` float32 at ``spec.sample_rate`` -> normalised latents ``[C, T, F]`` float32 on the
-        CPU, in order. Items of the same N run as one batch; each result is independent of its batch-mates."""
+    def encode(self, waves: list) -> list["torch.Tensor"]:
+        """Waveforms -> normalised latents ``[C, T, F]`` float32 on the CPU, in order. A waveform is a
+        :class:`~shardsmith.records.Waveform` (float32 ``[2, N]`` at its rate, resampled to the encoder's
+        first) or a float32 ``[2, N]`` array at ``spec.sample_rate``. Items of the same rate and N run as
+        one batch; each result is independent of its batch-mates."""
         import torch
 
-        arrays = _stereo_arrays(waves)
-        groups: dict[int, list[int]] = {}
-        for i, a in enumerate(arrays):
-            groups.setdefault(a.shape[1], []).append(i)
+        arrays = dict(enumerate(_stereo_arrays(waves, self.settings.sample_rate)))
         out: list[torch.Tensor | None] = [None] * len(arrays)
-        for idx in groups.values():
-            x = torch.from_numpy(np.stack([arrays[i] for i in idx]))
-            for i, z in zip(idx, self._encode_batch(x)):
+        for (rate, _, _), idx in _groups(arrays).items():
+            x = torch.from_numpy(np.stack([arrays[i][0] for i in idx]))
+            for i, z in zip(idx, self._encode_batch(x, rate)):
                 out[i] = z
         return out  # type: ignore[return-value]
 
-    def stage(self, waves: list[np.ndarray | None]) -> "StagedAudio":
+    def stage(self, waves: list) -> "StagedAudio":
         """The host side of :meth:`launch` (the caller's thread, while the device runs the batch before):
-        waveforms (None: an item without audio) stacked per length into one ``[B, 2, N]`` float32 tensor
-        each, page-locked when the model is on a GPU. Refuses what :meth:`encode` refuses."""
+        waveforms (as :meth:`encode` takes them; None: an item without audio) stacked per rate and length
+        into one ``[B, 2, N]`` float32 tensor each, page-locked when the model is on a GPU. Refuses what
+        :meth:`encode` refuses."""
         import torch
 
         from shardsmith.encode.host_threads import one_intra_op_thread
 
         present = [i for i, w in enumerate(waves) if w is not None]
-        arrays = dict(zip(present, _stereo_arrays([waves[i] for i in present])))
-        groups: dict[int, list[int]] = {}
-        for i, a in arrays.items():
-            groups.setdefault(a.shape[1], []).append(i)
+        arrays = dict(zip(present, _stereo_arrays([waves[i] for i in present], self.settings.sample_rate)))
         staged = []
         pin = self.device.type == "cuda"
-        for idx in groups.values():
-            views = [torch.from_numpy(np.ascontiguousarray(arrays[i])) for i in idx]
+        for (rate, _, _), idx in _groups(arrays).items():
+            views = [torch.from_numpy(np.ascontiguousarray(arrays[i][0])) for i in idx]
             host = torch.empty((len(views), *views[0].shape), dtype=torch.float32, pin_memory=pin)
             with one_intra_op_thread():  # copies with the GIL released; the decode workers hold the cores
                 torch.stack(views, out=host)
-            staged.append((idx, host))
+            staged.append((idx, host, rate))
         return StagedAudio(len(waves), staged)
 
     def launch(self, staged: "StagedAudio") -> "LaunchedAudio":
@@ -414,21 +420,21 @@ class AudioVae:
         import torch
 
         if self.device.type != "cuda":
-            return LaunchedAudio(staged.n, [(idx, self._encode_batch(x)) for idx, x in staged.groups])
+            return LaunchedAudio(staged.n, [(idx, self._encode_batch(x, rate)) for idx, x, rate in staged.groups])
         from shardsmith.encode.text import to_pinned
 
         start = torch.cuda.Event(enable_timing=True)
         start.record()
         parts: list = []
-        for idx, host in staged.groups:
+        for idx, host, rate in staged.groups:
             try:
-                parts.append((idx, to_pinned(self._latents(host.to(self.device, non_blocking=True)))))
+                parts.append((idx, to_pinned(self._latents(host.to(self.device, non_blocking=True), rate))))
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                 if not _is_oom(exc):
                     raise
                 self.oom_retries += 1
                 torch.cuda.empty_cache()
-                parts.append((idx, self._encode_batch(host)))
+                parts.append((idx, self._encode_batch(host, rate)))
         done = torch.cuda.Event(enable_timing=True)
         done.record()
         return LaunchedAudio(staged.n, parts, start, done, keep=staged)
@@ -512,22 +518,37 @@ def _load_pretrained_vocoder(pretrained: str, subfolder: str | None, revision: s
     return voc
 
 
-def _stereo_arrays(waves) -> list[np.ndarray]:
-    """``waves`` as float32 arrays, each ``[2, N]``; anything else is refused naming the clip."""
+def _stereo_arrays(waves, rate: int) -> list[tuple[np.ndarray, int]]:
+    """``(float32 [2, N] array, its rate)`` of each of ``waves``: a :class:`~shardsmith.records.Waveform`
+    (at its own rate; ``[1, N]`` when mono, duplicated on the device) or an array (at ``rate``, the
+    encoder's); anything else is refused naming the clip."""
+    from shardsmith.records import Waveform
+
     arrays = []
     for i, w in enumerate(waves):
+        r, channels = rate, (2,)
+        if isinstance(w, Waveform):
+            w, r, channels = w.samples, int(w.rate), (1, 2)
         a = np.asarray(w, dtype=np.float32)
-        if a.ndim != 2 or a.shape[0] != 2:
+        if a.ndim != 2 or a.shape[0] not in channels:
             raise ValueError(f"audio clip {i}: expected a stereo waveform [2, N], got shape {a.shape} "
                              "(mono is duplicated to both channels before the encoder, as LTX does)")
-        arrays.append(a)
+        arrays.append((a, r))
     return arrays
+
+
+def _groups(arrays: dict[int, tuple[np.ndarray, int]]) -> dict[tuple[int, int, int], list[int]]:
+    """Item indices by ``(rate, channels, N)``: the items one batch resamples and encodes together."""
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, (a, r) in arrays.items():
+        groups.setdefault((r, *a.shape), []).append(i)
+    return groups
 
 
 @dataclass
 class StagedAudio:
-    """:meth:`AudioVae.stage`'s result: ``n`` items; ``groups``: ``(item indices, [B, 2, N] float32 host tensor)``
-    per waveform length."""
+    """:meth:`AudioVae.stage`'s result: ``n`` items; ``groups``: ``(item indices, [B, 2, N] float32 host tensor,
+    its rate)`` per waveform rate and length."""
 
     n: int
     groups: list

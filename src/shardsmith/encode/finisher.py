@@ -23,8 +23,8 @@ Contract
   when the batch is serialised; ``stage.text`` where a teacher takes them at once), and are rendered with
   ``z`` None. They are not put in the memo (it keeps latents); the caption cache already encodes a
   caption once. Batches with pixels go exactly as before. Audio-only results queue by their audio's
-  length (:func:`queue_of`).
-- Audio: a result with ``res.audio`` (a processed waveform, ``[2, N]`` float32) has it stacked on the
+  rate and length (:func:`queue_of`).
+- Audio: a result with ``res.audio`` (a :class:`~shardsmith.records.Waveform`) has it stacked on the
   device thread (``stage.stage_audio``: page-locked on a GPU; the calling thread, which feeds the device
   and serialises, is the build's busiest), started there by the stage's audio encoder with its batch
   (after the batch's VAE launch) and waited for when the batch is serialised (``stage.audio_result``), and the
@@ -67,14 +67,15 @@ TEXT_ONLY = "text-only"  # the queue of results without pixels (never a bucket's
 
 def queue_of(res: SampleResult) -> str:
     """The queue an encoder result waits in for its batch: its pixel bucket; without pixels, its
-    audio's length (``audio:<samples>``: every batch of an audio-only dataset has one shape, so the
-    encoder meets few shapes and never splits a batch), else :data:`TEXT_ONLY`."""
+    audio's rate and length (``audio:<rate>:<samples>``: every batch of an audio-only dataset has one
+    shape and one rate to resample from, so the encoder meets few shapes and never splits a batch), else
+    :data:`TEXT_ONLY`."""
     if res.pixels is not None:
         return res.info["bucket"]
     if res.teacher is not None:  # shardsmith distill: one sample shape a batch
         return f"teacher:{'x'.join(map(str, res.teacher.shape))}"
     if res.audio is not None:
-        return f"audio:{res.audio.shape[-1]}"
+        return f"audio:{res.audio.rate}:{res.audio.samples.shape[-1]}"
     return TEXT_ONLY
 
 

@@ -501,6 +501,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             out["audio"] = "skipped"
         elif recipe.audio.durations:
             out["audio_durations"] = list(recipe.audio.durations)
+        if "audio_vae" in d and recipe.audio.resampler != "ffmpeg":  # absent for ffmpeg: older trees' stamps
+            out["audio_resampler"] = recipe.audio.resampler
         if getattr(self, "image_decoder", None):  # pixels decoded on the device differ from Pillow's
             out["image_decoder"] = self.image_decoder
         if getattr(recipe, "lora_trigger", None):

@@ -18,7 +18,7 @@ def audio_cutter(o, recipe):
                                   config=a.config)
     durations = tuple(recipe.audio.durations) if recipe.audio.durations else None
     return AudioCutter(settings.sample_rate, recipe.audio_required, durations,
-                       reference=recipe.mode in ("av2av-ic", "a2a-ic"))
+                       reference=recipe.mode in ("av2av-ic", "a2a-ic"), resampler=recipe.audio.resampler)
 
 
 def partner_cutter(recipe):

@@ -5,7 +5,7 @@ Contract
   of its train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container
   has an audio stream, as the plan's probe recorded: ``MediaRef.audio``) are decoded in this process
   through the exact path the workers use (:func:`~shardsmith.transform.audio.decode_audio` at the
-  encoder's rate). The first one that decodes passes. When :data:`PREFLIGHT_DECODES` in a row fail to
+  cutter's ``decode_rate``). The first one that decodes passes. When :data:`PREFLIGHT_DECODES` in a row fail to
   decode, the decoder is broken: :class:`AudioGateError` (exit code 3) with FFmpeg's message and the
   fix, before any slow work. When audio is required and not one eligible item carries audio, the same
   error says so at once.
@@ -70,7 +70,8 @@ def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
             continue
         with_stream += 1
         try:
-            decode_audio(ref.path, name, rate=cutter.rate, start=0.0, duration=min(facts["duration"], 1.0) or None)
+            decode_audio(ref.path, name, rate=cutter.decode_rate, start=0.0,
+                         duration=min(facts["duration"], 1.0) or None)
         except ItemError as err:
             failures.append(err.detail)
             if len(failures) >= PREFLIGHT_DECODES:

@@ -166,7 +166,7 @@ class LatentMembers:
         for member, wave in ((AUDIO_LATENT, res.audio), (REF_AUDIO_LATENT, res.audio_reference)):
             if wave is not None:
                 a = stage.audio_vae.spec
-                steps = stage.audio_vae.latent_steps(int(wave.shape[-1]))
+                steps = stage.audio_vae.latent_steps(wave.length_at(a.sample_rate))
                 out.append((member, _pth_size((a.latent_channels, steps, a.frequency_bins), "float32")))
         out.append((JSON, len(self._json(item, res, shape))))
         if self.o.include_media:

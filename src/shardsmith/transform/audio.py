@@ -44,6 +44,7 @@ __all__ = [
     "decode_audio",
     "to_stereo",
     "num_samples",
+    "resampled_length",
     "clip_window",
     "choose_duration",
     "parse_durations",
@@ -104,7 +105,8 @@ class AudioProbe:
 class DecodedAudio:
     """The output of :func:`decode_audio`.
 
-    ``wave``: float32 ``[2, N]`` at ``rate`` with ``N == num_samples(duration, rate)`` exactly;
+    ``wave``: float32 ``[2, N]`` (``[1, N]`` for a mono source decoded with ``keep_mono``) at ``rate`` with
+    ``N == num_samples(duration, rate)`` exactly;
     ``probe``: the source stream (``layout`` / ``channels`` as decoded, when the decoder disagrees with
     the header); ``padded``: seconds of zeros appended because the source ended early (0.0 normally).
     """
@@ -130,6 +132,23 @@ def num_samples(duration: float, rate: int) -> int:
     if int(rate) != rate or rate < 1:
         raise ValueError(f"rate must be a positive whole number of Hz, got {rate!r}")
     return math.floor(duration * rate + 1e-6)
+
+
+def resampled_length(n: int, orig: int, new: int) -> int:
+    """Samples that ``n`` samples at ``orig`` Hz become at ``new`` Hz through the encoder's resampler
+    (:mod:`shardsmith.encode.resample`, torchaudio's ``resample``): ``ceil(new' x n / orig')`` over the
+    rates reduced by their gcd, the quotient rounded to float32 first as torchaudio's ``torch.as_tensor``
+    does; ``n`` when the rates are equal. Refuses ``n < 0`` and rates below 1 (``ValueError``)."""
+    if int(n) != n or n < 0:
+        raise ValueError(f"a sample count must be a whole number >= 0, got {n!r}")
+    for r in (orig, new):
+        if int(r) != r or r < 1:
+            raise ValueError(f"rate must be a positive whole number of Hz, got {r!r}")
+    g = math.gcd(int(orig), int(new))
+    o, p = int(orig) // g, int(new) // g
+    if o == p:
+        return int(n)
+    return math.ceil(float(np.float32(p * int(n) / o)))
 
 
 def _start_sample(start: float, rate: int) -> int:
@@ -494,10 +513,13 @@ def _contiguous(head, frames: Iterator, pos0: int, pts0: int, tb: Fraction, src:
 
 
 def decode_audio(
-    path: str, item_id: str, *, rate: int, start: float = 0.0, duration: float | None = None
+    path: str, item_id: str, *, rate: int | None, start: float = 0.0, duration: float | None = None,
+    keep_mono: bool = False,
 ) -> DecodedAudio:
     """Decode the first audio stream of ``path``, resample it to ``rate`` and cut
     ``[start, start + duration)`` as float32 stereo ``[2, N]``, ``N == num_samples(duration, rate)``.
+    ``rate=None``: the stream's own rate (its first decoded frame's), so no resampling: the samples are
+    the decoder's, converted to float32 (what LTX-2 cuts before its encoder resamples).
 
     - Resampling: PyAV's :class:`av.AudioResampler` (FFmpeg's swresample, format ``fltp``, the
       source layout kept), flushed at the end of the stream; the first output sample is the first
@@ -507,7 +529,8 @@ def decode_audio(
       samples. ``duration=None``: to the end of the stream as probed (``probe.duration - start``).
     - A source that ends early is zero-padded at the end; :attr:`DecodedAudio.padded` says how many
       seconds (the caller reports it, as LTX warns).
-    - Channels: :func:`to_stereo` on the decoded layout.
+    - Channels: :func:`to_stereo` on the decoded layout; with ``keep_mono`` a one-channel stream stays
+      ``[1, N]`` (the audio encoder duplicates it on its device, as LTX-2 does: half the bytes to carry).
     - A ``start`` beyond :data:`SEEK_AFTER` seconds in a container with sample-exact timestamps
       (MP4/MOV, Matroska/WebM, WAV, FLAC, Ogg) seeks a little before it, discards the decoder's
       first samples and starts the resampler on a sample where the input and output grids meet, so
@@ -520,21 +543,23 @@ def decode_audio(
     (``ValueError``) ``rate < 1``, a negative ``start`` and a negative ``duration``.
     """
     path = os.fspath(path)
-    if int(rate) != rate or rate < 1:
+    if rate is not None and (int(rate) != rate or rate < 1):
         raise ValueError(f"rate must be a positive whole number of Hz, got {rate!r}")
-    o_start = _start_sample(start, rate)
+    _start_sample(start, 1)  # (refuses a negative start before any file is opened)
     container = _open(path, item_id)
     try:
         stream = _audio_stream(container, path, item_id)
         probe = _probe_open(container, stream, path, item_id)
         if duration is None:
             duration = max(0.0, probe.duration - start)
-        n_out = num_samples(duration, rate)
         frames = _frames(container, stream, item_id)
         first = next(frames, None)
         if first is None:
             raise ItemError("audio_decode_error",
                             f"{item_id}: its {probe.codec} audio stream holds no decodable sample; {_DECODE_FIX}")
+        if rate is None:
+            rate = int(first.sample_rate)
+        o_start, n_out = _start_sample(start, rate), num_samples(duration, rate)
         win = None
         if start > SEEK_AFTER and n_out > 0 and _seekable(container):
             try:
@@ -562,7 +587,7 @@ def decode_audio(
         got = np.concatenate([got, np.zeros((c, short), np.float32)], axis=1)
     if (layout, channels) != (probe.layout, probe.channels):
         probe = replace(probe, layout=layout, channels=channels)
-    wave = np.ascontiguousarray(to_stereo(got, layout), dtype=np.float32)
+    wave = np.ascontiguousarray(got if keep_mono and channels == 1 else to_stereo(got, layout), dtype=np.float32)
     return DecodedAudio(wave=wave, rate=int(rate), probe=probe, padded=max(0, short) / rate)
 
 

@@ -3,13 +3,18 @@
 Runs in worker processes (picklable), beside :class:`~shardsmith.transform.latent_pixels.LatentPixelMaker`.
 
 Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, whether audio is
-``required``, the ``durations`` buckets of audio-only items):
+``required``, the ``durations`` buckets of audio-only items, the ``resampler``):
+
+- The waveform (:class:`~shardsmith.records.Waveform`) is float32 stereo. With ``resampler="sinc"`` (LTX-2's
+  order) the window is cut at the source's own rate, a mono source stays mono, and the encoder duplicates
+  and resamples it (:mod:`shardsmith.encode.resample`); with ``"ffmpeg"`` FFmpeg resamples it here to
+  ``rate`` before the cut.
 
 - ``for_clip(item, geom, pr)``: the audio of a video sample, cut to the clip as actually sampled:
   it starts at the time of the first chosen source frame and lasts the bucket's frames ÷ the
   sample's fps (:func:`~shardsmith.transform.audio.clip_window`). It comes from the item's
   ``audio`` partner when it has one (``columns.audio``), else from the clip's own audio stream.
-  Returns ``(wave [2, N] float32 at rate, info)``.
+  Returns ``(Waveform, info)``.
 - ``for_file(item)``: an audio-only item (an audio file as the target): the largest duration bucket
   not longer than the file (``skipped:too_short`` naming its duration when it is shorter than every
   bucket), or the whole file without buckets; cut from the start.
@@ -17,7 +22,8 @@ Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, wheth
   (``failed:no_audio_stream`` / ``failed:audio_decode_error``, the detail names the file, FFmpeg's
   message and the fix); without, the sample has no audio and ``info["status"]`` says why.
 - ``info`` (``SampleResult.info["audio"]``): ``status`` (``written``, or the reason there is none),
-  ``duration`` / ``start`` (seconds), ``samples``, ``rate``, the source's ``source_rate`` /
+  ``duration`` / ``start`` (seconds), ``samples`` (what the encoder takes, at ``rate``: the encoder's),
+  ``cut_rate`` / ``cut_samples`` (the waveform as cut), the source's ``source_rate`` /
   ``source_channels`` / ``layout``, ``padded`` (seconds of silence added at the end) and, from an
   audio partner, ``partner``.
 """
@@ -27,10 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
-from shardsmith.records import ItemError, PlannedItem
-from shardsmith.transform.audio import DecodedAudio, choose_duration, clip_window, decode_audio, probe_audio
+from shardsmith.records import ItemError, PlannedItem, Waveform
+from shardsmith.transform.audio import (DecodedAudio, choose_duration, clip_window, decode_audio, probe_audio,
+                                        resampled_length)
 from shardsmith.transform.geometry import Geometry
 
 AUDIO_ROLE = "audio"
@@ -65,8 +71,18 @@ class AudioCutter:
     required: bool = True
     durations: tuple[float, ...] | None = None
     reference: bool = False  # IC-LoRA with audio (av2av-ic, a2a-ic): the reference's audio too
+    resampler: str = "sinc"  # audio.resampler: sinc (the encoder resamples) or ffmpeg (resampled here)
 
-    def for_reference(self, item: PlannedItem, target: dict[str, Any]) -> tuple[np.ndarray | None, dict[str, Any]]:
+    @property
+    def decode_rate(self) -> int | None:
+        """The rate the window is cut at: the source's own (None) with ``sinc``, the encoder's with ``ffmpeg``."""
+        return None if self.resampler == "sinc" else self.rate
+
+    def _decode(self, path: str, name: str, start: float, duration: float) -> DecodedAudio:
+        return decode_audio(path, name, rate=self.decode_rate, start=start, duration=duration,
+                            keep_mono=self.resampler == "sinc")
+
+    def for_reference(self, item: PlannedItem, target: dict[str, Any]) -> tuple[Waveform | None, dict[str, Any]]:
         """The ``reference`` partner's audio over the very window the target's was cut to (``target``: the
         target's ``info["audio"]``), for ``reference_audio_latents/``: a clip's audio stream or an audio
         file. Without it the item fails (``failed:reference_no_audio_stream`` ...) when audio is required."""
@@ -75,10 +91,10 @@ class AudioCutter:
             return None, {"status": "none"}
         name = f"{item.item_id} (its reference {ref.relpath})"
         try:
-            dec = decode_audio(ref.path, name, rate=self.rate, start=target["start"], duration=target["duration"])
+            dec = self._decode(ref.path, name, target["start"], target["duration"])
         except ItemError as err:
             return self._missing(item, ItemError(f"reference_{err.reason}", err.detail))
-        return dec.wave, self._info(dec, target["start"], target["duration"])
+        return Waveform(dec.wave, dec.rate), self._info(dec, target["start"], target["duration"])
 
     def _missing(self, item: PlannedItem, err: ItemError) -> tuple[None, dict[str, Any]]:
         """No audio for ``item``: the item fails when audio is required, else the sample goes without."""
@@ -87,11 +103,13 @@ class AudioCutter:
         return None, {"status": f"failed:{err.reason}", "detail": err.detail}
 
     def _info(self, dec: DecodedAudio, start: float, duration: float) -> dict[str, Any]:
-        return {"status": "written", "duration": duration, "start": start, "samples": int(dec.wave.shape[-1]),
-                "rate": dec.rate, "source_rate": dec.probe.rate, "source_channels": dec.probe.channels,
+        cut = int(dec.wave.shape[-1])
+        return {"status": "written", "duration": duration, "start": start,
+                "samples": resampled_length(cut, dec.rate, self.rate), "rate": self.rate, "cut_rate": dec.rate,
+                "cut_samples": cut, "source_rate": dec.probe.rate, "source_channels": dec.probe.channels,
                 "layout": dec.probe.layout, "padded": dec.padded}
 
-    def for_clip(self, item: PlannedItem, geom: Geometry, source_fps: float) -> tuple[np.ndarray | None, dict[str, Any]]:
+    def for_clip(self, item: PlannedItem, geom: Geometry, source_fps: float) -> tuple[Waveform | None, dict[str, Any]]:
         """The audio matching a video sample whose geometry is ``geom`` (see the module contract)."""
         partner = item.media.get(AUDIO_ROLE)
         path = partner.path if partner is not None else item.path
@@ -99,13 +117,13 @@ class AudioCutter:
         first = geom.frame_indices[0] if geom.frame_indices else 0
         start, duration = clip_window(first, source_fps, geom.bucket.frames, geom.fps)
         try:
-            dec = decode_audio(path, name, rate=self.rate, start=start, duration=duration)
+            dec = self._decode(path, name, start, duration)
         except ItemError as err:
             return self._missing(item, err)
         info = self._info(dec, start, duration)
         if partner is not None:
             info["partner"] = partner.relpath
-        return dec.wave, info
+        return Waveform(dec.wave, dec.rate), info
 
     def for_image(self, item: PlannedItem) -> tuple[None, dict[str, Any]]:
         """An image has no audio: failed when audio is required (an image in an audio dataset)."""
@@ -113,7 +131,7 @@ class AudioCutter:
                                              "keep images out of datasets with audio (limit the output's "
                                              "sources:), or set audio.required: false"))
 
-    def for_file(self, item: PlannedItem) -> tuple[np.ndarray | None, dict[str, Any]]:
+    def for_file(self, item: PlannedItem) -> tuple[Waveform | None, dict[str, Any]]:
         """An audio-only item's waveform (see the module contract). The file's duration is the plan's
         probe of it (the caller has checked that the bytes are the planned ones), probed again only
         where the plan has none or found no audio (whose error then names the reason)."""
@@ -131,7 +149,7 @@ class AudioCutter:
                                 "audio.durations (--audio-durations) to keep it", skip=True)
             duration = chosen
         try:
-            dec = decode_audio(item.path, item.item_id, rate=self.rate, start=0.0, duration=duration)
+            dec = self._decode(item.path, item.item_id, 0.0, duration)
         except ItemError as err:
             return self._missing(item, err)
-        return dec.wave, self._info(dec, 0.0, duration)
+        return Waveform(dec.wave, dec.rate), self._info(dec, 0.0, duration)

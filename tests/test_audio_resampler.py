@@ -1,0 +1,159 @@
+"""Where audio is resampled (``audio.resampler``): by default as LTX-2 does it, the window cut at the
+source's rate and resampled by torchaudio's sinc on the encoder's device before the mel; ``ffmpeg`` keeps
+FFmpeg's swresample in the decode workers (the bytes of builds begun before the setting)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardsmith import formats
+from shardsmith.build import build
+from shardsmith.encode import resample as resample_mod
+from shardsmith.encode.audio_vae import load_audio_vae
+from shardsmith.formats.precomputed import PRECOMPUTED_STAMP
+from shardsmith.plan.ledger import Ledger
+from shardsmith.recipe import recipe_from_dict
+from shardsmith.records import Waveform
+from shardsmith.transform.audio import decode_audio, to_stereo
+from video_factory import audio_file
+
+FILES = (("a.flac", 44100, "mono"), ("b.m4a", 48000, "stereo"), ("c.wav", 22050, "5.1"))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_audio_vae(config="tiny")
+
+
+@pytest.fixture(scope="module")
+def speech_dir(tmp_path_factory):
+    src = tmp_path_factory.mktemp("speech")
+    for name, rate, layout in FILES:
+        audio_file(src / name, kind="speech", duration=1.4, rate=rate, layout=layout)
+        (src / name).with_suffix(".txt").write_text(f"{name} speech", encoding="utf-8")
+    return src
+
+
+def _build(src: Path, out: Path, **audio) -> dict:
+    rec = {"sources": [{"path": str(src)}],
+           "models": {"text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio", "config": "tiny"},
+                      "batch_size": 2},
+           "audio": {"durations": "1.0", **audio}, "outputs": [{"format": "precomputed"}]}
+    return build(recipe_from_dict(rec), out, quiet=True)
+
+
+def _stamp(out: Path) -> dict:
+    return json.loads((out / ".precomputed" / PRECOMPUTED_STAMP).read_text(encoding="utf-8"))
+
+
+def _latents(out: Path) -> dict[str, torch.Tensor]:
+    tree = out / ".precomputed" / "audio_latents"
+    return {p.stem: torch.load(p, weights_only=True)["latents"] for p in sorted(tree.rglob("*.pt"))}
+
+
+@pytest.mark.slow
+def test_the_default_build_encodes_what_ltx2_s_own_steps_give(speech_dir, tmp_path, tiny):
+    """LTX-2 (process_videos.py): decode at the file's rate, keep int(duration x rate) samples, stereo, then
+    AudioProcessor: torchaudio's resample to 16 kHz, the mel, the encoder. shardsmith's latents are exactly
+    those of that order (the resampler is torchaudio's, tests/test_resample.py)."""
+    m = _build(speech_dir, tmp_path / "out")
+    got = _latents(tmp_path / "out")
+    assert sorted(got) == ["a", "b", "c"]
+    assert m["outputs"]["precomputed"]["audio"]["resampler"].startswith("sinc: torchaudio.functional.resample")
+    assert Ledger(tmp_path / "out" / formats.LEDGER_FILE).get_meta("audio_resampler") == "sinc"
+    assert _stamp(tmp_path / "out")["audio_resampler"] == "sinc"  # a tree of the other resampler is not mixed in
+    for name, rate, layout in FILES:
+        with __import__("av").open(str(speech_dir / name)) as c:  # LTX's load: the whole stream, its own rate
+            s = c.streams.audio[0]
+            raw = np.concatenate([f.to_ndarray() for f in c.decode(s)], axis=1)
+        scale = {np.dtype(np.int16): 2.0 ** 15, np.dtype(np.int32): 2.0 ** 31}.get(raw.dtype, 1.0)
+        x = (raw / scale).astype(np.float32)  # torchaudio.load's normalised float32
+        if x.shape[0] == 1 and layout != "mono":  # packed formats come interleaved as one row
+            x = x.reshape(-1, s.channels).T
+        x = to_stereo(np.ascontiguousarray(x[:, :int(1.0 * rate)]), s.layout.name)  # trimmed at the source rate
+        at16k = resample_mod.resample(torch.from_numpy(x), rate, 16000)  # then resampled, as AudioProcessor does
+        assert at16k.shape[-1] == 16000
+        (want,) = tiny.encode([at16k.numpy()])
+        assert (got[Path(name).stem] - want).abs().max() < 1e-5, name  # (a batch's CPU convolutions: 1e-5)
+
+
+@pytest.mark.slow
+def test_audio_resampler_ffmpeg_resamples_in_the_workers_as_builds_did_before(speech_dir, tmp_path, tiny):
+    m = _build(speech_dir, tmp_path / "ff", resampler="ffmpeg")
+    got = _latents(tmp_path / "ff")
+    assert m["outputs"]["precomputed"]["audio"]["resampler"].startswith("ffmpeg: FFmpeg's swresample")
+    assert "audio_resampler" not in _stamp(tmp_path / "ff")  # as the trees of builds before the setting
+    _build(speech_dir, tmp_path / "sinc")
+    sinc = _latents(tmp_path / "sinc")
+    for name, _, _ in FILES:
+        (want,) = tiny.encode([decode_audio(str(speech_dir / name), name, rate=16000, duration=1.0).wave])
+        assert (got[Path(name).stem] - want).abs().max() < 1e-5, name  # (a batch's CPU convolutions: 1e-5)
+        assert got[Path(name).stem].shape == sinc[Path(name).stem].shape
+        assert (got[Path(name).stem] - sinc[Path(name).stem]).abs().max() > 1e-3, name  # another resampler
+
+
+class _Ledger:
+    def __init__(self, meta: dict, results: bool):
+        self.meta, self.results = dict(meta), results
+
+    def get_meta(self, key):
+        return self.meta.get(key)
+
+    def set_meta(self, key, value):
+        self.meta[key] = value
+
+    def has_results(self) -> bool:
+        return self.results
+
+
+def test_a_build_keeps_the_resampler_it_began_with():
+    rec = recipe_from_dict({"sources": [{"path": "."}], "models": {"text": {"family": "minilm"},
+                                                                  "audio_vae": {"family": "ltx2_audio"}},
+                            "outputs": [{"format": "precomputed"}]})
+    fresh = _Ledger({}, results=False)
+    assert resample_mod.settle(rec, fresh).audio.resampler == "sinc" and fresh.meta["audio_resampler"] == "sinc"
+    older = _Ledger({}, results=True)  # results and no record: begun before the setting existed
+    assert resample_mod.settle(rec, older).audio.resampler == "ffmpeg" and older.meta["audio_resampler"] == "ffmpeg"
+    kept = _Ledger({"audio_resampler": "ffmpeg"}, results=True)
+    assert resample_mod.settle(rec, kept).audio.resampler == "ffmpeg"
+    assert rec.audio.resampler == "sinc"  # the user's recipe is not changed
+    no_audio = recipe_from_dict({"sources": [{"path": "."}], "outputs": [{"format": "wds"}]})
+    led = _Ledger({}, results=False)
+    assert resample_mod.settle(no_audio, led) is no_audio and led.meta == {}
+
+
+def test_a_mono_source_travels_as_one_channel_and_encodes_as_its_stereo_duplicate(speech_dir, tiny):
+    from shardsmith.transform.audio_samples import AudioCutter
+
+    mono = decode_audio(str(speech_dir / "a.flac"), "a", rate=None, duration=1.0, keep_mono=True)
+    stereo = decode_audio(str(speech_dir / "a.flac"), "a", rate=None, duration=1.0)
+    assert mono.wave.shape == (1, 44100) and stereo.wave.shape == (2, 44100)
+    assert np.array_equal(stereo.wave, np.concatenate([mono.wave, mono.wave]))
+    (z_mono,) = tiny.encode([Waveform(mono.wave, 44100)])
+    (z_stereo,) = tiny.encode([Waveform(stereo.wave, 44100)])
+    assert torch.equal(z_mono, z_stereo)
+    assert AudioCutter(16000).decode_rate is None and AudioCutter(16000, resampler="ffmpeg").decode_rate == 16000
+    with pytest.raises(ValueError, match=r"audio clip 0: expected a stereo waveform \[2, N\]"):
+        tiny.encode([mono.wave])  # a bare array is at the encoder's rate and stereo; mono comes as a Waveform
+
+
+def test_a_batch_of_mixed_source_rates_encodes_each_item_as_alone(tiny):
+    """A pixel batch may hold clips whose audio comes at different rates: each (rate, length) group is
+    resampled on its own, and every latent equals the item's latent encoded alone."""
+    g = np.random.default_rng(0)
+    a = Waveform(g.standard_normal((2, 44100)).astype(np.float32) * 0.1, 44100)
+    b = Waveform(g.standard_normal((2, 48000)).astype(np.float32) * 0.1, 48000)
+    c = g.standard_normal((2, 16000)).astype(np.float32) * 0.1  # an array: at the encoder's rate
+    assert a.length_at(16000) == b.length_at(16000) == 16000
+    staged = tiny.stage([a, None, b, c])
+    assert sorted((rate, len(idx)) for idx, _, rate in staged.groups) == [(16000, 1), (44100, 1), (48000, 1)]
+    out = tiny.launch(staged).result()
+    assert out[1] is None
+    for i, w in ((0, a), (2, b), (3, c)):
+        (alone,) = tiny.encode([w])
+        assert torch.equal(out[i], alone)
