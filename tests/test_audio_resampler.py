@@ -157,3 +157,26 @@ def test_a_batch_of_mixed_source_rates_encodes_each_item_as_alone(tiny):
     for i, w in ((0, a), (2, b), (3, c)):
         (alone,) = tiny.encode([w])
         assert torch.equal(out[i], alone)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("resampler", ["sinc", "ffmpeg"])
+def test_a_clip_s_recorded_duration_is_ltx2_s(tmp_path, resampler):
+    """LTX-2 records ``duration = samples / rate`` of the waveform it cut at the source's rate:
+    int(17 / 24 x 44100) / 44100 = 0.708322 s for 17 frames at 24 fps of a 44.1 kHz track, not 17 / 24. With
+    ``ffmpeg`` the record keeps the window, as builds did before."""
+    from video_factory import pan_video
+
+    src = tmp_path / "src"
+    src.mkdir()
+    pan_video(src / "c.mp4", frames=30, fps=24, size=(96, 64), audio="speech", audio_rate=44100,
+              audio_layout="stereo").with_suffix(".txt").write_text("a clip", encoding="utf-8")
+    rec = {"sources": [{"path": str(src)}], "geometry": {"buckets": ["64x64x17"]},
+           "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"},
+                      "audio_vae": {"family": "ltx2_audio", "config": "tiny"}},
+           "audio": {"resampler": resampler}, "outputs": [{"format": "precomputed"}]}
+    build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    got = torch.load(tmp_path / "out" / ".precomputed" / "audio_latents" / "c.pt", weights_only=True)
+    want = int(17 / 24 * 44100) / 44100 if resampler == "sinc" else 17 / 24
+    assert got["duration"] == want
+    assert got["num_time_steps"] == 17 * 16000 // 24 // 640 + 1  # 11333 samples at 16 kHz either way

@@ -100,7 +100,7 @@ class LatentMembers:
                     res.members[cache_member(folder, rel)] = pt_bytes({key: torch.from_numpy(arr)})
                 if ra is not None:
                     res.members[cache_member(REFERENCE_AUDIO_LATENTS, rel)] = pt_bytes(
-                        self.audio_record(ra, res.info["reference_audio"]["duration"]))
+                        self.audio_record(ra, recorded_duration(res.info["reference_audio"])))
                 if "reference" in mine or "source" in mine:  # IC-LoRA / edit conditions: reference_latents/
                     zp = mine.get("reference", mine.get("source"))
                     res.members[cache_member(REFERENCE_LATENTS, rel)] = pt_bytes(
@@ -135,7 +135,7 @@ class LatentMembers:
             cond = condition_record(text[0].to(dt), text[1], text[2].to(dt) if len(text) > 2 else None)
             out[cache_member(CONDITIONS, rel)] = pt_bytes(cond)
         if audio is not None:
-            out[cache_member(AUDIO_LATENTS, rel)] = pt_bytes(self.audio_record(audio, res.info["audio"]["duration"]))
+            out[cache_member(AUDIO_LATENTS, rel)] = pt_bytes(self.audio_record(audio, recorded_duration(res.info["audio"])))
         return out
 
     def _json(self, item: PlannedItem, res: SampleResult, latent_shape: tuple[int, ...]) -> bytes:
@@ -174,6 +174,11 @@ class LatentMembers:
             if item.caption is not None:
                 out.append((TXT, len(item.caption.encode("utf-8"))))
         return out
+
+
+def recorded_duration(info: dict) -> float:
+    """The ``duration`` an ``audio_latents/`` record holds, from a sample's audio info (``AudioCutter``)."""
+    return info["recorded_duration"]
 
 
 def condition_members(conditions: dict | None) -> dict[str, bytes]:

@@ -22,7 +22,9 @@ Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, wheth
   (``failed:no_audio_stream`` / ``failed:audio_decode_error``, the detail names the file, FFmpeg's
   message and the fix); without, the sample has no audio and ``info["status"]`` says why.
 - ``info`` (``SampleResult.info["audio"]``): ``status`` (``written``, or the reason there is none),
-  ``duration`` / ``start`` (seconds), ``samples`` (what the encoder takes, at ``rate``: the encoder's),
+  ``duration`` / ``start`` (seconds: the window), ``recorded_duration`` (what ``audio_latents/`` records:
+  LTX-2's cut samples ÷ their rate with ``sinc``, the window with ``ffmpeg``), ``samples`` (what the encoder
+  takes, at ``rate``: the encoder's),
   ``cut_rate`` / ``cut_samples`` (the waveform as cut), the source's ``source_rate`` /
   ``source_channels`` / ``layout``, ``padded`` (seconds of silence added at the end) and, from an
   audio partner, ``partner``.
@@ -104,7 +106,10 @@ class AudioCutter:
 
     def _info(self, dec: DecodedAudio, start: float, duration: float) -> dict[str, Any]:
         cut = int(dec.wave.shape[-1])
-        return {"status": "written", "duration": duration, "start": start,
+        # the audio_latents record's duration: LTX-2's (the samples cut at the source's rate over that rate) with
+        # sinc; the window's with ffmpeg, as builds stored it before
+        recorded = cut / dec.rate if self.resampler == "sinc" else duration
+        return {"status": "written", "duration": duration, "start": start, "recorded_duration": recorded,
                 "samples": resampled_length(cut, dec.rate, self.rate), "rate": self.rate, "cut_rate": dec.rate,
                 "cut_samples": cut, "source_rate": dec.probe.rate, "source_channels": dec.probe.channels,
                 "layout": dec.probe.layout, "padded": dec.padded}
