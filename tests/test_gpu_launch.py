@@ -126,3 +126,25 @@ def test_the_gpu_idle_account_gives_a_late_batch_to_its_pixels():
     first = st.steady_state()["first_batch"]
     assert 0 <= first["staged_s"] <= first["launch_begun_s"] <= first["queued_s"]
     assert first["gpu_start_s"] >= first["launch_begun_s"]
+
+
+def test_audio_batches_in_flight_each_get_their_own_waveforms_resampled_on_the_gpu():
+    """Audio groups are uploaded on a side stream and resampled on the GPU (audio.resampler: sinc): with
+    several batches in flight and page-locked buffers recycled, every batch must still encode its own
+    waveforms, as ``encode`` (synchronous) gives them."""
+    from shardsmith.encode.audio_vae import load_audio_vae
+    from shardsmith.records import Waveform
+
+    torch.backends.cudnn.deterministic = True
+    vae = load_audio_vae(config="tiny", vocoder=False, device="cuda")
+    g = np.random.default_rng(0)
+    batches = [[Waveform((g.standard_normal((c, 44100)) * 0.1).astype(np.float32), 44100) for c in (1, 2, 2, 1)]
+               for _ in range(10)]
+    pending = []
+    for b in batches:
+        pending.append((b, vae.launch(vae.stage(b))))
+    assert vae._copy_stream is not None
+    for b, launched in pending:
+        for got, want in zip(launched.result(), vae.encode(b)):
+            assert tuple(got.shape) == (2, 26, 16)  # 1.0 s at 16 kHz once resampled: 16000 // 640 + 1
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -270,6 +270,7 @@ class AudioVae:
     oom_retries: int = 0
     _fb: Any = field(default=None, repr=False)
     _window: Any = field(default=None, repr=False)
+    _copy_stream: Any = field(default=None, repr=False)  # a GPU's host->device copies (made on first use)
 
     def __post_init__(self) -> None:
         import torch
@@ -412,9 +413,9 @@ class AudioVae:
         return StagedAudio(len(waves), staged)
 
     def launch(self, staged: "StagedAudio") -> "LaunchedAudio":
-        """Start the latents of a staged batch. On a GPU this returns once the upload, the forward pass
-        and the copy back into page-locked memory are queued (the next batch is staged and queued
-        meanwhile); an out-of-memory error there runs that length's items through :meth:`encode`'s
+        """Start the latents of a staged batch. On a GPU this returns once the upload (on a side stream),
+        the resampling, the forward pass and the copy back into page-locked memory are queued (the next
+        batch is staged and queued meanwhile); an out-of-memory error there runs that length's items through :meth:`encode`'s
         halving instead. Elsewhere it runs to completion. :meth:`LaunchedAudio.result` gives what
         :meth:`encode` gives, per item (None where there was no waveform)."""
         import torch
@@ -428,7 +429,7 @@ class AudioVae:
         parts: list = []
         for idx, host, rate in staged.groups:
             try:
-                parts.append((idx, to_pinned(self._latents(host.to(self.device, non_blocking=True), rate))))
+                parts.append((idx, to_pinned(self._latents(self._upload(host), rate))))
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                 if not _is_oom(exc):
                     raise
@@ -438,6 +439,21 @@ class AudioVae:
         done = torch.cuda.Event(enable_timing=True)
         done.record()
         return LaunchedAudio(staged.n, parts, start, done, keep=staged)
+
+    def _upload(self, host: "torch.Tensor") -> "torch.Tensor":
+        """A staged (page-locked) group on the GPU, copied on a side stream that the compute stream then
+        waits for: a batch launched ahead crosses PCIe while the batch before it still computes, instead
+        of queueing its copy behind that batch's kernels (waveforms at a source's rate are megabytes)."""
+        import torch
+
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=self.device)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            x = host.to(self.device, non_blocking=True)
+        compute.wait_stream(self._copy_stream)
+        x.record_stream(compute)  # allocated on the copy stream, used on the compute stream
+        return x
 
     def record(self, latent: "torch.Tensor", duration: float) -> dict:
         """The ``audio_latents/*.pt`` dict as the LTX trainer saves it: ``latents`` ``[C, T, F]`` float32 (its
