@@ -180,3 +180,33 @@ def test_a_clip_s_recorded_duration_is_ltx2_s(tmp_path, resampler):
     want = int(17 / 24 * 44100) / 44100 if resampler == "sinc" else 17 / 24
     assert got["duration"] == want
     assert got["num_time_steps"] == 17 * 16000 // 24 // 640 + 1  # 11333 samples at 16 kHz either way
+
+
+def test_a_rate_the_encoder_s_kernel_cannot_take_is_resampled_by_ffmpeg_in_the_worker(tmp_path, tiny):
+    """22,254 Hz (old Macintosh sound) and 16 kHz share only a factor 2: torchaudio's kernel would be 8,000
+    phases of 11,141 taps (356 MB, and as many multiply-adds per sample), which exhausts a GPU on a batch.
+    Such a file is resampled by FFmpeg in its worker, and its info says so; a usual rate is not."""
+    from shardsmith.encode.resample import MAX_KERNEL, fits, kernel_size
+    from shardsmith.transform.audio_samples import AudioCutter
+
+    assert kernel_size(22254, 16000) > MAX_KERNEL and not fits(22254, 16000)
+    assert fits(44100, 16000) and fits(22050, 16000) and fits(16000, 16000)
+    odd = audio_file(tmp_path / "mac.wav", kind="speech", duration=1.2, rate=22254, layout="mono")
+    usual = audio_file(tmp_path / "usual.wav", kind="speech", duration=1.2, rate=22050, layout="mono")
+    cutter = AudioCutter(16000, durations=(1.0,))
+    wave, info = cutter.for_file(_audio_item(odd))
+    assert wave.rate == 16000 and wave.samples.shape == (2, 16000)
+    assert (info["resampled_by"], info["source_rate"], info["cut_rate"]) == ("ffmpeg", 22254, 16000)
+    assert np.array_equal(wave.samples, decode_audio(str(odd), "x", rate=16000, duration=1.0).wave)
+    wave, info = cutter.for_file(_audio_item(usual))
+    assert wave.rate == 22050 and wave.samples.shape == (1, 22050) and info["resampled_by"] == "encoder"
+    (z,) = tiny.encode([wave])
+    assert tuple(z.shape) == (2, 26, 16)
+
+
+def _audio_item(path: Path):
+    from shardsmith.records import MediaRef, PlannedItem
+
+    media = {"target": MediaRef(str(path), path.name, "audio", audio=None)}
+    return PlannedItem(0, f"s/{path.name}", "k", 0, str(path), path.name, None, None, None, {}, None, None, "audio",
+                       None, None, None, None, "train", "ok", media=media)

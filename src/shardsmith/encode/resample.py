@@ -36,6 +36,26 @@ METHOD = "sinc_interp_hann"  # torchaudio's default window
 NAME = f"torchaudio.functional.resample ({METHOD}, lowpass_filter_width={LOWPASS_FILTER_WIDTH}, rolloff={ROLLOFF})"
 
 
+#: the largest sinc kernel (elements) the encoder builds: 44.1 kHz -> 16 kHz takes 76,000 and 22.05 kHz 147,000,
+#: but a rate sharing no factor with the target (47,999 Hz: 16,000 phases of 48,033 taps, 3 GB) would exhaust
+#: memory and time; such a file is resampled by FFmpeg in its worker instead (:func:`fits`)
+MAX_KERNEL = 1 << 24
+
+
+def kernel_size(orig: int, new: int) -> int:
+    """Elements of :func:`sinc_kernel`'s kernel for these rates (pure arithmetic, no torch)."""
+    o, n = reduced(orig, new)
+    width = math.ceil(LOWPASS_FILTER_WIDTH * o / (min(o, n) * ROLLOFF))
+    return n * (o + 2 * width)
+
+
+def fits(orig: int, new: int) -> bool:
+    """Whether the encoder resamples ``orig`` -> ``new`` itself (its kernel holds at most :data:`MAX_KERNEL`
+    elements); equal rates always fit."""
+    o, n = reduced(orig, new)
+    return o == n or kernel_size(orig, new) <= MAX_KERNEL
+
+
 def reduced(orig: int, new: int) -> tuple[int, int]:
     """``(orig, new)`` divided by their gcd (``44100, 16000 -> 441, 160``). Refuses rates that are not
     positive whole numbers (``ValueError``)."""

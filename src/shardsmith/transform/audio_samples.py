@@ -7,8 +7,8 @@ Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, wheth
 
 - The waveform (:class:`~shardsmith.records.Waveform`) is float32 stereo. With ``resampler="sinc"`` (LTX-2's
   order) the window is cut at the source's own rate, a mono source stays mono, and the encoder duplicates
-  and resamples it (:mod:`shardsmith.encode.resample`); with ``"ffmpeg"`` FFmpeg resamples it here to
-  ``rate`` before the cut.
+  and resamples it (:mod:`shardsmith.encode.resample`; a rate its kernel cannot take is resampled here by
+  FFmpeg); with ``"ffmpeg"`` FFmpeg resamples it here to ``rate`` before the cut.
 
 - ``for_clip(item, geom, pr)``: the audio of a video sample, cut to the clip as actually sampled:
   it starts at the time of the first chosen source frame and lasts the bucket's frames ÷ the
@@ -25,7 +25,8 @@ Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, wheth
   ``duration`` / ``start`` (seconds: the window), ``recorded_duration`` (what ``audio_latents/`` records:
   LTX-2's cut samples ÷ their rate with ``sinc``, the window with ``ffmpeg``), ``samples`` (what the encoder
   takes, at ``rate``: the encoder's),
-  ``cut_rate`` / ``cut_samples`` (the waveform as cut), the source's ``source_rate`` /
+  ``cut_rate`` / ``cut_samples`` (the waveform as cut), ``resampled_by`` (``encoder``, ``ffmpeg`` or
+  ``none``), the source's ``source_rate`` /
   ``source_channels`` / ``layout``, ``padded`` (seconds of silence added at the end) and, from an
   audio partner, ``partner``.
 """
@@ -81,8 +82,16 @@ class AudioCutter:
         return None if self.resampler == "sinc" else self.rate
 
     def _decode(self, path: str, name: str, start: float, duration: float) -> DecodedAudio:
-        return decode_audio(path, name, rate=self.decode_rate, start=start, duration=duration,
-                            keep_mono=self.resampler == "sinc")
+        """The window, cut as ``resampler`` says. With ``sinc``, a file whose rate the encoder's kernel cannot
+        take (:func:`~shardsmith.encode.resample.fits`: a rate sharing almost no factor with the encoder's,
+        such as 22,254 Hz) is resampled here by FFmpeg instead (its info says ``resampled_by: ffmpeg``)."""
+        if self.resampler == "sinc":
+            from shardsmith.encode.resample import fits
+
+            dec = decode_audio(path, name, rate=None, start=start, duration=duration, keep_mono=True)
+            if fits(dec.rate, self.rate):
+                return dec
+        return decode_audio(path, name, rate=self.rate, start=start, duration=duration)
 
     def for_reference(self, item: PlannedItem, target: dict[str, Any]) -> tuple[Waveform | None, dict[str, Any]]:
         """The ``reference`` partner's audio over the very window the target's was cut to (``target``: the
@@ -109,7 +118,9 @@ class AudioCutter:
         # the audio_latents record's duration: LTX-2's (the samples cut at the source's rate over that rate) with
         # sinc; the window's with ffmpeg, as builds stored it before
         recorded = cut / dec.rate if self.resampler == "sinc" else duration
+        by = "encoder" if dec.rate != self.rate else "ffmpeg" if dec.probe.rate != self.rate else "none"
         return {"status": "written", "duration": duration, "start": start, "recorded_duration": recorded,
+                "resampled_by": by,
                 "samples": resampled_length(cut, dec.rate, self.rate), "rate": self.rate, "cut_rate": dec.rate,
                 "cut_samples": cut, "source_rate": dec.probe.rate, "source_channels": dec.probe.channels,
                 "layout": dec.probe.layout, "padded": dec.padded}
