@@ -17,6 +17,9 @@ decoded, down-mixed / duplicated, resampled to the encoder's 16 kHz and cut to a
    - ``pipelined``: the build's own device path, ``AudioVae.launch`` of batches staged beforehand in
      page-locked memory, queued back to back (upload, mel + encode, copy back);
    - ``resident``: mel + VAE encode of batches already on the GPU, nothing copied (the GPU's pace).
+   A diagnostic beside them (not a baseline): ``resident_with_resampling_items_per_s``, the same items as
+   ``audio.resampler: sinc`` sends them (at their source's rate, mono kept), duplicated and resampled on the
+   device before the mel: what the device work of a build costs.
 Ratio = the build's items/s (written ÷ wall) ÷ the fastest of the three (``encoder_alone.items_per_s``);
 ``ratio_sync`` divides by ``sync`` (the only baseline before the twelfth session). Goal ≥ 0.9.
 
@@ -167,7 +170,10 @@ def _alone_wave(args):
     path, durations, rate = args
     name = Path(path).name
     d = choose_duration(probe_audio(path, name).duration, [float(x) for x in durations.split(";")])
-    return None if d is None else decode_audio(path, name, rate=rate, duration=d).wave
+    if d is None:
+        return None
+    at_source = decode_audio(path, name, rate=None, duration=d, keep_mono=True)  # as audio.resampler: sinc sends it
+    return decode_audio(path, name, rate=rate, duration=d).wave, (at_source.wave, at_source.rate)
 
 
 def encoder_alone(src: Path, args) -> dict:
@@ -182,12 +188,18 @@ def encoder_alone(src: Path, args) -> dict:
     load_s = time.perf_counter() - t0  # (without the vocoder, as the build's encode stage)
     files = sorted(p for p in src.iterdir() if p.suffix in (".m4a", ".flac"))[:args.alone_items or None]
     with ProcessPoolExecutor(os.cpu_count()) as pool:  # (not timed)
-        waves = [w for w in pool.map(_alone_wave, [(str(p), args.durations, vae.spec.sample_rate) for p in files],
-                                     chunksize=32) if w is not None]
+        both = [w for w in pool.map(_alone_wave, [(str(p), args.durations, vae.spec.sample_rate) for p in files],
+                                    chunksize=32) if w is not None]
+    waves = [w for w, _ in both]
     by_length: dict[int, list] = {}  # the build's queues: one per audio length, batches of --batch
     for w in waves:
         by_length.setdefault(w.shape[-1], []).append(w)
     batches = [q[i:i + args.batch] for q in by_length.values() for i in range(0, len(q), args.batch)]
+    by_source: dict[tuple, list] = {}  # the same files as the build sends them: at their rate, mono kept
+    for _, (w, rate) in both:
+        by_source.setdefault((rate, *w.shape), []).append(w)
+    source_batches = [(key[0], q[i:i + args.batch]) for key, q in by_source.items()
+                      for i in range(0, len(q), args.batch)]
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     vae.encode(batches[0])  # warm-up (cuDNN plans), as the build's warm-up
     sync()
@@ -204,14 +216,20 @@ def encoder_alone(src: Path, args) -> dict:
 
     staged = [vae.stage(b) for b in batches]  # page-locked on a GPU (not timed)
     resident = [torch.from_numpy(np.stack(b)).to(vae.device) for b in batches]  # (not timed)
+    at_source = [(rate, torch.from_numpy(np.stack(b)).to(vae.device)) for rate, b in source_batches]  # (not timed)
     with torch.inference_mode():
+        vae._latents(at_source[0][1], at_source[0][0])  # (its resampling kernels, once)
         secs = {"sync": best_of_two(lambda: [vae.encode(b) for b in batches]),
                 "pipelined": best_of_two(lambda: [vae.launch(s) for s in staged]),
                 "resident": best_of_two(lambda: [vae._latents(x, vae.spec.sample_rate) for x in resident])}
+        # a diagnostic, not a baseline: the same items from the source's rate, mono duplicated and resampled
+        # on the device first (audio.resampler: sinc's device work)
+        with_resampling = best_of_two(lambda: [vae._latents(x, rate) for rate, x in at_source])
     rates = {k: round(len(waves) / v, 1) for k, v in secs.items()}
     fastest = max(rates, key=rates.get)
     return {"items": len(waves), "encode_s": round(secs[fastest], 3), "items_per_s": rates[fastest],
-            "fastest": fastest, "items_per_s_by_way": rates, "load_s": round(load_s, 3), "batch": args.batch}
+            "fastest": fastest, "items_per_s_by_way": rates, "load_s": round(load_s, 3), "batch": args.batch,
+            "resident_with_resampling_items_per_s": round(len(waves) / with_resampling, 1)}
 
 
 def main() -> None:
