@@ -10,9 +10,10 @@ Contract
   ``from_pretrained`` (hashed, provenance ``"pretrained"``); without it a model is built from
   ``config`` ("tiny", "published" or a dict) under ``torch.manual_seed(0)`` and labelled
   ``"random-weights"`` (its latents are NOT model-space data), exactly as :func:`~shardsmith.encode.vae.load_vae`.
-- :meth:`AudioVae.encode`: ``[2, N]`` float32 waveforms at ``spec.sample_rate`` -> ``[C, T, F]`` float32 on
-  the CPU (``[8, T, 16]`` for LTX-2), what LTX-2's ``AudioEncoder.forward`` returns (see below); items
-  of equal length run as one batch (halved on a CUDA out-of-memory error), each result independent of
+- :meth:`AudioVae.encode`: waveforms (:class:`~shardsmith.records.Waveform` at their own rate, resampled on the
+  model's device first by :mod:`shardsmith.encode.resample`, or ``[2, N]`` float32 at ``spec.sample_rate``)
+  -> ``[C, T, F]`` float32 on the CPU (``[8, T, 16]`` for LTX-2), what LTX-2's ``AudioEncoder.forward`` returns
+  (see below); items of equal rate, channels and length run as one batch (halved on a CUDA out-of-memory error), each result independent of
   its batch-mates. :meth:`AudioVae.record` is the ``audio_latents/*.pt`` dict exactly as LTX's
   ``process_videos.py`` / ``compute_audio_latents`` save it. :meth:`AudioVae.decode`: latents ->
   ``(waveform [B, 2, N'], rate)`` through the VAE decoder and the vocoder (LTX's ``decode_latents`` path).
@@ -21,6 +22,10 @@ Contract
 What LTX-2 computes, and how this module matches it (ltx-core ``model/audio_vae``; ltx-trainer
 ``scripts/process_videos.py``):
 
+0. Channels and rate (``_encode_audio``, ``AudioProcessor.resample_audio``): on the encoder's device, mono is
+   duplicated to stereo and the waveform resampled to ``sample_rate`` by ``torchaudio.functional.resample``.
+   Here: the same order, with :mod:`shardsmith.encode.resample` (torchaudio's arithmetic; its samples on the
+   CPU bit for bit).
 1. Log-mel (``ops.AudioProcessor``): torchaudio ``MelSpectrogram(sample_rate, n_fft=win=1024, hop=160,
    f_min=0, f_max=sr/2, n_mels=64, hann window, center=True, reflect, power=1, mel_scale="slaney",
    norm="slaney")`` then ``log(clamp(x, 1e-5))``, permuted to ``[B, 2, T_mel, mels]``. Here: ``torch.stft``
@@ -378,9 +383,9 @@ class AudioVae:
 
     def encode(self, waves: list) -> list["torch.Tensor"]:
         """Waveforms -> normalised latents ``[C, T, F]`` float32 on the CPU, in order. A waveform is a
-        :class:`~shardsmith.records.Waveform` (float32 ``[2, N]`` at its rate, resampled to the encoder's
-        first) or a float32 ``[2, N]`` array at ``spec.sample_rate``. Items of the same rate and N run as
-        one batch; each result is independent of its batch-mates."""
+        :class:`~shardsmith.records.Waveform` (float32 ``[2, N]``, or ``[1, N]`` mono, at its rate: duplicated and
+        resampled to the encoder's first) or a float32 ``[2, N]`` array at ``spec.sample_rate``. Items of the same
+        rate, channels and N run as one batch; each result is independent of its batch-mates."""
         import torch
 
         arrays = dict(enumerate(_stereo_arrays(waves, self.settings.sample_rate)))
@@ -393,9 +398,9 @@ class AudioVae:
 
     def stage(self, waves: list) -> "StagedAudio":
         """The host side of :meth:`launch` (the caller's thread, while the device runs the batch before):
-        waveforms (as :meth:`encode` takes them; None: an item without audio) stacked per rate and length
-        into one ``[B, 2, N]`` float32 tensor each, page-locked when the model is on a GPU. Refuses what
-        :meth:`encode` refuses."""
+        waveforms (as :meth:`encode` takes them; None: an item without audio) stacked per rate, channels and
+        length into one ``[B, C, N]`` float32 tensor each, page-locked when the model is on a GPU. Refuses
+        what :meth:`encode` refuses."""
         import torch
 
         from shardsmith.encode.host_threads import one_intra_op_thread
@@ -415,8 +420,8 @@ class AudioVae:
     def launch(self, staged: "StagedAudio") -> "LaunchedAudio":
         """Start the latents of a staged batch. On a GPU this returns once the upload (on a side stream),
         the resampling, the forward pass and the copy back into page-locked memory are queued (the next
-        batch is staged and queued meanwhile); an out-of-memory error there runs that length's items through :meth:`encode`'s
-        halving instead. Elsewhere it runs to completion. :meth:`LaunchedAudio.result` gives what
+        batch is staged and queued meanwhile); an out-of-memory error there runs that group's items
+        through :meth:`encode`'s halving instead. Elsewhere it runs to completion. :meth:`LaunchedAudio.result` gives what
         :meth:`encode` gives, per item (None where there was no waveform)."""
         import torch
 
