@@ -91,6 +91,13 @@ def test_short_audio_files_travel_to_the_workers_in_chunks_long_ones_alone(tmp_p
     assert maker(whole).is_heavy(_item(f, _facts(600.0))) is True  # ten minutes decoded whole
     assert maker(whole).is_heavy(_item(f, _facts(LIGHT_AUDIO_S))) is False
     assert maker(bucketed).is_heavy(_item(f, None)) is True  # no duration from the plan: may be long
+    # large: a waveform sent at a high source rate (audio.resampler: sinc) travels alone; mono counts one channel
+    hi = {**_facts(9.5), "rate": 192000, "channels": 2, "layout": "stereo"}
+    assert maker(bucketed).is_heavy(_item(f, hi)) is True  # 8 s x 192 kHz x 2 = 3.1M samples
+    assert maker(bucketed).is_heavy(_item(f, {**hi, "rate": 48000})) is False  # 0.77M samples
+    assert maker(bucketed).is_heavy(_item(f, {**hi, "rate": 96000, "channels": 1})) is False  # 0.77M, mono
+    ffmpeg = AudioCutter(16000, durations=(4.0, 8.0), resampler="ffmpeg")  # sent at 16 kHz stereo whatever the source
+    assert maker(ffmpeg).is_heavy(_item(f, hi)) is False
     video = _item(f, None)
     video.kind = "video"
     assert maker(bucketed).is_heavy(video) is True

@@ -46,6 +46,9 @@ AUDIO_ROLE = "audio"
 #: an audio-only item whose waveform lasts at most this (seconds) decodes in milliseconds: the worker pool
 #: sends it in a chunk with others (``LatentPixelMaker.is_heavy``)
 LIGHT_AUDIO_S = 10.0
+#: ... and carries at most this many samples (all channels) as its cutter sends it: 10 s of 48 kHz stereo (a
+#: 192 kHz recording cut to 8 s is 6 MB a channel: it travels alone, so a chunk stays a few tens of MB)
+LIGHT_AUDIO_SAMPLES = int(LIGHT_AUDIO_S * 48000 * 2)
 
 
 def planned_duration(item: PlannedItem) -> float | None:
@@ -68,6 +71,17 @@ def audio_seconds(item: PlannedItem, cutter: "AudioCutter | None") -> float:
     return 0.0 if chosen is None else chosen
 
 
+def travels_light(item: PlannedItem, cutter: "AudioCutter | None") -> bool:
+    """Whether the audio-only ``item`` goes to the decode workers in a chunk: its waveform (from the plan's
+    probe) lasts at most :data:`LIGHT_AUDIO_S` and holds at most :data:`LIGHT_AUDIO_SAMPLES` samples as
+    ``cutter`` sends it (:meth:`AudioCutter.sent_rate_channels`)."""
+    seconds = audio_seconds(item, cutter)
+    if seconds > LIGHT_AUDIO_S:
+        return False
+    rate, channels = cutter.sent_rate_channels(item.media["target"].audio)
+    return seconds * rate * channels <= LIGHT_AUDIO_SAMPLES
+
+
 @dataclass(frozen=True)
 class AudioCutter:
     rate: int
@@ -80,6 +94,15 @@ class AudioCutter:
     def decode_rate(self) -> int | None:
         """The rate the window is cut at: the source's own (None) with ``sinc``, the encoder's with ``ffmpeg``."""
         return None if self.resampler == "sinc" else self.rate
+
+    def sent_rate_channels(self, facts: dict[str, Any]) -> tuple[int, int]:
+        """``(rate, channels)`` of the waveform this cutter sends for a source the plan probed as ``facts``."""
+        from shardsmith.encode.resample import fits
+
+        rate, channels = int(facts.get("rate") or 0), int(facts.get("channels") or 0)
+        if self.resampler == "sinc" and rate > 0 and fits(rate, self.rate):
+            return rate, 1 if channels == 1 else 2
+        return self.rate, 2
 
     def _decode(self, path: str, name: str, start: float, duration: float) -> DecodedAudio:
         """The window, cut as ``resampler`` says. With ``sinc``, a file whose rate the encoder's kernel cannot

@@ -26,7 +26,7 @@ from shardsmith.records import NO_AUDIO, WRITTEN, ItemError, PlannedItem, Sample
 from shardsmith.recipe import ImageRules
 from typing import TYPE_CHECKING
 
-from shardsmith.transform.audio_samples import LIGHT_AUDIO_S, audio_seconds
+from shardsmith.transform.audio_samples import travels_light
 from shardsmith.transform.buckets import Bucket, available_frames, choose_bucket, effective_fps, frame_indices
 from shardsmith.transform.geometry import Geometry, decide
 from shardsmith.transform.image import decode_image
@@ -82,12 +82,13 @@ class LatentPixelMaker:
 
     def is_heavy(self, item: PlannedItem) -> bool:
         """Whether the worker pool sends ``item`` on its own (see Workers.map): a clip (seconds to decode),
-        and an audio file whose waveform would last more than :data:`LIGHT_AUDIO_S` or whose duration the
-        plan did not give. Shorter audio travels in chunks like images: one file decodes in milliseconds,
-        and alone each would pay a task's round trip and leave few waveforms decoded ahead of the encoder."""
+        and an audio file whose waveform would be long or large, or whose duration the plan did not give
+        (:func:`~shardsmith.transform.audio_samples.travels_light`). Other audio travels in chunks like
+        images: one file decodes in milliseconds, and alone each would pay a task's round trip and leave
+        few waveforms decoded ahead of the encoder."""
         if item.kind != "audio":
             return item.kind == "video"
-        return audio_seconds(item, self.audio) > LIGHT_AUDIO_S
+        return not travels_light(item, self.audio)
 
     def __call__(self, item: PlannedItem) -> SampleResult:
         try:
