@@ -5,7 +5,9 @@ stereo, half FLAC 44.1 kHz mono, real speech), each cut to its duration bucket e
 workers cut it (``AudioCutter``'s decode), in one process:
 
 - CPU time per file (``time.process_time``), ``ffmpeg`` (FFmpeg resamples to 16 kHz) against ``sinc``
-  (cut at the source's rate, mono kept one channel), median of ``--rounds``;
+  (cut at the source's rate, mono kept one channel), and ``sinc`` with FFmpeg's resampler converting the
+  samples to float at the same rate (what ``sinc`` did before it converted them itself), rounds
+  interleaved, median of ``--rounds``;
 - bytes per file, and one item's trip through shared memory (packed in a chunk of 8, then unpacked and
   stacked as the build does) for 4 s waveforms of each shape.
 
@@ -26,23 +28,29 @@ import audio_build
 
 
 def worker_cost(src: Path, rounds: int) -> dict:
+    from shardsmith.transform import audio
     from shardsmith.transform.audio import choose_duration, probe_audio
     from shardsmith.transform.audio_samples import AudioCutter
 
+    own = dict(audio._TO_FLOAT)  # the formats decode_audio converts itself at the source's rate
     files = sorted(p for p in src.iterdir() if p.suffix in (".m4a", ".flac"))
     plan = [(str(p), choose_duration(probe_audio(str(p), p.name).duration, [4.0, 8.0])) for p in files]
     out: dict = {}
     for _ in range(rounds):
-        for resampler in ("ffmpeg", "sinc"):
+        for way, resampler, converts in (("ffmpeg", "ffmpeg", own), ("sinc, swresample converts", "sinc", {}),
+                                         ("sinc", "sinc", own)):
+            audio._TO_FLOAT.clear()
+            audio._TO_FLOAT.update(converts)
             cutter = AudioCutter(16000, resampler=resampler)
             for suffix in (".m4a", ".flac"):
                 chosen = [(p, d) for p, d in plan if p.endswith(suffix) and d]
                 t, nbytes = time.process_time(), 0
                 for p, d in chosen:
                     nbytes += cutter._decode(p, p, 0.0, d).wave.nbytes
-                row = out.setdefault(f"{resampler} {suffix}", {"ms": [], "files": len(chosen)})
+                row = out.setdefault(f"{way} {suffix}", {"ms": [], "files": len(chosen)})
                 row["ms"].append((time.process_time() - t) / len(chosen) * 1e3)
                 row["mb_per_file"] = round(nbytes / len(chosen) / 1e6, 3)
+    audio._TO_FLOAT.update(own)
     for row in out.values():
         row["median_ms"] = round(statistics.median(row["ms"]), 3)
         row["ms"] = [round(x, 3) for x in row["ms"]]

@@ -90,8 +90,9 @@ def test_audio_latents_are_what_the_ltx_trainer_reads(av_tree):
         c, t, f = a["latents"].shape
         assert a["num_time_steps"] == t and a["frequency_bins"] == f and isinstance(a["num_time_steps"], int)
         assert torch.isfinite(a["latents"]).all() and a["latents"].abs().sum() > 0
-        # the audio lasts exactly the sampled frames: 17 frames at the clip's 24 fps
-        assert a["duration"] == pytest.approx(17 / FPS, abs=1e-9)
+        # the audio lasts exactly the sampled frames: 17 frames at the clip's 24 fps, recorded as LTX-2 does
+        # (the samples cut at the track's 16 kHz over that rate: 11,333 / 16,000 s)
+        assert a["duration"] == int(17 / FPS * 16000) / 16000
         pixel_frames = (v["num_frames"] - 1) * 8 + 1
         assert abs(a["duration"] - pixel_frames / v["fps"]) < 1 / 25
 
@@ -276,7 +277,7 @@ def test_an_audio_column_gives_each_clip_its_own_audio_file(tmp_path):
     rec["sources"][0]["columns"] = {"media": "video", "audio": "voice", "caption": "caption"}
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     a = torch.load(tmp_path / "out" / ".precomputed" / "audio_latents" / "a.pt", weights_only=True)
-    assert a["duration"] == pytest.approx(17 / FPS, abs=1e-9)
+    assert a["duration"] == int(17 / FPS * 44100) / 44100  # LTX-2's: the WAV's samples over its 44.1 kHz
     assert m["outputs"]["precomputed"]["counts"]["written"] == 1
     assert m["outputs"]["precomputed"]["counts"]["failed"] == {"missing_audio": 1}
 

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import json  # noqa: E402
 import math  # noqa: E402
 
+import av  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -493,3 +494,57 @@ def test_a_seek_at_the_source_s_rate_gives_the_decode_from_zero_then_cut(tmp_pat
     want = _decode_from_zero_then_cut(p, 48000, start, dur)
     assert np.array_equal(got.wave, want)
     assert _rms(got.wave) > 0.005
+
+
+def _pcm_file(path, codec: str, fmt: str, rate: int, layout: str, sample_fmt: str | None = None):
+    """Real speech in container ``fmt`` with audio codec ``codec`` (PyAV converts the float samples to the
+    codec's sample format, ``sample_fmt`` where the codec takes several)."""
+    import fractions
+
+    x = vf.audio_signal("speech", 0.7, rate, layout)
+    with av.open(str(path), "w", format=fmt) as c:
+        s = c.add_stream(codec, rate=rate, layout=layout)
+        if sample_fmt:
+            s.codec_context.format = sample_fmt
+        for i in range(0, x.shape[1], 1024):
+            fr = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, i:i + 1024]), format="fltp", layout=layout)
+            fr.sample_rate, fr.pts, fr.time_base = rate, i, fractions.Fraction(1, rate)
+            for p in s.encode(fr):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    return path
+
+
+@pytest.mark.parametrize("codec,fmt,suffix,sample_fmt,layout", [
+    ("pcm_u8", "wav", ".wav", None, "mono"),
+    ("pcm_s16le", "wav", ".wav", None, "stereo"),
+    ("pcm_s24le", "wav", ".wav", None, "5.1"),  # decodes as s32
+    ("pcm_s32le", "wav", ".wav", None, "stereo"),
+    ("pcm_f32le", "wav", ".wav", None, "mono"),
+    ("pcm_f64le", "wav", ".wav", None, "stereo"),
+    ("flac", "flac", ".flac", "s16", "mono"),
+    ("flac", "flac", ".flac", "s32", "stereo"),  # 24-bit FLAC
+    ("aac", "ipod", ".m4a", None, "stereo"),  # fltp
+    ("libmp3lame", "mp3", ".mp3", None, "stereo"),  # fltp or s16p, as the build's FFmpeg has it
+])
+def test_at_the_source_s_rate_the_samples_are_swresample_s_without_a_resampler(tmp_path, codec, fmt, suffix,
+                                                                              sample_fmt, layout):
+    """``rate=None`` converts each decoded frame to float32 itself instead of running FFmpeg's resampler at
+    the same rate: the samples must be exactly what swresample gives (the decoder's format, planar or packed,
+    u8 / s16 / s32 / float / double), so the sinc path's bytes do not depend on which one converted them."""
+    if codec not in av.codecs_available:
+        pytest.skip(f"this FFmpeg has no {codec} encoder")
+    p = _pcm_file(tmp_path / f"a{suffix}", codec, fmt, 44100, layout, sample_fmt)
+    got = decode_audio(str(p), "a", rate=None, duration=0.5)
+    with av.open(str(p)) as c:
+        frames = list(c.decode(c.streams.audio[0]))
+    res = av.AudioResampler(format="fltp", layout=frames[0].layout, rate=frames[0].sample_rate)
+    parts = []
+    for fr in frames:
+        fr.pts = None
+        parts += [o.to_ndarray() for o in res.resample(fr)]
+    parts += [o.to_ndarray() for o in res.resample(None)]
+    want = A.to_stereo(np.concatenate(parts, axis=1)[:, :num_samples(0.5, frames[0].sample_rate)], frames[0].layout.name)
+    assert got.rate == 44100 and got.wave.shape == want.shape
+    assert np.array_equal(got.wave, want), frames[0].format.name

@@ -424,17 +424,42 @@ class _Fallback(Exception):
     """The seek cannot guarantee a decode-from-zero result: decode from the beginning instead."""
 
 
+#: sample formats (planar or packed) -> ``(offset, scale)`` of their conversion to float32, as swresample
+#: converts them (``(x - offset) * scale``, exact for the integer formats; None: a float cast, nearest)
+_TO_FLOAT = {"u8": (128, 2.0 ** -7), "s16": (0, 2.0 ** -15), "s32": (0, 2.0 ** -31), "s64": (0, 2.0 ** -63),
+             "flt": None, "dbl": None}
+
+
+def _as_float(fr) -> np.ndarray:
+    """A decoded frame's samples as float32 ``[C, n]``: what swresample gives converting it to ``fltp`` at
+    its own rate and layout, without a resampler (a file decoded at its own rate needs only this)."""
+    a = fr.to_ndarray()
+    if not fr.format.is_planar:
+        a = a.reshape(-1, fr.layout.nb_channels).T
+    conv = _TO_FLOAT[fr.format.name.rstrip("p")]
+    if conv is None:
+        return np.ascontiguousarray(a, dtype=np.float32)
+    offset, scale = conv
+    x = (a.astype(np.int16) - offset if offset else a).astype(np.float32)
+    return x * np.float32(scale)
+
+
 def _run(frames: Iterator, first, win: _Window, rate: int, name: str, *, skip: int = 0) -> None:
     """Resample ``first`` and then ``frames`` (dropping the first ``skip`` input samples) into ``win``
-    until it is full; flush the resampler only when the stream ends first."""
-    resampler = av.AudioResampler(format="fltp", layout=first.layout, rate=rate)
+    until it is full; flush the resampler only when the stream ends first. At the source's own rate no
+    resampler runs: each frame is converted to float32 as swresample would (:func:`_as_float`)."""
     fmt, lay, src = first.format.name, first.layout.name, first.sample_rate
+    as_is = rate == src and fmt.rstrip("p") in _TO_FLOAT
+    resampler = None if as_is else av.AudioResampler(format="fltp", layout=first.layout, rate=rate)
 
     def feed(fr) -> None:
         if (fr.format.name, fr.layout.name, fr.sample_rate) != (fmt, lay, src):
             raise ItemError("audio_decode_error",
                             f"{name}: its audio changes from {fmt} {lay} {src} Hz to {fr.format.name} "
                             f"{fr.layout.name} {fr.sample_rate} Hz mid-stream; {_DECODE_FIX}")
+        if resampler is None:
+            win.add(_as_float(fr))
+            return
         fr.pts = None  # timestamps never steer the resampler: both decode paths feed the same samples
         try:
             outs = resampler.resample(fr)
@@ -452,6 +477,8 @@ def _run(frames: Iterator, first, win: _Window, rate: int, name: str, *, skip: i
         feed(fr)
         if win.done:
             return
+    if resampler is None:
+        return
     try:
         outs = resampler.resample(None)
     except av.FFmpegError as e:
