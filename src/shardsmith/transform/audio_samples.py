@@ -5,7 +5,7 @@ Runs in worker processes (picklable), beside :class:`~shardsmith.transform.laten
 Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, whether audio is
 ``required``, the ``durations`` buckets of audio-only items, the ``resampler``):
 
-- The waveform (:class:`~shardsmith.records.Waveform`) is float32 stereo. With ``resampler="sinc"`` (LTX-2's
+- The waveform (:class:`~shardsmith.records.Waveform`) is float32. With ``resampler="sinc"`` (LTX-2's
   order) the window is cut at the source's own rate, a mono source stays mono, and the encoder duplicates
   and resamples it (:mod:`shardsmith.encode.resample`; a rate its kernel cannot take is resampled here by
   FFmpeg); with ``"ffmpeg"`` FFmpeg resamples it here to ``rate`` before the cut.
@@ -24,9 +24,8 @@ Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, wheth
 - ``info`` (``SampleResult.info["audio"]``): ``status`` (``written``, or the reason there is none),
   ``duration`` / ``start`` (seconds: the window), ``recorded_duration`` (what ``audio_latents/`` records:
   LTX-2's cut samples ÷ their rate with ``sinc``, the window with ``ffmpeg``), ``samples`` (what the encoder
-  takes, at ``rate``: the encoder's),
-  ``cut_rate`` / ``cut_samples`` (the waveform as cut), ``resampled_by`` (``encoder``, ``ffmpeg`` or
-  ``none``), the source's ``source_rate`` /
+  takes, at ``rate``: the encoder's), ``cut_rate`` / ``cut_samples`` (the waveform as cut),
+  ``resampled_by`` (``encoder``, ``ffmpeg`` or ``none``), the source's ``source_rate`` /
   ``source_channels`` / ``layout``, ``padded`` (seconds of silence added at the end) and, from an
   audio partner, ``partner``.
 """
@@ -35,7 +34,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
 
 from shardsmith.records import ItemError, PlannedItem, Waveform
 from shardsmith.transform.audio import (DecodedAudio, choose_duration, clip_window, decode_audio, probe_audio,
@@ -143,10 +141,9 @@ class AudioCutter:
         recorded = cut / dec.rate if self.resampler == "sinc" else duration
         by = "encoder" if dec.rate != self.rate else "ffmpeg" if dec.probe.rate != self.rate else "none"
         return {"status": "written", "duration": duration, "start": start, "recorded_duration": recorded,
-                "resampled_by": by,
-                "samples": resampled_length(cut, dec.rate, self.rate), "rate": self.rate, "cut_rate": dec.rate,
-                "cut_samples": cut, "source_rate": dec.probe.rate, "source_channels": dec.probe.channels,
-                "layout": dec.probe.layout, "padded": dec.padded}
+                "resampled_by": by, "samples": resampled_length(cut, dec.rate, self.rate), "rate": self.rate,
+                "cut_rate": dec.rate, "cut_samples": cut, "source_rate": dec.probe.rate,
+                "source_channels": dec.probe.channels, "layout": dec.probe.layout, "padded": dec.padded}
 
     def for_clip(self, item: PlannedItem, geom: Geometry, source_fps: float) -> tuple[Waveform | None, dict[str, Any]]:
         """The audio matching a video sample whose geometry is ``geom`` (see the module contract)."""
