@@ -392,18 +392,48 @@ def probe_audio(path: str, item_id: str) -> AudioProbe:
 
 
 class _Window:
-    """Collects output samples ``[lo, hi)`` of a stream fed in order from output sample ``pos``."""
+    """Output samples ``[lo, hi)`` of a stream fed in order from output sample ``pos``, written into one
+    float32 ``[C, hi - lo]`` array (zeros where nothing was written); ``filled``: the samples written from
+    ``lo`` on (they arrive in order, so they are contiguous)."""
 
     def __init__(self, lo: int, hi: int, pos: int = 0):
         self.lo, self.hi, self.pos = lo, hi, pos
-        self.parts: list[np.ndarray] = []
+        self.out: np.ndarray | None = None
+        self.filled = 0
+
+    def _span(self, n: int) -> tuple[int, int, int] | None:
+        """Advance by ``n`` input samples: ``(first, last)`` of them inside the window and where the first
+        goes in it, or None."""
+        a = self.pos
+        self.pos += n
+        lo, hi = max(a, self.lo), min(self.pos, self.hi)
+        if hi <= lo:
+            return None
+        self.filled = hi - self.lo
+        return lo - a, hi - a, lo - self.lo
+
+    def _dst(self, channels: int) -> np.ndarray:
+        if self.out is None:
+            self.out = np.zeros((channels, self.hi - self.lo), np.float32)
+        return self.out
 
     def add(self, arr: np.ndarray) -> None:
-        a, b = self.pos, self.pos + arr.shape[1]
-        lo, hi = max(a, self.lo), min(b, self.hi)
-        if hi > lo:
-            self.parts.append(arr[:, lo - a : hi - a])
-        self.pos = b
+        """Float32 ``[C, n]`` samples (a resampler's output)."""
+        span = self._span(arr.shape[1])
+        if span is not None:
+            i0, i1, j = span
+            self._dst(arr.shape[0])[:, j:j + i1 - i0] = arr[:, i0:i1]
+
+    def add_frame(self, fr) -> None:
+        """A decoded frame at the window's rate, converted to float32 as swresample converts it
+        (:func:`_convert_into`), only the part inside the window."""
+        span = self._span(fr.samples)
+        if span is not None:
+            i0, i1, j = span
+            _convert_into(fr, i0, i1, self._dst(fr.layout.nb_channels)[:, j:j + i1 - i0])
+
+    def result(self, channels: int) -> np.ndarray:
+        return self.out if self.out is not None else np.zeros((channels, self.hi - self.lo), np.float32)
 
     @property
     def done(self) -> bool:
@@ -430,24 +460,31 @@ _TO_FLOAT = {"u8": (128, 2.0 ** -7), "s16": (0, 2.0 ** -15), "s32": (0, 2.0 ** -
              "flt": None, "dbl": None}
 
 
-def _as_float(fr) -> np.ndarray:
-    """A decoded frame's samples as float32 ``[C, n]``: what swresample gives converting it to ``fltp`` at
-    its own rate and layout, without a resampler (a file decoded at its own rate needs only this)."""
-    a = fr.to_ndarray()
-    if not fr.format.is_planar:
-        a = a.reshape(-1, fr.layout.nb_channels).T
-    conv = _TO_FLOAT[fr.format.name.rstrip("p")]
-    if conv is None:
-        return np.ascontiguousarray(a, dtype=np.float32)
-    offset, scale = conv
-    x = (a.astype(np.int16) - offset if offset else a).astype(np.float32)
-    return x * np.float32(scale)
+_DTYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "flt": np.float32, "dbl": np.float64}
+
+
+def _convert_into(fr, i0: int, i1: int, dst: np.ndarray) -> None:
+    """Samples ``[i0, i1)`` of a decoded frame into float32 ``dst`` ``[C, i1 - i0]``: what swresample gives
+    converting it to ``fltp`` at its own rate and layout (integer formats ``(x - offset) * scale``, exact;
+    float formats cast to the nearest float32), read from the frame's planes without a resampler."""
+    base = fr.format.name.rstrip("p")
+    dtype, conv, c = _DTYPES[base], _TO_FLOAT[base], fr.layout.nb_channels
+    offset = conv[0] if conv is not None else 0
+    if fr.format.is_planar:  # one plane per channel
+        for ch, plane in enumerate(fr.planes[:c]):
+            src = np.frombuffer(plane, dtype, fr.samples)[i0:i1]
+            dst[ch] = src.astype(np.int16) - offset if offset else src
+    else:  # packed: one plane, samples interleaved
+        src = np.frombuffer(fr.planes[0], dtype, fr.samples * c).reshape(fr.samples, c)[i0:i1].T
+        dst[...] = src.astype(np.int16) - offset if offset else src
+    if conv is not None:
+        dst *= np.float32(conv[1])
 
 
 def _run(frames: Iterator, first, win: _Window, rate: int, name: str, *, skip: int = 0) -> None:
     """Resample ``first`` and then ``frames`` (dropping the first ``skip`` input samples) into ``win``
     until it is full; flush the resampler only when the stream ends first. At the source's own rate no
-    resampler runs: each frame is converted to float32 as swresample would (:func:`_as_float`)."""
+    resampler runs: each frame is converted to float32 as swresample would (:func:`_convert_into`)."""
     fmt, lay, src = first.format.name, first.layout.name, first.sample_rate
     as_is = rate == src and fmt.rstrip("p") in _TO_FLOAT
     resampler = None if as_is else av.AudioResampler(format="fltp", layout=first.layout, rate=rate)
@@ -458,7 +495,7 @@ def _run(frames: Iterator, first, win: _Window, rate: int, name: str, *, skip: i
                             f"{name}: its audio changes from {fmt} {lay} {src} Hz to {fr.format.name} "
                             f"{fr.layout.name} {fr.sample_rate} Hz mid-stream; {_DECODE_FIX}")
         if resampler is None:
-            win.add(_as_float(fr))
+            win.add_frame(fr)
             return
         fr.pts = None  # timestamps never steer the resampler: both decode paths feed the same samples
         try:
@@ -607,14 +644,12 @@ def decode_audio(
         layout, channels = first.layout.name, first.layout.nb_channels
     finally:
         container.close()
-    c = channels
-    got = np.concatenate(win.parts, axis=1) if win.parts else np.zeros((c, 0), np.float32)
-    short = n_out - got.shape[1]
-    if short > 0:
-        got = np.concatenate([got, np.zeros((c, short), np.float32)], axis=1)
+    got = win.result(channels)  # zeros after the last sample written: a source that ended early, padded
+    short = n_out - win.filled
     if (layout, channels) != (probe.layout, probe.channels):
         probe = replace(probe, layout=layout, channels=channels)
-    wave = np.ascontiguousarray(got if keep_mono and channels == 1 else to_stereo(got, layout), dtype=np.float32)
+    kept = channels == 2 or (keep_mono and channels == 1)  # (the window's own array: no copy)
+    wave = np.ascontiguousarray(got if kept else to_stereo(got, layout), dtype=np.float32)
     return DecodedAudio(wave=wave, rate=int(rate), probe=probe, padded=max(0, short) / rate)
 
 
