@@ -46,7 +46,7 @@ def worker_cost(src: Path, rounds: int) -> dict:
                 chosen = [(p, d) for p, d in plan if p.endswith(suffix) and d]
                 t, nbytes = time.process_time(), 0
                 for p, d in chosen:
-                    nbytes += cutter._decode(p, p, 0.0, d).wave.nbytes
+                    nbytes += cutter.decode(p, p, 0.0, d).wave.nbytes
                 row = out.setdefault(f"{way} {suffix}", {"ms": [], "files": len(chosen)})
                 row["ms"].append((time.process_time() - t) / len(chosen) * 1e3)
                 row["mb_per_file"] = round(nbytes / len(chosen) / 1e6, 3)

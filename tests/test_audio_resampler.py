@@ -137,7 +137,9 @@ def test_a_mono_source_travels_as_one_channel_and_encodes_as_its_stereo_duplicat
     (z_mono,) = tiny.encode([Waveform(mono.wave, 44100)])
     (z_stereo,) = tiny.encode([Waveform(stereo.wave, 44100)])
     assert torch.equal(z_mono, z_stereo)
-    assert AudioCutter(16000).decode_rate is None and AudioCutter(16000, resampler="ffmpeg").decode_rate == 16000
+    cut = AudioCutter(16000).decode(str(speech_dir / "a.flac"), "a", 0.0, 1.0)
+    assert cut.rate == 44100 and np.array_equal(cut.wave, mono.wave)  # the cutter's own path: the same window
+    assert AudioCutter(16000, resampler="ffmpeg").decode(str(speech_dir / "a.flac"), "a", 0.0, 1.0).rate == 16000
     with pytest.raises(ValueError, match=r"audio clip 0: expected a stereo waveform \[2, N\]"):
         tiny.encode([mono.wave])  # a bare array is at the encoder's rate and stereo; mono comes as a Waveform
 

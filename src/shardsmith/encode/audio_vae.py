@@ -388,7 +388,7 @@ class AudioVae:
         rate, channels and N run as one batch; each result is independent of its batch-mates."""
         import torch
 
-        arrays = dict(enumerate(_stereo_arrays(waves, self.settings.sample_rate)))
+        arrays = dict(enumerate(_waveform_arrays(waves, self.settings.sample_rate)))
         out: list[torch.Tensor | None] = [None] * len(arrays)
         for (rate, _, _), idx in _groups(arrays).items():
             x = torch.from_numpy(np.stack([arrays[i][0] for i in idx]))
@@ -406,7 +406,7 @@ class AudioVae:
         from shardsmith.encode.host_threads import one_intra_op_thread
 
         present = [i for i, w in enumerate(waves) if w is not None]
-        arrays = dict(zip(present, _stereo_arrays([waves[i] for i in present], self.settings.sample_rate)))
+        arrays = dict(zip(present, _waveform_arrays([waves[i] for i in present], self.settings.sample_rate)))
         staged = []
         pin = self.device.type == "cuda"
         for (rate, _, _), idx in _groups(arrays).items():
@@ -539,7 +539,7 @@ def _load_pretrained_vocoder(pretrained: str, subfolder: str | None, revision: s
     return voc
 
 
-def _stereo_arrays(waves, rate: int) -> list[tuple[np.ndarray, int]]:
+def _waveform_arrays(waves, rate: int) -> list[tuple[np.ndarray, int]]:
     """``(float32 [2, N] array, its rate)`` of each of ``waves``: a :class:`~shardsmith.records.Waveform`
     (at its own rate; ``[1, N]`` when mono, duplicated on the device) or an array (at ``rate``, the
     encoder's); anything else is refused naming the clip."""

@@ -24,7 +24,7 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from shardsmith.transform.audio import resampled_length
+from shardsmith.transform.audio import reduced, resampled_length
 
 if TYPE_CHECKING:
     import torch
@@ -54,16 +54,6 @@ def fits(orig: int, new: int) -> bool:
     elements); equal rates always fit."""
     o, n = reduced(orig, new)
     return o == n or kernel_size(orig, new) <= MAX_KERNEL
-
-
-def reduced(orig: int, new: int) -> tuple[int, int]:
-    """``(orig, new)`` divided by their gcd (``44100, 16000 -> 441, 160``). Refuses rates that are not
-    positive whole numbers (``ValueError``)."""
-    for name, r in (("source", orig), ("target", new)):
-        if int(r) != r or r < 1:
-            raise ValueError(f"the {name} rate must be a positive whole number of Hz, got {r!r}")
-    g = math.gcd(int(orig), int(new))
-    return int(orig) // g, int(new) // g
 
 
 @lru_cache(maxsize=32)

@@ -4,11 +4,11 @@ Contract
 - ``preflight(ledger, recipe, output, cutter)``: before any item of ``output`` is made, the first items
   of its train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container
   has an audio stream, as the plan's probe recorded: ``MediaRef.audio``) are decoded in this process
-  through the exact path the workers use (:func:`~shardsmith.transform.audio.decode_audio` at the
-  cutter's ``decode_rate``). The first one that decodes passes. When :data:`PREFLIGHT_DECODES` in a row fail to
-  decode, the decoder is broken: :class:`AudioGateError` (exit code 3) with FFmpeg's message and the
-  fix, before any slow work. When audio is required and not one eligible item carries audio, the same
-  error says so at once.
+  through the exact path the workers use
+  (:meth:`~shardsmith.transform.audio_samples.AudioCutter.decode`). The first one that decodes passes.
+  When :data:`PREFLIGHT_DECODES` in a row fail to decode, the decoder is broken: :class:`AudioGateError`
+  (exit code 3) with FFmpeg's message and the fix, before any slow work. When audio is required and not
+  one eligible item carries audio, the same error says so at once.
 - ``audio_counts(ledger, output, split)``: the manifest's audio block of one split: ``with_audio``
   (samples written with audio latents), ``without_audio`` (written without: audio not required),
   ``failed`` (status -> count of items that failed for their audio).
@@ -49,7 +49,7 @@ def _audio_source(item):
 def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
     """See the module contract; returns what was tried (for the manifest)."""
     from shardsmith.split.assign import TRAIN
-    from shardsmith.transform.audio import decode_audio, probe_audio
+    from shardsmith.transform.audio import probe_audio
 
     srcs = recipe.source_ids(output)
     seen = with_stream = 0
@@ -70,8 +70,7 @@ def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
             continue
         with_stream += 1
         try:
-            decode_audio(ref.path, name, rate=cutter.decode_rate, start=0.0,
-                         duration=min(facts["duration"], 1.0) or None)
+            cutter.decode(ref.path, name, 0.0, min(facts["duration"], 1.0) or None)
         except ItemError as err:
             failures.append(err.detail)
             if len(failures) >= PREFLIGHT_DECODES:

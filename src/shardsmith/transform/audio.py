@@ -134,6 +134,16 @@ def num_samples(duration: float, rate: int) -> int:
     return math.floor(duration * rate + 1e-6)
 
 
+def reduced(orig: int, new: int) -> tuple[int, int]:
+    """``(orig, new)`` divided by their gcd (``44100, 16000 -> 441, 160``). Refuses rates that are not
+    positive whole numbers (``ValueError``)."""
+    for name, r in (("source", orig), ("target", new)):
+        if int(r) != r or r < 1:
+            raise ValueError(f"the {name} rate must be a positive whole number of Hz, got {r!r}")
+    g = math.gcd(int(orig), int(new))
+    return int(orig) // g, int(new) // g
+
+
 def resampled_length(n: int, orig: int, new: int) -> int:
     """Samples that ``n`` samples at ``orig`` Hz become at ``new`` Hz through the encoder's resampler
     (:mod:`shardsmith.encode.resample`, torchaudio's ``resample``): ``ceil(new' x n / orig')`` over the
@@ -141,11 +151,7 @@ def resampled_length(n: int, orig: int, new: int) -> int:
     does; ``n`` when the rates are equal. Refuses ``n < 0`` and rates below 1 (``ValueError``)."""
     if int(n) != n or n < 0:
         raise ValueError(f"a sample count must be a whole number >= 0, got {n!r}")
-    for r in (orig, new):
-        if int(r) != r or r < 1:
-            raise ValueError(f"rate must be a positive whole number of Hz, got {r!r}")
-    g = math.gcd(int(orig), int(new))
-    o, p = int(orig) // g, int(new) // g
+    o, p = reduced(orig, new)
     if o == p:
         return int(n)
     return math.ceil(float(np.float32(p * int(n) / o)))
@@ -454,22 +460,20 @@ class _Fallback(Exception):
     """The seek cannot guarantee a decode-from-zero result: decode from the beginning instead."""
 
 
-#: sample formats (planar or packed) -> ``(offset, scale)`` of their conversion to float32, as swresample
-#: converts them (``(x - offset) * scale``, exact for the integer formats; None: a float cast, nearest)
-_TO_FLOAT = {"u8": (128, 2.0 ** -7), "s16": (0, 2.0 ** -15), "s32": (0, 2.0 ** -31), "s64": (0, 2.0 ** -63),
-             "flt": None, "dbl": None}
-
-
-_DTYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "flt": np.float32, "dbl": np.float64}
+#: sample formats (planar or packed) -> ``(dtype, offset, scale)``: their samples' numpy type and their
+#: conversion to float32 as swresample converts them (``(x - offset) * scale``, exact for the integer
+#: formats; scale None: a float cast, to the nearest)
+_TO_FLOAT = {"u8": (np.uint8, 128, 2.0 ** -7), "s16": (np.int16, 0, 2.0 ** -15),
+             "s32": (np.int32, 0, 2.0 ** -31), "s64": (np.int64, 0, 2.0 ** -63),
+             "flt": (np.float32, 0, None), "dbl": (np.float64, 0, None)}
 
 
 def _convert_into(fr, i0: int, i1: int, dst: np.ndarray) -> None:
     """Samples ``[i0, i1)`` of a decoded frame into float32 ``dst`` ``[C, i1 - i0]``: what swresample gives
     converting it to ``fltp`` at its own rate and layout (integer formats ``(x - offset) * scale``, exact;
     float formats cast to the nearest float32), read from the frame's planes without a resampler."""
-    base = fr.format.name.rstrip("p")
-    dtype, conv, c = _DTYPES[base], _TO_FLOAT[base], fr.layout.nb_channels
-    offset = conv[0] if conv is not None else 0
+    dtype, offset, scale = _TO_FLOAT[fr.format.name.rstrip("p")]
+    c = fr.layout.nb_channels
     if fr.format.is_planar:  # one plane per channel
         for ch, plane in enumerate(fr.planes[:c]):
             src = np.frombuffer(plane, dtype, fr.samples)[i0:i1]
@@ -477,8 +481,8 @@ def _convert_into(fr, i0: int, i1: int, dst: np.ndarray) -> None:
     else:  # packed: one plane, samples interleaved
         src = np.frombuffer(fr.planes[0], dtype, fr.samples * c).reshape(fr.samples, c)[i0:i1].T
         dst[...] = src.astype(np.int16) - offset if offset else src
-    if conv is not None:
-        dst *= np.float32(conv[1])
+    if scale is not None:
+        dst *= np.float32(scale)
 
 
 def _run(frames: Iterator, first, win: _Window, rate: int, name: str, *, skip: int = 0) -> None:

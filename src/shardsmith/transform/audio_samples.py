@@ -88,11 +88,6 @@ class AudioCutter:
     reference: bool = False  # IC-LoRA with audio (av2av-ic, a2a-ic): the reference's audio too
     resampler: str = "sinc"  # audio.resampler: sinc (the encoder resamples) or ffmpeg (resampled here)
 
-    @property
-    def decode_rate(self) -> int | None:
-        """The rate the window is cut at: the source's own (None) with ``sinc``, the encoder's with ``ffmpeg``."""
-        return None if self.resampler == "sinc" else self.rate
-
     def sent_rate_channels(self, facts: dict[str, Any]) -> tuple[int, int]:
         """``(rate, channels)`` of the waveform this cutter sends for a source the plan probed as ``facts``."""
         from shardsmith.encode.resample import fits
@@ -102,10 +97,12 @@ class AudioCutter:
             return rate, 1 if channels == 1 else 2
         return self.rate, 2
 
-    def _decode(self, path: str, name: str, start: float, duration: float) -> DecodedAudio:
-        """The window, cut as ``resampler`` says. With ``sinc``, a file whose rate the encoder's kernel cannot
-        take (:func:`~shardsmith.encode.resample.fits`: a rate sharing almost no factor with the encoder's,
-        such as 22,254 Hz) is resampled here by FFmpeg instead (its info says ``resampled_by: ffmpeg``)."""
+    def decode(self, path: str, name: str, start: float, duration: float | None) -> DecodedAudio:
+        """The window ``[start, start + duration)`` (None: to the end), cut as ``resampler`` says: at the
+        source's rate with ``sinc`` (mono kept), at ``rate`` with ``ffmpeg``. With ``sinc``, a file whose
+        rate the encoder's kernel cannot take (:func:`~shardsmith.encode.resample.fits`: a rate sharing
+        almost no factor with the encoder's, such as 22,254 Hz) is resampled here by FFmpeg instead (its
+        info says ``resampled_by: ffmpeg``)."""
         if self.resampler == "sinc":
             from shardsmith.encode.resample import fits
 
@@ -123,7 +120,7 @@ class AudioCutter:
             return None, {"status": "none"}
         name = f"{item.item_id} (its reference {ref.relpath})"
         try:
-            dec = self._decode(ref.path, name, target["start"], target["duration"])
+            dec = self.decode(ref.path, name, target["start"], target["duration"])
         except ItemError as err:
             return self._missing(item, ItemError(f"reference_{err.reason}", err.detail))
         return Waveform(dec.wave, dec.rate), self._info(dec, target["start"], target["duration"])
@@ -153,7 +150,7 @@ class AudioCutter:
         first = geom.frame_indices[0] if geom.frame_indices else 0
         start, duration = clip_window(first, source_fps, geom.bucket.frames, geom.fps)
         try:
-            dec = self._decode(path, name, start, duration)
+            dec = self.decode(path, name, start, duration)
         except ItemError as err:
             return self._missing(item, err)
         info = self._info(dec, start, duration)
@@ -185,7 +182,7 @@ class AudioCutter:
                                 "audio.durations (--audio-durations) to keep it", skip=True)
             duration = chosen
         try:
-            dec = self._decode(item.path, item.item_id, 0.0, duration)
+            dec = self.decode(item.path, item.item_id, 0.0, duration)
         except ItemError as err:
             return self._missing(item, err)
         return Waveform(dec.wave, dec.rate), self._info(dec, 0.0, duration)
