@@ -42,11 +42,15 @@ NAME = f"torchaudio.functional.resample ({METHOD}, lowpass_filter_width={LOWPASS
 MAX_KERNEL = 1 << 24
 
 
+def _width(o: int, n: int) -> int:
+    """torchaudio's kernel half-width (input samples) for reduced rates ``o`` -> ``n``."""
+    return math.ceil(LOWPASS_FILTER_WIDTH * o / (min(o, n) * ROLLOFF))
+
+
 def kernel_size(orig: int, new: int) -> int:
     """Elements of :func:`sinc_kernel`'s kernel for these rates (pure arithmetic, no torch)."""
     o, n = reduced(orig, new)
-    width = math.ceil(LOWPASS_FILTER_WIDTH * o / (min(o, n) * ROLLOFF))
-    return n * (o + 2 * width)
+    return n * (o + 2 * _width(o, n))
 
 
 def fits(orig: int, new: int) -> bool:
@@ -64,7 +68,7 @@ def sinc_kernel(orig: int, new: int, device: str, dtype: "torch.dtype") -> tuple
 
     orig, new = reduced(orig, new)
     base = min(orig, new) * ROLLOFF
-    width = math.ceil(LOWPASS_FILTER_WIDTH * orig / base)
+    width = _width(orig, new)
     idx = torch.arange(-width, width + orig, dtype=dtype, device=device)[None, None] / orig
     t = torch.arange(0, -new, -1, dtype=dtype, device=device)[:, None, None] / new + idx
     t *= base
