@@ -641,6 +641,15 @@ class Recipe(_Strict):
         names = [s.name for s in self.sources]
         return [names.index(n) for n in output.sources] if output.sources else list(range(len(names)))
 
+    def settled(self, section: str, key: str, value: Any) -> "Recipe":
+        """This recipe with ``<section>.<key>`` set to ``value`` (a setting a build settles, such as
+        ``images.decoder``); itself when it already holds it, else a copy."""
+        if getattr(getattr(self, section), key) == value:
+            return self
+        out = self.model_copy(deep=True)
+        setattr(getattr(out, section), key, value)
+        return out
+
     def audio_outputs(self) -> list:
         """The outputs that write audio latents: the precomputed and latent_wds outputs, when
         ``models.audio_vae`` is set and ``audio.skip`` is not."""

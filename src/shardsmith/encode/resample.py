@@ -112,15 +112,8 @@ def settle(recipe, ledger):
     no audio are returned as they are."""
     if not recipe.audio_outputs():
         return recipe
-    chosen = ledger.get_meta(LEDGER_KEY)
-    if chosen is None:
-        chosen = "ffmpeg" if ledger.has_results() else recipe.audio.resampler
-        ledger.set_meta(LEDGER_KEY, chosen)
-    if chosen == recipe.audio.resampler:
-        return recipe
-    out = recipe.model_copy(deep=True)
-    out.audio.resampler = chosen
-    return out
+    chosen = ledger.kept_choice(LEDGER_KEY, "ffmpeg", lambda: recipe.audio.resampler)
+    return recipe.settled("audio", "resampler", chosen)
 
 
 def describe(resampler: str) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,16 @@ class Ledger:
 
     def set_meta(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, sort_keys=True)))
+
+    def kept_choice(self, key: str, before: str, choose: Callable[[], Any]) -> Any:
+        """A build-wide choice as this build began, so that every resume makes it again: the value
+        recorded under ``key``; else ``before`` when the ledger already holds results (a build begun
+        before the choice was recorded); else ``choose()``. A new answer is recorded."""
+        chosen = self.get_meta(key)
+        if chosen is None:
+            chosen = before if self.has_results() else choose()
+            self.set_meta(key, chosen)
+        return chosen
 
     @contextlib.contextmanager
     def relaxed_sync(self):
