@@ -210,9 +210,29 @@ def test_a_rate_the_encoder_s_kernel_cannot_take_is_resampled_by_ffmpeg_in_the_w
     assert tuple(z.shape) == (2, 26, 16)
 
 
-def _audio_item(path: Path):
+def test_a_rate_the_plan_probed_as_unfit_is_decoded_once(tmp_path, monkeypatch):
+    """With the plan's probe facts, a file whose rate the kernel cannot take goes to FFmpeg's resampler at
+    once: one decode, not a decode at the source's rate thrown away first. The samples are the same."""
+    from shardsmith.transform import audio_samples
+    from shardsmith.transform.audio import probe_audio
+
+    odd = audio_file(tmp_path / "mac.wav", kind="speech", duration=1.2, rate=22254, layout="mono")
+    facts = {"rate": probe_audio(str(odd), "x").rate, "channels": 1}
+    calls = []
+    real = audio_samples.decode_audio
+    monkeypatch.setattr(audio_samples, "decode_audio", lambda *a, **k: calls.append(k["rate"]) or real(*a, **k))
+    cutter = audio_samples.AudioCutter(16000, durations=(1.0,))
+    wave, info = cutter.for_file(_audio_item(odd, facts))
+    assert calls == [16000] and info["resampled_by"] == "ffmpeg"
+    assert np.array_equal(wave.samples, real(str(odd), "x", rate=16000, duration=1.0).wave)
+    calls.clear()
+    cutter.for_file(_audio_item(odd))  # no facts (a plan without them): found out by decoding, as before
+    assert calls == [None, 16000]
+
+
+def _audio_item(path: Path, facts: dict | None = None):
     from shardsmith.records import MediaRef, PlannedItem
 
-    media = {"target": MediaRef(str(path), path.name, "audio", audio=None)}
+    media = {"target": MediaRef(str(path), path.name, "audio", audio=facts)}
     return PlannedItem(0, f"s/{path.name}", "k", 0, str(path), path.name, None, None, None, {}, None, None, "audio",
                        None, None, None, None, "train", "ok", media=media)

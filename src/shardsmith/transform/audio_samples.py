@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shardsmith.records import ItemError, PlannedItem, Waveform
+from shardsmith.records import TARGET, ItemError, MediaRef, PlannedItem, Waveform
 from shardsmith.transform.audio import (DecodedAudio, choose_duration, clip_window, decode_audio, probe_audio,
                                         resampled_length)
 from shardsmith.transform.geometry import Geometry
@@ -80,6 +80,11 @@ def travels_light(item: PlannedItem, cutter: "AudioCutter | None") -> bool:
     return seconds * rate * channels <= LIGHT_AUDIO_SAMPLES
 
 
+def _facts(ref: MediaRef | None) -> dict[str, Any] | None:
+    """The plan's probe facts of ``ref``'s audio stream, when there are any."""
+    return None if ref is None else ref.audio
+
+
 @dataclass(frozen=True)
 class AudioCutter:
     rate: int
@@ -97,18 +102,22 @@ class AudioCutter:
             return rate, 1 if channels == 1 else 2
         return self.rate, 2
 
-    def decode(self, path: str, name: str, start: float, duration: float | None) -> DecodedAudio:
+    def decode(self, path: str, name: str, start: float, duration: float | None,
+               probed: dict[str, Any] | None = None) -> DecodedAudio:
         """The window ``[start, start + duration)`` (None: to the end), cut as ``resampler`` says: at the
         source's rate with ``sinc`` (mono kept), at ``rate`` with ``ffmpeg``. With ``sinc``, a file whose
         rate the encoder's kernel cannot take (:func:`~shardsmith.encode.resample.fits`: a rate sharing
         almost no factor with the encoder's, such as 22,254 Hz) is resampled here by FFmpeg instead (its
-        info says ``resampled_by: ffmpeg``)."""
+        info says ``resampled_by: ffmpeg``). ``probed``: the plan's probe facts of the file, when known; a rate
+        they show unfit goes to FFmpeg at once (not decoded twice)."""
         if self.resampler == "sinc":
             from shardsmith.encode.resample import fits
 
-            dec = decode_audio(path, name, rate=None, start=start, duration=duration, keep_mono=True)
-            if fits(dec.rate, self.rate):
-                return dec
+            rate = int((probed or {}).get("rate") or 0)
+            if not rate or fits(rate, self.rate):
+                dec = decode_audio(path, name, rate=None, start=start, duration=duration, keep_mono=True)
+                if fits(dec.rate, self.rate):
+                    return dec
         return decode_audio(path, name, rate=self.rate, start=start, duration=duration)
 
     def for_reference(self, item: PlannedItem, target: dict[str, Any]) -> tuple[Waveform | None, dict[str, Any]]:
@@ -120,7 +129,7 @@ class AudioCutter:
             return None, {"status": "none"}
         name = f"{item.item_id} (its reference {ref.relpath})"
         try:
-            dec = self.decode(ref.path, name, target["start"], target["duration"])
+            dec = self.decode(ref.path, name, target["start"], target["duration"], ref.audio)
         except ItemError as err:
             return self._missing(item, ItemError(f"reference_{err.reason}", err.detail))
         return Waveform(dec.wave, dec.rate), self._info(dec, target["start"], target["duration"])
@@ -146,11 +155,12 @@ class AudioCutter:
         """The audio matching a video sample whose geometry is ``geom`` (see the module contract)."""
         partner = item.media.get(AUDIO_ROLE)
         path = partner.path if partner is not None else item.path
+        probed = _facts(partner or item.media.get(TARGET))
         name = f"{item.item_id} (its audio {partner.relpath})" if partner is not None else item.item_id
         first = geom.frame_indices[0] if geom.frame_indices else 0
         start, duration = clip_window(first, source_fps, geom.bucket.frames, geom.fps)
         try:
-            dec = self.decode(path, name, start, duration)
+            dec = self.decode(path, name, start, duration, probed)
         except ItemError as err:
             return self._missing(item, err)
         info = self._info(dec, start, duration)
@@ -182,7 +192,7 @@ class AudioCutter:
                                 "audio.durations (--audio-durations) to keep it", skip=True)
             duration = chosen
         try:
-            dec = self.decode(item.path, item.item_id, 0.0, duration)
+            dec = self.decode(item.path, item.item_id, 0.0, duration, _facts(item.media.get(TARGET)))
         except ItemError as err:
             return self._missing(item, err)
         return Waveform(dec.wave, dec.rate), self._info(dec, 0.0, duration)
