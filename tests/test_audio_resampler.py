@@ -110,8 +110,6 @@ class _Ledger:
     def has_results(self) -> bool:
         return self.results
 
-    from shardsmith.plan.ledger import Ledger
-
     kept_choice = Ledger.kept_choice  # the real rule over this stand-in's meta
 
 
@@ -236,3 +234,23 @@ def _audio_item(path: Path, facts: dict | None = None):
     media = {"target": MediaRef(str(path), path.name, "audio", audio=facts)}
     return PlannedItem(0, f"s/{path.name}", "k", 0, str(path), path.name, None, None, None, {}, None, None, "audio",
                        None, None, None, None, "train", "ok", media=media)
+
+
+@pytest.mark.slow
+def test_the_preflight_decodes_a_file_probed_at_an_unfit_rate_once(tmp_path, monkeypatch):
+    """The audio preflight (in the build's own process) passes the plan's facts to the cutter, as the
+    workers do: a 22,254 Hz file is decoded once, by FFmpeg's resampler, not first at its own rate."""
+    from shardsmith.transform import audio_samples
+
+    src = tmp_path / "src"
+    src.mkdir()
+    audio_file(src / "mac.wav", kind="speech", duration=1.2, rate=22254, layout="mono")
+    calls = []
+    real = audio_samples.decode_audio
+    monkeypatch.setattr(audio_samples, "decode_audio", lambda *a, **k: calls.append(k["rate"]) or real(*a, **k))
+    rec = {"sources": [{"path": str(src)}], "workers": 1, "audio": {"durations": "1.0"},
+           "models": {"audio_vae": {"family": "ltx2_audio", "config": "tiny"}, "device": "cpu"},
+           "outputs": [{"format": "latent_wds"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 1
+    assert calls and None not in calls  # every decode in this process went straight to FFmpeg at 16 kHz

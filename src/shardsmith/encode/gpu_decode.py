@@ -113,14 +113,14 @@ def settle(recipe, ledger, workers: int):
 
     if recipe.models.vae is None or not any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
         return recipe
-    chosen = ledger.kept_choice(LEDGER_KEY, "cpu", lambda: resolve_decoder(
-        recipe.images.decoder, resolve_device(recipe.models.device, "models.device"), workers))
-    if chosen == "gpu":  # (a resumed build must decode as it began)
+    if ledger.get_meta(LEDGER_KEY) == "gpu":  # a resumed build must decode as it began
         try:
             resolve_decoder("gpu", resolve_device(recipe.models.device, "models.device"))
         except DeviceError as exc:
             raise DeviceError(f"this build began decoding JPEGs on the GPU (images.decoder settled to gpu) and "
                               f"must resume the same way, but {str(exc).split('but ', 1)[-1]}") from None
+    chosen = ledger.kept_choice(LEDGER_KEY, "cpu", lambda: resolve_decoder(
+        recipe.images.decoder, resolve_device(recipe.models.device, "models.device"), workers))
     return recipe.settled("images", "decoder", chosen)
 
 

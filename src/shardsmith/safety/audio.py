@@ -70,7 +70,7 @@ def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
             continue
         with_stream += 1
         try:
-            cutter.decode(ref.path, name, 0.0, min(facts["duration"], 1.0) or None)
+            cutter.decode(ref.path, name, 0.0, min(facts["duration"], 1.0) or None, facts)
         except ItemError as err:
             failures.append(err.detail)
             if len(failures) >= PREFLIGHT_DECODES:
