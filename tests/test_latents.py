@@ -403,6 +403,7 @@ def test_steady_state_is_reported_when_shards_bounded_by_bytes_cut_every_batch_s
 def test_the_manifest_says_how_long_the_build_waited_for_shard_writes(tmp_path, monkeypatch):
     """``timings.writer_wait_s``: the seconds the main thread was blocked on the writer thread before
     the output's end (a disk that does not keep up shows here, not as a slow encoder)."""
+    from shardsmith.distribute import local
     from shardsmith.sinks.wds import WdsSink
 
     real_photos(tmp_path / "p", 8, seed=13, min_side=40, max_side=90)
@@ -417,12 +418,44 @@ def test_the_manifest_says_how_long_the_build_waited_for_shard_writes(tmp_path, 
         return write(self, seq, samples)
 
     monkeypatch.setattr(WdsSink, "write_unit", slow_disk)
+    monkeypatch.setattr(local, "MAX_QUEUED_UNITS", 1)  # the queue of before: 2 units being written at most
     slow = build(recipe_from_dict(spec), tmp_path / "slow", quiet=True, workers=1)
     assert set(fast["timings"]["writer_wait_s"]) == set(slow["timings"]["writer_wait_s"]) == {"latent_wds"}
-    # 8 one-sample shards at 0.25 s each: the encoder outruns the writer, which holds at most 2 units
+    # 8 one-sample shards at 0.25 s each: the encoder outruns the writer, which holds at most 2 units here
     assert slow["timings"]["writer_wait_s"]["latent_wds"] >= 0.5
     assert fast["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["writer_wait_s"]["latent_wds"] / 4
     assert slow["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["outputs_s"]["latent_wds"]
+
+
+def test_a_slow_shard_write_queues_instead_of_stopping_the_encoder_until_its_bytes_are_bounded(tmp_path, monkeypatch):
+    """Units being written queue on the writer threads while their members are few bytes (the results' loop,
+    which feeds the encoder, goes on); past ``WRITING_BYTES`` the loop waits for the oldest write, as before.
+    Either way every shard is written whole and recorded in order."""
+    from shardsmith.distribute import local
+    from shardsmith.sinks.wds import WdsSink
+
+    real_photos(tmp_path / "p", 8, seed=13, min_side=40, max_side=90)
+    spec = {"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
+            "images": {"upscale": True}, "split": {"holdout": 0}, "models": {"vae": {"family": "sd"}, "batch_size": 1},
+            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 1}]}
+    write = WdsSink.write_unit
+
+    def slow_disk(self, seq, samples):
+        time.sleep(0.25)
+        return write(self, seq, samples)
+
+    monkeypatch.setattr(WdsSink, "write_unit", slow_disk)
+    queued = build(recipe_from_dict(spec), tmp_path / "queued", quiet=True, workers=1)
+    monkeypatch.setattr(local, "WRITING_BYTES", 0)
+    bounded = build(recipe_from_dict(spec), tmp_path / "bounded", quiet=True, workers=1)
+    assert queued["timings"]["writer_wait_s"]["latent_wds"] < 0.1  # 8 small units: all queued at once
+    assert bounded["timings"]["writer_wait_s"]["latent_wds"] >= 0.5  # 2 units at most beyond the byte bound
+    for m, d in ((queued, "queued"), (bounded, "bounded")):
+        assert m["counts"]["written"] == 8
+        shards = sorted((tmp_path / d / "lat").glob("*.tar"))
+        assert [p.name for p in shards] == [f"{i:05d}.tar" for i in range(8)]
+    assert [(tmp_path / "queued/lat" / f"{i:05d}.tar").read_bytes() for i in range(8)] == \
+        [(tmp_path / "bounded/lat" / f"{i:05d}.tar").read_bytes() for i in range(8)]
 
 
 def test_packaged_text_encoder_is_recorded_without_the_install_path(ltx_build):

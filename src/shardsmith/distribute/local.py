@@ -14,8 +14,11 @@ Contract
 - With an encoder (``run.finisher``), a sealed unit waits for its last batches while the encoder
   goes on with the next unit's; its file is written on a writer thread, and the ledger records
   units in the order they were sealed, each once its file is in place. At most
-  :data:`MAX_SEALED_UNITS` units wait for the encoder and :data:`MAX_WRITING_UNITS` + 1 are being
-  written, which bounds host memory.
+  :data:`MAX_SEALED_UNITS` units wait for the encoder. Units being written queue on the writer
+  threads without stopping the results' loop while their members take at most
+  :data:`WRITING_BYTES` (always :data:`MAX_WRITING_UNITS` + 1 of them, never more than
+  :data:`MAX_QUEUED_UNITS` + 1), which bounds host memory: a slow write or ``fsync`` waits in that queue
+  instead of leaving the encoder without batches.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from shardsmith.units.job import commit, record_of, unit_items
 from shardsmith.units.plan import UnitJob, plan_units, unit_at
 
 MAX_SEALED_UNITS = 2  # units encoded but not yet written, at most
-MAX_WRITING_UNITS = 1  # units being written on the writer thread besides the newest
+MAX_WRITING_UNITS = 1  # units being written besides the newest, whatever their size
+MAX_QUEUED_UNITS = 8  # units being written or waiting for a writer thread, at most
+WRITING_BYTES = 512 << 20  # members of the units being written; past it, MAX_WRITING_UNITS + 1 units at most
 
 # The order the pending units of a split run in (tests shuffle it: the output must not change).
 ORDER: Callable[[list[UnitJob]], list[UnitJob]] = lambda jobs: jobs  # noqa: E731
@@ -125,24 +130,35 @@ class _Writer:
         self.others: list = []
         self.nbytes = 0
         self.sealed: deque = deque()
-        self.writing: deque = deque()  # (future of sink.write_unit, job, samples, others)
+        self.writing: deque = deque()  # (future of sink.write_unit, job, samples, others, member bytes)
+        self.writing_bytes = 0
         self.ending = False
         fin = run.finisher
         self.waited = run.waits.get(run.name, 0.0) if fin is not None else 0.0
+        if fin is not None:
+            run.waits[run.name] = round(self.waited, 3)
 
     # ------------------------------------------------------------------ units out
     def _record(self, written: tuple[str, int, str], job: UnitJob, samples: list, others: list) -> None:
         commit(self.run_.ledger, record_of(job, written, samples, others))
 
+    def _over(self, block_over: int) -> bool:
+        """Whether the loop must wait for the oldest write: more than ``block_over`` units are being
+        written and either more than :data:`MAX_QUEUED_UNITS` or more than :data:`WRITING_BYTES` of
+        members (``block_over`` 0: every write is waited for)."""
+        n = len(self.writing)
+        return n > block_over and (block_over == 0 or n > MAX_QUEUED_UNITS or self.writing_bytes > WRITING_BYTES)
+
     def _record_written(self, block_over: int) -> None:
-        while self.writing and (len(self.writing) > block_over or self.writing[0][0].done()):
-            fut, *unit = self.writing.popleft()
+        while self.writing and (self._over(block_over) or self.writing[0][0].done()):
+            fut, job, samples, others, nbytes = self.writing.popleft()
             t = time.perf_counter()
             written = fut.result()
             if not self.ending:  # (at the end of the output, waiting for the last shards is expected)
                 self.waited += time.perf_counter() - t
                 self.run_.waits[self.run_.name] = round(self.waited, 3)
-            self._record(written, *unit)
+            self.writing_bytes -= nbytes
+            self._record(written, job, samples, others)
 
     def _write_ready(self, block_over: int) -> None:
         fin, sink = self.run_.finisher, self.run_.sink
@@ -150,7 +166,9 @@ class _Writer:
             tag, job, samples, others = self.sealed.popleft()
             fin.finish_through(tag)
             fut = fin.writer.submit(sink.write_unit, job.seq, samples) if samples else _done(("", 0, ""))
-            self.writing.append((fut, job, samples, others))
+            nbytes = sum(len(d) for _, s in samples for d in (s.members or {}).values())
+            self.writing.append((fut, job, samples, others, nbytes))
+            self.writing_bytes += nbytes
             self._record_written(MAX_WRITING_UNITS)
         self._record_written(MAX_WRITING_UNITS)
 
