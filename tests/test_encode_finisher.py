@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from shardsmith.encode.finisher import LatentFinisher
 from shardsmith.encode.stage import EncodeStage
@@ -79,3 +80,42 @@ def test_batches_form_per_bucket_in_order_and_go_to_the_renderer():
                            (["k3"], (1, c, 32 // s, 32 // s), None)]
     assert all(res.members == {"latent": b""} and res.pixels is None for _, res in entries)
     assert stage.launched == 5 and stage.remaining == 0
+
+
+def test_a_gpu_s_waveforms_are_stacked_ahead_on_the_staging_thread():
+    """On a GPU a batch's waveforms are stacked (``stage.stage_audio``) on the finisher's staging thread, in
+    order, and the device thread only launches them (``_audio_latents`` takes the future); the time the
+    batch was handed over still marks it; a stacking error surfaces on the device thread as before; off a
+    GPU the waveforms go to the device thread as they are."""
+    import threading
+
+    from shardsmith.encode.audio_vae import StagedAudio
+    from shardsmith.encode.finisher import LatentFinisher, _audio_latents
+
+    class Stage:
+        device = "cuda"
+
+        def __init__(self):
+            self.threads = []
+
+        def stage_audio(self, waves):
+            self.threads.append(threading.current_thread().name)
+            if waves == ["bad"]:
+                raise ValueError("audio clip 0: expected a stereo waveform [2, N]")
+            return StagedAudio(len(waves), [([i], w, 16000) for i, w in enumerate(waves)], staged_at=5.0)
+
+        def launch_audio(self, staged):
+            return staged
+
+    st = Stage()
+    fin = LatentFinisher(members=None, stage=st)
+    futs = [fin._staged(st, [f"w{i}", f"v{i}"]) for i in range(3)]
+    launched = [_audio_latents(st, f, 1.5) for f in futs]
+    assert [x.groups[0][1] for x in launched] == ["w0", "w1", "w2"] and all(x.staged_at == 1.5 for x in launched)
+    assert st.threads == ["shardsmith-stage_0"] * 3
+    with pytest.raises(ValueError, match="audio clip 0"):
+        _audio_latents(st, fin._staged(st, ["bad"]), None)
+    assert fin._staged(st, None) is None
+    fin.close()
+    st.device = "cpu"
+    assert LatentFinisher(members=None, stage=st)._staged(st, ["w"]) == ["w"]

@@ -24,9 +24,10 @@ Contract
   ``z`` None. They are not put in the memo (it keeps latents); the caption cache already encodes a
   caption once. Batches with pixels go exactly as before. Audio-only results queue by their audio's
   rate and length (:func:`queue_of`).
-- Audio: a result with ``res.audio`` (a :class:`~shardsmith.records.Waveform`) has it stacked on the
-  device thread (``stage.stage_audio``: page-locked on a GPU; the calling thread, which feeds the device
-  and serialises, is the build's busiest), started there by the stage's audio encoder with its batch
+- Audio: a result with ``res.audio`` (a :class:`~shardsmith.records.Waveform`) has it stacked
+  (``stage.stage_audio``) into page-locked memory on a staging thread of its own on a GPU, in order, so the
+  device thread only launches (off a GPU: stacked on the device thread; the calling thread, which feeds the
+  device and serialises, is the build's busiest), started on the device thread by the stage's audio encoder with its batch
   (after the batch's VAE launch) and waited for when the batch is serialised (``stage.audio_result``), and the
   renderer gets ``audio=`` one latent per item (None for an item without audio); a batch without any
   audio is rendered as before (no ``audio`` argument). An audio-only item has no pixels: it goes in
@@ -131,11 +132,15 @@ def _partner_latents(stage, partners: list | None) -> dict[str, list] | None:
 
 def _audio_latents(stage, waves: list | None, handed_at: float | None) -> "LaunchedAudio | None":
     """Encoder thread: a batch's waveforms (one per item, None where it has none; ``waves`` None: no item
-    has audio) stacked (:meth:`EncodeStage.stage_audio`) and started on the device; the calling thread
-    takes one latent per item (None where the item has no audio) with :func:`_audio_out` when it
-    serialises the batch. ``handed_at``: when the calling thread submitted the batch (the GPU's idle
-    gaps are judged against it: the stacking is this thread's work); None: when it was stacked."""
-    staged = None if waves is None else stage.stage_audio(waves)
+    has audio; or a future of them already stacked, :meth:`LatentFinisher._staged`) stacked
+    (:meth:`EncodeStage.stage_audio`) and started on the device; the calling thread takes one latent per
+    item (None where the item has no audio) with :func:`_audio_out` when it serialises the batch.
+    ``handed_at``: when the calling thread submitted the batch (the GPU's idle gaps are judged against it:
+    the stacking is the encoder's side's work); None: when it was stacked."""
+    if waves is not None and hasattr(waves, "result"):  # stacked ahead on the staging thread (LatentFinisher._staged)
+        staged = waves.result()
+    else:
+        staged = None if waves is None else stage.stage_audio(waves)
     if staged is None:
         return None
     if handed_at is not None:
@@ -216,6 +221,9 @@ class LatentFinisher:
         # threads, so that one unit's write overlaps the other's fsync (the build still records units
         # in order, and at most MAX_WRITING_UNITS + 1 are being written)
         self.writer = ThreadPoolExecutor(max_workers=self.WRITER_THREADS, thread_name_prefix="shardsmith-write")
+        # a GPU's batches of waveforms are stacked into page-locked memory here, in order, ahead of the
+        # device thread, which then only launches them (made at the first such batch)
+        self._stager: ThreadPoolExecutor | None = None
         self.in_flight: list = []  # (first unit tag in the batch, batch, future), in submission order
         self.unit = 0  # tag of the unit now being filled
 
@@ -246,6 +254,7 @@ class LatentFinisher:
         batch = [(item, res) for item, res, _ in entries]
         waves, partners, ref_waves, teach = (_take(batch, a) for a in ("audio", "partners", "audio_reference",
                                                                         "teacher"))
+        waves, ref_waves = self._staged(stage, waves), self._staged(stage, ref_waves)
         if batch[0][1].pixels is None:  # no pixels (the TEXT_ONLY queue): the text (and audio) encoder alone
             self.in_flight.append((entries[0][2], batch, stage.submit(self._text_only, stage, batch, waves,
                                                                       ref_waves, teach, time.perf_counter())))
@@ -261,6 +270,17 @@ class LatentFinisher:
                                                                   ref_waves)))
         while len(self.in_flight) > self.max_in_flight:
             self._finish(self.in_flight.pop(0))
+
+    def _staged(self, stage, waves: list | None):
+        """On a GPU: a future of the batch's waveforms stacked into page-locked memory on the staging thread
+        (:func:`_audio_latents` takes it on the device thread); elsewhere, or without waveforms, ``waves``."""
+        if waves is None or stage.device != "cuda":
+            return waves
+        if self._stager is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-stage")
+        return self._stager.submit(stage.stage_audio, waves)
 
     @staticmethod
     def _gpu(stage, batch: list[tuple[PlannedItem, SampleResult]], host, staged_at: float, waves=None,
@@ -401,4 +421,6 @@ class LatentFinisher:
         """Wait for this finisher's batches on the device thread and for units being written (a file
         is never left half-written)."""
         wait([fut for _, _, fut in self.in_flight])
+        if self._stager is not None:
+            self._stager.shutdown(wait=True)
         self.writer.shutdown(wait=True)

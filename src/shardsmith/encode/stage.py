@@ -365,7 +365,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
 
     def stage_audio(self, waves: list) -> "StagedAudio | None":
         """The host side of an audio batch (:meth:`AudioVae.stage <shardsmith.encode.audio_vae.AudioVae.stage>`),
-        on the calling thread (the build's: the device thread); None when no item has a waveform."""
+        on the calling thread (the finisher's staging thread on a GPU, else the device thread); None when no
+        item has a waveform."""
         if all(w is None for w in waves):
             return None
         if self.audio_vae is None:
@@ -373,7 +374,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         t0 = time.perf_counter()
         staged = self.audio_vae.stage(waves)
         staged.staged_at = time.perf_counter()
-        self.seconds["prepare"] += staged.staged_at - t0
+        self._book_prepare(staged.staged_at - t0)
         return staged
 
     def launch_audio(self, staged: "StagedAudio") -> "LaunchedAudio":

@@ -16,6 +16,7 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -43,6 +44,11 @@ _spend_read_only_warning()
 
 class HostStaging:
     pad_batches: bool | None = None  # None: pad short batches on a GPU only (see stage)
+    _PREPARE_LOCK = threading.Lock()  # seconds["prepare"] is booked by the calling thread and the staging one
+
+    def _book_prepare(self, seconds: float) -> None:
+        with self._PREPARE_LOCK:
+            self.seconds["prepare"] += seconds
 
     def pads(self) -> bool:
         """Whether short batches are padded to ``batch_size``: then every batch has one shape, so an
@@ -60,7 +66,7 @@ class HostStaging:
         if self.pads() and len(frames) < self.batch_size:
             frames = list(frames) + [frames[-1]] * (self.batch_size - len(frames))
         if any(isinstance(f, EncodedImage) for f in frames):  # JPEGs to decode on the device (images.decoder)
-            self.seconds["prepare"] += time.perf_counter() - t0
+            self._book_prepare(time.perf_counter() - t0)
             return StagedImages(list(frames))
         # (torch.from_numpy refuses negative strides, e.g. a flipped view: such a frame is copied first)
         views = [torch.from_numpy(f if min(f.strides, default=0) >= 0 else np.ascontiguousarray(f)) for f in frames]
@@ -70,7 +76,7 @@ class HostStaging:
         host = torch.empty((len(views), *views[0].shape), dtype=views[0].dtype, pin_memory=self.device == "cuda")
         with one_intra_op_thread():  # the decode workers hold the cores (see one_intra_op_thread)
             torch.stack(views, out=host)
-        self.seconds["prepare"] += time.perf_counter() - t0
+        self._book_prepare(time.perf_counter() - t0)
         return host
 
     def _to_input(self, host: torch.Tensor) -> torch.Tensor:
