@@ -219,7 +219,7 @@ class LatentFinisher:
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult, int]]] = {}  # per bucket, with unit tags
         # the build writes finished units here (file writes, hashing and fsync release the GIL); two
         # threads, so that one unit's write overlaps the other's fsync (the build still records units
-        # in order, and at most MAX_WRITING_UNITS + 1 are being written)
+        # in order; how many may queue here: distribute.local's WRITING_BYTES and MAX_QUEUED_UNITS)
         self.writer = ThreadPoolExecutor(max_workers=self.WRITER_THREADS, thread_name_prefix="shardsmith-write")
         # a GPU's batches of waveforms are stacked into page-locked memory here, in order, ahead of the
         # device thread, which then only launches them (made at the first such batch)
