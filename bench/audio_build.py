@@ -22,6 +22,10 @@ decoded, down-mixed / duplicated, resampled to the encoder's 16 kHz and cut to a
    device before the mel: what the device work of a build costs.
 Ratio = the build's items/s (written ÷ wall) ÷ the fastest of the three (``encoder_alone.items_per_s``);
 ``ratio_sync`` divides by ``sync`` (the only baseline before the twelfth session). Goal ≥ 0.9.
+Diagnostics beside it, from the build's ``audio_steady_state``: ``fixed_s`` (the build's wall time outside
+its stream of batches, first batch done to last), ``stream_vs_alone`` (the stream's items/s ÷ the fastest
+alone) and ``ceiling_at_this_size`` (the ratio if every batch ran at the encoder's pace, the fixed cost
+as measured: what this many files can reach at best).
 
 ``--distinct D`` makes D recordings and the other files remuxed copies of them (``_copy``: the same
 packets, a different title tag, so every file has its own bytes and is decoded in full by the build);
@@ -267,6 +271,12 @@ def main() -> None:
     alone = res["encoder_alone"]
     res["ratio"] = round(res["build_items_per_s"] / alone["items_per_s"], 3)  # items/s: build ÷ the fastest alone
     res["ratio_sync"] = round(res["build_items_per_s"] / alone["items_per_s_by_way"]["sync"], 3)
+    ss = res["build"]["models"].get("audio_steady_state")
+    if ss:  # diagnostics: where the ratio goes (a GPU build's launched batches)
+        res["fixed_s"] = round(res["build"]["wall_s"] - (ss["last_batch_done_s"] - ss["first_batch_done_s"]), 2)
+        res["stream_vs_alone"] = round(ss["items_per_s"] / alone["items_per_s"], 3)
+        work = res["build"]["written"] / alone["items_per_s"]
+        res["ceiling_at_this_size"] = round(work / (work + res["fixed_s"]), 3)
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:
