@@ -84,8 +84,8 @@ def test_batches_form_per_bucket_in_order_and_go_to_the_renderer():
 
 def test_a_gpu_s_waveforms_are_stacked_ahead_on_the_staging_thread():
     """On a GPU a batch's waveforms are stacked (``stage.stage_audio``) on the finisher's staging thread, in
-    order, and the device thread only launches them (``_audio_latents`` takes the future); the time the
-    batch was handed over still marks it; a stacking error surfaces on the device thread as before; off a
+    order, and the device thread only launches them (``_audio_latents`` takes the future); the time its
+    stacking ended marks the batch for the GPU's idle causes; a stacking error surfaces on the device thread as before; off a
     GPU the waveforms go to the device thread as they are."""
     import threading
 
@@ -111,8 +111,10 @@ def test_a_gpu_s_waveforms_are_stacked_ahead_on_the_staging_thread():
     fin = LatentFinisher(members=None, stage=st)
     futs = [fin._staged(st, [f"w{i}", f"v{i}"]) for i in range(3)]
     launched = [_audio_latents(st, f, 1.5) for f in futs]
-    assert [x.groups[0][1] for x in launched] == ["w0", "w1", "w2"] and all(x.staged_at == 1.5 for x in launched)
+    # the stacking's end marks the batch (set by stage_audio, 5.0 here), not the hand-over (1.5)
+    assert [x.groups[0][1] for x in launched] == ["w0", "w1", "w2"] and all(x.staged_at == 5.0 for x in launched)
     assert st.threads == ["shardsmith-stage_0"] * 3
+    assert _audio_latents(st, ["w"], 1.5).staged_at == 1.5  # stacked on the device thread: the hand-over
     with pytest.raises(ValueError, match="audio clip 0"):
         _audio_latents(st, fin._staged(st, ["bad"]), None)
     assert fin._staged(st, None) is None

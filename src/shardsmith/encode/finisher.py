@@ -134,11 +134,14 @@ def _audio_latents(stage, waves: list | None, handed_at: float | None) -> "Launc
     """Encoder thread: a batch's waveforms (one per item, None where it has none; ``waves`` None: no item
     has audio; or a future of them already stacked, :meth:`LatentFinisher._staged`) stacked
     (:meth:`EncodeStage.stage_audio`) and started on the device; the calling thread takes one latent per
-    item (None where the item has no audio) with :func:`_audio_out` when it serialises the batch.
-    ``handed_at``: when the calling thread submitted the batch (the GPU's idle gaps are judged against it:
-    the stacking is the encoder's side's work); None: when it was stacked."""
+    item (None where the item has no audio) with :func:`_audio_out` when it serialises the batch. The GPU's
+    idle gaps are judged against ``staged_at``: for waveforms stacked on the staging thread, when that
+    stacking ended (so a late one shows as ``pixels``, not as a late launch); else ``handed_at``, when the
+    calling thread submitted the batch (the stacking is then the encoder thread's own work), or when it
+    was stacked where ``handed_at`` is None."""
     if waves is not None and hasattr(waves, "result"):  # stacked ahead on the staging thread (LatentFinisher._staged)
         staged = waves.result()
+        handed_at = None
     else:
         staged = None if waves is None else stage.stage_audio(waves)
     if staged is None:

@@ -3,13 +3,15 @@ that came late.
 
 - In: per batch ``(staged_at, launch_begin, launch_end, gpu_start, gpu_end)``, host clock seconds
   (``time.perf_counter``; the GPU's times mapped onto it through a reference event). ``staged_at``:
-  the main thread had the batch's pixels stacked and handed it to the encoder thread;
+  the main thread had the batch's pixels stacked and handed it to the encoder thread (an audio batch on
+  a GPU: its waveforms stacked on the finisher's staging thread);
   ``launch_begin``/``launch_end``: the encoder thread queued its work on the device; ``gpu_*``: the
   device ran it (from the batch's first kernel to the end of its last, text encoder included).
 - Out: ``gpu_idle(timeline)`` gives the span from the first batch's start to the last one's end, the
   idle seconds inside it and their share, and the idle seconds by cause, judged per gap against the
   moment the device ran dry (the previous batch's end):
-  ``pixels``: the batch was not staged yet (decode workers behind, or the main thread busy elsewhere);
+  ``pixels``: the batch was not staged yet (decode workers behind, the main thread busy elsewhere, or an
+  audio batch still being stacked on the finisher's staging thread);
   ``launch``: staged in time, queued on the device after it ran dry (the encoder thread late: behind
   an earlier launch, or waiting for the GIL); ``device``: queued in time, started later anyway (its
   host-to-device copy, or timing noise). None with fewer than two batches.
