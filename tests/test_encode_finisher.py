@@ -121,3 +121,17 @@ def test_a_gpu_s_waveforms_are_stacked_ahead_on_the_staging_thread():
     fin.close()
     st.device = "cpu"
     assert LatentFinisher(members=None, stage=st)._staged(st, ["w"]) == ["w"]
+
+
+def test_stacking_audio_binds_the_stage_s_gpu_on_the_calling_thread(monkeypatch):
+    """``EncodeStage.stage_audio`` runs on the finisher's staging thread on a GPU: it makes ``models.device``'s
+    GPU that thread's current device first (``bind_device``), so the page-locked memory belongs there and
+    no CUDA context is opened on GPU 0 of a build on ``cuda:1``."""
+    from shardsmith.encode.audio_vae import load_audio_vae
+
+    st = EncodeStage.__new__(EncodeStage)
+    st.audio_vae, st.seconds = load_audio_vae(config="tiny", vocoder=False), {"prepare": 0.0}
+    calls = []
+    monkeypatch.setattr(st, "bind_device", lambda: calls.append("bound"))
+    staged = st.stage_audio([np.zeros((2, 16000), np.float32), None])
+    assert calls == ["bound"] and staged.n == 2 and st.seconds["prepare"] > 0

@@ -372,6 +372,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         if self.audio_vae is None:
             raise RuntimeError("no audio encoder configured (models.audio_vae)")
         t0 = time.perf_counter()
+        self.bind_device()  # page-locked memory on models.device's GPU (the staging thread is not the device thread)
         staged = self.audio_vae.stage(waves)
         staged.staged_at = time.perf_counter()
         self._book_prepare(staged.staged_at - t0)
