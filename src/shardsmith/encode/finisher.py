@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -139,7 +139,7 @@ def _audio_latents(stage, waves: list | None, handed_at: float | None) -> "Launc
     stacking ended (so a late one shows as ``pixels``, not as a late launch); else ``handed_at``, when the
     calling thread submitted the batch (the stacking is then the encoder thread's own work), or when it
     was stacked where ``handed_at`` is None."""
-    if waves is not None and hasattr(waves, "result"):  # stacked ahead on the staging thread (LatentFinisher._staged)
+    if isinstance(waves, Future):  # stacked ahead on the staging thread (LatentFinisher._staged)
         staged = waves.result()
         handed_at = None
     else:
@@ -212,8 +212,6 @@ class LatentFinisher:
         """``members``: renders each finished batch's members. ``stage``: the
         :class:`~shardsmith.encode.stage.EncodeStage`, or a function giving it, called at the first
         batch (the models may still be loading while the first items decode)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         self.members = members
         self.memo = memo
         self._get_stage = stage if callable(stage) else (lambda: stage)
@@ -280,8 +278,6 @@ class LatentFinisher:
         if waves is None or stage.device != "cuda":
             return waves
         if self._stager is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-stage")
         return self._stager.submit(stage.stage_audio, waves)
 
