@@ -101,6 +101,7 @@ def test_short_batches_wait_for_the_next_unit_and_every_item_keeps_its_shard(tmp
     assert tree_bytes(tmp_path / "carried") == tree_bytes(tmp_path / "aligned")
 
 
+@pytest.mark.slow
 def test_two_buckets_interleaved_each_item_keeps_its_latent_and_shard(tmp_path, monkeypatch):
     """Two buckets fill their batches at different rates, so a batch of one bucket can hold an older
     unit than a batch of the other submitted before it: every unit still gets all of its members."""

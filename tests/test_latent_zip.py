@@ -119,6 +119,7 @@ def test_verify_with_the_class_zip_preset_passes_and_counts_every_image(built):
     assert rep["contract"]["keys"]["condition"]["shape"] == [10]  # one-hot of max(label)+1
 
 
+@pytest.mark.slow
 def test_builds_in_shuffled_unit_order_and_after_a_crash_give_the_same_bytes(built, digits, tmp_path, monkeypatch):
     want = tree_bytes(built)
     rec = recipe_from_dict(_recipe(digits))

@@ -281,6 +281,7 @@ def test_verify_reads_a_precomputed_tree_like_the_trainer(ltx_build, tmp_path):
     assert r.returncode == 1 and "[FAIL] pairing" in r.stdout and "pan_mid.pt" in r.stdout
 
 
+@pytest.mark.slow
 def test_latent_shards_bounded_by_bytes_close_at_the_same_samples(tmp_path, monkeypatch):
     """``max_shard_bytes`` on latent shards: the members' sizes are known before encoding (exact),
     so every shard stays within the bound, holds as many samples as fit, and a resumed build
@@ -427,6 +428,7 @@ def test_the_manifest_says_how_long_the_build_waited_for_shard_writes(tmp_path, 
     assert slow["timings"]["writer_wait_s"]["latent_wds"] < slow["timings"]["outputs_s"]["latent_wds"]
 
 
+@pytest.mark.slow
 def test_a_slow_shard_write_queues_instead_of_stopping_the_encoder_until_its_bytes_are_bounded(tmp_path, monkeypatch):
     """Units being written queue on the writer threads while their members are few bytes (the results' loop,
     which feeds the encoder, goes on); past ``WRITING_BYTES`` the loop waits for the oldest write, as before.

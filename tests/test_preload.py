@@ -29,6 +29,7 @@ def _host(bs: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(rng.integers(0, 256, (bs, 1, 32, 32, 3), dtype=np.uint8))
 
 
+@pytest.mark.slow
 def test_warm_up_compiles_before_the_first_batch_and_books_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch.manual_seed(0)

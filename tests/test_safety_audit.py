@@ -371,6 +371,7 @@ def test_register_beside_a_manifest_of_another_shape_is_a_message(tmp_path):
         assert code == 2 and "--preset is required" in out and "Traceback" not in out, out
 
 
+@pytest.mark.slow
 def test_decode_out_that_cannot_be_written_is_refused_before_any_model(tmp_path):
     """Before: ``decode --out`` in a read-only folder failed only after the VAE had loaded."""
     prefix = _without_root_override()

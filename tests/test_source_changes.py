@@ -34,6 +34,7 @@ def _cli(rec: Path, out: Path) -> subprocess.CompletedProcess:
                            "--workers", "1"], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_a_complete_build_rerun_on_changed_sources_warns_and_keeps_the_build(tmp_path):
     real_photos(tmp_path / "p", 8, seed=3, min_side=40, max_side=90)
     rec, out = _recipe(tmp_path), tmp_path / "out"

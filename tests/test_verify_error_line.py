@@ -17,6 +17,7 @@ class _Broken(Dataset):
         raise ValueError(f"member 00003.latent.pth of shard 00000.tar is truncated (item {i})")
 
 
+@pytest.mark.slow
 def test_a_dataloader_worker_s_error_is_one_line_with_the_original_error():
     with pytest.raises(Exception) as info:
         next(iter(DataLoader(_Broken(), num_workers=1, multiprocessing_context="fork")))
