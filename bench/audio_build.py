@@ -2,7 +2,8 @@
 
 Dataset: ``--files`` audio files of real speech (espeak-ng, padded with silence to 4.5-9.5 s), half AAC ``.m4a`` stereo at 48 kHz, half FLAC mono at 44.1 kHz, so every file is
 decoded, down-mixed / duplicated, resampled to the encoder's 16 kHz and cut to a duration bucket
-(``--durations``, LTX's ``--audio-durations``). Made once per folder (outside every timing).
+(``--durations``, LTX's ``--audio-durations``). Made once per folder (outside every timing), then
+``os.sync()`` (untimed, ``sync_s``): the build reads files at rest, not files still being written back.
 
 1. **build**: ``shardsmith build recipe.yaml --out OUT --no-report -q`` in a subprocess, wall time from
    the command to its exit (the manifest is the build's last write): interpreter start, plan, model
@@ -257,7 +258,11 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     make_dataset(src, args.files, args.distinct)
-    res = {"files": args.files, "distinct": args.distinct or args.files, "dataset_s": round(time.perf_counter() - t0, 1), "config": args.config,
+    dataset_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    os.sync()  # (untimed) the files at rest before the build, as a user's are: not still being written back to disk
+    res = {"files": args.files, "distinct": args.distinct or args.files, "dataset_s": round(dataset_s, 1),
+           "sync_s": round(time.perf_counter() - t0, 1), "config": args.config,
            "device": args.device, "batch": args.batch, "durations": args.durations}
     res["build"] = run_build(src, args.work / "out", args)
     r = subprocess.run([sys.executable, __file__, "--encoder-alone", "--work", str(args.work), "--batch",
