@@ -132,9 +132,12 @@ def make_dataset(folder: Path, n: int, distinct: int | None = None) -> None:
 
 
 def recipe(src: Path, args) -> dict:
-    return {"sources": [{"path": str(src)}],
-            "models": {"audio_vae": {"family": "ltx2_audio", "config": args.config}, "batch_size": args.batch,
-                       "device": args.device},
+    """The build's recipe. ``--device cuda`` leaves ``models.device`` at its default (``auto``), as a user's
+    recipe does; the build's manifest must then say ``cuda`` (checked in :func:`run_build`)."""
+    models = {"audio_vae": {"family": "ltx2_audio", "config": args.config}, "batch_size": args.batch}
+    if args.device != "cuda":
+        models["device"] = args.device
+    return {"sources": [{"path": str(src)}], "models": models,
             "audio": {"durations": args.durations},
             "outputs": [{"format": "latent_wds", "dir": "audio", "samples_per_shard": 1000}]}
 
@@ -161,6 +164,8 @@ def run_build(src: Path, out: Path, args) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"build failed ({r.returncode}):\n{r.stderr[-3000:]}")
     m = json.loads((out / "manifest.json").read_text())
+    if m["models"].get("device") != args.device:
+        raise SystemExit(f"the build ran on {m['models'].get('device')}, not on {args.device}")
     return {"wall_s": round(wall, 3), "written": m["counts"]["written"], "timings": m.get("timings"), "cpu": cpu,
             # the process's life after its manifest was written (interpreter teardown, unless it left at once)
             "after_manifest_s": round(ended - (out / "manifest.json").stat().st_mtime, 3),

@@ -16,7 +16,7 @@ from PIL import Image, ImageCms, ImageOps
 
 from media_factory import real_photos
 from shardsmith.build import build
-from shardsmith.encode import gpu_decode
+from shardsmith.encode import decoder_choice, gpu_decode
 from shardsmith.encode.gpu_decode import StagedImages, decode_rows, orient, resize_crop
 from shardsmith.records import ItemError
 from shardsmith.recipe import recipe_from_dict
@@ -174,7 +174,7 @@ def test_build_with_the_gpu_decoder_path_matches_the_cpu_path(tmp_path_factory, 
     cpu = build(recipe(), cpu_out, quiet=True, workers=2)
     decoded = []
     monkeypatch.setattr(gpu_decode, "DECODE", lambda datas, dev: decoded.append(len(datas)) or pil_decode(datas, dev))
-    monkeypatch.setattr(gpu_decode, "resolve_decoder", lambda setting, device, workers=8: "gpu")  # as on a GPU
+    monkeypatch.setattr(decoder_choice, "resolve_decoder", lambda setting, device, workers=8: "gpu")  # as on a GPU
     out = tmp_path_factory.mktemp("gpu") / "out"
     gpu = build(recipe(), out, quiet=True, workers=2)
     assert gpu["outputs"]["latent_wds"]["counts"] == cpu["outputs"]["latent_wds"]["counts"]
@@ -270,33 +270,31 @@ def test_a_build_keeps_the_decoder_it_began_with(tmp_path, monkeypatch):
                                "models": {"vae": {"family": "sd"}, "device": "cpu"},
                                "outputs": [{"format": "latent_wds"}]})
     led = Ledger(tmp_path / "a.sqlite")
-    assert gpu_decode.settle(recipe, led, 8).images.decoder == "cpu"  # encoders on the CPU
+    assert decoder_choice.settle(recipe, led, 8).images.decoder == "cpu"  # encoders on the CPU
     assert led.get_meta("image_decoder") == "cpu"
-    monkeypatch.setattr(gpu_decode, "resolve_decoder", lambda s, d, w=8: "cpu-draft")  # as a GPU machine would
-    assert gpu_decode.settle(recipe, led, 8).images.decoder == "cpu"  # kept
+    monkeypatch.setattr(decoder_choice, "resolve_decoder", lambda s, d, w=8: "cpu-draft")  # as a GPU machine would
+    assert decoder_choice.settle(recipe, led, 8).images.decoder == "cpu"  # kept
     fresh = Ledger(tmp_path / "b.sqlite")
-    settled = gpu_decode.settle(recipe, fresh, 8)
+    settled = decoder_choice.settle(recipe, fresh, 8)
     assert settled.images.decoder == "cpu-draft" and recipe.images.decoder == "auto"  # the caller's untouched
     old = Ledger(tmp_path / "c.sqlite")
     monkeypatch.setattr(old, "has_results", lambda: True)
-    assert gpu_decode.settle(recipe, old, 8).images.decoder == "cpu"
+    assert decoder_choice.settle(recipe, old, 8).images.decoder == "cpu"
     monkeypatch.undo()
     gpu = Ledger(tmp_path / "d.sqlite")
     gpu.set_meta("image_decoder", "gpu")
     with pytest.raises(DeviceError, match="began decoding JPEGs on the GPU"):
-        gpu_decode.settle(recipe, gpu, 8)  # resumed with the encoders on the CPU
-    assert gpu_decode.resolve_decoder("auto", "cuda", 14) in ("cpu-draft", "gpu")
-    assert gpu_decode.resolve_decoder("auto", "cuda", 14) == "cpu-draft"
-    assert gpu_decode.resolve_decoder("auto", "cpu", 2) == "cpu"
+        decoder_choice.settle(recipe, gpu, 8)  # resumed with the encoders on the CPU
+    assert decoder_choice.resolve_decoder("auto", "cuda", 14) in ("cpu-draft", "gpu")
+    assert decoder_choice.resolve_decoder("auto", "cuda", 14) == "cpu-draft"
+    assert decoder_choice.resolve_decoder("auto", "cpu", 2) == "cpu"
 
 
 def test_auto_with_enough_decode_workers_settles_without_importing_the_gpu_decoder(monkeypatch):
     """torchvision's import takes seconds at the start of every GPU build: asked only where it decides."""
-    from shardsmith.encode import gpu_decode
-
     calls = []
     monkeypatch.setattr(gpu_decode, "DECODE", gpu_decode._torchvision_decode)
     monkeypatch.setattr(gpu_decode, "gpu_decoder_problem", lambda: calls.append("asked"))
-    assert gpu_decode.resolve_decoder("auto", "cuda", 8) == "cpu-draft" and calls == []
-    assert gpu_decode.resolve_decoder("auto", "cpu", 2) == "cpu" and calls == []
-    assert gpu_decode.resolve_decoder("auto", "cuda", 2) == "gpu" and calls == ["asked"]
+    assert decoder_choice.resolve_decoder("auto", "cuda", 8) == "cpu-draft" and calls == []
+    assert decoder_choice.resolve_decoder("auto", "cpu", 2) == "cpu" and calls == []
+    assert decoder_choice.resolve_decoder("auto", "cuda", 2) == "gpu" and calls == ["asked"]

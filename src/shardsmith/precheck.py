@@ -174,7 +174,7 @@ def check_device(recipe: Recipe) -> None:
 def check_image_decoder(recipe: Recipe) -> None:
     """``images.decoder: gpu`` only where the encoders run on a CUDA device and torchvision's decoder imports."""
     if recipe.images.decoder == "gpu" and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
-        from shardsmith.encode.gpu_decode import check_gpu
+        from shardsmith.encode.decoder_choice import check_gpu
 
         check_gpu(recipe)
 

@@ -203,8 +203,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             stage.offload, stage._text_oom = decision, text_oom
             if text_memory is not None:
                 stage.memory = [text_memory]
-        if vae is not None:  # the settled images.decoder (encode/gpu_decode.settle), named in the manifest
-            from shardsmith.encode.gpu_decode import MANIFEST_NAMES
+        if vae is not None:  # the settled images.decoder (encode/decoder_choice.settle), named in the manifest
+            from shardsmith.encode.decoder_choice import MANIFEST_NAMES
 
             stage.image_decoder = MANIFEST_NAMES.get(recipe.images.decoder)
         return stage

@@ -95,7 +95,7 @@ class LatentKind(OutputKind):
     encoders = ("vae", "text", "audio_vae")  # each only when the recipe sets it (encoders_for)
 
     def maker(self, o, ctx: OutputContext):
-        from shardsmith.encode.gpu_decode import settled
+        from shardsmith.encode.decoder_choice import settled
         from shardsmith.transform.buckets import parse_buckets
         from shardsmith.transform.latent_pixels import LatentPixelMaker
 

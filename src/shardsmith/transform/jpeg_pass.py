@@ -1,6 +1,6 @@
 """The worker's side of GPU image decode: a JPEG passed on undecoded, with its geometry decided.
 
-With ``images.decoder`` resolved to ``gpu`` (:func:`shardsmith.encode.gpu_decode.resolve_decoder`), a
+With ``images.decoder`` resolved to ``gpu`` (:func:`shardsmith.encode.decoder_choice.resolve_decoder`), a
 decode worker does not decode a plain JPEG: it reads the header only (size, mode, EXIF orientation,
 colour profile), checks the file ends where a JPEG ends, decides the item's geometry from its upright
 size exactly as the CPU path does, and hands on an :class:`EncodedImage` (the compressed bytes, a

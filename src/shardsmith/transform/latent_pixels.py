@@ -64,7 +64,7 @@ class LatentPixelMaker:
                  audio: AudioCutter | None = None, partners: PartnerCutter | None = None,
                  conditions: ConditionCutter | None = None, decoder: str = "cpu"):
         self.buckets, self.rules, self.target_fps, self.audio = buckets, rules, target_fps, audio
-        # images.decoder as the build settled it (encode/gpu_decode.py): gpu passes plain JPEGs on undecoded
+        # images.decoder as the build settled it (encode/decoder_choice.py): gpu passes plain JPEGs on undecoded
         # (transform/jpeg_pass.py) unless the item has partners or conditions, which are cut from the
         # target's pixels here; cpu-draft decodes a JPEG at the DCT scale that still covers its resize
         self.gpu_jpeg = decoder == "gpu" and partners is None and conditions is None

@@ -32,14 +32,18 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 import av
 import numpy as np
-import torch
 from PIL import Image
 
 from shardsmith.records import ItemError
 from shardsmith.transform.buckets import ResizeCrop, resize_crop
 from shardsmith.transform.geometry import Geometry
+
+if TYPE_CHECKING:  # (torch is imported where a tensor is made: a probe or decode worker never needs it)
+    import torch
 
 __all__ = ["VideoProbe", "probe_video", "decode_frames", "resize_crop_frames", "to_model_input", "DEFAULT_FPS"]
 
@@ -528,5 +532,7 @@ def to_model_input(frames: np.ndarray) -> torch.Tensor:
     """uint8 ``[F, H, W, 3]`` -> float32 ``[C, F, H, W]`` in [-1, 1] (x / 127.5 - 1)."""
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"expected uint8 [F,H,W,3] frames, got {frames.dtype} {frames.shape}")
+    import torch
+
     t = torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float()
     return (t / 127.5 - 1.0).contiguous()
