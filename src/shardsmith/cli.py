@@ -669,11 +669,7 @@ def scan(
 
 def main() -> None:
     """The console entry: the app, left without the interpreter's teardown once a build is on disk
-    (:mod:`shardsmith.process_exit`). The process is shardsmith's own, so diffusers' model classes are imported
-    without its peft integration (:mod:`shardsmith.encode.diffusers_import`)."""
-    from shardsmith.encode import diffusers_import
-
-    diffusers_import.HIDE_PEFT = True
+    (:mod:`shardsmith.process_exit`)."""
     process_exit.run(app, prog_name="shardsmith")
 
 

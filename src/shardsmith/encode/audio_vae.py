@@ -210,10 +210,9 @@ def _pretrained_config(pretrained: str, subfolder: str | None, revision: str | N
     cfg = pretrained_config(pretrained, subfolder, revision, cache_dir)
     if cfg is not None:
         return cfg
-    from shardsmith.encode.diffusers_import import diffusers_class
-    from shardsmith.errors import UserError
+    from diffusers import AutoencoderKLLTX2Audio
 
-    AutoencoderKLLTX2Audio = diffusers_class("AutoencoderKLLTX2Audio")
+    from shardsmith.errors import UserError
 
     kw: dict[str, Any] = {}
     if subfolder:
@@ -625,11 +624,9 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
     built from ``config`` ("tiny", "published" or a dict; see :data:`CONFIGS`) and labelled
     ``"random-weights"``: such latents are not model-space data.
     """
-    from shardsmith.encode.diffusers_import import diffusers_class
+    from diffusers import AutoencoderKLLTX2Audio
 
     from .vae import _dtype_name, _torch_dtype, device_init_note, seeded_init, seeded_statistics
-
-    AutoencoderKLLTX2Audio = diffusers_class("AutoencoderKLLTX2Audio")
 
     if family not in AUDIO_FAMILIES:
         raise ValueError(f"unknown audio VAE family {family!r}; known: {list(AUDIO_FAMILIES)}")

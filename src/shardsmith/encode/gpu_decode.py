@@ -25,7 +25,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shardsmith.encode.decoder_choice import NAME
 from shardsmith.records import ItemError
 from shardsmith.transform.jpeg_pass import EncodedImage
 

@@ -237,9 +237,7 @@ def load_teacher(family: str, *, entry_point: str | None = None, parameterisatio
                           device=device)
     if family != "sana":
         raise TeacherError(f"models.teacher.family {family!r}: use callable, sana or unet")
-    from shardsmith.encode.diffusers_import import diffusers_class
-
-    SanaTransformer2DModel = diffusers_class("SanaTransformer2DModel")
+    from diffusers import SanaTransformer2DModel
 
     dt = _torch_dtype(dtype)
     model, prov = _diffusers_model(SanaTransformer2DModel, "SanaTransformer2DModel", pretrained=pretrained,
@@ -305,9 +303,7 @@ def _diffusers_model(cls, name: str, *, pretrained, subfolder, revision, config:
 def _load_unet(*, pretrained, subfolder, revision, config, dtype: str, device: str) -> Teacher:
     """``family: unet``: a diffusers ``UNet2DConditionModel`` (epsilon or v prediction on a VP schedule),
     used as EDM's denoiser through :func:`vp_denoiser`."""
-    from shardsmith.encode.diffusers_import import diffusers_class
-
-    UNet2DConditionModel = diffusers_class("UNet2DConditionModel")
+    from diffusers import UNet2DConditionModel
 
     model, prov = _diffusers_model(UNet2DConditionModel, "UNet2DConditionModel", pretrained=pretrained,
                                    subfolder=subfolder, revision=revision, config=config,

@@ -110,9 +110,9 @@ def device_init_note(device: str | torch.device) -> str | None:
 
 
 def _diffusers_class(family: str):
-    from shardsmith.encode.diffusers_import import diffusers_class
+    import diffusers
 
-    return diffusers_class(FAMILIES[family]["cls"])
+    return getattr(diffusers, FAMILIES[family]["cls"])
 
 
 def vae_geometry(family: str, config: str | dict = "published") -> dict:
