@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The audio bench of issue 17 on a leased GPU machine, in one call (BENCHMARKS.md §7):
+#   bench/audio_build.py at FILES files (the first build, the encoder alone, the ratio), then WARM warm builds of
+#   the same recipe timed from the command to the exit, then (PROFILE=1) one more under py-spy --native,
+#   summarised by bench/pyspy_summary.py. Everything goes to $OUT (log.txt, a.json, manifests, profile).
+#
+#   SHARDSMITH_SPEECH_DIR=$PWD/speech FILES=64000 WARM=1 PROFILE=1 bash bench/lease_audio.sh .whl_slim
+# (carry the wheels' folder, from bench/lease_wheels.sh, and the speech WAVs' folder with the call)
+exec > >(tee -a "$OUT/log.txt") 2>&1
+source bench/lease_setup.sh "${1:-.whl_slim}" || exit 1
+files=${FILES:-64000}; t0=$(date +%s)
+python3 bench/audio_build.py --work /tmp/ab --files "$files" --distinct "${DISTINCT:-4000}" --alone-items 4096 \
+  --out "$OUT/a.json" | tail -9
+echo "bench done at +$(( $(date +%s) - t0 )) s"
+for i in $(seq 1 "${WARM:-0}"); do
+  t=$EPOCHREALTIME
+  python3 -m shardsmith build /tmp/ab/recipe.yaml --out "/tmp/ab/w$i" --no-report -q || echo "warm build $i failed"
+  python3 -c "import sys, json; m = json.load(open(sys.argv[3])); s = m['models']['audio_steady_state']; print('warm $i:', round(float(sys.argv[2]) - float(sys.argv[1]), 2), 's; stream', s['items_per_s'], 'items/s; GPU idle', s['gpu_idle']['idle_s'], 's; plan', m['timings']['plan_s'], 's')" "$t" "$EPOCHREALTIME" "/tmp/ab/w$i/manifest.json"
+  cp "/tmp/ab/w$i/manifest.json" "$OUT/warm${i}_manifest.json"; rm -rf "/tmp/ab/w$i"
+done
+if [ "${PROFILE:-0}" = 1 ]; then
+  python3 -m shardsmith build /tmp/ab/recipe.yaml --out /tmp/ab/prof --no-report -q & pid=$!
+  sleep 20; py-spy record --pid $pid --native --threads --idle --format raw -r 40 -d 25 -o /tmp/prof.txt >/dev/null 2>&1
+  wait $pid
+  python3 bench/pyspy_summary.py /tmp/prof.txt > "$OUT/prof_summary.txt"; gzip -c /tmp/prof.txt > "$OUT/prof.txt.gz"
+  head -40 "$OUT/prof_summary.txt"
+fi
+echo "all done at +$(( $(date +%s) - t0 )) s"
