@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The audio bench of issue 17 on a leased GPU machine, in one call (BENCHMARKS.md §7):
 #   bench/audio_build.py at FILES files (the first build, the encoder alone, the ratio), then WARM warm builds of
-#   the same recipe timed from the command to the exit, then (PROFILE=1) one more under py-spy --native,
+#   the same recipe timed from the command to the exit (with SWITCH=0.0005, each followed by one with the
+#   interpreter's switch interval at that many seconds: bench/gil_convoy.py), then (PROFILE=1) one under py-spy --native,
 #   summarised by bench/pyspy_summary.py. Everything goes to $OUT (log.txt, a.json, manifests, profile).
 #
 #   SHARDSMITH_SPEECH_DIR=$PWD/speech FILES=64000 WARM=1 PROFILE=1 bash bench/lease_audio.sh .whl_slim
@@ -12,11 +13,16 @@ files=${FILES:-64000}; t0=$(date +%s)
 python3 bench/audio_build.py --work /tmp/ab --files "$files" --distinct "${DISTINCT:-4000}" --alone-items 4096 \
   --out "$OUT/a.json" | tail -9
 echo "bench done at +$(( $(date +%s) - t0 )) s"
-for i in $(seq 1 "${WARM:-0}"); do
-  t=$EPOCHREALTIME
-  python3 -m shardsmith build /tmp/ab/recipe.yaml --out "/tmp/ab/w$i" --no-report -q || echo "warm build $i failed"
-  python3 -c "import sys, json; m = json.load(open(sys.argv[3])); s = m['models']['audio_steady_state']; print('warm $i:', round(float(sys.argv[2]) - float(sys.argv[1]), 2), 's; stream', s['items_per_s'], 'items/s; GPU idle', s['gpu_idle']['idle_s'], 's; plan', m['timings']['plan_s'], 's')" "$t" "$EPOCHREALTIME" "/tmp/ab/w$i/manifest.json"
-  cp "/tmp/ab/w$i/manifest.json" "$OUT/warm${i}_manifest.json"; rm -rf "/tmp/ab/w$i"
+warm() {  # label [switch interval]: one warm build, the CLI's own entry, timed from the command to the exit
+  local t=$EPOCHREALTIME
+  python3 -c "import sys; s = sys.argv.pop(1); s and sys.setswitchinterval(float(s)); from shardsmith.cli import main; main()" \
+    "${2:-}" build /tmp/ab/recipe.yaml --out "/tmp/ab/$1" --no-report -q || echo "warm build $1 failed"
+  python3 -c "import sys, json; m = json.load(open(sys.argv[3])); s = m['models']['audio_steady_state']; print('warm $1:', round(float(sys.argv[2]) - float(sys.argv[1]), 2), 's; stream', s['items_per_s'], 'items/s; GPU idle', s['gpu_idle']['idle_s'], 's; plan', m['timings']['plan_s'], 's')" "$t" "$EPOCHREALTIME" "/tmp/ab/$1/manifest.json"
+  cp "/tmp/ab/$1/manifest.json" "$OUT/$1_manifest.json"; rm -rf "/tmp/ab/$1"
+}
+for i in $(seq 1 "${WARM:-0}"); do  # with SWITCH (seconds): each warm build followed by one at that switch interval
+  warm "warm$i"
+  [ -n "${SWITCH:-}" ] && warm "switch$i" "$SWITCH"
 done
 if [ "${PROFILE:-0}" = 1 ]; then
   python3 -m shardsmith build /tmp/ab/recipe.yaml --out /tmp/ab/prof --no-report -q & pid=$!
