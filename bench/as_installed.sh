@@ -8,12 +8,10 @@
 #
 #   bash bench/as_installed.sh python3 bench/cli_gpu_build.py --work /tmp/b --out r.json --workloads small
 #
-# The leased image (2026-12) has torch 2.11, numpy, Pillow, transformers 5.17, safetensors and pytest. The wheels
-# carried in the eighteenth session's leases (python3.12, manylinux x86_64, installed with --no-deps into a
-# --target folder on PYTHONPATH) were: av, diffusers, webdataset, braceexpand, typer, click, shellingham, rich,
-# markdown-it-py, mdurl, pygments, pydantic, pydantic-core, annotated-types, typing-inspection,
-# typing-extensions, pyyaml (and py-spy for profiles). Do not carry soundfile: without cffi's backend there
-# it breaks transformers' audio_utils, and with it every diffusers model import.
+# The leased image (2026-12) has torch 2.11, numpy, Pillow, transformers 5.17, safetensors and pytest. The
+# wheels it lacks are those bench/lease_wheels.sh downloads (bench/lease_setup.sh installs them there). Do not
+# carry soundfile: without cffi's backend there it breaks transformers' audio_utils, and with it every
+# diffusers model import.
 set -euo pipefail
 marker=/tmp/.shardsmith-bytecode-compiled
 if [ ! -f "$marker" ]; then

@@ -31,7 +31,6 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 import av
