@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The audio bench of issue 17 on a leased GPU machine, in one call (BENCHMARKS.md §7):
 #   bench/audio_build.py at FILES files (the first build, the encoder alone, the ratio), then WARM warm builds of
-#   the same recipe timed from the command to the exit (with SWITCH=0.0005, each followed by one with the
-#   interpreter's switch interval at that many seconds: bench/gil_convoy.py), then (PROFILE=1) one under py-spy --native,
+#   the same recipe timed from the command to the exit (with SWITCH, each followed by one that starts at that switch
+#   interval in seconds: bench/gil_convoy.py; a GPU build lowers it to 0.1 ms itself, encode/stage.py's GIL_SWITCH_S,
+#   so only a SWITCH below 0.0001 changes anything), then (PROFILE=1) one under py-spy --native,
 #   summarised by bench/pyspy_summary.py. Everything goes to $OUT (log.txt, a.json, manifests, profile).
 #
 #   SHARDSMITH_SPEECH_DIR=$PWD/speech FILES=64000 WARM=1 PROFILE=1 bash bench/lease_audio.sh .whl_slim
@@ -20,7 +21,7 @@ warm() {  # label [switch interval]: one warm build, the CLI's own entry, timed 
   python3 -c "import sys, json; m = json.load(open(sys.argv[3])); s = m['models']['audio_steady_state']; print('warm $1:', round(float(sys.argv[2]) - float(sys.argv[1]), 2), 's; stream', s['items_per_s'], 'items/s; GPU idle', s['gpu_idle']['idle_s'], 's; plan', m['timings']['plan_s'], 's')" "$t" "$EPOCHREALTIME" "/tmp/ab/$1/manifest.json"
   cp "/tmp/ab/$1/manifest.json" "$OUT/$1_manifest.json"; rm -rf "/tmp/ab/$1"
 }
-for i in $(seq 1 "${WARM:-0}"); do  # with SWITCH (seconds): each warm build followed by one at that switch interval
+for i in $(seq 1 "${WARM:-0}"); do  # with SWITCH (seconds, below 0.0001): each warm build followed by one at it
   warm "warm$i"
   [ -n "${SWITCH:-}" ] && warm "switch$i" "$SWITCH"
 done
