@@ -66,6 +66,20 @@ def add_copies(dest: Path, k: int) -> int:
     return len(files) * k
 
 
+def batch_seconds(run, n: int) -> list[float]:
+    """Seconds of each of ``n`` calls of ``run`` (one batch on the GPU), each waited for on the device."""
+    import torch
+
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frames: tuple[int, int, int] | None = None,
                   compiled: bool = False) -> dict:
     """The encoder (published config, random weights) on a resident bf16 batch: SD-VAE on [batch, 3, size,
@@ -89,15 +103,8 @@ def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frame
         vae.compile(mode=cc.COMPILE_MODE, backend="inductor")
     for _ in range(3):
         vae.encode(x)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        vae.encode(x)
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t)
-    med = statistics.median(ts)
-    del vae
+    med = statistics.median(batch_seconds(lambda: vae.encode(x), repeats))
+    vae = None  # (its memory back to the cache, emptied below)
     torch.cuda.empty_cache()
     return {"family": family, "shape": list(shape), "batch": batch, "compiled": compiled, "median_batch_s": med,
             "items_per_s": batch / med, "load_s": load_s}

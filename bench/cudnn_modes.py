@@ -6,7 +6,7 @@ alone runs the autotuner (``benchmark=True``). On one resident bf16 batch of the
 weights), in one process: the median batch time of each mode (3 warm-ups, then ``--repeats``), then ``--sustained``
 batches in the build's mode back to back (does the GPU slow down under a long load?).
 
-    PYTHONPATH=src python3 bench/cudnn_modes.py --family ltx2 --shape 1,3,121,512,768 --out r.json
+    PYTHONPATH=src:bench:tests python3 bench/cudnn_modes.py --family ltx2 --shape 1,3,121,512,768 --out r.json
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 
 def main() -> None:
     import torch
+
+    from cli_gpu_build import batch_seconds
 
     from shardsmith.encode.vae import load_vae
 
@@ -33,13 +34,7 @@ def main() -> None:
     x = torch.rand(*[int(v) for v in args.shape.split(",")], device="cuda", dtype=torch.bfloat16) * 2 - 1
 
     def times(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            t = time.perf_counter()
-            vae.encode(x)
-            torch.cuda.synchronize()
-            out.append(time.perf_counter() - t)
-        return out
+        return batch_seconds(lambda: vae.encode(x), n)
 
     res: dict = {"family": args.family, "shape": args.shape, "gpu": torch.cuda.get_device_name(), "modes": {}}
     for name, bench, det in (("autotuner", True, False), ("heuristics", False, False),
