@@ -1,6 +1,6 @@
 """The GPU library warm-up beside the model imports (encode/cuda_warm.py): which library calls each recipe starts
 with, that the warm-up runs every one of them without drawing a random number or touching a global flag, that it
-starts a thread on a CUDA device only, and that the preload starts it before the loading thread imports diffusers."""
+starts a thread on a CUDA device only, and that the encode stage starts it before it imports diffusers."""
 
 from __future__ import annotations
 
@@ -67,18 +67,25 @@ def test_a_thread_only_on_a_cuda_device(monkeypatch):
     assert ran == [("cuda:1", [("conv2d", "float32")])]
 
 
-def test_the_preload_starts_it_before_the_models_load(monkeypatch):
-    """The point of the warm-up: its thread runs while the loading thread imports diffusers and builds the
-    models (EncodeStage.from_recipe), not after; it gets the resolved device."""
-    from shardsmith.encode import preload as preload_mod
-    from shardsmith.encode.stage import EncodeStage
+def test_the_stage_starts_it_before_the_models_load(monkeypatch):
+    """The point of the warm-up: its thread runs while EncodeStage.from_recipe imports diffusers and builds the
+    models (in the build's preload, a --gpus worker or a Ray actor alike), not after; it gets the resolved
+    device."""
+    from shardsmith.encode import stage as stage_mod
+
+    class Stop(Exception):
+        pass
 
     order = []
     monkeypatch.setattr(cuda_warm, "start", lambda recipe, device: order.append(("warm", device)))
-    monkeypatch.setattr(EncodeStage, "from_recipe",
-                        classmethod(lambda cls, recipe, offload=None: order.append("load") or "stage"))
-    p = preload_mod.ModelPreload(_recipe({"vae": {"family": "sd"}, "device": "cpu"}), warm=False).start()
-    assert p.result() == "stage"
+
+    def load_vae(*a, **k):
+        order.append("load")
+        raise Stop
+
+    monkeypatch.setattr(stage_mod, "load_vae", load_vae)
+    with pytest.raises(Stop):
+        stage_mod.EncodeStage.from_recipe(_recipe({"vae": {"family": "sd"}, "device": "cpu"}))
     assert order == [("warm", "cpu"), "load"]
 
 

@@ -52,15 +52,11 @@ class ModelPreload:
 
     def _run(self) -> None:
         try:
-            from shardsmith.encode import cuda_warm
             from shardsmith.encode.host_threads import pin_intra_op_threads
             from shardsmith.encode.stage import EncodeStage
-            from shardsmith.precheck import resolve_device
 
             pin_intra_op_threads(self._threads)
             t = time.perf_counter()
-            # the GPU's libraries load on a thread of their own while from_recipe imports diffusers (cuda_warm)
-            warm = cuda_warm.start(self.recipe, resolve_device(self.recipe.models.device, "models.device"))
             decision = self.offload.decide_for(self.recipe) if self.offload is not None else None
             if decision is not None and decision.mode == "text-first":
                 stage = EncodeStage.from_recipe(self.recipe, offload=self.offload)
@@ -69,8 +65,6 @@ class ModelPreload:
             if decision is not None and getattr(stage, "offload", None) is None:
                 stage.offload = decision
             self.seconds["load"] = round(time.perf_counter() - t, 3)
-            if warm is not None:
-                warm.join()  # (done by now: its ops are tiny; nothing of it runs beside a real batch)
             if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
                 stage.warm_up_for(self.recipe, stop=self._planned)
             self._stage = stage

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from shardsmith.encode import cuda_warm
 from shardsmith.encode.caption_cache import CaptionCache, text_entry
 from shardsmith.encode.compile_decision import CompileDecision
 from shardsmith.encode.encoders import ENCODER_NAMES, Encoder, held
@@ -144,6 +145,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             # kernel launches, and each time waits up to the interpreter's switch interval while the
             # main thread handles worker results: shorten it (default 5 ms)
             sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
+        # the GPU's libraries (cuDNN, cuBLAS, cuFFT) load on a thread of their own while the loads below import
+        # diffusers and transformers, instead of at the first batch (encode/cuda_warm.py); None off a GPU
+        warm = cuda_warm.start(recipe, place)
         try:  # our own progress bars say what is happening; the libraries' per-load bars are noise
             from diffusers.utils import logging as dlog
             from transformers.utils import logging as tlog
@@ -207,6 +211,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             from shardsmith.encode.decoder_choice import MANIFEST_NAMES
 
             stage.image_decoder = MANIFEST_NAMES.get(recipe.images.decoder)
+        if warm is not None:
+            warm.join()  # (done by now: its ops are tiny; nothing of it runs beside a real batch)
         return stage
 
     def bind_device(self) -> None:
