@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 
-log = logging.getLogger(__name__)
+from shardsmith.encode.vae_config import FAMILIES
 
-VIDEO_FAMILIES = ("wan", "ltx", "ltx2")  # VaeModel families whose encoders convolve in 3-D
+log = logging.getLogger(__name__)
 
 
 def ops(recipe) -> list[tuple[str, str]]:
@@ -31,7 +31,7 @@ def ops(recipe) -> list[tuple[str, str]]:
     m = recipe.models
     out: list[tuple[str, str]] = []
     if m.vae is not None:
-        out.append(("conv3d" if m.vae.family in VIDEO_FAMILIES else "conv2d", m.vae.dtype))
+        out.append(("conv3d" if FAMILIES[m.vae.family]["kind"] == "video_vae" else "conv2d", m.vae.dtype))
     for model in (m.text, getattr(m, "teacher", None)):
         if model is not None:
             out.append(("matmul", model.dtype))
