@@ -32,10 +32,10 @@ def ops(recipe) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if m.vae is not None:
         out.append(("conv3d" if FAMILIES[m.vae.family]["kind"] == "video_vae" else "conv2d", m.vae.dtype))
-    for model in (m.text, getattr(m, "teacher", None)):
+    for model in (m.text, m.teacher):
         if model is not None:
             out.append(("matmul", model.dtype))
-    if getattr(m, "audio_vae", None) is not None:
+    if m.audio_vae is not None:
         out += [("stft", "float32"), ("matmul", "float32"), ("conv2d", m.audio_vae.dtype)]
     return list(dict.fromkeys(out))
 
