@@ -22,7 +22,7 @@ if [ -n "${OLD:-}" ]; then
     for i in $(seq 1 "${PAIRS:-3}"); do
       for side in old new; do
         src=$PWD/src; [ $side = old ] && src=$PWD/$OLD
-        PYTHONPATH=$src:/tmp/site${TOKENIZER:+:$PWD/$TOKENIZER} python3 bench/load_chain.py "$w" 2>/dev/null | tail -1 | \
+        PYTHONPATH=$src:$PWD/bench:$PWD/tests:/tmp/site${TOKENIZER:+:$PWD/$TOKENIZER} python3 bench/load_chain.py "$w" 2>/dev/null | tail -1 | \
           python3 -c "import sys, json; d = json.loads(sys.stdin.read()); d['code'] = '$side'; print(json.dumps(d))" \
           | tee -a "$OUT/chain.jsonl"
       done

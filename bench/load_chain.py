@@ -6,7 +6,7 @@ warm one batch of the bucket shape up: cuDNN's first call), joined. Printed as J
 to the models loaded and to the warm-up done, and the preload's own figures. Run it with two ``PYTHONPATH``s
 (the code before and after a change) alternating, on the same machine, to compare the chains.
 
-    PYTHONPATH=src:/tmp/site python3 bench/load_chain.py small|video|audio
+    PYTHONPATH=src:bench:tests:/tmp/site python3 bench/load_chain.py small|video|audio
 """
 
 from __future__ import annotations
@@ -17,15 +17,21 @@ import time
 
 T0 = time.perf_counter()
 
-RECIPES = {  # bench/cli_gpu_build.py's and bench/audio_build.py's models, at their buckets
-    "small": {"geometry": {"buckets": ["256x256x1"]}, "outputs": [{"format": "latent_wds", "dir": "lat"}],
-              "models": {"vae": {"family": "sd", "config": "published", "dtype": "bfloat16"}, "batch_size": 64}},
-    "video": {"geometry": {"buckets": ["768x512x121"]}, "outputs": [{"format": "precomputed"}],
-              "models": {"vae": {"family": "ltx2", "config": "published", "dtype": "bfloat16"},
-                         "text": {"family": "t5", "config": "tiny"}, "batch_size": 1}},
-    "audio": {"audio": {"durations": [4.0, 8.0]}, "outputs": [{"format": "latent_wds", "dir": "audio"}],
-              "models": {"audio_vae": {"family": "ltx2_audio", "config": "published"}, "batch_size": 64}},
-}
+
+def workload_recipe(name: str) -> dict:
+    """The recipe of a workload of bench/cli_gpu_build.py (``small``, ``video``) or bench/audio_build.py
+    (``audio``), its sources pointing nowhere (no plan runs here)."""
+    from argparse import Namespace
+    from pathlib import Path
+
+    src = Path("/tmp")
+    if name == "audio":
+        from audio_build import recipe
+
+        return recipe(src, Namespace(config="published", batch=64, device="cuda", durations="4.0;8.0"))
+    from cli_gpu_build import image_recipe, video_recipe
+
+    return image_recipe(src, 256, "auto", 64, "off") if name == "small" else video_recipe(src, 512, 768, 121, "off")
 
 
 def main() -> None:
@@ -35,7 +41,7 @@ def main() -> None:
     from shardsmith.encode.preload import ModelPreload
     from shardsmith.recipe import recipe_from_dict
 
-    rec = recipe_from_dict({"sources": [{"path": "/tmp"}], **RECIPES[sys.argv[1]]})
+    rec = recipe_from_dict(workload_recipe(sys.argv[1]))
     t = time.perf_counter()
     pre = ModelPreload(rec)
     pre.start()
