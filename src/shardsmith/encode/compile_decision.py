@@ -7,6 +7,8 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
   :data:`~shardsmith.encode.compile.DECIDE_AFTER_BATCHES` full eager batches from the remaining
   items and the measured eager rate (:func:`~shardsmith.encode.compile.compile_pays`). The decision
   and its reason are kept in ``compile_info`` for the manifest.
+- A compile with Inductor runs in its deterministic mode (``compile_info["deterministic"]``): every process
+  compiles the same kernels, so a resumed or a second build's compiled batches are the same bytes.
 - ``_compiled_first_batch(dt)`` books the first compiled batch's extra time and marks the
   compile cache warm for this model and shape.
 """
@@ -73,8 +75,15 @@ class CompileDecision:
 
     def _compile_key(self, host: torch.Tensor, cc) -> str:
         dev = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
+        det = ":deterministic" if self._deterministic() else ""
         return cc.cache_key(model_identity(self.describe()["vae"]), tuple(host.shape[1:]), self.vae.spec.dtype,
-                            torch.__version__, dev, f"{self.compile_backend}:{cc.COMPILE_MODE}")
+                            torch.__version__, dev, f"{self.compile_backend}:{cc.COMPILE_MODE}{det}")
+
+    def _deterministic(self) -> bool:
+        """Whether this compile runs in Inductor's deterministic mode (the same bytes in every process)."""
+        from shardsmith.encode import compile as cc
+
+        return self.compile_backend == "inductor" and bool(cc.inductor_options().get("deterministic"))
 
     def _compile(self, host: torch.Tensor, key: str, cc) -> None:
         d = cc.use_cache_dir()
@@ -88,8 +97,9 @@ class CompileDecision:
         self.vae.compile(mode=cc.COMPILE_MODE, backend=self.compile_backend)
         backend = self.compile_backend if isinstance(self.compile_backend, str) else \
             getattr(self.compile_backend, "__name__", repr(self.compile_backend))
-        self.compile_info.update(compiled=True, mode=cc.COMPILE_MODE, backend=backend, cache=str(d),
-                                 warm_cache=warm, compiled_at_batch=len(self.batches))
+        self.compile_info.update(compiled=True, mode=cc.COMPILE_MODE, backend=backend,
+                                 deterministic=self._deterministic(), cache=str(d), warm_cache=warm,
+                                 compiled_at_batch=len(self.batches))
         self._compile_pending = {"key": key, "dir": d}
         log.info("compiling the VAE encoder (%s, %s cache %s)", cc.COMPILE_MODE, "warm" if warm else "cold", d)
 

@@ -206,14 +206,18 @@ class VaeEncoder:
 
         Only the encoder (and its quant conv, when separate and small, stays eager): the VAE's
         decoder and the posterior arithmetic are untouched. Fixed shapes (``dynamic=False``):
-        each bucket compiles once. Do not call the compiled encoder under a dispatch mode such
+        each bucket compiles once. Inductor compiles ``mode`` in its deterministic mode
+        (:func:`~shardsmith.encode.compile.inductor_options`): the same kernels, so the same bytes, in every
+        process. Do not call the compiled encoder under a dispatch mode such
         as ``FlopCounterMode``: dynamo then runs it eagerly for the rest of the process."""
+        from .compile import inductor_options
+
         target = getattr(self.model, "encoder", None)
         if not isinstance(target, torch.nn.Module):
             target = self.model
-        kw = {"backend": backend, "dynamic": False}
-        if backend == "inductor" and mode:
-            kw["mode"] = mode
+        kw: dict[str, Any] = {"backend": backend, "dynamic": False}
+        if backend == "inductor":
+            kw["options"] = inductor_options(mode)
         target.compile(**kw)
 
     def posterior(self, x: torch.Tensor):
