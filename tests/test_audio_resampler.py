@@ -146,6 +146,7 @@ def test_a_mono_source_travels_as_one_channel_and_encodes_as_its_stereo_duplicat
         tiny.encode([mono.wave])  # a bare array is at the encoder's rate and stereo; mono comes as a Waveform
 
 
+@pytest.mark.slow  # 3.5-4.5 s: the fast lane keeps under two minutes
 def test_a_batch_of_mixed_source_rates_encodes_each_item_as_alone(tiny):
     """A pixel batch may hold clips whose audio comes at different rates: each (rate, length) group is
     resampled on its own, and every latent equals the item's latent encoded alone."""

@@ -118,6 +118,7 @@ def test_two_buckets_interleaved_each_item_keeps_its_latent_and_shard(tmp_path, 
     assert tree_bytes(tmp_path / "carried") == tree_bytes(tmp_path / "aligned")
 
 
+@pytest.mark.slow  # 3.5-4.5 s: the fast lane keeps under two minutes
 @pytest.mark.parametrize("pad", [None, True])
 def test_a_failed_shard_write_then_resume_gives_the_uninterrupted_bytes(tmp_path, monkeypatch, disk_full_at, pad):
     """Units are written on a writer thread. With batches straddling units (pad) or not: an error
