@@ -66,12 +66,13 @@ def test_inductor_compile_holds_its_deterministic_mode_through_the_trace(cache):
         return real(self, *args)
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ic, "deterministic", False)  # the process's own setting (torch's deterministic algorithms off)
         mp.setattr(GraphLowering, "run", lowering)
         vae.compile(mode=None)
         got = vae.encode(x)
+        assert ic.deterministic is False  # only that compile's: the process's own setting is left as it was
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert seen and all(seen), seen
-    assert ic.deterministic is False  # only that compile's: the process's own setting is left as it was
     st = EncodeStage(vae, None, batch_size=2, device="cpu", compile="on")
     assert st._deterministic() is True
     st.compile_backend = "aot_eager"
