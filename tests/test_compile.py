@@ -65,8 +65,8 @@ def test_inductor_compile_holds_its_deterministic_mode_through_the_trace(cache):
         seen.append(ic.deterministic)
         return real(self, *args)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ic, "deterministic", False)  # the process's own setting (torch's deterministic algorithms off)
+    # the process's own setting off (as with torch's deterministic algorithms off), whatever another test left
+    with pytest.MonkeyPatch.context() as mp, ic.patch(deterministic=False):
         mp.setattr(GraphLowering, "run", lowering)
         vae.compile(mode=None)
         got = vae.encode(x)
