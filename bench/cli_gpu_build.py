@@ -296,7 +296,8 @@ def main() -> int:
     ap.add_argument("--small-decoders", default=None, help="decoders of the small workload (default: --decoders)")
     ap.add_argument("--compile", default="off", help="models.compile of the builds (on: an untimed build of "
                     "--warm files first fills the persistent compile cache, and the encoder alone is compiled)")
-    ap.add_argument("--warm", type=int, default=256)
+    ap.add_argument("--warm", type=int, default=256, help="files of the untimed cache-filling build (on; auto with "
+                    "--warm above 0: the builds then find the cache warm, and the encoder alone is compiled)")
     ap.add_argument("--parity", action="store_true", help="also the GPU decoder's pixels against Pillow's")
     ap.add_argument("--no-bare", action="store_true", help="leave out the bare start (fresh interpreter to first batch)")
     ap.add_argument("--repeats", type=int, default=1)
@@ -306,6 +307,7 @@ def main() -> int:
     ap.add_argument("--text-batch", type=int, default=64)
     ap.add_argument("--device", default="cuda", help="the text workload's device (cpu: a check of its code paths)")
     args = ap.parse_args()
+    compiled_alone = args.compile == "on" or (args.compile == "auto" and args.warm > 0)  # (see --warm)
     procs = os.cpu_count() or 4
     res: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "cpus": procs, "workloads": []}
     args.work.mkdir(parents=True, exist_ok=True)
@@ -325,13 +327,13 @@ def main() -> int:
         if name == "video":
             make_clips(src, n, h, w_, procs)
             w["gen_s"], w["files"] = time.perf_counter() - t, n
-            w["encoder_alone"] = encoder_alone(0, 1, 5, family="ltx2", frames=(f, h, w_), compiled=args.compile == "on")
+            w["encoder_alone"] = encoder_alone(0, 1, 5, family="ltx2", frames=(f, h, w_), compiled=compiled_alone)
             if not args.no_bare:
                 w["bare_start"] = bare_start("ltx2", (1, 3, f, h, w_))
         else:
             w["gen_s"] = make_photos(src, n, lo, hi, procs)
             w["files"] = add_copies(src, copies) if copies > 1 else n
-            w["encoder_alone"] = encoder_alone(size, 64, 20, compiled=args.compile == "on")
+            w["encoder_alone"] = encoder_alone(size, 64, 20, compiled=compiled_alone)
             if not args.no_bare:
                 w["bare_start"] = bare_start("sd", (64, 3, size, size))
         if args.parity and name != "video":
@@ -343,7 +345,7 @@ def main() -> int:
         w["builds"] = []
         decs = ["auto"] if name == "video" else (
             args.small_decoders if name == "small" and args.small_decoders else args.decoders).split(",")
-        if args.compile == "on":
+        if compiled_alone:
             rec = video_recipe(src, h, w_, f, "on") if name == "video" else image_recipe(src, size, decs[0], 64, "on")
             w["warm_cache_build_s"] = subset_build(rec, src, args.work, args.warm)
             print(json.dumps({"warm_cache_build_s": w["warm_cache_build_s"]}), flush=True)

@@ -84,8 +84,8 @@ def test_a_warmed_audio_build_writes_the_same_bytes(tmp_path, monkeypatch):
     assert m0["models"]["warm_up"] is None  # CPU: nothing warmed by default
 
     class Warm(ModelPreload):  # every duration warmed (a plan this short would stop it before the first)
-        def __init__(self, recipe):
-            super().__init__(recipe, warm=True)
+        def __init__(self, recipe, root=None):
+            super().__init__(recipe, warm=True, root=root)
 
         def planned(self):
             pass

@@ -3,11 +3,15 @@ ones, and that the cache marker makes a second run's compile count as warm."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from shardsmith.encode import compile as cc
+from shardsmith.encode import compile_decision as cd
 from shardsmith.encode.stage import EncodeStage
 from shardsmith.encode.vae import load_vae
 from shardsmith.recipe import RecipeError, fingerprint, recipe_from_dict
@@ -115,48 +119,147 @@ def test_compiled_encoder_gives_the_eager_latents_and_marks_the_cache(cache):
     assert again.describe()["compile"]["warm_cache"] is True
 
 
+def _ledger(tmp_path, ok: int, complete: bool = True, other: int = 0):
+    """A build's ledger holding ``ok`` planned items of source 0 (and ``other`` of source 1, which no latent
+    output reads), and its compile record."""
+    from shardsmith.encode.compile_record import CompileRecord
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.records import PlannedItem
+
+    path = tmp_path / ".shardsmith" / "ledger.sqlite"
+    led = Ledger(path)
+    led.add_items(PlannedItem(idx=i, item_id=f"{i}.jpg", key=f"k{i}", source=int(i >= ok), path=f"/x/{i}.jpg",
+                              relpath=f"{i}.jpg", caption=None, label=None, label_name=None, meta={}, sha256=None,
+                              size_bytes=1, kind="image", width=32, height=32, image_format="JPEG", mode="RGB",
+                              split="train", plan_status="ok") for i in range(ok + other))
+    if complete:
+        led.set_meta("plan_complete", True)
+    led.close()
+    return CompileRecord(path, ((0,),))
+
+
+def _auto_stage(record, compile: str = "auto") -> EncodeStage:
+    st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile=compile)
+    st.device = "cuda"  # decide as on a GPU; the tensors stay on the CPU (vae.device)
+    st.compile_backend = "aot_eager"
+    st.compile_record = record
+    return st
+
+
 @pytest.mark.slow
-def test_auto_decides_after_the_first_batches_from_the_items_left(cache, monkeypatch):
+def test_auto_decides_before_the_first_batch_and_the_build_keeps_its_decision(cache, monkeypatch, tmp_path):
+    # it decided after three eager batches, from the items left: a resume (fewer items, another pace) could decide
+    # otherwise, and a build's first batches were eager while the rest were compiled (other last bits)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
     batches = _batches(6, 2)
-
-    def run(remaining: int) -> EncodeStage:
-        st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
-        st.device = "cuda"  # decide as on a GPU; the tensors stay on the CPU (vae.device)
-        st.compile_backend = "aot_eager"
-        st.expect(remaining)
-        for b in batches:
-            st.encode_staged(b)
-        return st
-
-    short = run(12).describe()["compile"]
-    assert short["compiled"] is False and short["reason"].startswith("auto: ") and "stay eager" in short["reason"]
-    assert "4 items left" in short["reason"]  # 12 expected; decided after 1 + 3 batches of 2
-    monkeypatch.setitem(cc.COST_S, "cold", 0.0)  # make compiling pay for any run length
-    long = run(10**9).describe()["compile"]
-    assert long["compiled"] is True and long["compiled_at_batch"] == 1 + cc.DECIDE_AFTER_BATCHES
-    assert long["reason"].endswith(": compile")
-    # units smaller than a batch (shards bounded by bytes): every batch is short, padded to
-    # batch_size on a GPU; its device time is a full batch's, so auto decides on them too
-    padded = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
-    padded.device = "cuda"
-    padded.compile_backend = "aot_eager"
-    padded.expect(10**9)
+    short = _auto_stage(_ledger(tmp_path / "short", 12, other=50))
     for b in batches:
-        padded.encode_staged(b, n=1)  # 2 rows on the device, 1 of them an item
-    got = padded.describe()["compile"]
-    assert got["compiled"] is True and got["compiled_at_batch"] == 1 + cc.DECIDE_AFTER_BATCHES, got
-    assert got["eager_items_per_s"] > 0
-    # short batches that were NOT padded (a smaller shape) are not full-batch times
-    short_rows = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
-    short_rows.device = "cuda"
-    short_rows.expect(10**9)
+        short.encode_staged(b)
+    got = short.describe()["compile"]
+    assert got["compiled"] is False and got["reason"].startswith("auto: 12 items left") and "stay eager" in got["reason"]
+    assert got["eager_items_per_s"] > 0 and got["waited_for_plan_s"] == 0 and got["decided_in"] == "first batch"
+    assert short.compile_record.kept() == {"compiled": False, "reason": got["reason"]}
+
+    monkeypatch.setitem(cc.COST_S, "cold", 0.0)  # compiling pays for any run length, cache warm or cold
+    monkeypatch.setitem(cc.COST_S, "warm", 0.0)
+    record = _ledger(tmp_path / "long", 12)
+    long = _auto_stage(record)
     for b in batches:
-        short_rows.encode_staged(b[:1])
-    assert short_rows.describe()["compile"] == {"setting": "auto", "compiled": False, "reason": None}
-    # off the GPU, auto never compiles
+        long.encode_staged(b)
+    got = long.describe()["compile"]
+    assert got["compiled"] is True and got["compiled_at_batch"] == 0 and got["reason"].endswith(": compile")
+    assert record.kept()["compiled"] is True
+    # a resume (or a second --gpus worker) of that build follows it, though it would now decide otherwise
+    monkeypatch.setitem(cc.COST_S, "cold", 1e9)
+    monkeypatch.setitem(cc.COST_S, "warm", 1e9)
+    again = _auto_stage(record)
+    again.encode_staged(batches[0])
+    got = again.describe()["compile"]
+    assert got["compiled"] is True and got["compiled_at_batch"] == 0
+    assert got["reason"] == f"auto: as this build began ({record.kept()['reason']})"
+    # off the GPU too: the record holds wherever the resume runs
+    cpu = _auto_stage(record)
+    cpu.device = "cpu"
+    cpu.encode_staged(batches[0])
+    assert cpu.describe()["compile"]["compiled"] is True
+    # off (or on) is followed as set, and the manifest says the bytes differ from those written before
+    off = _auto_stage(record, compile="off")
+    off.encode_staged(batches[0])
+    got = off.describe()["compile"]
+    assert got["compiled"] is False and got["note"].startswith("this build began compiled (auto: 12 items left")
+    assert "differ from these in their last bits" in got["note"] and record.kept()["compiled"] is True
+    # a build begun before decisions were kept (results, no record) resumes eager
+    old = _ledger(tmp_path / "old", 12)
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(old.ledger_path)
+    led.record_results("lat", [(0, "written", None)])
+    led.close()
+    st = _auto_stage(old)
+    st.encode_staged(batches[0])
+    assert st.describe()["compile"]["compiled"] is False and "before its decision was kept" in st.compile_info["reason"]
+
+
+def test_auto_waits_for_a_plan_running_ahead_only_as_long_as_it_must(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
+    monkeypatch.setattr(cd, "POLL_S", 0.01)
+    host = _batches(1, 2)[0]
+    # the items planned so far repay the compile: decided at once
+    st = _auto_stage(_ledger(tmp_path / "a", 40, complete=False))
+    st._eager_s[tuple(host.shape)] = 1.0  # 2 items/s (as the warm-up measured it)
+    monkeypatch.setitem(cc.COST_S, "cold", 5.0)  # 40 items at 2/s = 20 s eager, saves 10 s > 5 s
+    assert st._auto(host, cc)[:2] == (True, "auto: 40 items left at 2.0/s eager = 20 s; compiling (~2.0x) would "
+                                            "save ~10 s for ~5 s of compile (cold cache): compile")
+    # they do not: it waits for the plan, then decides on what was planned so far
+    monkeypatch.setattr(cd, "WAIT_FOR_PLAN_S", 0.3)
+    st = _auto_stage(_ledger(tmp_path / "b", 4, complete=False))
+    st._eager_s[tuple(host.shape)] = 1.0
+    t = time.perf_counter()
+    yes, why, extra = st._auto(host, cc)
+    assert time.perf_counter() - t >= 0.3 and extra["waited_for_plan_s"] >= 0.3
+    assert not yes and why.startswith("auto: 4 items left")
+    # the plan completes while it waits: decided on the whole plan at once
+    record = _ledger(tmp_path / "c", 4, complete=False)
+    monkeypatch.setattr(cd, "WAIT_FOR_PLAN_S", 30.0)
+    st = _auto_stage(record)
+    st._eager_s[tuple(host.shape)] = 1.0
+
+    def finish() -> None:
+        from shardsmith.plan.ledger import Ledger
+
+        time.sleep(0.2)
+        led = Ledger(record.ledger_path)
+        led.set_meta("plan_complete", True)
+        led.close()
+
+    threading.Thread(target=finish).start()
+    yes, why, extra = st._auto(host, cc)
+    assert not yes and 0.2 <= extra["waited_for_plan_s"] < 5
+    # the stage closing ends a wait (a build that failed meanwhile)
+    st = _auto_stage(_ledger(tmp_path / "d", 4, complete=False))
+    st._eager_s[tuple(host.shape)] = 1.0
+    threading.Timer(0.2, st._closing.set).start()
+    t = time.perf_counter()
+    assert st._auto(host, cc)[0] is False and time.perf_counter() - t < 5
+
+
+def test_auto_stays_eager_off_the_gpu_and_without_a_build_s_ledger():
+    batches = _batches(2, 2)
     st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="auto")
-    st.expect(10**9)
     for b in batches:
         st.encode_staged(b)
     assert st.describe()["compile"]["reason"] == "auto: stays eager off the GPU"
+    st = _auto_stage(None)
+    st.encode_staged(batches[0])
+    assert st.describe()["compile"] == {"setting": "auto", "compiled": False, "reason":
+                                        "auto: stays eager without a build's ledger (the items to encode are not known)",
+                                        "decided_in": "first batch"}
+
+
+def test_the_first_record_kept_holds(tmp_path):
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(tmp_path / "l.sqlite")
+    assert led.keep_meta("k", {"compiled": True}) == {"compiled": True}
+    assert led.keep_meta("k", {"compiled": False}) == {"compiled": True}
+    led.close()

@@ -1,6 +1,8 @@
 """A compiled encoder (``models.compile: on``) writes the same bytes in every process: a build, its resume, a
 second build and each GPU worker compile their kernels in separate processes.
 
+A build keeps what it decided (``auto``) in its ledger, and a resume follows it.
+
 Before, max-autotune timed its candidate kernels on the device and kept the fastest, so each fresh process could
 pick others (on an H100 three processes gave three different SHA-256s of one batch: BENCHMARKS.md §10). Runs only
 where CUDA is present (the GPU machine: ``python3 -m pytest tests/test_compile_cuda.py``), about a minute a process.
@@ -47,3 +49,40 @@ def test_two_processes_compile_the_same_kernels_and_write_the_same_bytes(tmp_pat
     assert a["compile"]["compiled"] is True and a["compile"]["deterministic"] is True
     assert a["compile"]["warm_cache"] is False and b["compile"]["warm_cache"] is False
     assert a["sha"] == b["sha"]
+
+
+@pytest.mark.slow
+def test_a_resume_with_compile_auto_writes_the_bytes_of_the_compiled_build_it_resumes(tmp_path, monkeypatch,
+                                                                                      disk_full_at):
+    # auto decided afresh on a resume (fewer items: eager) and wrote the rest eager, other last bits than compiled
+    from media_factory import real_photos
+    from shardsmith.build import build
+    from test_build import tree_bytes
+    from test_compile_resume import _recipe
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    real_photos(tmp_path / "p", 9, seed=12, min_side=40, max_side=90)
+    build(_recipe(tmp_path / "p", "on"), tmp_path / "ref", quiet=True, workers=1)
+    eager = build(_recipe(tmp_path / "p", "off"), tmp_path / "eager", quiet=True, workers=1)
+    assert eager["models"]["compile"]["compiled"] is False
+    disk_full_at(2)
+    with pytest.raises(OSError, match="No space left"):
+        build(_recipe(tmp_path / "p", "on"), tmp_path / "o", quiet=True, workers=1)
+    disk_full_at(None)
+    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "o", quiet=True, workers=1)
+    assert m["models"]["compile"]["compiled"] is True and m["models"]["compile"]["reason"].startswith("auto: as this")
+    assert tree_bytes(tmp_path / "o") == tree_bytes(tmp_path / "ref")
+    # a fresh auto build decides in the warm-up, beside the plan: 9 items do not repay a compile ...
+    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "a", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert c["compiled"] is False and c["reason"].startswith("auto: 9 items left") and c["eager_items_per_s"] > 0
+    assert c["decided_in"] == "warm-up" and tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "eager")
+    # ... and where they do, every batch is compiled: the bytes of an `on` build
+    from shardsmith.encode import compile as cc
+
+    monkeypatch.setitem(cc.COST_S, "warm", 0.0)
+    monkeypatch.setitem(cc.COST_S, "cold", 0.0)
+    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "c", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert c["compiled"] is True and c["decided_in"] == "warm-up" and c["compiled_at_batch"] == 0
+    assert tree_bytes(tmp_path / "c") == tree_bytes(tmp_path / "ref")

@@ -62,7 +62,6 @@ def test_batches_form_per_bucket_in_order_and_go_to_the_renderer():
     stage = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu")
     rec = _Recorder()
     fin = LatentFinisher(rec, lambda: stage)
-    fin.expect(5)
     entries = [_entry(0, "32x32x1", 32), _entry(1, "32x32x1", 32), _entry(2, "48x32x1", 48),
                _entry(3, "32x32x1", 32), _entry(4, "48x32x1", 48)]
     try:
@@ -79,7 +78,7 @@ def test_batches_form_per_bucket_in_order_and_go_to_the_renderer():
                            (["k2", "k4"], (2, c, 32 // s, 48 // s), None),
                            (["k3"], (1, c, 32 // s, 32 // s), None)]
     assert all(res.members == {"latent": b""} and res.pixels is None for _, res in entries)
-    assert stage.launched == 5 and stage.remaining == 0
+    assert stage.launched == 5
 
 
 def test_a_gpu_s_waveforms_are_stacked_ahead_on_the_staging_thread():

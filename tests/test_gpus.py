@@ -74,6 +74,8 @@ def test_two_workers_write_the_bytes_of_one_process_for_latent_and_text_outputs(
     assert r.returncode == 0, r.stderr
     assert tree_bytes(tmp_path / "two") == want
     m = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    # models.compile as the workers decided it at their first batch (kept in the ledger), not as worker 0 loaded
+    assert m["models"]["compile"] == {"setting": "auto", "compiled": False, "reason": "auto: stays eager off the GPU"}
     for name in ("latent_wds", "prompt_wds"):
         d = m["outputs"][name]["distribute"]["train"]
         assert d["gpus"] == 2 and d["died"] == [] and [w["exit_code"] for w in d["workers"]] == [0, 0]

@@ -86,8 +86,8 @@ def test_a_warmed_build_writes_the_same_bytes(clips, ltx_build, tmp_path, monkey
     assert m0["timings"]["load_models_overlapped_s"] >= 0
 
     class Warm(ModelPreload):
-        def __init__(self, recipe):
-            super().__init__(recipe, warm=True)
+        def __init__(self, recipe, root=None):
+            super().__init__(recipe, warm=True, root=root)
 
     monkeypatch.setattr(preload_mod, "ModelPreload", Warm)
     again = tmp_path / "warm"
@@ -248,6 +248,6 @@ def test_warm_up_and_every_batch_of_every_split_run_on_one_device_thread(tmp_pat
 
 
 def _warm_always(init):
-    def __init__(self, recipe, warm=None):
-        init(self, recipe, warm=True)
+    def __init__(self, recipe, warm=None, root=None):
+        init(self, recipe, warm=True, root=root)
     return __init__

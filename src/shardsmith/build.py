@@ -380,7 +380,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
             from shardsmith.encode.offload import LEDGER_KEY, OffloadRun
 
             run = OffloadRun(root, ledger.path, ledger.get_meta(LEDGER_KEY), ahead, progress=progress)  # models.offload
-            preload = ModelPreload(recipe).with_offload(run).start()  # models load and warm up while the plan runs
+            preload = ModelPreload(recipe, root=root).with_offload(run).start()  # models load and warm up while the plan runs
     with contextlib.ExitStack() as stack:
         if ctx.gpu_workers is not None:  # ended last; at once when the build fails (a worker may wait on the plan)
             stack.push(lambda exc_type, *_: ctx.gpu_workers.close(wait_s=0.0 if exc_type else 30.0))
@@ -528,7 +528,7 @@ def _encoding_stage(ctx: BuildContext):
     if isinstance(ctx.stage, DescribedStage) or (ctx.stage is None and ctx.preload is None and ctx.gpu_workers):
         from shardsmith.encode.preload import ModelPreload
 
-        ctx.stage, ctx.preload = None, ModelPreload(ctx.recipe).start()
+        ctx.stage, ctx.preload = None, ModelPreload(ctx.recipe, root=ctx.root).start()
     return _stage(ctx)
 
 

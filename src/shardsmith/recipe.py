@@ -441,8 +441,9 @@ class Models(_Strict):
                                          "writes (shardsmith distill)")
     batch_size: int | None = Field(None, gt=0, description="encode batch (default: automatic)")
     compile: OnOffAuto = Field(
-        "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' compiles on a GPU "
-        "once the first batches show the rest of the run repays the compile time (not part of the fingerprint)")
+        "auto", description="torch.compile the VAE encoder (cached between runs): 'auto' decides before the first "
+        "batch, on a GPU, whether the planned items repay the compile time; a resume follows the build's decision "
+        "(not part of the fingerprint)")
     device: Annotated[str, Field(pattern=r"^(auto|cuda|cpu|cuda:\d+)$")] = Field(
         "auto", description="where the models run: 'auto' is the GPU when torch sees one, else the CPU; 'cuda' "
         "refuses to start without one; 'cuda:N' is visible GPU N (not part of the fingerprint)")

@@ -178,11 +178,13 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
     pool = ledger = stage = None
     try:
         pool = Workers(spec.decode_workers)  # forked before any model or thread
+        from shardsmith.encode.compile_record import compile_record
         from shardsmith.encode.stage import EncodeStage
         from shardsmith.sources import open_sources
 
         ledger = Ledger(spec.root / formats.LEDGER_FILE)
         stage = EncodeStage.from_recipe(recipe)
+        stage.compile_record = compile_record(recipe, spec.root)  # models.compile: every worker follows one decision
         loaded = time.perf_counter() - t0
         if stage.device == "cuda" and (recipe.encode_buckets() or recipe.audio_encode_seconds()):
             stage.warm_up_for(recipe)  # cuDNN's kernels chosen while the build plans
@@ -429,7 +431,14 @@ class DescribedStage:
             _SpecOnly(specs[n]) if n in specs else None for n in ("vae", "text", "audio_vae", "teacher"))
 
     def describe(self) -> dict[str, Any]:
-        return self._described
+        """Worker 0's description, its ``compile`` block as the workers decided (kept in the ledger at their
+        first batch, after worker 0 described itself)."""
+        from shardsmith.encode.compile_record import compile_record
+
+        record = compile_record(self._workers.recipe, self._workers.root) if "compile" in self._described else None
+        kept = record.kept() if record is not None else None
+        return self._described if kept is None else {**self._described,
+                                                     "compile": {**self._described["compile"], **kept}}
 
     def stamp(self, recipe) -> dict[str, Any]:
         from shardsmith.encode.stage import EncodeStage

@@ -107,7 +107,7 @@ def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None
         total, completed = run.eligible(), pos0
         rows = ledger.items(split=run.split, sources=run.sources, status="ok", start_pos=pos0)
         stream = ((None, pos, it) for pos, it in enumerate(rows, pos0))
-    elif units is not None:  # the total for the progress and the encoder's expectations, once the plan is complete
+    elif units is not None:  # the total for the progress, once the plan is complete
         total, completed = (run.eligible(), pending_jobs(run)[1]) if ledger.get_meta("plan_complete") else (None, 0)
         stream = ((j.seq, j.first_pos + k, it) for j in units
                   for k, it in enumerate(list(unit_items(ledger, j, run.sources))))
@@ -195,8 +195,6 @@ class _Writer:
                 tags.append((seq, pos))
                 yield it
 
-        if fin is not None and self.total is not None:
-            fin.expect(self.total - self.completed)  # models.compile=auto weighs the items still to encode
         started = False
         with r.progress.task(f"{r.name}/{r.split}", total=self.total, completed=self.completed) as tick:
             for item, res in pool.map(r.maker, feed()):
@@ -204,8 +202,6 @@ class _Writer:
                 if self.total is None and self.ahead is not None and self.ahead.done:  # the plan has just completed: the total is known
                     self.total = r.eligible()
                     tick.set_total(self.total)
-                    if fin is not None:
-                        fin.expect(self.total)
                 if seq is not None and (not started or seq != self.seq):
                     if started and (self.samples or self.others):
                         self._commit()

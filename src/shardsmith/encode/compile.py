@@ -6,7 +6,7 @@ Contract
   kernels and a resumed, a second or another GPU's build writes the same bytes; refused nowhere (a torch
   without that mode compiles as before, and the manifest says ``deterministic: false``).
 - :func:`compile_pays` is pure arithmetic: given the items still to encode, the eager rate
-  measured on this run's first full batches and whether the cache already holds this
+  measured on this run's warm-up (a batch of the first shape) and whether the cache already holds this
   model/shape, it says whether compiling repays its cost, and why (a sentence for the manifest).
 - :func:`cache_dir` is where Inductor keeps compiled graphs and autotuning results between runs
   (``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/shardsmith/inductor``);
@@ -27,7 +27,6 @@ from typing import Any
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 EXPECTED_SPEEDUP = 2.0  # a little under the measured speed-up (BENCHMARKS.md §5, §10), to stay on the safe side
 COST_S = {"cold": 120.0, "warm": 20.0}  # compile seconds: empty cache / cache holding this graph (§10, deterministic)
-DECIDE_AFTER_BATCHES = 3  # full eager batches measured (after the first, autotuning one)
 _MARKER = "shardsmith-compiled.json"
 
 

@@ -1,12 +1,21 @@
-"""Whether and when an encode stage compiles its VAE (``models.compile``: ``on``, ``off``, ``auto``).
+"""Whether an encode stage compiles its VAE (``models.compile``: ``on``, ``off``, ``auto``), decided once, before
+its first batch, and kept for the build.
 
 Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets the attributes used)
-- ``expect(items, since=)`` / ``remaining``: how many items the build still has to encode.
-- ``_maybe_compile(host)``, called before every batch: ``on`` compiles before the first batch;
-  ``off`` never; ``auto`` stays eager off the GPU and, on a GPU, decides once after
-  :data:`~shardsmith.encode.compile.DECIDE_AFTER_BATCHES` full eager batches from the remaining
-  items and the measured eager rate (:func:`~shardsmith.encode.compile.compile_pays`). The decision
-  and its reason are kept in ``compile_info`` for the manifest.
+- ``_maybe_compile(host, real=)``, called before every batch (``real=False``: the warm-up's): ``on`` compiles
+  before the first batch; ``off`` never; ``auto`` follows the build's record when there is one, else stays eager
+  off the GPU and, on a GPU, decides before the first real batch: in the warm-up (beside the plan) once it has
+  timed an eager batch of a shape, else at the first real batch (timing one of its shape, on zeros); from that
+  eager pace, the items the build encodes (:class:`~shardsmith.encode.compile_record.CompileRecord`'s
+  ``planned``) and whether the compile cache is warm (:func:`~shardsmith.encode.compile.compile_pays`). While
+  the plan runs ahead it waits for the plan until the items planned repay the compile, the plan ends, or
+  :data:`WAIT_FOR_PLAN_S` passes (then the items planned so far decide). Every item of a build is thus encoded
+  compiled or every one eager.
+- ``compile_record`` (set by the build; None elsewhere): the decision is kept in the build's ledger, and a
+  resume, or another ``--gpus`` worker, follows the one kept (the first to decide wins), so their batches are
+  the same bytes. ``on`` and ``off`` are followed as set; where they differ from the record, the manifest says
+  the latents written before differ in their last bits. Without a record ``auto`` stays eager (it cannot know
+  how many items follow).
 - A compile with Inductor runs in its deterministic mode (``compile_info["deterministic"]``): every process
   compiles the same kernels, so a resumed or a second build's compiled batches are the same bytes.
 - ``_compiled_first_batch(dt)`` books the first compiled batch's extra time and marks the
@@ -24,54 +33,78 @@ from shardsmith.encode.model_identity import model_identity
 
 log = logging.getLogger(__name__)
 
+WAIT_FOR_PLAN_S = 10.0  # most the first batch waits for a plan running ahead (a cold compile costs ~12 times more)
+POLL_S = 0.1
+
 
 class CompileDecision:
-    def expect(self, items: int, *, since: int | None = None) -> None:
-        """The build says how many items are still to encode (``compile="auto"`` weighs it):
-        ``items`` counted from now, or from the moment ``launched`` was ``since`` (a build whose
-        plan runs ahead learns its total only once the plan ends, while batches are in flight).
-        Safe to call while the encoder thread runs: one attribute is written."""
-        self._target = (self.launched if since is None else since) + items
+    compile_record = None  # encode.compile_record.CompileRecord: the build's (set by the build)
+    compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
 
-    @property
-    def remaining(self) -> int | None:
-        """Items still to encode, when the build said (:meth:`expect`); else None."""
-        return None if self._target is None else self._target - self.launched
-
-    def _maybe_compile(self, host: torch.Tensor) -> None:
-        """``on``: compile before the first batch. ``auto``: on a GPU, after
-        ``DECIDE_AFTER_BATCHES`` full eager batches, compile if the rest of the run repays it."""
+    def _maybe_compile(self, host: torch.Tensor, real: bool = True) -> None:
+        """Decide (once) and compile when decided so: ``on`` at once, ``auto`` at the first real batch."""
         from shardsmith.encode import compile as cc
 
         info = self.compile_info
-        if info["compiled"] or info.get("decided"):
-            return
-        if self.compile_setting == "off":
-            info.update(decided=True, reason="off in the recipe (models.compile)")
-            return
-        if self.compile_setting == "auto":
-            if self.device != "cuda":
-                info.update(decided=True, reason="auto: stays eager off the GPU")
-                return
-            full = self._full_batch_times()
-            if len(full) < cc.DECIDE_AFTER_BATCHES or self.remaining is None:
-                return
-            rate = self.batch_size / full[len(full) // 2]
-            key = self._compile_key(host, cc)
-            yes, why = cc.compile_pays(self.remaining, rate, cc.is_warm(key))
-            info.update(decided=True, reason="auto: " + why, eager_items_per_s=round(rate, 1))
-            if not yes:
-                return
-        else:
-            info.update(decided=True, reason="on in the recipe (models.compile)")
-            key = self._compile_key(host, cc)
-        self._compile(host, key, cc)
+        if not info.get("decided"):
+            if self.compile_setting == "auto" and not real and (
+                    self.compile_record is None or tuple(host.shape) not in self._eager_s):
+                return  # the warm-up decides once it has measured this shape's eager pace for a build
+            if self.compile_setting == "auto":
+                yes, why, extra = self._auto(host, cc)
+                extra["decided_in"] = "first batch" if real else "warm-up"
+            else:
+                yes, why, extra = self.compile_setting == "on", f"{self.compile_setting} in the recipe (models.compile)", {}
+            info.update(decided=True, reason=why, **extra)
+            if yes:
+                self._compile(host, self._compile_key(host, cc), cc)
+        if real and not info.get("kept") and self.compile_record is not None:
+            info["kept"] = True
+            kept = self.compile_record.keep({"compiled": info["compiled"], "reason": info["reason"]})
+            if kept["compiled"] != info["compiled"]:  # models.compile on/off changed between a build and its resume
+                info["note"] = (f"this build began {'compiled' if kept['compiled'] else 'eager'} ({kept['reason']}): "
+                                "the latents written before differ from these in their last bits")
+                log.warning("models.compile: %s", info["note"])
 
-    def _full_batch_times(self) -> list[float]:
-        """Sorted encode seconds of the batches after the first (which autotunes) that ran
-        ``batch_size`` rows on the device: full ones, and short ones padded to that shape (a GPU's
-        only batches when units, e.g. shards bounded by bytes, are smaller than a batch)."""
-        return sorted(b.encode_s for b in self.batches[1:] if b.rows == self.batch_size)
+    def _auto(self, host: torch.Tensor, cc) -> tuple[bool, str, dict]:
+        """``auto``'s decision for the build: ``(compile?, why, figures for the manifest)``."""
+        record = self.compile_record
+        kept = record.kept() if record is not None else None
+        if kept is not None:
+            return kept["compiled"], f"auto: as this build began ({kept['reason']})", {}
+        if self.device != "cuda":
+            return False, "auto: stays eager off the GPU", {}
+        if record is None:
+            return False, "auto: stays eager without a build's ledger (the items to encode are not known)", {}
+        if record.begun():
+            return False, "auto: eager, as this build began (before its decision was kept)", {}
+        key = self._compile_key(host, cc)
+        warm = cc.is_warm(key)
+        seconds = self._eager_s.get(tuple(host.shape)) or self._time_eager(host)
+        rate = self.batch_size / seconds
+        items, waited = self._items_to_encode(lambda n: cc.compile_pays(n, rate, warm)[0])
+        yes, why = cc.compile_pays(items, rate, warm)
+        kept = record.keep({"compiled": yes, "reason": "auto: " + why})  # another GPU worker may have decided first
+        return kept["compiled"], kept["reason"], {"eager_items_per_s": round(rate, 1), "waited_for_plan_s": waited}
+
+    def _items_to_encode(self, pays) -> tuple[int, float]:
+        """The items the build encodes, and the seconds waited for a plan running ahead: every one planned
+        once the plan is complete; while it runs, those planned so far once ``pays(n)`` or after
+        :data:`WAIT_FOR_PLAN_S` (or when the stage closes)."""
+        t0 = time.perf_counter()
+        while True:
+            n, complete = self.compile_record.planned()
+            waited = time.perf_counter() - t0
+            if complete or pays(n) or waited >= WAIT_FOR_PLAN_S or self._closing.wait(POLL_S):
+                return n, round(waited, 2)
+
+    def _time_eager(self, host: torch.Tensor) -> float:
+        """Seconds of one eager batch of ``host``'s shape (zeros; a first, tuning pass untimed): where the
+        warm-up did not run that shape."""
+        zeros = torch.zeros_like(host)
+        self.vae.encode(self._to_input(zeros)).detach().to("cpu")
+        self._eager_s[tuple(host.shape)] = s = self._timed(lambda: self.vae.encode(self._to_input(zeros)).detach().to("cpu"))
+        return s
 
     def _compile_key(self, host: torch.Tensor, cc) -> str:
         dev = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
@@ -100,13 +133,13 @@ class CompileDecision:
         self.compile_info.update(compiled=True, mode=cc.COMPILE_MODE, backend=backend,
                                  deterministic=self._deterministic(), cache=str(d), warm_cache=warm,
                                  compiled_at_batch=len(self.batches))
-        self._compile_pending = {"key": key, "dir": d}
+        self._compile_pending = {"key": key, "dir": d, "shape": tuple(host.shape)}
         log.info("compiling the VAE encoder (%s, %s cache %s)", cc.COMPILE_MODE, "warm" if warm else "cold", d)
 
     def _compiled_first_batch(self, dt: float) -> None:
         from shardsmith.encode import compile as cc
 
         pend, self._compile_pending = self._compile_pending, None
-        eager = self._full_batch_times() or [0.0]
-        self.compile_info["compile_s"] = round(max(0.0, dt - eager[len(eager) // 2]), 2)
+        eager = self._eager_s.get(pend["shape"], 0.0)  # (measured by auto; 0 for on: the batch's own time counts)
+        self.compile_info["compile_s"] = round(max(0.0, dt - eager), 2)
         cc.mark_warm(pend["key"], {"compile_s": self.compile_info["compile_s"], "at": time.time()}, pend["dir"])

@@ -6,7 +6,8 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
   ``close()`` stops it once its queued work is done.
 - ``warm_up(buckets, stop, audio_seconds=...)`` (``warm_up_for(recipe, stop)``: the recipe's shapes): one padded batch of zeros per bucket shape, one of
   prompts, and one of silent waveforms per audio duration, on that thread before the real batches;
-  books nothing, changes no output, never raises for a model error (it is logged and returned in the
+  books nothing (``models.compile: auto`` on a GPU times a second, eager pass of each shape: its pace),
+  changes no output, never raises for a model error (it is logged and returned in the
   info dict, ``warm_up_info``).
 """
 
@@ -33,6 +34,7 @@ class DeviceThread:
         if self._thread is None:
             from concurrent.futures import ThreadPoolExecutor
 
+            self._closing.clear()
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardsmith-encode",
                                               initializer=self._device_thread_init)
         return self._thread
@@ -46,7 +48,9 @@ class DeviceThread:
         return self.device_thread().submit(fn, *args)
 
     def close(self) -> None:
-        """Stop the device thread once its queued work is done (a later submit starts a new one)."""
+        """Stop the device thread once its queued work is done (a later submit starts a new one); a wait
+        on it (``models.compile: auto`` waiting for the plan) ends now."""
+        self._closing.set()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
@@ -120,6 +124,23 @@ class DeviceThread:
             if stopped():
                 break
 
+    def _warm_shape(self, host: torch.Tensor, shape: str, timed: bool) -> None:
+        """One batch of ``host`` through the VAE (compiled when it is; the compile's first batch booked). Timed
+        as a second pass when ``timed`` and, eager under ``models.compile: auto`` on a GPU, for auto's pace."""
+        base = self._peak_start()
+        t = time.perf_counter()
+        self.vae.encode(self._to_input(host)).detach().to("cpu")
+        dt = time.perf_counter() - t
+        eager = not self.compile_info["compiled"]
+        pace = eager and self.compile_setting == "auto" and self.device == "cuda"
+        seconds = self._timed(lambda: self.vae.encode(self._to_input(host)).detach().to("cpu")) \
+            if timed or pace else None
+        if seconds is not None and eager:
+            self._eager_s[tuple(host.shape)] = seconds
+        self._measured("vae", f"@ {shape}", base, seconds)
+        if self._compile_pending is not None:
+            self._compiled_first_batch(dt)
+
     def _warm_up(self, buckets, stop=None, timed: bool = False, audio_seconds=()) -> dict[str, Any]:
         info: dict[str, Any] = {"shapes": [], "seconds": 0.0}
         stopped = stop.is_set if stop is not None else (lambda: False)
@@ -128,15 +149,12 @@ class DeviceThread:
             for b in buckets if self.vae is not None else ():  # (a text-only stage: no VAE to warm)
                 host = torch.zeros((self.batch_size, b.frames, b.height, b.width, 3), dtype=torch.uint8,
                                    pin_memory=self.device == "cuda")
-                self._maybe_compile(host)  # "on" compiles now; "auto" needs eager batches first
-                base = self._peak_start()
-                t = time.perf_counter()
-                self.vae.encode(self._to_input(host)).detach().to("cpu")
-                dt = time.perf_counter() - t
-                self._measured("vae", f"@ {b}", base, self._timed(lambda: self.vae.encode(self._to_input(host))
-                                                                  .detach().to("cpu")) if timed else None)
-                if self._compile_pending is not None:
-                    self._compiled_first_batch(dt)
+                self._maybe_compile(host, real=False)  # "on" compiles now; "auto" once this shape's pace is known
+                self._warm_shape(host, str(b), timed)
+                if not self.compile_info.get("decided"):  # auto: decided now, from the pace just measured
+                    self._maybe_compile(host, real=False)
+                    if self.compile_info["compiled"]:
+                        self._warm_shape(host, str(b), timed)  # this shape's compiled graph, now too
                 info["shapes"].append(str(b))
                 if stopped():
                     break

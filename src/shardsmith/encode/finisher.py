@@ -12,8 +12,6 @@ Contract
   on one intra-op thread); ``flush()`` does so for everything queued; ``close()`` waits for the
   device thread's batches and for the units being written on ``writer``.
 - ``member_sizes(item, res)``: the exact sizes of an item's members before it is encoded.
-- ``expect(items)`` passes the number of items still to encode to the stage
-  (``models.compile=auto``).
 - With a ``memo`` (:class:`~shardsmith.encode.memo.EncodedMemo`: several outputs need the same
   encoders), an item the memo holds is rendered at ``add`` from the kept results and never sent to
   the encoder; every batch encoded here is put in the memo.
@@ -216,7 +214,6 @@ class LatentFinisher:
         self.memo = memo
         self._get_stage = stage if callable(stage) else (lambda: stage)
         self._stage = None
-        self._expected: int | None = None  # items this finisher will encode, when known (expect())
         self.pending: dict[str, list[tuple[PlannedItem, SampleResult, int]]] = {}  # per bucket, with unit tags
         # the build writes finished units here (file writes, hashing and fsync release the GIL); two
         # threads, so that one unit's write overlaps the other's fsync (the build still records units
@@ -235,18 +232,8 @@ class LatentFinisher:
             st = self._get_stage()
             self.max_in_flight = self.MAX_IN_FLIGHT.get(st.device, 2)
             self.members.start(st)
-            self._base = st.launched  # this finisher's items are those launched from here on
             self._stage = st
-            if self._expected is not None:
-                st.expect(self._expected, since=self._base)
         return self._stage
-
-    def expect(self, items: int) -> None:
-        """This finisher will encode ``items`` items in all (``models.compile=auto`` weighs the
-        rest); may come late (a plan running ahead) and before the stage is loaded."""
-        self._expected = items
-        if self._stage is not None:
-            self._stage.expect(items, since=self._base)
 
     def _submit(self, entries: list[tuple[PlannedItem, SampleResult, int]]) -> None:
         # pixels staged (stack + page-lock) here, while the encoder thread still runs the previous batch; waveforms

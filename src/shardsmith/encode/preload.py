@@ -20,10 +20,11 @@ from typing import Any
 
 
 class ModelPreload:
-    def __init__(self, recipe, warm: bool | None = None):
+    def __init__(self, recipe, warm: bool | None = None, root=None):
         """``warm``: None (default) warms up on a GPU, or when ``models.compile`` is "on" (the
-        compile then overlaps the plan); True always; False never."""
-        self.recipe, self.warm = recipe, warm
+        compile then overlaps the plan); True always; False never. ``root``: the folder the build writes,
+        whose ledger keeps ``models.compile``'s decision (made in the warm-up, beside the plan)."""
+        self.recipe, self.warm, self.root = recipe, warm, root
         self.offload = None
         self._planned = threading.Event()
         self._stage = None
@@ -64,6 +65,10 @@ class ModelPreload:
                 stage = EncodeStage.from_recipe(self.recipe)
             if decision is not None and getattr(stage, "offload", None) is None:
                 stage.offload = decision
+            if self.root is not None:
+                from shardsmith.encode.compile_record import compile_record
+
+                stage.compile_record = compile_record(self.recipe, self.root)
             self.seconds["load"] = round(time.perf_counter() - t, 3)
             if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
                 stage.warm_up_for(self.recipe, stop=self._planned)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -103,11 +104,11 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.negative = negative  # (emb [L, D], None): distill.text source's neg_prompt_emb.npy
         self.device_index = device_index  # models.device cuda:N (``device`` is then "cuda"); see bind_device
         self.compile_setting = compile
-        self.compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
         self.compile_info: dict[str, Any] = {"setting": compile, "compiled": False, "reason": None}
         self._compile_pending: dict[str, Any] | None = None  # set between compile() and its first batch
         self.launched = 0  # items started so far (written by the encoder thread only)
-        self._target: int | None = None  # ``launched`` once every expected item is started (expect())
+        self._eager_s: dict[tuple[int, ...], float] = {}  # an eager batch's seconds per staged shape (compile auto)
+        self._closing = threading.Event()  # set by close(): a wait on the device thread ends
         self.batch_size = batch_size or default_batch(vae is not None and vae.spec.kind == "video_vae", device)
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
@@ -464,7 +465,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         index = getattr(self, "device_index", None)
         device = self.device if index is None else f"cuda:{index}"
         d: dict[str, Any] = {"device": device, "batch_size": self.batch_size,
-                             "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
+                             "compile": {k: v for k, v in self.compile_info.items() if k not in ("decided", "kept")},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
         if self.audio_batches:

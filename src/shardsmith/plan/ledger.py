@@ -212,6 +212,12 @@ class Ledger:
     def set_meta(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, sort_keys=True)))
 
+    def keep_meta(self, key: str, value: Any) -> Any:
+        """Record ``value`` under ``key`` unless a value is there (another process may have written one
+        first); returns the value that holds."""
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (key, json.dumps(value, sort_keys=True)))
+        return self.get_meta(key)
+
     def kept_choice(self, key: str, before: str, choose: Callable[[], Any]) -> Any:
         """A build-wide choice as this build began, so that every resume makes it again: the value
         recorded under ``key``; else ``before`` when the ledger already holds results (a build begun
@@ -336,6 +342,12 @@ class Ledger:
     def items_of_source(self, source: int) -> int:
         """Items planned from source ``source`` (every status)."""
         return self.db.execute("SELECT COUNT(*) FROM items WHERE source=?", (source,)).fetchone()[0]
+
+    def planned_ok(self, sources: list[int]) -> int:
+        """Planned ``ok`` items of ``sources``, every split."""
+        return self.db.execute(
+            f"SELECT COUNT(*) FROM items WHERE plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
+            sources).fetchone()[0]
 
     def eligible(self, split: str, sources: list[int]) -> int:
         """Planned ``ok`` items of ``split`` from ``sources``: those an output of them tries to write

@@ -1,0 +1,66 @@
+"""Where a build keeps what ``models.compile`` did, so that its resume, and each of its ``--gpus`` workers,
+encodes as the build began: compiled and eager latents differ in their last bits.
+
+Contract
+- ``CompileRecord(ledger_path, sources)``: the build's ledger and the sources its latent outputs encode
+  (one list per output). Every call opens a connection of its own, so any thread may call it.
+- ``kept()``: the record (``{"compiled": bool, "reason": str}``), or None before the first batch.
+- ``keep(entry)``: records ``entry`` unless a record is there already (the first worker to decide wins) and
+  returns the record that holds.
+- ``begun()``: whether the ledger holds results without a record (a build begun before records were kept,
+  eager as ``auto`` then began on a resume's fewer items).
+- ``planned()``: ``(items, complete)``: the ``ok`` items planned so far for the latent outputs (all splits),
+  and whether the plan is complete (while it runs ahead, ``items`` grows).
+- :func:`compile_record(recipe, root)`: the record of the build writing ``root`` (None without a latent output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LEDGER_KEY = "models_compile"
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    ledger_path: Path
+    sources: tuple[tuple[int, ...], ...]  # per latent output: the sources it encodes
+
+    @contextlib.contextmanager
+    def _ledger(self):
+        from shardsmith.plan.ledger import Ledger
+
+        led = Ledger(self.ledger_path)
+        try:
+            yield led
+        finally:
+            led.close()
+
+    def kept(self) -> dict[str, Any] | None:
+        with self._ledger() as led:
+            return led.get_meta(LEDGER_KEY)
+
+    def keep(self, entry: dict[str, Any]) -> dict[str, Any]:
+        with self._ledger() as led:
+            return led.keep_meta(LEDGER_KEY, entry)
+
+    def begun(self) -> bool:
+        with self._ledger() as led:
+            return led.get_meta(LEDGER_KEY) is None and led.has_results()
+
+    def planned(self) -> tuple[int, bool]:
+        with self._ledger() as led:
+            complete = bool(led.get_meta("plan_complete"))  # read first: every row counted after it is final
+            return sum(led.planned_ok(list(s)) for s in self.sources), complete
+
+
+def compile_record(recipe, root: Path) -> CompileRecord | None:
+    """The record of the build writing ``root`` with ``recipe``; None where no output encodes latents."""
+    from shardsmith.formats.build_dir import LEDGER_FILE
+    from shardsmith.recipe import LATENT_OUTPUTS
+
+    sources = tuple(tuple(recipe.source_ids(o)) for o in recipe.outputs if isinstance(o, LATENT_OUTPUTS))
+    return CompileRecord(Path(root) / LEDGER_FILE, sources) if sources else None
