@@ -256,10 +256,25 @@ def test_auto_stays_eager_off_the_gpu_and_without_a_build_s_ledger():
                                         "decided_in": "first batch"}
 
 
-def test_the_first_record_kept_holds(tmp_path):
+def test_the_first_record_kept_holds_and_a_read_only_one_writes_nothing(tmp_path):
+    from dataclasses import replace
+
+    from shardsmith.encode.compile_record import keep_for_readers
     from shardsmith.plan.ledger import Ledger
 
     led = Ledger(tmp_path / "l.sqlite")
     assert led.keep_meta("k", {"compiled": True}) == {"compiled": True}
     assert led.keep_meta("k", {"compiled": False}) == {"compiled": True}
     led.close()
+    # a Ray actor's record reads the driver's and writes nothing
+    reader = replace(_ledger(tmp_path / "ray", 4), read_only=True)
+    assert reader.keep({"compiled": True, "reason": "mine"}) == {"compiled": True, "reason": "mine"}
+    assert reader.kept() is None
+    led = Ledger(reader.ledger_path)
+    base = {"sources": [{"path": "x"}], "outputs": [{"format": "wds"}]}
+    auto = recipe_from_dict({**base, "models": {"compile": "auto"}}, base_dir=".")
+    on = recipe_from_dict({**base, "models": {"compile": "on"}}, base_dir=".")
+    assert keep_for_readers(led, auto)["compiled"] is False
+    assert keep_for_readers(led, on)["compiled"] is False  # a record kept earlier (the build began) holds
+    led.close()
+    assert reader.keep({"compiled": True, "reason": "mine"})["reason"].startswith("auto: eager on the Ray engine")

@@ -178,6 +178,12 @@ def test_the_ray_engine_writes_the_same_bytes_on_a_local_cluster_even_when_an_ac
     assert tree_bytes(tmp_path / "ray") == want
     d = json.loads((tmp_path / "ray" / "manifest.json").read_text())["outputs"]["latent_wds"]["distribute"]["train"]
     assert d["engine"] == "ray" and d["failed_units"] == [] and sum(w["units"] for w in d["workers"]) == 6
+    # models.compile as the driver kept it for the actors, which do not write the ledger; a resume follows it
+    from shardsmith.encode.compile_record import LEDGER_KEY
+    from shardsmith.plan.ledger import Ledger
+
+    kept, = Ledger.peek(tmp_path / "ray" / ".shardsmith" / "ledger.sqlite", LEDGER_KEY)
+    assert kept["compiled"] is False and kept["reason"].startswith("auto: eager on the Ray engine"), kept
     # actor 1 is lost as it is given its first unit (every actor gets one at the start)
     r = _build(recipe, tmp_path / "lost", "--gpus", "2", "--engine", "ray", env={**hook, "SHARDSMITH_WORKER_EXIT": "1:0"})
     assert r.returncode == 0, r.stderr

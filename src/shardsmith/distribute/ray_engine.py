@@ -12,6 +12,8 @@ Contract
   of a one-process build. A unit whose actor fails (its node lost) is left pending and written by the
   build's own pass afterwards; the rest go on. (``SHARDSMITH_WORKER_EXIT="<rank>:<units>"``, tests: that
   actor's process exits as it is given the unit after its first ``<units>``.)
+- ``models.compile``: the driver keeps the build's record before the actors start (``auto``: eager, as the actors
+  cannot agree on a decision through the ledger; a record kept earlier holds), and each actor follows it.
 - Returns the manifest block (engine, address, devices, each actor's units and samples).
 """
 
@@ -44,6 +46,7 @@ class UnitActor:
     """One GPU's worker (a Ray actor's class): models, decode pool, maker, renderer and sink, built once."""
 
     def __init__(self, spec, output: str, split: str) -> None:
+        from shardsmith.encode.compile_record import compile_record
         from shardsmith.encode.stage import EncodeStage
         from shardsmith.outputs import OutputContext, kind_of
         from shardsmith.parallel import Workers
@@ -59,6 +62,8 @@ class UnitActor:
         self.spec, self.split = spec, split
         self.pool = Workers(spec.decode_workers)
         self.stage = EncodeStage.from_recipe(recipe)
+        # models.compile as the driver kept it (keep_for_readers): an actor reads the ledger, never writes it
+        self.stage.compile_record = compile_record(recipe, spec.root, read_only=True)
         self.ledger = Ledger(spec.root / formats.LEDGER_FILE)  # read only (sources' infos, the preview's items)
         infos = [info for info, _ in open_sources(recipe)]
         self.output = next(o for o in recipe.outputs if o.name == output)
@@ -113,6 +118,11 @@ def run_ray(recipe, root: Path, output, split: str, devs: list[str], decode_work
     from shardsmith.units.job import unit_items
 
     ray = import_optional("ray", "shardsmith[ray]", "distribute.engine: ray (--engine ray)")
+    from shardsmith.encode.compile_record import keep_for_readers
+    from shardsmith.recipe import LATENT_OUTPUTS
+
+    if isinstance(output, LATENT_OUTPUTS):  # models.compile: the actors follow the record kept here
+        keep_for_readers(ledger, recipe)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
