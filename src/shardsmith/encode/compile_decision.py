@@ -42,7 +42,8 @@ class CompileDecision:
     compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
 
     def _maybe_compile(self, host: torch.Tensor, real: bool = True) -> None:
-        """Decide (once) and compile when decided so: ``on`` at once, ``auto`` at the first real batch."""
+        """Decide (once) and compile when decided so: ``on`` at once, ``auto`` in the warm-up or at the first real
+        batch; at the first real batch the decision is kept in the build's record (see the module contract)."""
         from shardsmith.encode import compile as cc
 
         info = self.compile_info
