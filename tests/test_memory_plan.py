@@ -97,3 +97,9 @@ def test_the_build_summary_says_how_the_encoders_ran():
                     "steady state, GPU idle 0.0 %; GPU peak 3.00 GiB")
     assert model_lines(None) == [] and model_lines({"random_weights": []}) == []
     assert model_lines({"device": "cpu", "batch_size": 8}) == ["models: encoders on cpu, batch 8"]
+    # a resume told to run otherwise than its build began says so
+    off = {"setting": "off", "compiled": False, "reason": "off in the recipe (models.compile)",
+           "note": "this build began compiled (auto: ...): the latents written before differ from these in their last bits"}
+    assert model_lines({"device": "cuda", "batch_size": 8, "compile": off}) == [
+        "models: encoders on cuda, batch 8; compile off (off in the recipe (models.compile)) (note: this build began "
+        "compiled (auto: ...): the latents written before differ from these in their last bits)"]

@@ -119,7 +119,8 @@ def summary(manifest: dict[str, Any]) -> list[str]:
 
 
 def model_lines(models: dict[str, Any] | None) -> list[str]:
-    """One line on how the build ran its encoders: device and batch, the compile decision and why, the JPEG
+    """One line on how the build ran its encoders: device and batch, the compile decision and why (and a resume's
+    note where it ran otherwise than the build began), the JPEG
     decoder, when the first batch was done, the steady-state rate and the GPU's idle share (the audio encoder's
     too), the text pass of
     ``models.offload`` text-first, the GPU's peak."""
@@ -128,7 +129,8 @@ def model_lines(models: dict[str, Any] | None) -> list[str]:
     parts = [f"encoders on {models['device']}, batch {models.get('batch_size')}"]
     comp = models.get("compile") or {}
     if comp.get("reason"):
-        parts.append(f"compile {'on' if comp.get('compiled') else 'off'} ({comp['reason']})")
+        parts.append(f"compile {'on' if comp.get('compiled') else 'off'} ({comp['reason']})"
+                     + (f" (note: {comp['note']})" if comp.get("note") else ""))
     if models.get("image_decoder"):
         parts.append(f"JPEGs decoded by {models['image_decoder']}")
     ss = models.get("steady_state") or {}
