@@ -183,6 +183,11 @@ def test_auto_decides_before_the_first_batch_and_the_build_keeps_its_decision(ca
     cpu.encode_staged(batches[0])
     assert cpu.describe()["compile"]["compiled"] is True
     # off (or on) is followed as set, and the manifest says the bytes differ from those written before
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(record.ledger_path)
+    led.record_results("lat", [(0, "written", None)])  # (the compiled build wrote its first units)
+    led.close()
     off = _auto_stage(record, compile="off")
     off.encode_staged(batches[0])
     got = off.describe()["compile"]
@@ -190,8 +195,6 @@ def test_auto_decides_before_the_first_batch_and_the_build_keeps_its_decision(ca
     assert "differ from these in their last bits" in got["note"] and record.kept()["compiled"] is True
     # a build begun before decisions were kept (results, no record) resumes eager
     old = _ledger(tmp_path / "old", 12)
-    from shardsmith.plan.ledger import Ledger
-
     led = Ledger(old.ledger_path)
     led.record_results("lat", [(0, "written", None)])
     led.close()

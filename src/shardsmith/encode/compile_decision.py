@@ -13,9 +13,9 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
   compiled or every one eager.
 - ``compile_record`` (set by the build; None elsewhere): the decision is kept in the build's ledger, and a
   resume, or another ``--gpus`` worker, follows the one kept (the first to decide wins), so their batches are
-  the same bytes. ``on`` and ``off`` are followed as set; where they differ from the record, the manifest says
-  the latents written before differ in their last bits. Without a record ``auto`` stays eager (it cannot know
-  how many items follow).
+  the same bytes. ``on`` and ``off`` are followed as set; where they differ from the record of a build that has
+    written latents, the manifest says those differ from these in their last bits. Without a record ``auto``
+  stays eager (it cannot know how many items follow).
 - A compile with Inductor runs in its deterministic mode (``compile_info["deterministic"]``): every process
   compiles the same kernels, so a resumed or a second build's compiled batches are the same bytes.
 - ``_compiled_first_batch(dt)`` books the first compiled batch's extra time and marks the
@@ -42,51 +42,54 @@ class CompileDecision:
     compile_backend = "inductor"  # tests use "eager" / "aot_eager" to exercise the path quickly
 
     def _maybe_compile(self, host: torch.Tensor, real: bool = True) -> None:
-        """Decide (once) and compile when decided so: ``on`` at once, ``auto`` in the warm-up or at the first real
-        batch; at the first real batch the decision is kept in the build's record (see the module contract)."""
+        """Decide (once; kept in the build's record) and compile when decided so: ``on`` at once, ``auto`` in the
+        warm-up or at the first real batch (see the module contract)."""
         from shardsmith.encode import compile as cc
 
         info = self.compile_info
-        if not info.get("decided"):
-            if self.compile_setting == "auto" and not real and (
-                    self.compile_record is None or tuple(host.shape) not in self._eager_s):
+        if info.get("decided"):
+            return
+        if self.compile_setting == "auto":
+            if not real and (self.compile_record is None or tuple(host.shape) not in self._eager_s):
                 return  # the warm-up decides once it has measured this shape's eager pace for a build
-            if self.compile_setting == "auto":
-                yes, why, extra = self._auto(host, cc)
-                extra["decided_in"] = "first batch" if real else "warm-up"
-            else:
-                yes, why, extra = self.compile_setting == "on", f"{self.compile_setting} in the recipe (models.compile)", {}
-            info.update(decided=True, reason=why, **extra)
-            if yes:
-                self._compile(host, self._compile_key(host, cc), cc)
-        if real and not info.get("kept") and self.compile_record is not None:
-            info["kept"] = True
-            kept = self.compile_record.keep({"compiled": info["compiled"], "reason": info["reason"]})
-            if kept["compiled"] != info["compiled"]:  # models.compile on/off changed between a build and its resume
-                info["note"] = (f"this build began {'compiled' if kept['compiled'] else 'eager'} ({kept['reason']}): "
-                                "the latents written before differ from these in their last bits")
-                log.warning("models.compile: %s", info["note"])
+            yes, why, extra = self._auto(host, cc)
+            extra["decided_in"] = "first batch" if real else "warm-up"
+        else:
+            yes, why, extra = self.compile_setting == "on", f"{self.compile_setting} in the recipe (models.compile)", {}
+            kept = self.compile_record.keep({"compiled": yes, "reason": why}) if self.compile_record else None
+            if kept is not None and kept["compiled"] != yes and self.compile_record.written():
+                extra["note"] = (f"this build began {'compiled' if kept['compiled'] else 'eager'} ({kept['reason']}): "
+                                 "the latents written before differ from these in their last bits")
+                log.warning("models.compile: %s", extra["note"])
+        info.update(decided=True, reason=why, **extra)
+        if yes:
+            self._compile(host, self._compile_key(host, cc), cc)
 
     def _auto(self, host: torch.Tensor, cc) -> tuple[bool, str, dict]:
-        """``auto``'s decision for the build: ``(compile?, why, figures for the manifest)``."""
+        """``auto``'s decision for the build, kept in its record: ``(compile?, why, figures for the manifest)``."""
         record = self.compile_record
         kept = record.kept() if record is not None else None
         if kept is not None:
             return kept["compiled"], f"auto: as this build began ({kept['reason']})", {}
+        extra: dict = {}
         if self.device != "cuda":
-            return False, "auto: stays eager off the GPU", {}
-        if record is None:
+            yes, why = False, "auto: stays eager off the GPU"
+        elif record is None:
             return False, "auto: stays eager without a build's ledger (the items to encode are not known)", {}
-        if record.begun():
-            return False, "auto: eager, as this build began (before its decision was kept)", {}
-        key = self._compile_key(host, cc)
-        warm = cc.is_warm(key)
-        seconds = self._eager_s.get(tuple(host.shape)) or self._time_eager(host)
-        rate = self.batch_size / seconds
-        items, waited = self._items_to_encode(lambda n: cc.compile_pays(n, rate, warm)[0])
-        yes, why = cc.compile_pays(items, rate, warm)
-        kept = record.keep({"compiled": yes, "reason": "auto: " + why})  # another GPU worker may have decided first
-        return kept["compiled"], kept["reason"], {"eager_items_per_s": round(rate, 1), "waited_for_plan_s": waited}
+        elif record.written():  # results and no record: a build begun before decisions were kept
+            yes, why = False, "auto: eager, as this build began (before its decision was kept)"
+        else:
+            key = self._compile_key(host, cc)
+            warm = cc.is_warm(key)
+            seconds = self._eager_s.get(tuple(host.shape)) or self._time_eager(host)
+            rate = self.batch_size / seconds
+            items, waited = self._items_to_encode(lambda n: cc.compile_pays(n, rate, warm)[0])
+            yes, why = cc.compile_pays(items, rate, warm)
+            why, extra = "auto: " + why, {"eager_items_per_s": round(rate, 1), "waited_for_plan_s": waited}
+        if record is None:
+            return yes, why, extra
+        kept = record.keep({"compiled": yes, "reason": why})  # another GPU worker may have decided first
+        return kept["compiled"], kept["reason"], extra
 
     def _items_to_encode(self, pays) -> tuple[int, float]:
         """The items the build encodes, and the seconds waited for a plan running ahead: every one planned

@@ -4,12 +4,11 @@ encodes as the build began: compiled and eager latents differ in their last bits
 Contract
 - ``CompileRecord(ledger_path, sources)``: the build's ledger and the sources its latent outputs encode
   (one list per output). Every call opens a connection of its own, so any thread may call it.
-- ``kept()``: the record (``{"compiled": bool, "reason": str}``), or None before the first batch.
+- ``kept()``: the record (``{"compiled": bool, "reason": str}``), or None before the build first decided.
 - ``keep(entry)``: records ``entry`` unless a record is there already (the first worker to decide wins) and
   returns the record that holds. A ``read_only`` record (a Ray actor's, which does not write the ledger) writes
   nothing: its driver kept the build's record first (:func:`keep_for_readers`).
-- ``begun()``: whether the ledger holds results without a record (a build begun before records were kept,
-  eager as ``auto`` then began on a resume's fewer items).
+- ``written()``: whether the build has committed results (latents written before this process decided).
 - ``planned()``: ``(items, complete)``: the ``ok`` items planned so far for the latent outputs (all splits),
   and whether the plan is complete (while it runs ahead, ``items`` grows).
 - :func:`compile_record(recipe, root, read_only=)`: the record of the build writing ``root`` (None without a
@@ -55,9 +54,9 @@ class CompileRecord:
         with self._ledger() as led:
             return led.keep_meta(LEDGER_KEY, entry)
 
-    def begun(self) -> bool:
+    def written(self) -> bool:
         with self._ledger() as led:
-            return led.get_meta(LEDGER_KEY) is None and led.has_results()
+            return led.has_results()
 
     def planned(self) -> tuple[int, bool]:
         with self._ledger() as led:

@@ -465,7 +465,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         index = getattr(self, "device_index", None)
         device = self.device if index is None else f"cuda:{index}"
         d: dict[str, Any] = {"device": device, "batch_size": self.batch_size,
-                             "compile": {k: v for k, v in self.compile_info.items() if k not in ("decided", "kept")},
+                             "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
         if self.audio_batches:
