@@ -14,7 +14,7 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
 - ``compile_record`` (set by the build; None elsewhere): the decision is kept in the build's ledger, and a
   resume, or another ``--gpus`` worker, follows the one kept (the first to decide wins), so their batches are
   the same bytes. ``on`` and ``off`` are followed as set; where they differ from the record of a build that has
-    written latents, the manifest says those differ from these in their last bits. Without a record ``auto``
+  written latents, the manifest says those differ from these in their last bits. Without a record ``auto``
   stays eager (it cannot know how many items follow).
 - A compile with Inductor runs in its deterministic mode (``compile_info["deterministic"]``): every process
   compiles the same kernels, so a resumed or a second build's compiled batches are the same bytes.
@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from shardsmith.encode.compile_record import set_in_recipe
 from shardsmith.encode.model_identity import model_identity
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class CompileDecision:
             yes, why, extra = self._auto(host, cc)
             extra["decided_in"] = "first batch" if real else "warm-up"
         else:
-            yes, why, extra = self.compile_setting == "on", f"{self.compile_setting} in the recipe (models.compile)", {}
+            yes, why, extra = self.compile_setting == "on", set_in_recipe(self.compile_setting), {}
             kept = self.compile_record.keep({"compiled": yes, "reason": why}) if self.compile_record else None
             if kept is not None and kept["compiled"] != yes and self.compile_record.written():
                 extra["note"] = (f"this build began {'compiled' if kept['compiled'] else 'eager'} ({kept['reason']}): "

@@ -15,7 +15,7 @@ Contract
   latent output).
 - :func:`keep_for_readers(ledger, recipe)`: the driver of workers that do not write the ledger keeps the record
   for them before they start: ``on`` compiled, ``off`` eager, ``auto`` eager (they could not agree on a decision
-  of their own); a record already kept (a resume) holds.
+  of their own); a record already kept (a resume) holds. :func:`set_in_recipe`: the reason kept for ``on``/``off``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class CompileRecord:
     def planned(self) -> tuple[int, bool]:
         with self._ledger() as led:
             complete = bool(led.get_meta("plan_complete"))  # read first: every row counted after it is final
-            return sum(led.planned_ok(list(s)) for s in self.sources), complete
+            return sum(led.eligible(None, list(s)) for s in self.sources), complete
 
 
 def compile_record(recipe, root: Path, read_only: bool = False) -> CompileRecord | None:
@@ -80,5 +80,10 @@ def keep_for_readers(ledger, recipe) -> dict[str, Any]:
         entry = {"compiled": False, "reason": "auto: eager on the Ray engine, whose workers do not write the ledger "
                                               "to agree on a decision (set models.compile: on to compile)"}
     else:
-        entry = {"compiled": setting == "on", "reason": f"{setting} in the recipe (models.compile)"}
+        entry = {"compiled": setting == "on", "reason": set_in_recipe(setting)}
     return ledger.keep_meta(LEDGER_KEY, entry)
+
+
+def set_in_recipe(setting: str) -> str:
+    """The reason kept for ``on`` and ``off``."""
+    return f"{setting} in the recipe (models.compile)"

@@ -343,18 +343,13 @@ class Ledger:
         """Items planned from source ``source`` (every status)."""
         return self.db.execute("SELECT COUNT(*) FROM items WHERE source=?", (source,)).fetchone()[0]
 
-    def planned_ok(self, sources: list[int]) -> int:
-        """Planned ``ok`` items of ``sources``, every split."""
+    def eligible(self, split: str | None, sources: list[int]) -> int:
+        """Planned ``ok`` items of ``split`` (None: every split) from ``sources``: those an output of them tries
+        to write (the positions of its unit plan)."""
+        where = "" if split is None else "split=? AND "
         return self.db.execute(
-            f"SELECT COUNT(*) FROM items WHERE plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
-            sources).fetchone()[0]
-
-    def eligible(self, split: str, sources: list[int]) -> int:
-        """Planned ``ok`` items of ``split`` from ``sources``: those an output of them tries to write
-        (the positions of its unit plan)."""
-        return self.db.execute(
-            f"SELECT COUNT(*) FROM items WHERE split=? AND plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
-            [split, *sources]).fetchone()[0]
+            f"SELECT COUNT(*) FROM items WHERE {where}plan_status='ok' AND source IN ({','.join('?' * len(sources))})",
+            [*([] if split is None else [split]), *sources]).fetchone()[0]
 
     def result_details(self, output: str, split: str, status_like: str, detail_like: str = "%",
                        limit: int | None = None) -> list[tuple[str, str, str | None]]:
