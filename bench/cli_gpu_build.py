@@ -96,18 +96,31 @@ def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frame
     torch.backends.cudnn.benchmark = True
     shape = (3, *frames) if frames else (3, size, size)
     x = torch.rand(batch, *shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    if frames is None:  # an image build's layout: channels last (the build's staging permutes to it)
+        x = x.contiguous(memory_format=torch.channels_last)
+    compile_s = None
     if compiled:
         from shardsmith.encode import compile as cc
+        from shardsmith.encode import packaged_encoder
+        from shardsmith.recipe import Recipe
 
         cc.use_cache_dir()
+        if frames is None:  # as the image build runs it: the AOTInductor package of this model and shape
+            rec = Recipe.model_validate(image_recipe(Path("."), size, "auto", batch, "on"))
+            packaged_encoder.attach(vae, rec, "cuda")
         vae.compile(mode=cc.COMPILE_MODE, backend="inductor")
+        t = time.perf_counter()
+        vae.encode(x)
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t  # the first compiled batch: compile (or package load) included
     for _ in range(3):
         vae.encode(x)
     med = statistics.median(batch_seconds(lambda: vae.encode(x), repeats))
+    packages = vae.packages.describe() if getattr(vae, "packages", None) is not None else None
     vae = None  # (its memory back to the cache, emptied below)
     torch.cuda.empty_cache()
     return {"family": family, "shape": list(shape), "batch": batch, "compiled": compiled, "median_batch_s": med,
-            "items_per_s": batch / med, "load_s": load_s}
+            "items_per_s": batch / med, "load_s": load_s, "first_compiled_batch_s": compile_s, "packages": packages}
 
 
 BARE = """

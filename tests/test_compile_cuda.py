@@ -72,7 +72,16 @@ def test_a_resume_with_compile_auto_writes_the_bytes_of_the_compiled_build_it_re
     m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "o", quiet=True, workers=1)
     assert m["models"]["compile"]["compiled"] is True and m["models"]["compile"]["reason"].startswith("auto: as this")
     assert tree_bytes(tmp_path / "o") == tree_bytes(tmp_path / "ref")
-    # a fresh auto build decides in the warm-up, beside the plan: 9 items do not repay a compile ...
+    # a fresh auto build with this encoder's package in the cache compiles from the warm-up on, without an eager
+    # batch to time and without building the model
+    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "w", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert c["compiled"] is True and c["decided_in"] == "warm-up" and "eager_items_per_s" not in c
+    assert c["reason"].startswith("auto: the compile cache holds this encoder's package for 3x32x32 at batch 3")
+    assert c["loaded"] == ["3x3x32x32"] and c["model_built"] is False
+    assert tree_bytes(tmp_path / "w") == tree_bytes(tmp_path / "ref")
+    # with a cold cache it decides in the warm-up, beside the plan: 9 items do not repay a compile ...
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cold"))
     m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "a", quiet=True, workers=1)
     c = m["models"]["compile"]
     assert c["compiled"] is False and c["reason"].startswith("auto: 9 items left") and c["eager_items_per_s"] > 0
@@ -85,4 +94,24 @@ def test_a_resume_with_compile_auto_writes_the_bytes_of_the_compiled_build_it_re
     m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "c", quiet=True, workers=1)
     c = m["models"]["compile"]
     assert c["compiled"] is True and c["decided_in"] == "warm-up" and c["compiled_at_batch"] == 0
+    assert c["built"] == ["3x3x32x32"]  # (compiled afresh into the cold cache: the same kernels)
     assert tree_bytes(tmp_path / "c") == tree_bytes(tmp_path / "ref")
+
+
+@pytest.mark.slow
+def test_a_second_compiled_build_on_the_gpu_loads_its_package_and_writes_the_same_bytes(tmp_path):
+    from media_factory import real_photos
+    from test_build import tree_bytes
+    from test_packaged_encoder import _build, _recipe
+
+    real_photos(tmp_path / "p", 11, seed=4, min_side=40, max_side=90)
+    first = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "a", tmp_path / "cache")
+    assert first["compile"]["built"] == ["3x3x32x32"] and first["compile"]["backend"] == "aot_inductor"
+    second = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "b", tmp_path / "cache")
+    c = second["compile"]
+    assert (c["loaded"], c["built"], c["model_built"], second["diffusers"], second["dynamo"]) == (
+        ["3x3x32x32"], [], False, False, False)
+    assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+    # another process compiling the package afresh (an empty cache) compiles the same kernels
+    other = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "c", tmp_path / "cache2")
+    assert other["compile"]["built"] == ["3x3x32x32"] and tree_bytes(tmp_path / "c") == tree_bytes(tmp_path / "a")

@@ -179,6 +179,7 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
     try:
         pool = Workers(spec.decode_workers)  # forked before any model or thread
         from shardsmith.encode.compile_record import compile_record
+        from shardsmith.encode.preload import warms_up
         from shardsmith.encode.stage import EncodeStage
         from shardsmith.sources import open_sources
 
@@ -186,8 +187,8 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
         stage = EncodeStage.from_recipe(recipe)
         stage.compile_record = compile_record(recipe, spec.root)  # models.compile: every worker follows one decision
         loaded = time.perf_counter() - t0
-        if stage.device == "cuda" and (recipe.encode_buckets() or recipe.audio_encode_seconds()):
-            stage.warm_up_for(recipe)  # cuDNN's kernels chosen while the build plans
+        if warms_up(stage) and (recipe.encode_buckets() or recipe.audio_encode_seconds()):
+            stage.warm_up_for(recipe)  # cuDNN's kernels chosen (and the compile decided) while the build plans
         infos = [info for info, _ in open_sources(recipe)]
         results.put(("ready", spec.rank, {"load_s": round(loaded, 3), "ready_s": round(time.perf_counter() - t0, 3),
                                           "described": stage.describe(),

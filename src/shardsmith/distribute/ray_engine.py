@@ -47,6 +47,7 @@ class UnitActor:
 
     def __init__(self, spec, output: str, split: str) -> None:
         from shardsmith.encode.compile_record import compile_record
+        from shardsmith.encode.preload import warms_up
         from shardsmith.encode.stage import EncodeStage
         from shardsmith.outputs import OutputContext, kind_of
         from shardsmith.parallel import Workers
@@ -64,6 +65,8 @@ class UnitActor:
         self.stage = EncodeStage.from_recipe(recipe)
         # models.compile as the driver kept it (keep_for_readers): an actor reads the ledger, never writes it
         self.stage.compile_record = compile_record(recipe, spec.root, read_only=True)
+        if warms_up(self.stage) and (recipe.encode_buckets() or recipe.audio_encode_seconds()):
+            self.stage.warm_up_for(recipe)  # (the compile decided, and compiled, before any batch is staged)
         self.ledger = Ledger(spec.root / formats.LEDGER_FILE)  # read only (sources' infos, the preview's items)
         infos = [info for info, _ in open_sources(recipe)]
         self.output = next(o for o in recipe.outputs if o.name == output)

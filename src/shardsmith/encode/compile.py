@@ -59,9 +59,23 @@ def compile_pays(remaining_items: int, eager_items_per_s: float, warm: bool,
     return verdict, why
 
 
+def _torch_default_dir() -> str:
+    """Where Inductor caches by default, a temporary folder: what ``torch._inductor`` puts into
+    ``$TORCHINDUCTOR_CACHE_DIR`` when it finds it unset (as importing diffusers with torchao installed does),
+    spelled as ``torch._inductor.runtime.cache_dir_utils.default_cache_dir`` spells it (importing that module
+    imports Inductor: seconds)."""
+    import getpass
+    import re
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
+
+
 def cache_dir() -> Path:
+    """``$TORCHINDUCTOR_CACHE_DIR`` where the user set it, else ``$XDG_CACHE_HOME/shardsmith/inductor`` (also where
+    torch set it to its temporary default itself)."""
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if env:
+    if env and env != _torch_default_dir():
         return Path(env)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "shardsmith" / "inductor"
@@ -71,7 +85,7 @@ def use_cache_dir() -> Path:
     """Point Inductor at :func:`cache_dir` (before the first compile) and return it."""
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(d))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     return d
 
 

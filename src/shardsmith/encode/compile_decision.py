@@ -51,7 +51,7 @@ class CompileDecision:
         if info.get("decided"):
             return
         if self.compile_setting == "auto":
-            if not real and (self.compile_record is None or tuple(host.shape) not in self._eager_s):
+            if not real and not self._decides_in_warm_up(host):
                 return  # the warm-up decides once it has measured this shape's eager pace for a build
             yes, why, extra = self._auto(host, cc)
             extra["decided_in"] = "first batch" if real else "warm-up"
@@ -66,6 +66,13 @@ class CompileDecision:
         if yes:
             self._compile(host, self._compile_key(host, cc), cc)
 
+    def _decides_in_warm_up(self, host: torch.Tensor) -> bool:
+        """``auto`` in a build's warm-up: decided now where the build kept a decision, or this shape's eager pace
+        is measured, or its package is in the cache; else after an eager batch of it."""
+        record = self.compile_record
+        return record is not None and (record.kept() is not None or tuple(host.shape) in self._eager_s
+                                       or self._package_warm(host))
+
     def _auto(self, host: torch.Tensor, cc) -> tuple[bool, str, dict]:
         """``auto``'s decision for the build, kept in its record: ``(compile?, why, figures for the manifest)``."""
         record = self.compile_record
@@ -79,6 +86,10 @@ class CompileDecision:
             return False, "auto: stays eager without a build's ledger (the items to encode are not known)", {}
         elif record.written():  # results and no record: a build begun before decisions were kept
             yes, why = False, "auto: eager, as this build began (before its decision was kept)"
+        elif self._package_warm(host):  # loading a package costs about a batch: no eager pace to weigh it against
+            yes = True
+            why = (f"auto: the compile cache holds this encoder's package for {'x'.join(map(str, host.shape[1:]))} "
+                   f"at batch {host.shape[0]} ({self.vae.packages.path(self._input_shape(host))}): compile")
         else:
             key = self._compile_key(host, cc)
             warm = cc.is_warm(key)
@@ -111,30 +122,50 @@ class CompileDecision:
         self._eager_s[tuple(host.shape)] = s = self._timed(lambda: self.vae.encode(self._to_input(zeros)).detach().to("cpu"))
         return s
 
+    def _packaged(self) -> bool:
+        """Whether a compile runs the VAE's AOTInductor packages (encode/packaged_encoder.py): an image VAE that
+        has them, compiled by Inductor."""
+        packages = getattr(self.vae, "packages", None)
+        return packages is not None and self.compile_backend == "inductor" and packages.usable()
+
+    def _input_shape(self, host: torch.Tensor) -> tuple[int, ...]:
+        """The VAE's input shape for a staged image batch ``[B, F=1, H, W, 3]``: ``[B, 3, H, W]``."""
+        return (host.shape[0], 3, host.shape[2], host.shape[3])
+
+    def _package_warm(self, host: torch.Tensor) -> bool:
+        return self._packaged() and self.vae.packages.warm(self._input_shape(host))
+
     def _compile_key(self, host: torch.Tensor, cc) -> str:
+        if self._packaged():
+            return self.vae.packages.path(self._input_shape(host)).stem
         dev = torch.cuda.get_device_name() if self.device == "cuda" else "cpu"
         det = ":deterministic" if self._deterministic() else ""
         return cc.cache_key(model_identity(self.describe()["vae"]), tuple(host.shape[1:]), self.vae.spec.dtype,
                             torch.__version__, dev, f"{self.compile_backend}:{cc.COMPILE_MODE}{det}")
 
     def _deterministic(self) -> bool:
-        """Whether this compile runs in Inductor's deterministic mode (the same bytes in every process)."""
+        """Whether this compile runs in Inductor's deterministic mode (the same bytes in every process); a
+        package's own options say for a packaged VAE."""
         from shardsmith.encode import compile as cc
 
+        if self._packaged():
+            return self.vae.packages.deterministic()
         return self.compile_backend == "inductor" and bool(cc.inductor_options().get("deterministic"))
 
     def _compile(self, host: torch.Tensor, key: str, cc) -> None:
         d = cc.use_cache_dir()
-        try:  # one compiled graph per bucket shape; the default limit (8) would fall back to eager
-            import torch._dynamo
+        packaged = self._packaged()
+        if not packaged:
+            try:  # one compiled graph per bucket shape; the default limit (8) would fall back to eager
+                import torch._dynamo
 
-            torch._dynamo.config.recompile_limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 64)
-        except (ImportError, AttributeError):  # pragma: no cover - older torch
-            pass
-        warm = cc.is_warm(key, d)
+                torch._dynamo.config.recompile_limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 64)
+            except (ImportError, AttributeError):  # pragma: no cover - older torch
+                pass
+        warm = self._package_warm(host) if packaged else cc.is_warm(key, d)
         self.vae.compile(mode=cc.COMPILE_MODE, backend=self.compile_backend)
-        backend = self.compile_backend if isinstance(self.compile_backend, str) else \
-            getattr(self.compile_backend, "__name__", repr(self.compile_backend))
+        backend = "aot_inductor" if packaged else self.compile_backend if isinstance(self.compile_backend, str) \
+            else getattr(self.compile_backend, "__name__", repr(self.compile_backend))
         self.compile_info.update(compiled=True, mode=cc.COMPILE_MODE, backend=backend,
                                  deterministic=self._deterministic(), cache=str(d), warm_cache=warm,
                                  compiled_at_batch=len(self.batches))

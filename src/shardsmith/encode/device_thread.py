@@ -104,7 +104,7 @@ class DeviceThread:
         prov = enc.provenance
         labels = [prov.config_name, prov.weights, getattr(enc.spec, "quantize", None)]
         what = f"{getattr(enc.spec, 'family', prov.cls)} ({', '.join(x for x in labels if x)}) {shape}"
-        params = param_bytes(enc.model)
+        params = param_bytes(enc.model) if enc.model is not None else enc.weight_bytes  # (a VAE not built yet)
         mem = ModelMemory(name, what, self.batch_size, params, None if peak is None else params + peak, seconds)
         self.memory = [m for m in getattr(self, "memory", []) if (m.name, m.what) != (name, what)] + [mem]
 

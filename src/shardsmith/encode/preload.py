@@ -19,6 +19,16 @@ import time
 from typing import Any
 
 
+def warms_up(stage) -> bool:
+    """Whether a build's stage warms up before its first batch: on a GPU (cuDNN's kernels, ``auto``'s decision),
+    and wherever it compiles (``on``, or ``auto`` following a compiled decision kept by the build): the compile,
+    and the decision to pad batches for packages, come before any batch is staged."""
+    if stage.device == "cuda" or stage.compile_setting == "on":
+        return True
+    kept = stage.compile_record.kept() if getattr(stage, "compile_record", None) is not None else None
+    return stage.compile_setting == "auto" and kept is not None and kept["compiled"]
+
+
 class ModelPreload:
     def __init__(self, recipe, warm: bool | None = None, root=None):
         """``warm``: None (default) warms up on a GPU, or when ``models.compile`` is "on" (the
@@ -70,7 +80,7 @@ class ModelPreload:
 
                 stage.compile_record = compile_record(self.recipe, self.root)
             self.seconds["load"] = round(time.perf_counter() - t, 3)
-            if self.warm or (self.warm is None and (stage.device == "cuda" or stage.compile_setting == "on")):
+            if self.warm or (self.warm is None and warms_up(stage)):
                 stage.warm_up_for(self.recipe, stop=self._planned)
             self._stage = stage
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()

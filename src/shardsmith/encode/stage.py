@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from shardsmith.encode import cuda_warm
+from shardsmith.encode import cuda_warm, packaged_encoder
 from shardsmith.encode.caption_cache import CaptionCache, text_entry
 from shardsmith.encode.compile_decision import CompileDecision
 from shardsmith.encode.encoders import ENCODER_NAMES, Encoder, held
@@ -76,6 +76,44 @@ def _load_text(t, place):
 
         quantize_text(text, t.quantize)
     return text
+
+
+def _quiet_loads() -> None:
+    """Our own progress bars say what is happening; the libraries' per-load bars are noise."""
+    try:
+        from diffusers.utils import logging as dlog
+        from transformers.utils import logging as tlog
+
+        tlog.disable_progress_bar()
+        dlog.disable_progress_bar()
+    except ImportError:  # pragma: no cover - both are dependencies of the encoders
+        pass
+
+
+def _load_vae(recipe, place: str):
+    v = recipe.models.vae
+    return load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
+                    config=v.config, dtype=v.dtype, device=place, store=v.store)
+
+
+def _packaged_vae(recipe, place: str, device: str):
+    """The VAE of a build whose compiled packages are all in the cache (encode/packaged_encoder.py), without its
+    model; None where that does not apply (the VAE is then loaded)."""
+    m = recipe.models
+    if m.vae is None or m.compile == "off" or not any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+        return None
+    if m.compile == "auto" and device != "cuda":  # (auto stays eager off the GPU: the model is needed)
+        return None
+    batch = m.batch_size or default_batch(False, device)
+    shapes = [(batch, 3, b.height, b.width) for b in parse_buckets(recipe.encode_buckets() or [])]
+    if any(b.frames != 1 for b in parse_buckets(recipe.encode_buckets() or [])):
+        return None
+
+    def build():
+        _quiet_loads()
+        return _load_vae(recipe, place)
+
+    return packaged_encoder.from_cache(recipe, place, shapes, build)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -149,14 +187,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         # the GPU's libraries (cuDNN, cuBLAS, cuFFT) load on a thread of their own while the loads below import
         # diffusers and transformers, instead of at the first batch (encode/cuda_warm.py); None off a GPU
         warm = cuda_warm.start(recipe, place)
-        try:  # our own progress bars say what is happening; the libraries' per-load bars are noise
-            from diffusers.utils import logging as dlog
-            from transformers.utils import logging as tlog
-
-            tlog.disable_progress_bar()
-            dlog.disable_progress_bar()
-        except ImportError:  # pragma: no cover - both are dependencies of the encoders
-            pass
+        vae = _packaged_vae(recipe, place, device)  # a compiled image VAE whose packages are cached: no model yet
+        if vae is None or m.text is not None or m.teacher is not None or recipe.audio_outputs():
+            _quiet_loads()
         text = decision = text_memory = None
         text_oom = [0]
         if offload is not None and offload.decided is not None and offload.decided.mode == "text-first" \
@@ -167,11 +200,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             text, counts, text_memory = text_first(lambda: _load_text(m.text, place), recipe, offload, device,
                                                    text_batch(recipe, device), counter=text_oom)
             decision = with_pass(offload.decided, counts)
-        vae = None
-        if m.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
-            v = m.vae
-            vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
-                           config=v.config, dtype=v.dtype, device=place, store=v.store)
+        if vae is None and m.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+            vae = _load_vae(recipe, place)
+            packaged_encoder.attach(vae, recipe, place)
             buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
             if buckets:
                 validate_buckets(parse_buckets(buckets), vae.spec.spatial, vae.spec.temporal)
@@ -248,7 +279,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                 half = n // 2
                 log.warning("out of memory encoding %d items; retrying as %d + %d", n, half, n - half)
                 return self.encode_staged(host[:half]) + self.encode_staged(host[half:n])
-            model = self.vae.model
+            model = self.vae.net()
             if hasattr(model, "enable_tiling") and not getattr(model, "use_tiling", False):
                 log.warning("out of memory on a single item; retrying with tiled encoding")
                 model.enable_tiling()
@@ -468,6 +499,9 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        packages = getattr(self.vae, "packages", None)
+        if packages is not None and packages.active:  # compiled ahead of time: loaded or built here, and whether
+            d["compile"].update(packages.describe(), model_built=self.vae.model is not None)  # diffusers' model was
         if self.audio_batches:
             d["audio_steady_state"] = self.audio_steady_state()
         offload = getattr(self, "offload", None)

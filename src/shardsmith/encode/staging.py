@@ -8,7 +8,8 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
   Stacks on one intra-op thread (the decode workers hold the cores). A batch holding JPEGs passed on
   undecoded (``images.decoder`` gpu) is staged as a :class:`~shardsmith.encode.gpu_decode.StagedImages`
   instead, decoded on the device by ``_to_input``.
-- ``pads()``: ``pad_batches`` when set, else whether the device is a GPU.
+- ``pads()``: ``pad_batches`` when set, else whether the device is a GPU or the VAE runs packages
+  (:mod:`~shardsmith.encode.packaged_encoder`; decided in the warm-up, before any batch is staged).
 - ``_to_input(host)``: the staged batch on the model's device as ``[B, 3, F, H, W]`` (``[B, 3, H, W]``
   for an image VAE) in ``[-1, 1]``, contiguous; on a GPU the upload runs on a side stream that the
   compute stream waits for.
@@ -52,8 +53,12 @@ class HostStaging:
 
     def pads(self) -> bool:
         """Whether short batches are padded to ``batch_size``: then every batch has one shape, so an
-        item's result does not depend on its batch-mates (the finisher may batch across units)."""
-        return self.device == "cuda" if self.pad_batches is None else self.pad_batches
+        item's result does not depend on its batch-mates (the finisher may batch across units), and a
+        compiled image VAE's packages (one per shape) are one per bucket."""
+        if self.pad_batches is not None:
+            return self.pad_batches
+        packages = getattr(getattr(self, "vae", None), "packages", None)  # (a stage made without __init__: none)
+        return self.device == "cuda" or (packages is not None and packages.active)
 
     def stage(self, frames: list) -> "torch.Tensor | StagedImages":
         """Host side of one batch: uint8 frames -> one ``[B, F, H, W, 3]`` tensor (page-locked on a GPU

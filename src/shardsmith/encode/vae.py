@@ -30,8 +30,8 @@ ltx2    AutoencoderKLLTX2Video  video_vae   128      32        8x; (z-mean)*sf/s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -178,14 +178,29 @@ def _mean_std(normalisation: dict, z: torch.Tensor):
 
 @dataclass
 class VaeEncoder:
-    """A loaded VAE with its spec and provenance. Use :func:`load_vae` to build one."""
+    """A loaded VAE with its spec and provenance. Use :func:`load_vae` to build one, or
+    :func:`~shardsmith.encode.packaged_encoder.from_packages` for a compiled image VAE whose packages are cached
+    (``model`` is then built, by ``build_model``, only when something needs it: an eager batch, a shape without
+    a package, a decode)."""
 
     spec: EncoderSpec
     provenance: Provenance
     model: Any
+    place: str | None = None  # the device of a VAE not built yet
+    build_model: Callable[[], Any] | None = field(default=None, repr=False)
+    weight_bytes: int | None = None  # the parameters' bytes of a VAE not built yet
+    packages: Any = None  # encode.packaged_encoder.PackagedEncoder: the encoder network compiled ahead of time
+
+    def net(self):
+        """The diffusers model, built now where it was not."""
+        if self.model is None:
+            self.model = self.build_model()
+        return self.model
 
     @property
     def device(self) -> torch.device:
+        if self.model is None:
+            return torch.device(self.place)
         return next(self.model.parameters()).device
 
     @property
@@ -209,10 +224,14 @@ class VaeEncoder:
         each bucket compiles once. Inductor compiles ``mode`` in its deterministic mode
         (:func:`~shardsmith.encode.compile.inductor_options`): the same kernels, so the same bytes, in every
         process. Do not call the compiled encoder under a dispatch mode such
-        as ``FlopCounterMode``: dynamo then runs it eagerly for the rest of the process."""
+        as ``FlopCounterMode``: dynamo then runs it eagerly for the rest of the process. An image VAE with
+        ``packages`` runs them instead (AOTInductor: compiled ahead of time, kept in the compile cache)."""
         from .compile import inductor_options
 
-        target = getattr(self.model, "encoder", None)
+        if self.packages is not None and backend == "inductor" and self.packages.usable():  # (packaged_encoder.py)
+            self.packages.active = True
+            return
+        target = getattr(self.net(), "encoder", None)
         if not isinstance(target, torch.nn.Module):
             target = self.model
         kw: dict[str, Any] = {"backend": backend, "dynamic": False}
@@ -225,7 +244,7 @@ class VaeEncoder:
         self.check_input(x)
         x = x.to(device=self.device, dtype=self.torch_dtype)
         with torch.inference_mode():
-            return self.model.encode(x).latent_dist
+            return self.net().encode(x).latent_dist
 
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Pixels in [-1, 1] -> latents per ``spec.store`` (on the model device, ``spec.dtype``).
@@ -234,6 +253,8 @@ class VaeEncoder:
         ``store="sample"`` draws with ``generator`` (a ``torch.Generator(seed=0)`` on the
         model device if None, so the result is reproducible).
         """
+        if self.packages is not None and self.packages.active:
+            return self._encode_packaged(x, generator)
         post = self.posterior(x)
         store = self.spec.store
         if store == "mean_std":
@@ -245,6 +266,26 @@ class VaeEncoder:
         else:
             out = normalise(post.mean, self.spec.normalisation)
         return out.to(self.torch_dtype)
+
+    def _encode_packaged(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """:meth:`encode` through the packaged encoder network: its moments, then the posterior
+        (:mod:`~shardsmith.encode.posterior`, diffusers' arithmetic) and the store as :meth:`encode` does."""
+        from . import posterior
+
+        self.check_input(x)
+        x = x.to(device=self.device, dtype=self.torch_dtype)
+        with torch.inference_mode():
+            moments = self.packages(x)
+            store = self.spec.store
+            if store == "mean_std":
+                out = torch.cat(posterior.mean_std(moments), dim=1)
+            elif store == "sample":
+                if generator is None:
+                    generator = torch.Generator(device=self.device).manual_seed(SEED)
+                out = normalise(posterior.sample(moments, generator), self.spec.normalisation)
+            else:
+                out = normalise(posterior.mean_std(moments)[0], self.spec.normalisation)
+            return out.to(self.torch_dtype)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Latents as produced by :meth:`encode` -> pixels in [-1, 1] (clamped), ``spec.dtype``.
@@ -265,7 +306,7 @@ class VaeEncoder:
             raw = denormalise(z.to(self.device), self.spec.normalisation)
         raw = raw.to(device=self.device, dtype=self.torch_dtype)
         with torch.inference_mode():
-            out = self.model.decode(raw).sample
+            out = self.net().decode(raw).sample
         return out.clamp(-1.0, 1.0).to(self.torch_dtype)
 
     def latent_shape(self, pixel_shape) -> tuple[int, ...]:

@@ -1,0 +1,129 @@
+"""Compiled image-VAE encoders kept as AOTInductor packages in the user's compile cache.
+
+A compiled image VAE (``models.compile`` on, or ``auto`` deciding so) runs its encoder network (the encoder and
+its quant conv: the posterior's moments) from an AOTInductor package, one per input shape, kept under
+``compile.cache_dir()/aot``. The first build of a (model, shape, dtype, torch, GPU) exports and compiles the
+package; every later build on that machine loads it: without importing diffusers, without building the model
+and without tracing it. Every build that runs a package runs the same kernels, so a resumed, a second or
+another GPU's build writes the same bytes.
+
+Contract
+- :func:`packaged` says whether a VAE family runs from packages (the ``AutoencoderKL`` families: ``sd``,
+  ``sdxl``, ``flux``); the others compile with ``torch.compile`` as before.
+- :func:`model_key` identifies a model without building it, from the recipe's ``models.vae`` alone: family,
+  config (name or dict), dtype, store, and for pretrained weights the sha256 of the weight files and of
+  ``config.json`` (None where those files cannot be found: such a model is not packaged).
+- :func:`package_key` adds the input shape (batch included: a package's shapes are fixed), torch's version,
+  the GPU and the compile mode.
+- :func:`build` exports ``module`` on ``example`` and compiles it into ``path`` (written beside and renamed
+  in: a package is whole or absent); :func:`load` loads one onto the current device; :func:`write_meta` /
+  :func:`read_meta` keep the model's manifest block beside its packages (what a build that loads a package
+  reports without the model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+PACKAGED_FAMILIES = ("sd", "sdxl", "flux")  # AutoencoderKL: encoder + quant conv -> a diagonal Gaussian's moments
+SUFFIX = ".pt2"
+
+
+def packaged(family: str) -> bool:
+    return family in PACKAGED_FAMILIES
+
+
+def package_dir(cache: Path) -> Path:
+    return cache / "aot"
+
+
+def _sha(blob: str) -> str:
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def model_key(vae, device_type: str) -> str | None:
+    """The identity of ``models.vae`` (a recipe's :class:`~shardsmith.recipe.VaeModel`) as a package's key part,
+    computed without the model; None where its pretrained files cannot be found (not packaged)."""
+    from shardsmith.encode.spec import hash_pretrained, resolve_model_folder
+
+    from importlib.metadata import version
+
+    parts: dict[str, Any] = {"family": vae.family, "dtype": vae.dtype, "store": vae.store,
+                             "diffusers": version("diffusers")}  # (its classes build and initialise the model)
+    if vae.pretrained is None:
+        parts.update(config=vae.config, weights="random-weights", init_device=device_type)
+    else:
+        sha, _files, resolved, _notes = hash_pretrained(str(vae.pretrained), vae.subfolder, vae.revision)
+        folder, _, _ = resolve_model_folder(str(vae.pretrained), vae.subfolder, vae.revision)
+        cfg = folder / "config.json" if folder is not None else None
+        if sha is None or cfg is None or not cfg.is_file():
+            return None
+        parts.update(weights_sha256=sha, config_sha256=hashlib.sha256(cfg.read_bytes()).hexdigest(),
+                     revision=resolved)
+    return _sha(json.dumps(parts, sort_keys=True, default=str))
+
+
+def package_key(model: str, shape: tuple[int, ...], device_name: str, mode: str) -> str:
+    return _sha(json.dumps([model, list(shape), torch.__version__, device_name, mode], sort_keys=True))
+
+
+def package_path(cache: Path, key: str) -> Path:
+    return package_dir(cache) / f"{key}{SUFFIX}"
+
+
+def write_meta(cache: Path, model: str, block: dict[str, Any]) -> None:
+    """Keep (update) a model's block beside its packages: its manifest block (spec, provenance, parameter
+    bytes) and the options its packages were compiled with."""
+    d = package_dir(cache)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{model}.{os.getpid()}.json.tmp"
+    tmp.write_text(json.dumps({**(read_meta(cache, model) or {}), **block}, sort_keys=True, default=str))
+    os.replace(tmp, d / f"{model}.json")
+
+
+def read_meta(cache: Path, model: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((package_dir(cache) / f"{model}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build(module: torch.nn.Module, example: torch.Tensor, path: Path, options: dict[str, Any]) -> Path:
+    """Export ``module`` on ``example`` (fixed shapes and strides) and compile it into the package ``path``."""
+    from torch._inductor import aoti_compile_and_package
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        exported = torch.export.export(module, (example,))
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}{SUFFIX}")
+    try:
+        with warnings.catch_warnings():  # (torch's own deprecation notices about its pytree, not the user's doing)
+            warnings.simplefilter("ignore", FutureWarning)
+            aoti_compile_and_package(exported, package_path=str(tmp), inductor_configs=dict(options))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The package at ``path`` (compiled for ``device``) as a function of one input tensor. Loaded by torch's
+    package loader itself (which does not import Inductor and Dynamo: seconds of imports), else through
+    ``torch._inductor.aoti_load_package``."""
+    index = (device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else -1
+    try:
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+    except (AttributeError, TypeError):  # another torch's signature: its public loader
+        from torch._inductor import aoti_load_package
+
+        compiled = aoti_load_package(str(path))
+        return lambda x: compiled(x)
+    return lambda x: loader.run([x])[0]

@@ -1,0 +1,177 @@
+"""An image VAE's encoder network compiled ahead of time, one AOTInductor package per input shape.
+
+Contract
+- :class:`PackagedEncoder` maps pixels ``[B, 3, H, W]`` (the VAE's dtype and device) to the posterior's moments
+  ``[B, 2C, h, w]``: from the package of that shape in the compile cache (:mod:`~shardsmith.encode.aot_package`),
+  or, where there is none yet, exported from the model (``net()``, built on demand) and compiled into it first.
+  It runs only once ``active`` (set by :meth:`~shardsmith.encode.vae.VaeEncoder.compile`); eager batches go
+  through diffusers as before.
+- :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family, weights
+  that can be identified) and keeps the model's manifest block beside them.
+- :func:`from_cache` makes a VAE without building its model, where the cache holds a package for every
+  ``shapes`` and the model's block: what a second compiled build on a machine loads (no diffusers import, no
+  trace). None otherwise (the caller loads the model).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from shardsmith.encode import aot_package as aot
+
+MODE = "aoti"  # (a package key's compile-mode part: COMPILE_MODE and Inductor's deterministic mode are added)
+
+
+class _Moments(torch.nn.Module):
+    """What is packaged: ``AutoencoderKL._encode`` without tiling (the encoder, then the quant conv if any)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.encoder, self.quant_conv = model.encoder, model.quant_conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return self.quant_conv(h) if self.quant_conv is not None else h
+
+
+def _device_name(place: str) -> str:
+    if torch.device(place).type == "cuda":
+        return torch.cuda.get_device_name()
+    try:  # a CPU package holds code for this CPU's vector instructions
+        with open("/proc/cpuinfo") as fh:
+            return "cpu:" + next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        import platform
+
+        return "cpu:" + platform.processor()
+
+
+class PackagedEncoder:
+    """``model``: the model's key (:func:`~shardsmith.encode.aot_package.model_key`), or a function computing it
+    when first needed (None: the model cannot be identified, and is not packaged: see :meth:`usable`).
+    ``block``: the model's manifest block, kept beside its packages when one is built."""
+
+    def __init__(self, cache: Path, model: str | Callable[[], str | None], place: str, net: Callable[[], Any],
+                 options: dict[str, Any] | None = None, block: Callable[[], dict[str, Any]] | None = None) -> None:
+        from shardsmith.encode import compile as cc
+
+        self.cache, self._model, self.place, self.net, self.block = cache, model, place, net, block
+        self.options = options  # Inductor's options of this torch's packages (kept beside them), None: not known
+        self._device_name: str | None = None
+        self.mode = f"{MODE}:{cc.COMPILE_MODE}:deterministic"
+        self.active = False
+        self.loaded: list[str] = []  # shapes whose package was in the cache
+        self.built: list[str] = []  # shapes compiled into a package by this process
+        self.seconds = 0.0  # loading and building packages
+        self._runners: dict[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]] = {}
+
+    @property
+    def model(self) -> str | None:
+        if callable(self._model):
+            self._model = self._model()
+        return self._model
+
+    def usable(self) -> bool:
+        return self.model is not None
+
+    def path(self, shape: tuple[int, ...]) -> Path:
+        if self._device_name is None:
+            self._device_name = _device_name(self.place)
+        return aot.package_path(self.cache, aot.package_key(self.model, tuple(shape), self._device_name, self.mode))
+
+    def warm(self, shape: tuple[int, ...]) -> bool:
+        return self.path(shape).is_file()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)  # the layout the packages are compiled for
+        run = self._runners.get(tuple(x.shape))
+        if run is None:
+            run = self._runners[tuple(x.shape)] = self._runner(x)
+        return run(x)
+
+    def _runner(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        t = time.perf_counter()
+        shape = tuple(x.shape)
+        path = self.path(shape)
+        if path.is_file():
+            self.loaded.append("x".join(map(str, shape)))
+        else:
+            from shardsmith.encode import compile as cc
+
+            cc.use_cache_dir()  # (Inductor's own caches, beside the packages)
+            self.options = cc.inductor_options()
+            with torch.inference_mode(False):
+                example = torch.zeros(shape, dtype=x.dtype, device=x.device).contiguous(
+                    memory_format=torch.channels_last)
+                aot.build(_Moments(self.net()), example, path, self.options)
+            aot.write_meta(self.cache, self.model, {**(self.block() if self.block is not None else {}),
+                                                    "options": {"torch": torch.__version__, **self.options}})
+            self.built.append("x".join(map(str, shape)))
+        run = aot.load(path, x.device)
+        self.seconds += time.perf_counter() - t
+        return run
+
+    def deterministic(self) -> bool:
+        """Whether the packages are compiled in Inductor's deterministic mode (the same bytes in every process)."""
+        if self.options is None:
+            from shardsmith.encode import compile as cc
+
+            self.options = cc.inductor_options()
+        return bool(self.options.get("deterministic"))
+
+    def describe(self) -> dict[str, Any]:
+        return {"packages": str(aot.package_dir(self.cache)), "loaded": list(self.loaded), "built": list(self.built),
+                "package_s": round(self.seconds, 3)}
+
+
+def _identity(recipe, place: str) -> str | None:
+    return aot.model_key(recipe.models.vae, torch.device(place).type) if _applies(recipe) else None
+
+
+def _applies(recipe) -> bool:
+    return recipe.models.compile != "off" and aot.packaged(recipe.models.vae.family)
+
+
+def attach(vae, recipe, place: str) -> None:
+    """Give ``vae`` (loaded from ``recipe.models.vae`` onto ``place``) its packages, where they apply (nothing is
+    computed or written until a compile asks for them)."""
+    if not _applies(recipe):
+        return
+    from shardsmith.encode import compile as cc
+    from shardsmith.encode.memory_plan import param_bytes
+
+    def block() -> dict[str, Any]:
+        return {"spec": vae.spec.to_dict(), "provenance": vae.provenance.to_dict(),
+                "weight_bytes": param_bytes(vae.net())}
+
+    vae.packages = PackagedEncoder(cc.cache_dir(), lambda: _identity(recipe, place), place, lambda: vae.net(),
+                                   block=block)
+
+
+def from_cache(recipe, place: str, shapes: list[tuple[int, ...]], build: Callable[[], Any]):
+    """A :class:`~shardsmith.encode.vae.VaeEncoder` of ``recipe.models.vae`` whose model is not built (``build``
+    builds the loaded VAE when something needs the model), where the cache holds every package of ``shapes``;
+    else None."""
+    model = _identity(recipe, place)
+    if model is None or not shapes:
+        return None
+    from shardsmith.encode import compile as cc
+    from shardsmith.encode.spec import EncoderSpec, Provenance
+    from shardsmith.encode.vae import VaeEncoder
+
+    cache = cc.cache_dir()
+    meta = aot.read_meta(cache, model)
+    if meta is None or "spec" not in meta:
+        return None
+    vae = VaeEncoder(spec=EncoderSpec(**meta["spec"]), provenance=Provenance(**meta["provenance"]), model=None,
+                     place=place, build_model=lambda: build().model, weight_bytes=meta["weight_bytes"])
+    kept = meta.get("options") or {}
+    options = {k: v for k, v in kept.items() if k != "torch"} if kept.get("torch") == torch.__version__ else None
+    vae.packages = PackagedEncoder(cache, model, place, vae.net, options)
+    if not all(vae.packages.warm(s) for s in shapes):
+        return None
+    return vae

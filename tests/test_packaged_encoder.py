@@ -1,0 +1,138 @@
+"""A compiled image VAE runs its encoder network from AOTInductor packages kept in the compile cache: the first
+build compiles the package, a second build on the machine loads it without building the model (no diffusers
+import, no trace) and writes the same bytes. On the CPU (Inductor's C++ backend); ``tests/test_compile_cuda.py``
+checks the same on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from media_factory import real_photos
+from shardsmith.encode import aot_package, packaged_encoder, posterior
+from shardsmith.encode import compile as cc
+from shardsmith.recipe import recipe_from_dict
+from test_build import tree_bytes
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _recipe(photos, compile: str = "on", device: str = "cpu") -> dict:
+    return {"sources": [{"path": str(photos)}], "geometry": {"buckets": ["32x32x1"]},
+            "images": {"upscale": True}, "split": {"holdout": 0},
+            "models": {"vae": {"family": "sd"}, "batch_size": 3, "compile": compile, "device": device},
+            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 2}]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_posterior_is_diffusers_to_the_bit(dtype):
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    moments = (torch.randn(3, 8, 5, 7, generator=torch.Generator().manual_seed(1)) * 30).to(dtype)
+    theirs = DiagonalGaussianDistribution(moments)
+    mean, std = posterior.mean_std(moments)
+    assert torch.equal(mean, theirs.mean) and torch.equal(std, theirs.std)
+    ours = posterior.sample(moments, torch.Generator().manual_seed(7))
+    assert ours.dtype == dtype and torch.equal(ours, theirs.sample(torch.Generator().manual_seed(7)))
+
+
+def test_the_cache_is_ours_where_torch_set_its_temporary_default(tmp_path, monkeypatch):
+    # importing diffusers with torchao installed makes Inductor put its default (a temporary folder) into the
+    # variable; before, the compile cache then went there instead of the user's cache folder
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", cc._torch_default_dir())
+    assert cc.cache_dir() == tmp_path / "shardsmith" / "inductor"
+    assert cc.use_cache_dir() == tmp_path / "shardsmith" / "inductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "shardsmith" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own: kept
+    assert cc.cache_dir() == tmp_path / "mine"
+
+
+def test_a_vae_is_made_from_the_cache_only_with_every_shape_packaged(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    recipe = recipe_from_dict(_recipe(tmp_path))
+    model = aot_package.model_key(recipe.models.vae, "cpu")
+    built = []
+    assert packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32)], built.append) is None  # nothing kept
+    aot_package.write_meta(tmp_path, model, {"spec": {"kind": "image_vae", "family": "sd", "latent_channels": 4,
+                                                      "spatial": 8, "temporal": 1, "store": "mean"},
+                                             "provenance": {"cls": "AutoencoderKL", "weights": "random-weights"},
+                                             "weight_bytes": 1234})
+    enc = packaged_encoder.PackagedEncoder(tmp_path, model, "cpu", built.append)
+    enc.path((3, 3, 32, 32)).parent.mkdir(parents=True, exist_ok=True)
+    enc.path((3, 3, 32, 32)).write_bytes(b"")
+    assert packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32), (3, 3, 64, 32)], built.append) is None
+    vae = packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32)], built.append)
+    assert vae.model is None and vae.weight_bytes == 1234 and vae.spec.latent_channels == 4 and not built
+    assert vae.device == torch.device("cpu") and vae.provenance.is_random
+    # off, or a family that compiles with torch.compile: never from packages
+    assert packaged_encoder.from_cache(recipe_from_dict(_recipe(tmp_path, compile="off")), "cpu",
+                                       [(3, 3, 32, 32)], built.append) is None
+    video = _recipe(tmp_path)
+    video["models"]["vae"] = {"family": "ltx"}
+    assert aot_package.packaged("sd") and not aot_package.packaged("ltx")
+    assert packaged_encoder.from_cache(recipe_from_dict(video), "cpu", [(3, 3, 32, 32)], built.append) is None
+
+
+BUILD = """
+import json, sys
+from shardsmith.build import build
+from shardsmith.recipe import recipe_from_dict
+m = build(recipe_from_dict(json.loads(sys.argv[1])), sys.argv[2], quiet=True, workers=1)
+print(json.dumps({"compile": m["models"]["compile"], "diffusers": "diffusers" in sys.modules,
+                  "dynamo": "torch._dynamo" in sys.modules, "written": m["counts"]["written"]}))
+"""
+
+
+def _latents(shards: Path) -> dict[str, torch.Tensor]:
+    import io
+    import tarfile
+
+    out = {}
+    for tar in sorted(shards.glob("*.tar")):
+        with tarfile.open(tar) as tf:
+            for member in tf.getmembers():
+                if member.name.endswith(".pth"):
+                    out[member.name] = torch.load(io.BytesIO(tf.extractfile(member).read()), weights_only=True)
+    return out
+
+
+def _build(recipe: dict, out: Path, cache: Path) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", BUILD, json.dumps(recipe), str(out)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
+    real_photos(tmp_path / "p", 7, seed=5, min_side=40, max_side=90)
+    cache = tmp_path / "cache"
+    first = _build(_recipe(tmp_path / "p"), tmp_path / "a", cache)
+    c = first["compile"]
+    assert (c["backend"], c["compiled"], c["warm_cache"], c["built"], c["loaded"], c["model_built"]) == (
+        "aot_inductor", True, False, ["3x3x32x32"], [], True)
+    assert len(list((cache / "aot").glob("*.pt2"))) == 1 and c["deterministic"] is True
+    second = _build(_recipe(tmp_path / "p"), tmp_path / "b", cache)
+    c = second["compile"]
+    assert (c["compiled"], c["warm_cache"], c["built"], c["loaded"], c["model_built"]) == (
+        True, True, [], ["3x3x32x32"], False)
+    assert second["diffusers"] is False and second["dynamo"] is False and second["written"] == 7
+    assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+    # the packaged encoder computes what the eager one does, to the compiler's rounding
+    eager = _build(_recipe(tmp_path / "p", compile="off"), tmp_path / "e", cache)
+    assert eager["compile"]["compiled"] is False and eager["diffusers"] is True
+    ours, theirs = _latents(tmp_path / "a" / "lat"), _latents(tmp_path / "e" / "lat")
+    assert ours.keys() == theirs.keys() and len(ours) == 7
+    for k in ours:
+        assert ours[k].shape == theirs[k].shape == (4, 4, 4) and ours[k].dtype == torch.float32
+        torch.testing.assert_close(ours[k], theirs[k], atol=1e-4, rtol=1e-4)
