@@ -128,6 +128,16 @@ def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
         True, True, [], ["3x3x32x32"], False)
     assert second["diffusers"] is False and second["dynamo"] is False and second["written"] == 7
     assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+    # through the CLI (which ends its process at once): the folder each package is unpacked into is removed
+    (tmp_path / "r.yaml").write_text(json.dumps(_recipe(tmp_path / "p")))
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(tmp_path / "tmp"),
+           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(tmp_path / "r.yaml"), "--out",
+                        str(tmp_path / "cli"), "-q", "--no-report"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert tree_bytes(tmp_path / "cli") == tree_bytes(tmp_path / "a")
+    assert not list((tmp_path / "tmp").glob("aotinductor_*"))  # before: one left per build
     # the packaged encoder computes what the eager one does, to the compiler's rounding
     eager = _build(_recipe(tmp_path / "p", compile="off"), tmp_path / "e", cache)
     assert eager["compile"]["compiled"] is False and eager["diffusers"] is True

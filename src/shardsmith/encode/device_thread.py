@@ -54,6 +54,9 @@ class DeviceThread:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+        packages = getattr(getattr(self, "vae", None), "packages", None)
+        if packages is not None:  # (the loaders remove the files they unpacked; loaded again if used again)
+            packages.close()
 
     def warm_up(self, buckets, stop=None, timed: bool = False, audio_seconds=()) -> dict[str, Any]:
         """One padded batch of zeros per bucket shape through the VAE, one of full-length prompts

@@ -115,6 +115,11 @@ class PackagedEncoder:
         self.seconds += time.perf_counter() - t
         return run
 
+    def close(self) -> None:
+        """Drop the loaded packages: each loader removes the folder it unpacked its package into (a process that
+        ends without this leaves it in the temporary folder)."""
+        self._runners.clear()
+
     def deterministic(self) -> bool:
         """Whether the packages are compiled in Inductor's deterministic mode (the same bytes in every process)."""
         if self.options is None:
