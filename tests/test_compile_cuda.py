@@ -72,14 +72,6 @@ def test_a_resume_with_compile_auto_writes_the_bytes_of_the_compiled_build_it_re
     m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "o", quiet=True, workers=1)
     assert m["models"]["compile"]["compiled"] is True and m["models"]["compile"]["reason"].startswith("auto: as this")
     assert tree_bytes(tmp_path / "o") == tree_bytes(tmp_path / "ref")
-    # a fresh auto build with this encoder's package in the cache compiles from the warm-up on, without an eager
-    # batch to time and without building the model
-    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "w", quiet=True, workers=1)
-    c = m["models"]["compile"]
-    assert c["compiled"] is True and c["decided_in"] == "warm-up" and "eager_items_per_s" not in c
-    assert c["reason"].startswith("auto: the compile cache holds this encoder's package for 3x32x32 at batch 3")
-    assert c["loaded"] == ["3x3x32x32"] and c["model_built"] is False
-    assert tree_bytes(tmp_path / "w") == tree_bytes(tmp_path / "ref")
     # with a cold cache it decides in the warm-up, beside the plan: 9 items do not repay a compile ...
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cold"))
     m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "a", quiet=True, workers=1)
@@ -96,6 +88,16 @@ def test_a_resume_with_compile_auto_writes_the_bytes_of_the_compiled_build_it_re
     assert c["compiled"] is True and c["decided_in"] == "warm-up" and c["compiled_at_batch"] == 0
     assert c["built"] == ["3x3x32x32"]  # (compiled afresh into the cold cache: the same kernels)
     assert tree_bytes(tmp_path / "c") == tree_bytes(tmp_path / "ref")
+    if c.get("unusable"):
+        pytest.skip(f"AOTInductor packages do not load on this torch and GPU: {c['unusable']}")
+    # a fresh auto build with this encoder's package in the cache compiles from the warm-up on, without an eager
+    # batch to time and without building the model
+    m = build(_recipe(tmp_path / "p", "auto"), tmp_path / "w", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert c["compiled"] is True and c["decided_in"] == "warm-up" and "eager_items_per_s" not in c
+    assert c["reason"].startswith("auto: the compile cache holds this encoder's package for 3x32x32 at batch 3")
+    assert c["loaded"] == ["3x3x32x32"] and c["model_built"] is False
+    assert tree_bytes(tmp_path / "w") == tree_bytes(tmp_path / "ref")
 
 
 @pytest.mark.slow
@@ -108,6 +110,11 @@ def test_a_second_compiled_build_on_the_gpu_loads_its_package_and_writes_the_sam
     first = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "a", tmp_path / "cache")
     assert first["compile"]["built"] == ["3x3x32x32"] and first["compile"]["backend"] == "aot_inductor"
     second = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "b", tmp_path / "cache")
+    if first["compile"].get("unusable"):  # this torch cannot load the package here: every build compiles the
+        # network with torch.compile instead (the verdict kept), and writes the same bytes
+        assert second["compile"]["unusable"] == first["compile"]["unusable"] and second["compile"]["built"] == []
+        assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+        pytest.skip(f"AOTInductor packages do not load on this torch and GPU: {first['compile']['unusable']}")
     c = second["compile"]
     assert (c["loaded"], c["built"], c["model_built"], second["diffusers"], second["dynamo"]) == (
         ["3x3x32x32"], [], False, False, False)

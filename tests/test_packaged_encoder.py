@@ -68,6 +68,10 @@ def test_a_vae_is_made_from_the_cache_only_with_every_shape_packaged(tmp_path, m
     enc = packaged_encoder.PackagedEncoder(tmp_path, model, "cpu", built.append)
     enc.path((3, 3, 32, 32)).parent.mkdir(parents=True, exist_ok=True)
     enc.path((3, 3, 32, 32)).write_bytes(b"")
+    assert packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32)], built.append) is None  # not verified
+    enc.path((3, 3, 32, 32)).with_suffix(".verified.json").write_text('{"ok": false, "why": "died"}')
+    assert packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32)], built.append) is None  # does not load
+    enc.path((3, 3, 32, 32)).with_suffix(".verified.json").write_text('{"ok": true, "why": "loaded and ran"}')
     assert packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32), (3, 3, 64, 32)], built.append) is None
     vae = packaged_encoder.from_cache(recipe, "cpu", [(3, 3, 32, 32)], built.append)
     assert vae.model is None and vae.weight_bytes == 1234 and vae.spec.latent_channels == 4 and not built
@@ -146,3 +150,27 @@ def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
     for k in ours:
         assert ours[k].shape == theirs[k].shape == (4, 4, 4) and ours[k].dtype == torch.float32
         torch.testing.assert_close(ours[k], theirs[k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instead(tmp_path, monkeypatch):
+    # torch 2.11's CUDA package loader died of a segmentation fault on an H100: only a package that a child process
+    # loaded and ran is loaded into the build; here the child dies the same way
+    from shardsmith.build import build
+
+    monkeypatch.setattr(aot_package, "_VERIFY", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    real_photos(tmp_path / "p", 5, seed=9, min_side=40, max_side=90)
+    why = f"torch {torch.__version__}: the package died of signal 11"
+    m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "a", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert (c["compiled"], c["built"], c["loaded"], c["unusable"], c["model_built"]) == (
+        True, ["3x3x32x32"], [], {"3x3x32x32": why}, True)
+    assert m["counts"]["written"] == 5
+    package, = (tmp_path / "cache" / "aot").glob("*.pt2")
+    assert aot_package.verdict(package) == {"ok": False, "why": why}
+    # the verdict is kept: the next build neither loads nor rebuilds it, and compiles the same way
+    m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "b", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert (c["built"], c["loaded"], c["unusable"], c["model_built"]) == ([], [], {"3x3x32x32": why}, True)
+    assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")

@@ -16,7 +16,9 @@ Contract
 - :func:`package_key` adds the input shape (batch included: a package's shapes are fixed), torch's version,
   the GPU and the compile mode.
 - :func:`build` exports ``module`` on ``example`` and compiles it into ``path`` (written beside and renamed
-  in: a package is whole or absent); :func:`load` loads one onto the current device; :func:`write_meta` /
+  in: a package is whole or absent); :func:`verify` loads and runs it once in a child process and keeps the
+  verdict beside it (:func:`verdict`): only a verified package is loaded into a build's process, so a torch whose
+  loader crashes costs a child, not the build; :func:`load` loads one onto the current device; :func:`write_meta` /
   :func:`read_meta` keep the model's manifest block beside its packages (what a build that loads a package
   reports without the model).
 """
@@ -111,6 +113,52 @@ def build(module: torch.nn.Module, example: torch.Tensor, path: Path, options: d
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+_VERIFY = """
+import sys, torch
+path, shape, dtype, index = sys.argv[1], [int(v) for v in sys.argv[2].split(",")], sys.argv[3], int(sys.argv[4])
+x = torch.zeros(shape, dtype=getattr(torch, dtype), device="cpu" if index < 0 else f"cuda:{index}")
+loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
+out = loader.run([x.contiguous(memory_format=torch.channels_last)])[0]
+if index >= 0:
+    torch.cuda.synchronize()
+assert torch.isfinite(out.float()).all().item(), "non-finite moments on zeros"
+"""
+
+
+def verdict(path: Path) -> dict[str, Any] | None:
+    """What :func:`verify` found of the package at ``path`` (``{"ok": bool, "why": str}``), None: not yet verified."""
+    try:
+        return json.loads(path.with_suffix(".verified.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+           timeout_s: float = 300.0) -> dict[str, Any]:
+    """Load the package at ``path`` and run it once on zeros in a child process, and keep the verdict beside it:
+    a torch whose package loader crashes (torch 2.11's CUDA loader died of a segmentation fault on an H100) then
+    fails in the child, not in the build. Returns the verdict (:func:`verdict`)."""
+    import subprocess
+    import sys
+
+    index = (device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else -1
+    argv = [sys.executable, "-c", _VERIFY, str(path), ",".join(map(str, shape)), str(dtype).split(".")[-1],
+            str(index)]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        ok = r.returncode == 0
+        why = "loaded and ran" if ok else (f"died of signal {-r.returncode}" if r.returncode < 0 else
+                                           f"exit code {r.returncode}: " + (r.stderr.strip().splitlines() or [""])[-1])
+    except subprocess.TimeoutExpired:
+        ok, why = False, f"no answer in {timeout_s:.0f} s"
+    found = {"ok": ok, "why": f"torch {torch.__version__}: the package {why}"}
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.verified.tmp")
+    tmp.write_text(json.dumps(found))
+    os.replace(tmp, path.with_suffix(".verified.json"))
+    return found
 
 
 def load(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:

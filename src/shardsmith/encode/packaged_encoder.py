@@ -4,6 +4,9 @@ Contract
 - :class:`PackagedEncoder` maps pixels ``[B, 3, H, W]`` (the VAE's dtype and device) to the posterior's moments
   ``[B, 2C, h, w]``: from the package of that shape in the compile cache (:mod:`~shardsmith.encode.aot_package`),
   or, where there is none yet, exported from the model (``net()``, built on demand) and compiled into it first.
+  A package is loaded into the process only once a child process has loaded and run it (its verdict is kept
+  beside it); a shape whose package does not load here runs the network with ``torch.compile`` instead, the
+  manifest saying why (``unusable``), in every build on that machine and torch (the verdict is kept).
   It runs only once ``active`` (set by :meth:`~shardsmith.encode.vae.VaeEncoder.compile`); eager batches go
   through diffusers as before.
 - :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family, weights
@@ -68,6 +71,8 @@ class PackagedEncoder:
         self.built: list[str] = []  # shapes compiled into a package by this process
         self.seconds = 0.0  # loading and building packages
         self._runners: dict[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]] = {}
+        self.unusable: dict[str, str] = {}  # shapes whose package does not load here, and why (torch.compile instead)
+        self._jit = None
 
     @property
     def model(self) -> str | None:
@@ -84,7 +89,9 @@ class PackagedEncoder:
         return aot.package_path(self.cache, aot.package_key(self.model, tuple(shape), self._device_name, self.mode))
 
     def warm(self, shape: tuple[int, ...]) -> bool:
-        return self.path(shape).is_file()
+        """Whether the cache holds this shape's package, verified to load here."""
+        path = self.path(shape)
+        return path.is_file() and (aot.verdict(path) or {}).get("ok") is True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)  # the layout the packages are compiled for
@@ -94,12 +101,14 @@ class PackagedEncoder:
         return run(x)
 
     def _runner(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This shape's package, loaded (built and verified first where it is not in the cache); where it does not
+        load here (its verdict, kept beside it), the same network compiled with ``torch.compile`` instead."""
         t = time.perf_counter()
         shape = tuple(x.shape)
         path = self.path(shape)
-        if path.is_file():
-            self.loaded.append("x".join(map(str, shape)))
-        else:
+        name = "x".join(map(str, shape))
+        cached = path.is_file()
+        if not cached:
             from shardsmith.encode import compile as cc
 
             cc.use_cache_dir()  # (Inductor's own caches, beside the packages)
@@ -110,10 +119,27 @@ class PackagedEncoder:
                 aot.build(_Moments(self.net()), example, path, self.options)
             aot.write_meta(self.cache, self.model, {**(self.block() if self.block is not None else {}),
                                                     "options": {"torch": torch.__version__, **self.options}})
-            self.built.append("x".join(map(str, shape)))
-        run = aot.load(path, x.device)
+            self.built.append(name)
+        found = aot.verdict(path) or aot.verify(path, shape, x.dtype, x.device)
+        if found["ok"]:
+            run = aot.load(path, x.device)
+            if cached:
+                self.loaded.append(name)
+        else:
+            self.unusable[name] = found["why"]
+            run = self._compiled()
         self.seconds += time.perf_counter() - t
         return run
+
+    def _compiled(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The network with ``torch.compile`` (Inductor, the packages' options): where a package does not load."""
+        from shardsmith.encode import compile as cc
+
+        if self._jit is None:
+            cc.use_cache_dir()
+            self._jit = torch.compile(_Moments(self.net()), backend="inductor", dynamic=False,
+                                      options=cc.inductor_options())
+        return self._jit
 
     def close(self) -> None:
         """Drop the loaded packages: each loader removes the folder it unpacked its package into (a process that
@@ -129,8 +155,11 @@ class PackagedEncoder:
         return bool(self.options.get("deterministic"))
 
     def describe(self) -> dict[str, Any]:
-        return {"packages": str(aot.package_dir(self.cache)), "loaded": list(self.loaded), "built": list(self.built),
-                "package_s": round(self.seconds, 3)}
+        out = {"packages": str(aot.package_dir(self.cache)), "loaded": list(self.loaded), "built": list(self.built),
+               "package_s": round(self.seconds, 3)}
+        if self.unusable:
+            out["unusable"] = dict(self.unusable)
+        return out
 
 
 def _identity(recipe, place: str) -> str | None:
