@@ -174,3 +174,26 @@ def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instea
     c = m["models"]["compile"]
     assert (c["built"], c["loaded"], c["unusable"], c["model_built"]) == ([], [], {"3x3x32x32": why}, True)
     assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+
+
+def test_a_tiled_retry_goes_through_diffusers_tiles_not_the_packages():
+    # a single item that ran out of memory is retried with the model's tiled encoding (stage.encode_staged);
+    # packages are untiled, so that retry must not run them
+    from shardsmith.encode.vae import load_vae
+
+    vae = load_vae("sd", config="tiny", dtype="float32", device="cpu")
+    calls = []
+
+    class _Packages:
+        active = True
+
+        def __call__(self, x):
+            calls.append(tuple(x.shape))
+            return vae.model.quant_conv(vae.model.encoder(x))
+
+    vae.packages = _Packages()
+    x = torch.rand(1, 3, 64, 64) * 2 - 1
+    vae.encode(x)
+    assert calls == [(1, 3, 64, 64)]
+    vae.model.enable_tiling()
+    assert vae.encode(x).shape == (1, 4, 8, 8) and calls == [(1, 3, 64, 64)]

@@ -53,9 +53,9 @@ def _sha(blob: str) -> str:
 def model_key(vae, device_type: str) -> str | None:
     """The identity of ``models.vae`` (a recipe's :class:`~shardsmith.recipe.VaeModel`) as a package's key part,
     computed without the model; None where its pretrained files cannot be found (not packaged)."""
-    from shardsmith.encode.spec import hash_pretrained, resolve_model_folder
-
     from importlib.metadata import version
+
+    from shardsmith.encode.spec import hash_pretrained, resolve_model_folder
 
     parts: dict[str, Any] = {"family": vae.family, "dtype": vae.dtype, "store": vae.store,
                              "diffusers": version("diffusers")}  # (its classes build and initialise the model)
@@ -127,6 +127,13 @@ assert torch.isfinite(out.float()).all().item(), "non-finite moments on zeros"
 """
 
 
+def _device_index(device: torch.device) -> int:
+    """The package loader's device argument: the CUDA device's index, -1 for the CPU."""
+    if device.type != "cuda":
+        return -1
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def verdict(path: Path) -> dict[str, Any] | None:
     """What :func:`verify` found of the package at ``path`` (``{"ok": bool, "why": str}``), None: not yet verified."""
     try:
@@ -143,10 +150,8 @@ def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch
     import subprocess
     import sys
 
-    index = (device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else -1
     argv = [sys.executable, "-c", _VERIFY, str(path), ",".join(map(str, shape)), str(dtype).split(".")[-1],
-            str(index)]
+            str(_device_index(device))]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
         ok = r.returncode == 0
@@ -165,10 +170,8 @@ def load(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Ten
     """The package at ``path`` (compiled for ``device``) as a function of one input tensor. Loaded by torch's
     package loader itself (which does not import Inductor and Dynamo: seconds of imports), else through
     ``torch._inductor.aoti_load_package``."""
-    index = (device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else -1
     try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, _device_index(device))
     except (AttributeError, TypeError):  # another torch's signature: its public loader
         from torch._inductor import aoti_load_package
 

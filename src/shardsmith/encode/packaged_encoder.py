@@ -9,8 +9,8 @@ Contract
   manifest saying why (``unusable``), in every build on that machine and torch (the verdict is kept).
   It runs only once ``active`` (set by :meth:`~shardsmith.encode.vae.VaeEncoder.compile`); eager batches go
   through diffusers as before.
-- :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family, weights
-  that can be identified) and keeps the model's manifest block beside them.
+- :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family; used only
+  where its weights can be identified), whose first build keeps the model's manifest block beside them.
 - :func:`from_cache` makes a VAE without building its model, where the cache holds a package for every
   ``shapes`` and the model's block: what a second compiled build on a machine loads (no diffusers import, no
   trace). None otherwise (the caller loads the model).

@@ -96,18 +96,23 @@ def _load_vae(recipe, place: str):
                     config=v.config, dtype=v.dtype, device=place, store=v.store)
 
 
+def _needs_vae(recipe) -> bool:
+    return recipe.models.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs)
+
+
 def _packaged_vae(recipe, place: str, device: str):
     """The VAE of a build whose compiled packages are all in the cache (encode/packaged_encoder.py), without its
     model; None where that does not apply (the VAE is then loaded)."""
     m = recipe.models
-    if m.vae is None or m.compile == "off" or not any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+    if not _needs_vae(recipe) or m.compile == "off":
         return None
     if m.compile == "auto" and device != "cuda":  # (auto stays eager off the GPU: the model is needed)
         return None
-    batch = m.batch_size or default_batch(False, device)
-    shapes = [(batch, 3, b.height, b.width) for b in parse_buckets(recipe.encode_buckets() or [])]
-    if any(b.frames != 1 for b in parse_buckets(recipe.encode_buckets() or [])):
+    buckets = parse_buckets(recipe.encode_buckets() or [])
+    if any(b.frames != 1 for b in buckets):
         return None
+    batch = m.batch_size or default_batch(False, device)
+    shapes = [(batch, 3, b.height, b.width) for b in buckets]
 
     def build():
         _quiet_loads()
@@ -200,7 +205,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             text, counts, text_memory = text_first(lambda: _load_text(m.text, place), recipe, offload, device,
                                                    text_batch(recipe, device), counter=text_oom)
             decision = with_pass(offload.decided, counts)
-        if vae is None and m.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs):
+        if vae is None and _needs_vae(recipe):
             vae = _load_vae(recipe, place)
             packaged_encoder.attach(vae, recipe, place)
             buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square

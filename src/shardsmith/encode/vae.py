@@ -253,8 +253,8 @@ class VaeEncoder:
         ``store="sample"`` draws with ``generator`` (a ``torch.Generator(seed=0)`` on the
         model device if None, so the result is reproducible).
         """
-        if self.packages is not None and self.packages.active:
-            return self._encode_packaged(x, generator)
+        if self.packages is not None and self.packages.active and not getattr(self.model, "use_tiling", False):
+            return self._encode_packaged(x, generator)  # (tiled, after running out of memory: diffusers' tiles)
         post = self.posterior(x)
         store = self.spec.store
         if store == "mean_std":
