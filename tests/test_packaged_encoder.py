@@ -197,3 +197,18 @@ def test_a_tiled_retry_goes_through_diffusers_tiles_not_the_packages():
     assert calls == [(1, 3, 64, 64)]
     vae.model.enable_tiling()
     assert vae.encode(x).shape == (1, 4, 8, 8) and calls == [(1, 3, 64, 64)]
+
+
+def test_a_pretrained_vae_s_key_is_the_same_from_its_files_and_from_its_loaded_provenance(tmp_path, monkeypatch):
+    # a cold build keys its packages from the loaded model's provenance (the weights are not hashed again); a warm
+    # build, which loads no model, hashes the files: both must name the same packages
+    from shardsmith.encode import spec
+    from shardsmith.encode.vae import load_vae
+
+    load_vae("sd", config="tiny", device="cpu").model.save_pretrained(tmp_path / "vae")
+    recipe = recipe_from_dict({**_recipe(tmp_path), "models": {"vae": {"family": "sd", "pretrained": str(tmp_path / "vae")},
+                                                               "compile": "on", "device": "cpu"}})
+    vae = load_vae("sd", pretrained=str(tmp_path / "vae"), device="cpu")
+    from_files = packaged_encoder._identity(recipe, "cpu")
+    monkeypatch.setattr(spec, "hash_pretrained", lambda *a, **k: pytest.fail("the weights were hashed again"))
+    assert from_files is not None and packaged_encoder._identity(recipe, "cpu", vae.provenance) == from_files

@@ -50,9 +50,11 @@ def _sha(blob: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def model_key(vae, device_type: str) -> str | None:
+def model_key(vae, device_type: str, hashed: tuple[str | None, str | None] | None = None) -> str | None:
     """The identity of ``models.vae`` (a recipe's :class:`~shardsmith.recipe.VaeModel`) as a package's key part,
-    computed without the model; None where its pretrained files cannot be found (not packaged)."""
+    computed without the model; None where its pretrained files cannot be found (not packaged). ``hashed``: the
+    pretrained weights' ``(sha256, resolved revision)`` where a loaded model's provenance already holds them (as
+    :func:`~shardsmith.encode.spec.hash_pretrained` gives them: not read again)."""
     from importlib.metadata import version
 
     from shardsmith.encode.spec import hash_pretrained, resolve_model_folder
@@ -62,7 +64,7 @@ def model_key(vae, device_type: str) -> str | None:
     if vae.pretrained is None:
         parts.update(config=vae.config, weights="random-weights", init_device=device_type)
     else:
-        sha, _files, resolved, _notes = hash_pretrained(str(vae.pretrained), vae.subfolder, vae.revision)
+        sha, resolved = hashed or hash_pretrained(str(vae.pretrained), vae.subfolder, vae.revision)[::2]
         folder, _, _ = resolve_model_folder(str(vae.pretrained), vae.subfolder, vae.revision)
         cfg = folder / "config.json" if folder is not None else None
         if sha is None or cfg is None or not cfg.is_file():

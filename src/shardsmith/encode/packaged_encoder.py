@@ -162,8 +162,13 @@ class PackagedEncoder:
         return out
 
 
-def _identity(recipe, place: str) -> str | None:
-    return aot.model_key(recipe.models.vae, torch.device(place).type) if _applies(recipe) else None
+def _identity(recipe, place: str, provenance=None) -> str | None:
+    """The model's key (``provenance``: a loaded model's, whose weights' hash is not computed again)."""
+    if not _applies(recipe):
+        return None
+    hashed = (provenance.weights_sha256, provenance.revision) if provenance is not None and \
+        provenance.weights == "pretrained" else None
+    return aot.model_key(recipe.models.vae, torch.device(place).type, hashed)
 
 
 def _applies(recipe) -> bool:
@@ -182,7 +187,8 @@ def attach(vae, recipe, place: str) -> None:
         return {"spec": vae.spec.to_dict(), "provenance": vae.provenance.to_dict(),
                 "weight_bytes": param_bytes(vae.net())}
 
-    vae.packages = PackagedEncoder(cc.cache_dir(), lambda: _identity(recipe, place), place, lambda: vae.net(),
+    vae.packages = PackagedEncoder(cc.cache_dir(), lambda: _identity(recipe, place, vae.provenance), place,
+                                   lambda: vae.net(),
                                    block=block)
 
 

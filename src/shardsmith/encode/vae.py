@@ -179,7 +179,7 @@ def _mean_std(normalisation: dict, z: torch.Tensor):
 @dataclass
 class VaeEncoder:
     """A loaded VAE with its spec and provenance. Use :func:`load_vae` to build one, or
-    :func:`~shardsmith.encode.packaged_encoder.from_packages` for a compiled image VAE whose packages are cached
+    :func:`~shardsmith.encode.packaged_encoder.from_cache` for a compiled image VAE whose packages are cached
     (``model`` is then built, by ``build_model``, only when something needs it: an eager batch, a shape without
     a package, a decode)."""
 
