@@ -458,3 +458,25 @@ def test_text_cache_is_bounded_by_bytes_and_keeps_answers_right():
             assert torch.equal(m, wm)
         assert sum(e.nbytes + m.nbytes for e, m in st._text_cache.values()) <= 6 * one
     assert set(st._text_cache) >= set(caps[9:12])  # the current batch always stays
+
+
+def test_weight_files_are_read_once_per_process_unless_they_change(tmp_path, monkeypatch):
+    # a compiled build looks its pretrained VAE's hash up for the packages, then loads the model, whose provenance
+    # hashes the same files: gigabytes of weights must not be read twice; a file changed since is read again
+    import os
+
+    from shardsmith.encode import spec
+
+    a, b = tmp_path / "b.safetensors", tmp_path / "a.safetensors"
+    a.write_bytes(b"first file")
+    b.write_bytes(b"second")
+    reads = []
+    real = spec._sha256_bytes
+    monkeypatch.setattr(spec, "_sha256_bytes", lambda paths, chunk: reads.append(len(paths)) or real(paths, chunk))
+    want = hashlib.sha256(b"second" + b"first file").hexdigest()  # (sorted by name)
+    assert spec.sha256_files([a, b]) == spec.sha256_files([str(b), str(a)]) == want
+    assert reads == [2]
+    a.write_bytes(b"first file, edited")
+    os.utime(a, ns=(1, 1))  # (and a change time of its own, whatever the file system's clock resolution)
+    assert spec.sha256_files([a, b]) == hashlib.sha256(b"second" + b"first file, edited").hexdigest()
+    assert reads == [2, 2]

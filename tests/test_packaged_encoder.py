@@ -174,6 +174,46 @@ def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instea
     c = m["models"]["compile"]
     assert (c["built"], c["loaded"], c["unusable"], c["model_built"]) == ([], [], {"3x3x32x32": why}, True)
     assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+    # the loader crashed, so the machine's verdict is kept too: another shape is not compiled into a package at
+    # all (no export, no package compile, no verifying child), and the manifest says where the verdict is
+    loader = aot_package.loader_path(tmp_path / "cache", packaged_encoder._device_name("cpu"))
+    assert json.loads(loader.read_text()) == {"ok": False, "why": why, "package": package.name}
+    other = {**_recipe(tmp_path / "p"), "geometry": {"buckets": ["40x40x1"]}}
+    m = build(recipe_from_dict(other), tmp_path / "c", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert (c["compiled"], c["built"], c["loaded"], m["counts"]["written"]) == (True, [], [], 5)
+    assert c["unusable"]["3x3x40x40"].startswith(why + "; packages are not built on this machine since (")
+    assert str(loader) in c["unusable"]["3x3x40x40"] and "delete it to try again" in c["unusable"]["3x3x40x40"]
+    assert [p.name for p in (tmp_path / "cache" / "aot").glob("*.pt2")] == [package.name]
+
+
+def test_two_processes_wanting_one_package_build_it_once(tmp_path, monkeypatch):
+    # two GPUs' workers starting cold want the same package: the second waits on the first's build, then loads it
+    import threading
+    import time
+
+    built, started = [], threading.Event()
+
+    def fake_build(self, path, shape, x):
+        started.set()
+        built.append(shape)
+        time.sleep(0.3)
+        path.write_bytes(b"package")
+
+    monkeypatch.setattr(packaged_encoder.PackagedEncoder, "_build", fake_build)
+    monkeypatch.setattr(aot_package, "verify", lambda path, *a, **k: aot_package._write_json(
+        path.with_suffix(".verified.json"), {"ok": True, "why": "ran"}) or {"ok": True, "why": "ran"})
+    monkeypatch.setattr(aot_package, "load", lambda path, device: (lambda x: x * 2))
+    encoders = [packaged_encoder.PackagedEncoder(tmp_path, "model", "cpu", net=None) for _ in range(2)]
+    x = torch.ones(2, 3, 8, 8)
+    first = threading.Thread(target=encoders[0], args=(x,))
+    first.start()
+    assert started.wait(10)
+    assert torch.equal(encoders[1](x), x * 2)  # waited for the first's build (the lock), then loaded its package
+    first.join()
+    assert built == [(2, 3, 8, 8)]
+    assert (encoders[0].built, encoders[0].loaded, encoders[1].built, encoders[1].loaded) == (
+        ["2x3x8x8"], [], [], ["2x3x8x8"])
 
 
 def test_a_tiled_retry_goes_through_diffusers_tiles_not_the_packages():

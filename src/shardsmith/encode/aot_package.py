@@ -18,7 +18,10 @@ Contract
 - :func:`build` exports ``module`` on ``example`` and compiles it into ``path`` (written beside and renamed
   in: a package is whole or absent); :func:`verify` loads and runs it once in a child process and keeps the
   verdict beside it (:func:`verdict`): only a verified package is loaded into a build's process, so a torch whose
-  loader crashes costs a child, not the build; :func:`load` loads one onto the current device; :func:`write_meta` /
+  loader crashes costs a child, not the build. A child that dies of a signal also marks the machine's loader
+  (this torch on this device) broken (:func:`loader_broken`): later models and shapes are not compiled into
+  packages there at all. :func:`build_lock` serialises the builds of one package across processes (two GPUs'
+  workers starting cold compile it once); :func:`load` loads one onto the current device; :func:`write_meta` /
   :func:`read_meta` keep the model's manifest block beside its packages (what a build that loads a package
   reports without the model).
 """
@@ -29,8 +32,9 @@ import hashlib
 import json
 import os
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -99,6 +103,37 @@ def read_meta(cache: Path, model: str) -> dict[str, Any] | None:
         return None
 
 
+def loader_path(cache: Path, device_name: str) -> Path:
+    """Where the verdict on this torch's package loader on ``device_name`` is kept (written only when it crashed)."""
+    return package_dir(cache) / f"loader-{_sha(json.dumps([torch.__version__, device_name]))}.json"
+
+
+def loader_broken(cache: Path, device_name: str) -> str | None:
+    """Why packages do not load on this machine (this torch, ``device_name``), None where none has crashed here."""
+    path = loader_path(cache, device_name)
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return (f"{found['why']}; packages are not built on this machine since ({path} holds that verdict: delete it "
+            "to try again, e.g. after a driver update)")
+
+
+@contextmanager
+def build_lock(path: Path) -> Iterator[None]:
+    """Hold the lock on building the package ``path`` (an advisory lock on a file beside it, released when the
+    block ends or the process dies): a second process wanting the same package waits, then finds it built."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.stem}.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def build(module: torch.nn.Module, example: torch.Tensor, path: Path, options: dict[str, Any]) -> Path:
     """Export ``module`` on ``example`` (fixed shapes and strides) and compile it into the package ``path``."""
     from torch._inductor import aoti_compile_and_package
@@ -145,10 +180,11 @@ def verdict(path: Path) -> dict[str, Any] | None:
 
 
 def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-           timeout_s: float = 300.0) -> dict[str, Any]:
+           timeout_s: float = 300.0, loader: Path | None = None) -> dict[str, Any]:
     """Load the package at ``path`` and run it once on zeros in a child process, and keep the verdict beside it:
     a torch whose package loader crashes (torch 2.11's CUDA loader died of a segmentation fault on an H100) then
-    fails in the child, not in the build. Returns the verdict (:func:`verdict`)."""
+    fails in the child, not in the build. A child killed by a signal also writes the verdict to ``loader`` (see
+    :func:`loader_path`). Returns the verdict (:func:`verdict`)."""
     import subprocess
     import sys
 
@@ -162,10 +198,16 @@ def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch
     except subprocess.TimeoutExpired:
         ok, why = False, f"no answer in {timeout_s:.0f} s"
     found = {"ok": ok, "why": f"torch {torch.__version__}: the package {why}"}
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.verified.tmp")
-    tmp.write_text(json.dumps(found))
-    os.replace(tmp, path.with_suffix(".verified.json"))
+    _write_json(path.with_suffix(".verified.json"), found)
+    if loader is not None and why.startswith("died of signal"):
+        _write_json(loader, {**found, "package": path.name})
     return found
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
 
 
 def load(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -102,34 +102,45 @@ class PackagedEncoder:
 
     def _runner(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """This shape's package, loaded (built and verified first where it is not in the cache); where it does not
-        load here (its verdict, kept beside it), the same network compiled with ``torch.compile`` instead."""
+        load here (its verdict, kept beside it, or the machine's: :func:`~shardsmith.encode.aot_package.loader_broken`),
+        the same network compiled with ``torch.compile`` instead. Builds of one package are serialised across
+        processes: one that waited finds it built."""
         t = time.perf_counter()
         shape = tuple(x.shape)
         path = self.path(shape)
         name = "x".join(map(str, shape))
         cached = path.is_file()
-        if not cached:
-            from shardsmith.encode import compile as cc
-
-            cc.use_cache_dir()  # (Inductor's own caches, beside the packages)
-            self.options = cc.inductor_options()
-            with torch.inference_mode(False):
-                example = torch.zeros(shape, dtype=x.dtype, device=x.device).contiguous(
-                    memory_format=torch.channels_last)
-                aot.build(_Moments(self.net()), example, path, self.options)
-            aot.write_meta(self.cache, self.model, {**(self.block() if self.block is not None else {}),
-                                                    "options": {"torch": torch.__version__, **self.options}})
-            self.built.append(name)
-        found = aot.verdict(path) or aot.verify(path, shape, x.dtype, x.device)
-        if found["ok"]:
+        found = aot.verdict(path) if cached else None
+        broken = aot.loader_broken(self.cache, self._device_name) if found is None else None
+        if broken is None and found is None:
+            with aot.build_lock(path):
+                cached = path.is_file()  # (another process may have built it while this one waited)
+                if not cached:
+                    self._build(path, shape, x)
+                    self.built.append(name)
+                found = aot.verdict(path) or aot.verify(path, shape, x.dtype, x.device,
+                                                        loader=aot.loader_path(self.cache, self._device_name))
+        if found is not None and found["ok"]:
             run = aot.load(path, x.device)
             if cached:
                 self.loaded.append(name)
         else:
-            self.unusable[name] = found["why"]
+            self.unusable[name] = broken or found["why"]
             run = self._compiled()
         self.seconds += time.perf_counter() - t
         return run
+
+    def _build(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> None:
+        """Export the network at ``shape`` and compile it into the package ``path``; keep the model's block beside it."""
+        from shardsmith.encode import compile as cc
+
+        cc.use_cache_dir()  # (Inductor's own caches, beside the packages)
+        self.options = cc.inductor_options()
+        with torch.inference_mode(False):
+            example = torch.zeros(shape, dtype=x.dtype, device=x.device).contiguous(memory_format=torch.channels_last)
+            aot.build(_Moments(self.net()), example, path, self.options)
+        aot.write_meta(self.cache, self.model, {**(self.block() if self.block is not None else {}),
+                                                "options": {"torch": torch.__version__, **self.options}})
 
     def _compiled(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The network with ``torch.compile`` (Inductor, the packages' options): where a package does not load."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -254,10 +255,24 @@ def find_weight_files(folder: str | Path) -> list[Path]:
     return st or files
 
 
+_HASHED: dict[tuple, str] = {}  # sha256_files' answers in this process, by the files' paths, sizes and change times
+
+
 def sha256_files(files: Iterable[str | Path], chunk: int = 1 << 20) -> str:
-    """sha256 over the concatenated bytes of ``files`` in sorted-name order."""
+    """sha256 over the concatenated bytes of ``files`` in sorted-name order. Files already hashed by this process,
+    unchanged since (path, inode, size and modification time alike), are not read again (a build looks its weights'
+    hash up for its compiled packages, then loads the model, whose provenance holds it)."""
+    paths = sorted((Path(f) for f in files), key=lambda p: p.name)
+    stats = [os.stat(p) for p in paths]
+    key = tuple((str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns) for p, st in zip(paths, stats))
+    if key not in _HASHED:
+        _HASHED[key] = _sha256_bytes(paths, chunk)
+    return _HASHED[key]
+
+
+def _sha256_bytes(paths: list[Path], chunk: int) -> str:
     h = hashlib.sha256()
-    for p in sorted((Path(f) for f in files), key=lambda p: p.name):
+    for p in paths:
         with open(p, "rb") as fh:
             while True:
                 b = fh.read(chunk)
