@@ -134,3 +134,19 @@ def test_stacking_audio_binds_the_stage_s_gpu_on_the_calling_thread(monkeypatch)
     monkeypatch.setattr(st, "bind_device", lambda: calls.append("bound"))
     staged = st.stage_audio([np.zeros((2, 16000), np.float32), None])
     assert calls == ["bound"] and staged.n == 2 and st.seconds["prepare"] > 0
+
+
+@pytest.mark.parametrize("family,frames", [("sd", 1), ("ltx2", 9)])
+def test_the_vae_input_is_the_pixels_scaled_to_minus_one_one_contiguous(family, frames):
+    # staged uint8 [B, F, H, W, 3] -> [B, 3, (F,) H, W] in [-1, 1], contiguous (cuDNN's fast kernels), with the
+    # arithmetic every earlier build used (uint8 -> the VAE's dtype, / 127.5, - 1): the latents' bytes depend on it
+    import torch
+
+    vae = load_vae(family, dtype="bfloat16")
+    stage = EncodeStage(vae, None, batch_size=2, device="cpu")
+    host = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (2, frames, 16, 24, 3), dtype=np.uint8))
+    x = stage._to_input(host)
+    want = host.permute(0, 4, 1, 2, 3).to(torch.bfloat16).div_(127.5).sub_(1.0).contiguous()
+    want = want[:, :, 0] if frames == 1 else want
+    assert x.dtype == torch.bfloat16 and x.is_contiguous() and tuple(x.shape) == tuple(want.shape)
+    assert torch.equal(x, want) and x.min() >= -1 and x.max() <= 1
