@@ -155,7 +155,8 @@ def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
 @pytest.mark.slow
 def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instead(tmp_path, monkeypatch):
     # torch 2.11's CUDA package loader died of a segmentation fault on an H100: only a package that a child process
-    # loaded and ran is loaded into the build; here the child dies the same way
+    # loaded and ran is loaded into the build; here the child dies the same way. The build compiles the package's
+    # exported program (kept beside it) with torch.compile instead, so a later build needs no model there either
     from shardsmith.build import build
 
     monkeypatch.setattr(aot_package, "_VERIFY", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
@@ -164,27 +165,36 @@ def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instea
     why = f"torch {torch.__version__}: the package died of signal 11"
     m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "a", quiet=True, workers=1)
     c = m["models"]["compile"]
-    assert (c["compiled"], c["built"], c["loaded"], c["unusable"], c["model_built"]) == (
-        True, ["3x3x32x32"], [], {"3x3x32x32": why}, True)
+    assert (c["compiled"], c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"]) == (
+        True, ["3x3x32x32"], [], {"3x3x32x32": why}, ["3x3x32x32"], True)
     assert m["counts"]["written"] == 5
     package, = (tmp_path / "cache" / "aot").glob("*.pt2")
     assert aot_package.verdict(package) == {"ok": False, "why": why}
-    # the verdict is kept: the next build neither loads nor rebuilds it, and compiles the same way
+    assert aot_package.program_path(package).is_file()
+    # the verdict is kept: the next build neither loads nor rebuilds the package; it compiles the kept program,
+    # without building the model, into the same bytes
     m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "b", quiet=True, workers=1)
     c = m["models"]["compile"]
-    assert (c["built"], c["loaded"], c["unusable"], c["model_built"]) == ([], [], {"3x3x32x32": why}, True)
+    assert (c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"]) == (
+        [], [], {"3x3x32x32": why}, ["3x3x32x32"], False)
     assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
     # the loader crashed, so the machine's verdict is kept too: another shape is not compiled into a package at
-    # all (no export, no package compile, no verifying child), and the manifest says where the verdict is
+    # all (no package compile, no verifying child: only its program is exported), and the manifest says where the
+    # verdict is
     loader = aot_package.loader_path(tmp_path / "cache", packaged_encoder._device_name("cpu"))
     assert json.loads(loader.read_text()) == {"ok": False, "why": why, "package": package.name}
     other = {**_recipe(tmp_path / "p"), "geometry": {"buckets": ["40x40x1"]}}
     m = build(recipe_from_dict(other), tmp_path / "c", quiet=True, workers=1)
     c = m["models"]["compile"]
-    assert (c["compiled"], c["built"], c["loaded"], m["counts"]["written"]) == (True, [], [], 5)
+    assert (c["compiled"], c["built"], c["loaded"], c["from_program"], c["model_built"], m["counts"]["written"]) == (
+        True, [], [], ["3x3x40x40"], True, 5)
     assert c["unusable"]["3x3x40x40"].startswith(why + "; packages are not built on this machine since (")
     assert str(loader) in c["unusable"]["3x3x40x40"] and "delete it to try again" in c["unusable"]["3x3x40x40"]
     assert [p.name for p in (tmp_path / "cache" / "aot").glob("*.pt2")] == [package.name]
+    assert len(list((tmp_path / "cache" / "aot").glob("*" + aot_package.PROGRAM_SUFFIX))) == 2
+    m = build(recipe_from_dict(other), tmp_path / "d", quiet=True, workers=1)
+    assert (m["models"]["compile"]["model_built"], m["counts"]["written"]) == (False, 5)
+    assert tree_bytes(tmp_path / "d") == tree_bytes(tmp_path / "c")
 
 
 def test_two_processes_wanting_one_package_build_it_once(tmp_path, monkeypatch):
@@ -194,7 +204,7 @@ def test_two_processes_wanting_one_package_build_it_once(tmp_path, monkeypatch):
 
     built, started = [], threading.Event()
 
-    def fake_build(self, path, shape, x):
+    def fake_build(self, path, shape, x, package):
         started.set()
         built.append(shape)
         time.sleep(0.3)

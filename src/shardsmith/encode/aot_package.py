@@ -15,8 +15,10 @@ Contract
   ``config.json`` (None where those files cannot be found: such a model is not packaged).
 - :func:`package_key` adds the input shape (batch included: a package's shapes are fixed), torch's version,
   the GPU and the compile mode.
-- :func:`build` exports ``module`` on ``example`` and compiles it into ``path`` (written beside and renamed
-  in: a package is whole or absent); :func:`verify` loads and runs it once in a child process and keeps the
+- :func:`export` exports the network on an example input; :func:`build` compiles that into the package ``path``
+  (written beside and renamed in: a package is whole or absent); :func:`save_program` keeps the exported program
+  beside it (:func:`program_path`) and :func:`load_program` reads it back: what a machine whose loader does not
+  work compiles with ``torch.compile``, without diffusers or the model; :func:`verify` loads and runs it once in a child process and keeps the
   verdict beside it (:func:`verdict`): only a verified package is loaded into a build's process, so a torch whose
   loader crashes costs a child, not the build. A child that dies of a signal also marks the machine's loader
   (this torch on this device) broken (:func:`loader_broken`): later models and shapes are not compiled into
@@ -40,6 +42,7 @@ import torch
 
 PACKAGED_FAMILIES = ("sd", "sdxl", "flux")  # AutoencoderKL: encoder + quant conv -> a diagonal Gaussian's moments
 SUFFIX = ".pt2"
+PROGRAM_SUFFIX = ".program"  # (not .pt2: the packages alone are globbed by their suffix)
 
 
 def packaged(family: str) -> bool:
@@ -134,13 +137,17 @@ def build_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build(module: torch.nn.Module, example: torch.Tensor, path: Path, options: dict[str, Any]) -> Path:
-    """Export ``module`` on ``example`` (fixed shapes and strides) and compile it into the package ``path``."""
+def export(module: torch.nn.Module, example: torch.Tensor):
+    """``module`` exported on ``example`` (fixed shapes and strides): an ``ExportedProgram``."""
+    with torch.no_grad():
+        return torch.export.export(module, (example,))
+
+
+def build(exported, path: Path, options: dict[str, Any]) -> Path:
+    """Compile the exported program ``exported`` (:func:`export`) into the package ``path``."""
     from torch._inductor import aoti_compile_and_package
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        exported = torch.export.export(module, (example,))
     tmp = path.with_name(f".{path.stem}.{os.getpid()}{SUFFIX}")
     try:
         with warnings.catch_warnings():  # (torch's own deprecation notices about its pytree, not the user's doing)
@@ -150,6 +157,33 @@ def build(module: torch.nn.Module, example: torch.Tensor, path: Path, options: d
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def program_path(package: Path) -> Path:
+    """Where the exported program of the package ``package`` is kept: what a machine whose package loader does not
+    work compiles with ``torch.compile`` instead (without diffusers or the model)."""
+    return package.with_suffix(PROGRAM_SUFFIX)
+
+
+def save_program(exported, path: Path) -> Path:
+    """Keep the exported program at ``path`` (written beside and renamed in)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.export.save(exported, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_program(path: Path) -> torch.nn.Module:
+    """The exported program at ``path`` as a module (its ATen graph, run by torch; compiled by the caller)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.export.load(str(path)).module()
 
 
 _VERIFY = """

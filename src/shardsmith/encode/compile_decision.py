@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from shardsmith.encode import aot_package as aot
 from shardsmith.encode.compile_record import set_in_recipe
 from shardsmith.encode.model_identity import model_identity
 
@@ -88,8 +89,10 @@ class CompileDecision:
             yes, why = False, "auto: eager, as this build began (before its decision was kept)"
         elif self._package_warm(host):  # loading a package costs about a batch: no eager pace to weigh it against
             yes = True
-            why = (f"auto: the compile cache holds this encoder's package for {'x'.join(map(str, host.shape[1:]))} "
-                   f"at batch {host.shape[0]} ({self.vae.packages.path(self._input_shape(host))}): compile")
+            kept = self.vae.packages.cached(self._input_shape(host))
+            what = "package" if kept.suffix == aot.SUFFIX else "exported program (its package does not load here)"
+            why = (f"auto: the compile cache holds this encoder's {what} for {'x'.join(map(str, host.shape[1:]))} "
+                   f"at batch {host.shape[0]} ({kept}): compile")
         else:
             key = self._compile_key(host, cc)
             warm = cc.is_warm(key)

@@ -5,14 +5,15 @@ Contract
   ``[B, 2C, h, w]``: from the package of that shape in the compile cache (:mod:`~shardsmith.encode.aot_package`),
   or, where there is none yet, exported from the model (``net()``, built on demand) and compiled into it first.
   A package is loaded into the process only once a child process has loaded and run it (its verdict is kept
-  beside it); a shape whose package does not load here runs the network with ``torch.compile`` instead, the
-  manifest saying why (``unusable``), in every build on that machine and torch (the verdict is kept).
+  beside it); a shape whose package does not load here runs the package's exported program (kept beside it) with
+  ``torch.compile`` instead, the manifest saying why (``unusable``, ``from_program``), in every build on that
+  machine and torch (the verdict is kept): a later build there needs neither the model nor diffusers either.
   It runs only once ``active`` (set by :meth:`~shardsmith.encode.vae.VaeEncoder.compile`); eager batches go
   through diffusers as before.
 - :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family; used only
   where its weights can be identified), whose first build keeps the model's manifest block beside them.
 - :func:`from_cache` makes a VAE without building its model, where the cache holds a package for every
-  ``shapes`` and the model's block: what a second compiled build on a machine loads (no diffusers import, no
+  ``shapes`` (or, where packages do not load, its exported program) and the model's block: what a second compiled build on a machine loads (no diffusers import, no
   trace). None otherwise (the caller loads the model).
 """
 
@@ -72,7 +73,7 @@ class PackagedEncoder:
         self.seconds = 0.0  # loading and building packages
         self._runners: dict[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]] = {}
         self.unusable: dict[str, str] = {}  # shapes whose package does not load here, and why (torch.compile instead)
-        self._jit = None
+        self.programs: list[str] = []  # shapes run from their exported program with torch.compile (those unusable)
 
     @property
     def model(self) -> str | None:
@@ -89,9 +90,19 @@ class PackagedEncoder:
         return aot.package_path(self.cache, aot.package_key(self.model, tuple(shape), self._device_name, self.mode))
 
     def warm(self, shape: tuple[int, ...]) -> bool:
-        """Whether the cache holds this shape's package, verified to load here."""
+        """Whether this shape runs without the model (:meth:`cached`)."""
+        return self.cached(shape) is not None
+
+    def cached(self, shape: tuple[int, ...]) -> Path | None:
+        """What this shape runs from without the model: its package, cached and verified to load here, or, where
+        packages do not load here, the package's exported program (compiled with ``torch.compile``); None: neither."""
         path = self.path(shape)
-        return path.is_file() and (aot.verdict(path) or {}).get("ok") is True
+        found = aot.verdict(path) if path.is_file() else None
+        if found is not None and found.get("ok") is True:
+            return path
+        unusable = found is not None or aot.loader_broken(self.cache, self._device_name) is not None
+        program = aot.program_path(path)
+        return program if unusable and program.is_file() else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous(memory_format=torch.channels_last)  # the layout the packages are compiled for
@@ -101,10 +112,10 @@ class PackagedEncoder:
         return run(x)
 
     def _runner(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """This shape's package, loaded (built and verified first where it is not in the cache); where it does not
-        load here (its verdict, kept beside it, or the machine's: :func:`~shardsmith.encode.aot_package.loader_broken`),
-        the same network compiled with ``torch.compile`` instead. Builds of one package are serialised across
-        processes: one that waited finds it built."""
+        """This shape's package, loaded (built and verified first where it is not in the cache). Where it does not
+        load here (its verdict, kept beside it, or the machine's: :func:`~shardsmith.encode.aot_package.loader_broken`,
+        in which case no package is compiled), the package's exported program compiled with ``torch.compile``
+        instead. Builds of one package are serialised across processes: one that waited finds it built."""
         t = time.perf_counter()
         shape = tuple(x.shape)
         path = self.path(shape)
@@ -116,7 +127,7 @@ class PackagedEncoder:
             with aot.build_lock(path):
                 cached = path.is_file()  # (another process may have built it while this one waited)
                 if not cached:
-                    self._build(path, shape, x)
+                    self._build(path, shape, x, package=True)
                     self.built.append(name)
                 found = aot.verdict(path) or aot.verify(path, shape, x.dtype, x.device,
                                                         loader=aot.loader_path(self.cache, self._device_name))
@@ -126,31 +137,42 @@ class PackagedEncoder:
                 self.loaded.append(name)
         else:
             self.unusable[name] = broken or found["why"]
-            run = self._compiled()
+            run = self._from_program(path, shape, x)
         self.seconds += time.perf_counter() - t
         return run
 
-    def _build(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> None:
-        """Export the network at ``shape`` and compile it into the package ``path``; keep the model's block beside it."""
+    def _build(self, path: Path, shape: tuple[int, ...], x: torch.Tensor, package: bool) -> None:
+        """Export the network at ``shape`` and keep its program beside ``path``; with ``package``, compile it into the
+        package ``path`` too. Keeps the model's block beside them."""
         from shardsmith.encode import compile as cc
 
         cc.use_cache_dir()  # (Inductor's own caches, beside the packages)
         self.options = cc.inductor_options()
         with torch.inference_mode(False):
             example = torch.zeros(shape, dtype=x.dtype, device=x.device).contiguous(memory_format=torch.channels_last)
-            aot.build(_Moments(self.net()), example, path, self.options)
+            exported = aot.export(_Moments(self.net()), example)
+            aot.save_program(exported, aot.program_path(path))
+            if package:
+                aot.build(exported, path, self.options)
         aot.write_meta(self.cache, self.model, {**(self.block() if self.block is not None else {}),
                                                 "options": {"torch": torch.__version__, **self.options}})
 
-    def _compiled(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The network with ``torch.compile`` (Inductor, the packages' options): where a package does not load."""
+    def _from_program(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Where packages do not load: the package's exported program (exported first where it is not cached) compiled
+        with ``torch.compile`` (Inductor, the packages' options). Every build on the machine compiles the same program
+        read from the cache, so their kernels and bytes are the same, and a later build needs no model."""
         from shardsmith.encode import compile as cc
 
-        if self._jit is None:
-            cc.use_cache_dir()
-            self._jit = torch.compile(_Moments(self.net()), backend="inductor", dynamic=False,
-                                      options=cc.inductor_options())
-        return self._jit
+        program = aot.program_path(path)
+        if not program.is_file():
+            with aot.build_lock(path):
+                if not program.is_file():
+                    self._build(path, shape, x, package=False)
+        cc.use_cache_dir()
+        self.options = self.options or cc.inductor_options()
+        module = aot.load_program(program).to(x.device)
+        self.programs.append("x".join(map(str, shape)))
+        return torch.compile(module, backend="inductor", dynamic=False, options=dict(self.options))
 
     def close(self) -> None:
         """Drop the loaded packages: each loader removes the folder it unpacked its package into (a process that
@@ -170,6 +192,7 @@ class PackagedEncoder:
                "package_s": round(self.seconds, 3)}
         if self.unusable:
             out["unusable"] = dict(self.unusable)
+            out["from_program"] = list(self.programs)  # (torch.compile of the exported program, kept beside)
         return out
 
 
