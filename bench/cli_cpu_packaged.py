@@ -2,9 +2,11 @@
 CLI on this machine's CPU (BENCHMARKS.md §10, twenty-second session): ``shardsmith build recipe.yaml --out DIR``
 from the command to the manifest, ``models.compile: off`` and ``on`` alternating, after one untimed ``on`` build
 that compiles the package into a fresh cache (its time is reported too). Also whether the ``on`` builds imported
-diffusers (they should not: ``model_built`` in the manifest).
+diffusers (they should not: ``model_built`` in the manifest). ``--route program``: the cache's verdict on this
+machine's package loader is set to broken first, so the ``on`` builds run the exported program with
+``torch.compile`` instead (what a machine whose loader crashes does).
 
-    python bench/cli_cpu_packaged.py --work /tmp/pk --out bench/results/cli_cpu_packaged.json
+    python bench/cli_cpu_packaged.py --work /tmp/pk --out bench/results/cli_cpu_packaged.json [--route program]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--config", default="tiny", help="models.vae.config of the SD VAE")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--route", choices=("package", "program"), default="package")
     args = ap.parse_args()
     from media_factory import real_photos
 
@@ -54,6 +57,13 @@ def main() -> int:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(args.work / "cache"),
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     subprocess.run(["rm", "-rf", str(args.work / "cache")], check=True)
+    if args.route == "program":  # this machine's loader marked broken: no package, the exported program instead
+        sys.path.insert(0, str(REPO / "src"))
+        from shardsmith.encode import aot_package, packaged_encoder
+
+        loader = aot_package.loader_path(args.work / "cache", packaged_encoder._device_name("cpu"))
+        loader.parent.mkdir(parents=True)
+        loader.write_text(json.dumps({"ok": False, "why": "marked broken by bench/cli_cpu_packaged.py --route program"}))
 
     def recipe(compile_: str) -> dict:
         return {"sources": [{"path": str(src)}], "geometry": {"buckets": [f"{args.size}x{args.size}x1"]},

@@ -125,7 +125,7 @@ def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
     c = first["compile"]
     assert (c["backend"], c["compiled"], c["warm_cache"], c["built"], c["loaded"], c["model_built"]) == (
         "aot_inductor", True, False, ["3x3x32x32"], [], True)
-    assert len(list((cache / "aot").glob("*.pt2"))) == 1 and c["deterministic"] is True
+    assert len(aot_package.packages(cache)) == 1 and c["deterministic"] is True
     second = _build(_recipe(tmp_path / "p"), tmp_path / "b", cache)
     c = second["compile"]
     assert (c["compiled"], c["warm_cache"], c["built"], c["loaded"], c["model_built"]) == (
@@ -168,7 +168,7 @@ def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instea
     assert (c["compiled"], c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"]) == (
         True, ["3x3x32x32"], [], {"3x3x32x32": why}, ["3x3x32x32"], True)
     assert m["counts"]["written"] == 5
-    package, = (tmp_path / "cache" / "aot").glob("*.pt2")
+    package, = aot_package.packages(tmp_path / "cache")
     assert aot_package.verdict(package) == {"ok": False, "why": why}
     assert aot_package.program_path(package).is_file()
     # the verdict is kept: the next build neither loads nor rebuilds the package; it compiles the kept program,
@@ -190,7 +190,7 @@ def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instea
         True, [], [], ["3x3x40x40"], True, 5)
     assert c["unusable"]["3x3x40x40"].startswith(why + "; packages are not built on this machine since (")
     assert str(loader) in c["unusable"]["3x3x40x40"] and "delete it to try again" in c["unusable"]["3x3x40x40"]
-    assert [p.name for p in (tmp_path / "cache" / "aot").glob("*.pt2")] == [package.name]
+    assert aot_package.packages(tmp_path / "cache") == [package]
     assert len(list((tmp_path / "cache" / "aot").glob("*" + aot_package.PROGRAM_SUFFIX))) == 2
     m = build(recipe_from_dict(other), tmp_path / "d", quiet=True, workers=1)
     assert (m["models"]["compile"]["model_built"], m["counts"]["written"]) == (False, 5)

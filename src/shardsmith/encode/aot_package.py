@@ -42,7 +42,7 @@ import torch
 
 PACKAGED_FAMILIES = ("sd", "sdxl", "flux")  # AutoencoderKL: encoder + quant conv -> a diagonal Gaussian's moments
 SUFFIX = ".pt2"
-PROGRAM_SUFFIX = ".program"  # (not .pt2: the packages alone are globbed by their suffix)
+PROGRAM_SUFFIX = ".program.pt2"  # (torch.export.load wants .pt2; a package is `<key>.pt2`)
 
 
 def packaged(family: str) -> bool:
@@ -83,6 +83,11 @@ def model_key(vae, device_type: str, hashed: tuple[str | None, str | None] | Non
 
 def package_key(model: str, shape: tuple[int, ...], device_name: str, mode: str) -> str:
     return _sha(json.dumps([model, list(shape), torch.__version__, device_name, mode], sort_keys=True))
+
+
+def packages(cache: Path) -> list[Path]:
+    """The packages kept in ``cache`` (not their exported programs), by name."""
+    return sorted(p for p in package_dir(cache).glob(f"*{SUFFIX}") if not p.name.endswith(PROGRAM_SUFFIX))
 
 
 def package_path(cache: Path, key: str) -> Path:
@@ -168,7 +173,7 @@ def program_path(package: Path) -> Path:
 def save_program(exported, path: Path) -> Path:
     """Keep the exported program at ``path`` (written beside and renamed in)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}{SUFFIX}")  # (torch.export wants the suffix)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)

@@ -74,6 +74,7 @@ class PackagedEncoder:
         self._runners: dict[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]] = {}
         self.unusable: dict[str, str] = {}  # shapes whose package does not load here, and why (torch.compile instead)
         self.programs: list[str] = []  # shapes run from their exported program with torch.compile (those unusable)
+        self._exported: dict[tuple[int, ...], Any] = {}  # programs exported for a package this process built
 
     @property
     def model(self) -> str | None:
@@ -126,12 +127,13 @@ class PackagedEncoder:
         if broken is None and found is None:
             with aot.build_lock(path):
                 cached = path.is_file()  # (another process may have built it while this one waited)
-                if not cached:
-                    self._build(path, shape, x, package=True)
+                if not cached:  # (its program is kept only if the package does not load: _from_program)
+                    self._exported[shape] = self._build(path, shape, x, package=True)
                     self.built.append(name)
                 found = aot.verdict(path) or aot.verify(path, shape, x.dtype, x.device,
                                                         loader=aot.loader_path(self.cache, self._device_name))
         if found is not None and found["ok"]:
+            self._exported.pop(shape, None)
             run = aot.load(path, x.device)
             if cached:
                 self.loaded.append(name)
@@ -141,9 +143,9 @@ class PackagedEncoder:
         self.seconds += time.perf_counter() - t
         return run
 
-    def _build(self, path: Path, shape: tuple[int, ...], x: torch.Tensor, package: bool) -> None:
-        """Export the network at ``shape`` and keep its program beside ``path``; with ``package``, compile it into the
-        package ``path`` too. Keeps the model's block beside them."""
+    def _build(self, path: Path, shape: tuple[int, ...], x: torch.Tensor, package: bool):
+        """Export the network at ``shape``; with ``package``, compile that into the package ``path``, else keep the
+        exported program beside it. Keeps the model's block beside them; returns the exported program."""
         from shardsmith.encode import compile as cc
 
         cc.use_cache_dir()  # (Inductor's own caches, beside the packages)
@@ -151,11 +153,13 @@ class PackagedEncoder:
         with torch.inference_mode(False):
             example = torch.zeros(shape, dtype=x.dtype, device=x.device).contiguous(memory_format=torch.channels_last)
             exported = aot.export(_Moments(self.net()), example)
-            aot.save_program(exported, aot.program_path(path))
             if package:
                 aot.build(exported, path, self.options)
+            else:
+                aot.save_program(exported, aot.program_path(path))
         aot.write_meta(self.cache, self.model, {**(self.block() if self.block is not None else {}),
                                                 "options": {"torch": torch.__version__, **self.options}})
+        return exported
 
     def _from_program(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """Where packages do not load: the package's exported program (exported first where it is not cached) compiled
@@ -166,7 +170,12 @@ class PackagedEncoder:
         program = aot.program_path(path)
         if not program.is_file():
             with aot.build_lock(path):
-                if not program.is_file():
+                exported = self._exported.pop(shape, None)  # (exported by this process for the package)
+                if program.is_file():
+                    pass
+                elif exported is not None:
+                    aot.save_program(exported, program)
+                else:
                     self._build(path, shape, x, package=False)
         cc.use_cache_dir()
         self.options = self.options or cc.inductor_options()
