@@ -42,7 +42,8 @@ def test_bad_audio_durations_flag(tmp_path, flag, says):
 @pytest.mark.parametrize("over, says", [
     ({"audio": {"skip": True, "required": True}}, "audio.skip and audio.required are both true"),
     ({"models": {"audio_vae": {"family": "ltx2_audio", "config": "huge"}}}, "models.audio_vae"),
-    ({"models": {"text": {"family": "ltx2", "config": "giant"}}}, "models.text.config: unknown ltx2 text config"),
+    pytest.param({"models": {"text": {"family": "ltx2", "config": "giant"}}},
+                 "models.text.config: unknown ltx2 text config", marks=pytest.mark.slow),
     ({"audio": {"durations": [2.0, -1.0]}}, "every duration must be > 0"),
     ({"outputs": [{"format": "wds"}]}, "models.audio_vae is set but no output writes audio latents"),
 ])

@@ -120,6 +120,7 @@ def test_two_builds_are_byte_identical(photo_dir, tmp_path):
     assert a == b
 
 
+@pytest.mark.slow
 def test_refuses_foreign_and_changed_outputs_and_overwrite_swaps(photo_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -203,6 +203,7 @@ def test_auto_decides_before_the_first_batch_and_the_build_keeps_its_decision(ca
     assert st.describe()["compile"]["compiled"] is False and "before its decision was kept" in st.compile_info["reason"]
 
 
+@pytest.mark.slow
 def test_auto_waits_for_a_plan_running_ahead_only_as_long_as_it_must(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
     monkeypatch.setattr(cd, "POLL_S", 0.01)

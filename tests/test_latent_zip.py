@@ -172,6 +172,7 @@ def test_unlabelled_photos_with_a_holdout(tmp_path):
     assert len(_read_zip(tmp_path / "out" / "holdout/latents.zip")[0]) == 3
 
 
+@pytest.mark.slow
 def test_beside_a_latent_wds_each_output_keeps_its_own_geometry(digits, tmp_path):
     """A latent_wds (buckets) and a latent_zip (its resolution) share the VAE: an item encoded for
     one output is not handed to the other, whose pixels were cut differently."""

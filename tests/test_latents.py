@@ -382,6 +382,7 @@ def test_members_are_rendered_on_one_intra_op_thread(tmp_path, monkeypatch):
     assert len(seen) >= 4 and set(seen) == {1}, seen  # one batch of rows, three txt_emb.pth
 
 
+@pytest.mark.slow
 def test_steady_state_is_reported_when_shards_bounded_by_bytes_cut_every_batch_short(tmp_path):
     """Shards bounded by bytes can hold fewer samples than a batch (T5-XXL: 63 a 256 MiB shard, batch
     64), so every batch is partial: the manifest still gives the steady state, from the largest batches."""

@@ -24,6 +24,7 @@ print("torch imported:", "torch" in sys.modules)
 """
 
 
+@pytest.mark.slow
 def test_the_quickstart_build_does_not_import_torch(tmp_path):
     out = tmp_path / "qs"
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO / "examples/quickstart/recipe.yaml"), str(out)],

@@ -6,6 +6,7 @@ has one shape, so a caption's embedding does not depend on its batch-mates or on
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from shardsmith.encode.memo import EncodedMemo
@@ -51,6 +52,7 @@ def test_a_batch_cut_short_by_a_kill_is_served_to_no_item(tmp_path):
     assert memo.hits == 2
 
 
+@pytest.mark.slow
 def test_a_caption_s_embedding_does_not_depend_on_its_batch_mates_or_the_cache_on_a_cpu():
     """A resumed build meets a repeated caption first in another batch than the uninterrupted one did (the
     caption cache starts empty): its embedding must be the same bits. Real MiniLM weights, CPU; on an

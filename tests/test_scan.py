@@ -252,6 +252,7 @@ def _cli(media: Path, *args: str) -> subprocess.CompletedProcess:
                            *args], capture_output=True, text=True, timeout=60, cwd=media.parent)
 
 
+@pytest.mark.slow
 def test_cli_json_and_text(media, report):
     before = _listing(media)
     res = _cli(media, "--json", "--batch", "8", "--updates", "100")
