@@ -221,7 +221,7 @@ def verdict(path: Path) -> dict[str, Any] | None:
 def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
            timeout_s: float = 300.0, loader: Path | None = None) -> dict[str, Any]:
     """Load the package at ``path`` and run it once on zeros in a child process, and keep the verdict beside it:
-    a torch whose package loader crashes (torch 2.11's CUDA loader died of a segmentation fault on an H100) then
+    a torch whose package loader crashes (the leased H100s' torch 2.11 died of a segmentation fault) then
     fails in the child, not in the build. A child killed by a signal also writes the verdict to ``loader`` (see
     :func:`loader_path`). Returns the verdict (:func:`verdict`)."""
     import subprocess
