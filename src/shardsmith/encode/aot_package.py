@@ -17,15 +17,15 @@ Contract
   the GPU and the compile mode.
 - :func:`export` exports the network on an example input; :func:`build` compiles that into the package ``path``
   (written beside and renamed in: a package is whole or absent); :func:`save_program` keeps the exported program
-  beside it (:func:`program_path`) and :func:`load_program` reads it back: what a machine whose loader does not
-  work compiles with ``torch.compile``, without diffusers or the model; :func:`verify` loads and runs it once in a child process and keeps the
-  verdict beside it (:func:`verdict`): only a verified package is loaded into a build's process, so a torch whose
-  loader crashes costs a child, not the build. A child that dies of a signal also marks the machine's loader
-  (this torch on this device) broken (:func:`loader_broken`): later models and shapes are not compiled into
-  packages there at all. :func:`build_lock` serialises the builds of one package across processes (two GPUs'
-  workers starting cold compile it once); :func:`load` loads one onto the current device; :func:`write_meta` /
-  :func:`read_meta` keep the model's manifest block beside its packages (what a build that loads a package
-  reports without the model).
+  beside it (:func:`program_path`) and :func:`load_program` reads it back: what a machine whose loader does not work
+  compiles with ``torch.compile``, without diffusers or the model; :func:`verify` loads and runs a package once in a
+  child process and keeps the verdict beside it (:func:`verdict`): only a verified package is loaded into a build's
+  process, so a torch whose loader crashes costs a child, not the build. A child that dies of a signal also marks
+  the machine's loader (this torch on this device) broken (:func:`loader_broken`): later models and shapes are not
+  compiled into packages there at all. :func:`build_lock` serialises the builds of one package across processes (two
+  GPUs' workers starting cold compile it once); :func:`load` loads one onto the current device; :func:`write_meta` /
+  :func:`read_meta` keep the model's manifest block beside its packages (what a build that loads a package reports
+  without the model).
 """
 
 from __future__ import annotations
@@ -99,9 +99,7 @@ def write_meta(cache: Path, model: str, block: dict[str, Any]) -> None:
     bytes) and the options its packages were compiled with."""
     d = package_dir(cache)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{model}.{os.getpid()}.json.tmp"
-    tmp.write_text(json.dumps({**(read_meta(cache, model) or {}), **block}, sort_keys=True, default=str))
-    os.replace(tmp, d / f"{model}.json")
+    _write_json(d / f"{model}.json", {**(read_meta(cache, model) or {}), **block})
 
 
 def read_meta(cache: Path, model: str) -> dict[str, Any] | None:
@@ -244,8 +242,9 @@ def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    """``obj`` as JSON at ``path``, written beside it and renamed in (whole or absent)."""
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj))
+    tmp.write_text(json.dumps(obj, sort_keys=True, default=str))
     os.replace(tmp, path)
 
 

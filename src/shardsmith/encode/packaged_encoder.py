@@ -13,8 +13,8 @@ Contract
 - :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family; used only
   where its weights can be identified), whose first build keeps the model's manifest block beside them.
 - :func:`from_cache` makes a VAE without building its model, where the cache holds a package for every
-  ``shapes`` (or, where packages do not load, its exported program) and the model's block: what a second compiled build on a machine loads (no diffusers import, no
-  trace). None otherwise (the caller loads the model).
+  ``shapes`` (or, where packages do not load, its exported program) and the model's block: what a second
+  compiled build on a machine loads (no diffusers import). None otherwise (the caller loads the model).
 """
 
 from __future__ import annotations
@@ -161,19 +161,17 @@ class PackagedEncoder:
                                                 "options": {"torch": torch.__version__, **self.options}})
         return exported
 
-    def _from_program(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _from_program(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> Callable:
         """Where packages do not load: the package's exported program (exported first where it is not cached) compiled
         with ``torch.compile`` (Inductor, the packages' options). Every build on the machine compiles the same program
         read from the cache, so their kernels and bytes are the same, and a later build needs no model."""
         from shardsmith.encode import compile as cc
 
         program = aot.program_path(path)
-        if not program.is_file():
-            with aot.build_lock(path):
-                exported = self._exported.pop(shape, None)  # (exported by this process for the package)
-                if program.is_file():
-                    pass
-                elif exported is not None:
+        exported = self._exported.pop(shape, None)  # (exported by this process for the package)
+        with aot.build_lock(path):  # (another process may keep it while this one waits)
+            if not program.is_file():
+                if exported is not None:
                     aot.save_program(exported, program)
                 else:
                     self._build(path, shape, x, package=False)
