@@ -25,10 +25,12 @@ from typer.core import TyperGroup
 
 from shardsmith import process_exit
 from shardsmith.errors import UserError
+from shardsmith.encode import diffusers_import
 from shardsmith.import_notices import quiet_import_notices
 from shardsmith.recipe import recipe_from_dict, set_key
 
 quiet_import_notices()  # before any model library is imported
+diffusers_import.allow()  # a command: a VAE-only build imports diffusers without transformers
 
 class _OneLineErrors(TyperGroup):
     """Click's own usage errors (a flag value of the wrong type, an unknown option, a missing argument) end

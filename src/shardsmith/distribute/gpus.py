@@ -162,12 +162,14 @@ def pool_worker(spec: PoolSpec, tasks, results) -> None:
     """One worker: models on its device (loaded and warmed up first), its decode pool, then each task
     as it comes (None ends it). Reports ``("ready", rank, info)``, ``("done", rank, stats)`` per task, or
     ``("error", rank, text)`` before it exits with code 1."""
+    from shardsmith.encode import diffusers_import
     from shardsmith.import_notices import quiet_import_notices
     from shardsmith.parallel import Workers, exit_with_parent
     from shardsmith.plan.ledger import Ledger
 
     exit_with_parent(spec.parent)  # a build killed with -9 takes its workers with it
     quiet_import_notices()  # (a spawned interpreter: the CLI's logging settings are not inherited)
+    diffusers_import.allow()  # (nor is the CLI's permission)
     if spec.threads:
         import torch
 

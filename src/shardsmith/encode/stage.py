@@ -50,6 +50,7 @@ from shardsmith.encode.text import load_text_encoder, to_pinned
 from shardsmith.encode.text_memory import encode_halving
 from shardsmith.encode.throughput import BatchRecord, LaunchRecord, Throughput
 from shardsmith.encode.vae import load_vae
+from shardsmith.encode.vae_config import FAMILIES
 from shardsmith.precheck import resolve_device
 from shardsmith.recipe import LATENT_OUTPUTS
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
@@ -78,16 +79,26 @@ def _load_text(t, place):
     return text
 
 
-def _quiet_loads() -> None:
-    """Our own progress bars say what is happening; the libraries' per-load bars are noise."""
-    try:
-        from diffusers.utils import logging as dlog
+def _needs_transformers(recipe) -> bool:
+    """Whether the build loads a model of transformers (a text encoder, a teacher's, the audio encoder's mel)."""
+    m = recipe.models
+    return m.text is not None or m.teacher is not None or bool(recipe.audio_outputs())
+
+
+def _quiet_loads(recipe) -> None:
+    """Our own progress bars say what is happening; the libraries' per-load bars are noise. The VAE's class is
+    imported first, without transformers where the build needs none (encode/diffusers_import.py)."""
+    from shardsmith.encode import diffusers_import
+
+    if _needs_vae(recipe):
+        diffusers_import.model_class(FAMILIES[recipe.models.vae.family]["cls"], lean=not _needs_transformers(recipe))
+    from diffusers.utils import logging as dlog
+
+    dlog.disable_progress_bar()
+    if _needs_transformers(recipe):
         from transformers.utils import logging as tlog
 
         tlog.disable_progress_bar()
-        dlog.disable_progress_bar()
-    except ImportError:  # pragma: no cover - both are dependencies of the encoders
-        pass
 
 
 def _load_vae(recipe, place: str):
@@ -115,7 +126,7 @@ def _packaged_vae(recipe, place: str, device: str):
     shapes = [(batch, 3, b.height, b.width) for b in buckets]
 
     def build():
-        _quiet_loads()
+        _quiet_loads(recipe)
         return _load_vae(recipe, place)
 
     return packaged_encoder.from_cache(recipe, place, shapes, build)
@@ -193,8 +204,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         # diffusers and transformers, instead of at the first batch (encode/cuda_warm.py); None off a GPU
         warm = cuda_warm.start(recipe, place)
         vae = _packaged_vae(recipe, place, device)  # a compiled image VAE whose packages are cached: no model yet
-        if vae is None or m.text is not None or m.teacher is not None or recipe.audio_outputs():
-            _quiet_loads()
+        if vae is None or _needs_transformers(recipe):
+            _quiet_loads(recipe)
         text = decision = text_memory = None
         text_oom = [0]
         if offload is not None and offload.decided is not None and offload.decided.mode == "text-first" \

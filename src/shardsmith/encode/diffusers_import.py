@@ -1,0 +1,78 @@
+"""diffusers' model classes imported without transformers, in a command that loads no transformers model.
+
+diffusers' core imports transformers whenever it is installed: its pipeline quantisation config and its
+loaders name transformers' classes, and transformers brings its own core, scipy and soundfile. A build whose
+only model is a diffusers VAE uses none of it, and the import sits on its critical path: the command waits for
+the model before its first batch (BENCHMARKS.md §10).
+
+Contract
+- :func:`allow`: called by a process that is a shardsmith command (the CLI, the GPU workers it starts). A
+  library caller's process is left as it is: diffusers there sees transformers, as usual.
+- :func:`model_class` ``(name, lean)``: the class ``diffusers.<name>``. Imported without transformers (and
+  torchao, whose only use here is a text encoder's quantisation) when ``lean`` is true, :func:`allow` was
+  called, and neither diffusers nor those packages are imported yet. For the length of that import
+  ``sys.modules`` maps them to ``None``: an ``import`` of them raises ImportError and ``find_spec`` finds
+  nothing, which diffusers takes as "not installed". Afterwards both import as usual again and diffusers'
+  availability flags are read again, so a later import of a diffusers pipeline in the process sees them.
+  Modules diffusers imported meanwhile keep what they decided (its PEFT backend stays off: the process loads
+  no LoRA). Otherwise a plain import.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+KEPT_OUT = ("transformers", "torchao")  # the packages a lean import keeps out
+_allowed = False
+_lock = threading.Lock()
+
+
+def allow() -> None:
+    """Let :func:`model_class` import diffusers without transformers in this process (a shardsmith command)."""
+    global _allowed
+    _allowed = True
+
+
+@contextmanager
+def _kept_out(names: tuple[str, ...]) -> Iterator[None]:
+    """Within: ``import`` of ``names`` fails and ``find_spec`` finds none of them; after: as before."""
+    before = {n: sys.modules[n] for n in names if n in sys.modules}
+    for n in names:
+        sys.modules[n] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for n in names:
+            if n in before:
+                sys.modules[n] = before[n]
+            elif sys.modules.get(n, False) is None:
+                del sys.modules[n]
+
+
+def _reread_flags() -> None:
+    """diffusers' availability flags of the kept-out packages, read again now that they import."""
+    from diffusers.utils import import_utils as iu
+
+    probe = getattr(iu, "_is_package_available", None)  # (diffusers' own reader of them, pinned version)
+    for n in KEPT_OUT:
+        if probe is not None and hasattr(iu, f"_{n}_available"):
+            setattr(iu, f"_{n}_available", probe(n)[0])
+            setattr(iu, f"_{n}_version", probe(n)[1])
+
+
+def model_class(name: str, lean: bool = False) -> Any:
+    """``diffusers.<name>``, imported without transformers where the contract allows it."""
+    with _lock:
+        if lean and _allowed and not any(n in sys.modules for n in ("diffusers",) + KEPT_OUT):
+            with _kept_out(KEPT_OUT):
+                import diffusers
+
+                cls = getattr(diffusers, name)
+            _reread_flags()
+            return cls
+    import diffusers
+
+    return getattr(diffusers, name)

@@ -1,0 +1,119 @@
+"""A command whose only model is a diffusers VAE imports diffusers without transformers (its import sat on the
+build's critical path), writes the same latents as a library build, and leaves transformers importable."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shardsmith.encode.diffusers_import import _kept_out
+
+PHOTOS = Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "photos"
+
+# the CLI's build in this interpreter; after it, what it imported and what diffusers believes
+_PROBE = r'''
+import importlib, json, sys
+b = importlib.import_module("shardsmith.build")
+report = sys.argv[3]
+_build = b.build
+def _reported(*a, **k):
+    manifest = _build(*a, **k)
+    import diffusers.utils.import_utils as iu
+    out = {"imported": sorted(m for m in ("transformers", "torchao") if m in sys.modules),
+           "diffusers_sees_transformers": iu.is_transformers_available()}
+    from transformers import AutoConfig  # importable again after the lean import
+    out["transformers_imports"] = AutoConfig.__name__
+    with open(report, "w") as f:
+        json.dump(out, f)
+    return manifest
+b.build = _reported
+from shardsmith.cli import main
+sys.argv = ["shardsmith", "build", sys.argv[1], "--out", sys.argv[2], "--no-report", "-q"]
+main()
+'''
+
+
+def _recipe(tmp_path: Path, models: dict) -> Path:
+    rec = tmp_path / "recipe.yaml"
+    rec.write_text(yaml.safe_dump({
+        "sources": [{"path": str(PHOTOS)}], "split": {"holdout": 0.0, "seed": 1},
+        "geometry": {"buckets": ["64x64x1"]}, "models": {**models, "device": "cpu", "batch_size": 4},
+        "outputs": [{"format": "latent_wds", "dir": "lat"}]}))
+    return rec
+
+
+def _shards(out: Path) -> dict[str, str]:
+    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*.tar"))}
+
+
+def _cli(rec: Path, out: Path, report: Path) -> dict:
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(rec), str(out), str(report)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_a_vae_only_command_keeps_transformers_out_and_writes_the_library_builds_bytes(tmp_path):
+    from shardsmith.build import build
+    from shardsmith.recipe import load_recipe
+
+    rec = _recipe(tmp_path, {"vae": {"family": "sd", "config": "tiny"}})
+    seen = _cli(rec, tmp_path / "cli", tmp_path / "report.json")
+    assert seen == {"imported": [], "diffusers_sees_transformers": True, "transformers_imports": "AutoConfig"}
+    build(load_recipe(rec), tmp_path / "lib", quiet=True)  # a library caller: the usual import
+    cli, lib = _shards(tmp_path / "cli"), _shards(tmp_path / "lib")
+    assert cli and cli == lib
+    assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["counts"]["written"] == 6
+
+
+@pytest.mark.slow
+def test_the_lean_import_leaves_out_exactly_transformers_and_torchao(tmp_path):
+    code = r'''
+import json, sys
+from shardsmith.encode import diffusers_import as d
+if sys.argv[1] == "allowed":
+    d.allow()
+d.model_class("AutoencoderKL", lean=sys.argv[2] == "lean")
+print(json.dumps(sorted(m for m in ("transformers", "torchao", "diffusers") if m in sys.modules)))
+'''
+    seen = {}
+    for allowed, lean in (("allowed", "lean"), ("library", "lean"), ("allowed", "plain")):
+        r = subprocess.run([sys.executable, "-c", code, allowed, lean], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        seen[allowed, lean] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["allowed", "lean"] == ["diffusers"]
+    has_torchao = importlib.util.find_spec("torchao") is not None
+    usual = ["diffusers", "transformers"] + (["torchao"] if has_torchao else [])
+    assert sorted(seen["library", "lean"]) == sorted(usual)  # a library caller's process: as usual
+    assert sorted(seen["allowed", "plain"]) == sorted(usual)
+
+
+@pytest.mark.slow
+def test_a_build_with_a_text_model_imports_transformers_as_usual(tmp_path):
+    rec = _recipe(tmp_path, {"vae": {"family": "sd", "config": "tiny"}, "text": {"family": "t5", "config": "tiny"}})
+    seen = _cli(rec, tmp_path / "cli", tmp_path / "report.json")
+    assert "transformers" in seen["imported"] and seen["diffusers_sees_transformers"] is True
+
+
+def test_kept_out_hides_a_module_within_and_restores_it_after():
+    name = "mailbox"  # a standard module nothing here imports
+    was = sys.modules.get(name)
+    with _kept_out((name,)):
+        assert importlib.util.find_spec(name) is None
+        with pytest.raises(ImportError):
+            __import__(name)
+    assert sys.modules.get(name) is was
+    import json as json_mod
+
+    with _kept_out(("json",)):  # an imported module comes back as it was
+        assert sys.modules["json"] is None
+    assert sys.modules["json"] is json_mod
