@@ -1,8 +1,8 @@
 """``shardsmith build`` as a user runs it, timed from the command to the manifest, for the benchmarks.
 
 Contract
-- ``timed_build(argv, out, env=None)``: runs ``python -m shardsmith build *argv --out out`` in a
-  subprocess (``out`` removed first) and returns a :class:`CliRun`: the exit code, the seconds from
+- ``timed_build(argv, out, env=None, src=None)``: runs ``python -m shardsmith build *argv --out out`` in a
+  subprocess, with ``src`` (default: this checkout's ``src``) first on its path (``out`` removed first) and returns a :class:`CliRun`: the exit code, the seconds from
   the command to the manifest's mtime (the manifest is the last file a build writes before its HTML
   report), the seconds to the process's exit, the manifest (None when the build failed) and the tail
   of its stderr.
@@ -38,10 +38,10 @@ class CliRun:
     stderr_tail: str
 
 
-def timed_build(argv: list[str], out: Path, env: dict[str, str] | None = None) -> CliRun:
+def timed_build(argv: list[str], out: Path, env: dict[str, str] | None = None, src: Path | None = None) -> CliRun:
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, **(env or {})}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src or REPO / "src"), env.get("PYTHONPATH", "")) if p)
     t, t_wall = time.perf_counter(), time.time()
     r = subprocess.run([sys.executable, "-m", "shardsmith", "build", *argv, "--out", str(out)],
                        capture_output=True, text=True, env=env)

@@ -255,16 +255,17 @@ def text_alone(config: str, length: int, batch: int, repeats: int, device: str) 
             "load_s": load_s}
 
 
-def cli_build(recipe: dict, work: Path, name: str, decoder: str, compile_: str) -> dict:
+def cli_build(recipe: dict, work: Path, name: str, decoder: str, compile_: str, src: Path | None = None) -> dict:
     rp = work / f"{name}.yaml"
     rp.write_text(json.dumps(recipe))
-    r = timed_build([str(rp), "--no-report"], work / f"out_{name}")
+    r = timed_build([str(rp), "--no-report"], work / f"out_{name}", src=src)
     if r.rc != 0:
         return {"name": name, "rc": r.rc, "stderr": r.stderr_tail}
     m = r.manifest
     written = m["counts"]["written"]
     ss = m["models"].get("steady_state") or {}
-    return {"name": name, "decoder": decoder, "compile": compile_, "rc": 0, "wall_s": r.wall_s, "exit_s": r.exit_s,
+    return {"name": name, "decoder": decoder, "compile": compile_, "code": "alt" if src else "this checkout",
+            "rc": 0, "wall_s": r.wall_s, "exit_s": r.exit_s,
             "written": written,
             "items_per_s": written / r.wall_s, "failed": m["counts"]["failed"], "skipped": m["counts"]["skipped"],
             "image_decoder": m["models"].get("image_decoder", "pil"),
@@ -314,6 +315,8 @@ def main() -> int:
     ap.add_argument("--parity", action="store_true", help="also the GPU decoder's pixels against Pillow's")
     ap.add_argument("--no-bare", action="store_true", help="leave out the bare start (fresh interpreter to first batch)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--alt-src", type=Path, default=None, help="a src folder of other code (the code before a "
+                    "change): each repeat builds with this checkout's code, then with it (same encoder alone)")
     ap.add_argument("--prompts", type=int, default=8192, help="captions of the text workload")
     ap.add_argument("--text-config", default="xxl", help="T5 config of the text workload (xxl: T5 v1.1 XXL)")
     ap.add_argument("--text-len", type=int, default=512)
@@ -363,10 +366,11 @@ def main() -> int:
             w["warm_cache_build_s"] = subset_build(rec, src, args.work, args.warm)
             print(json.dumps({"warm_cache_build_s": w["warm_cache_build_s"]}), flush=True)
         for rep in range(args.repeats):
-            for dec in decs:
+            for dec, code in ((d, c) for d in decs for c in ([None, args.alt_src] if args.alt_src else [None])):
                 rec = video_recipe(src, h, w_, f, args.compile) if name == "video" else image_recipe(
                     src, size, dec, 64, args.compile)
-                b = cli_build(rec, args.work, f"{name}_{dec}_{rep}", dec, args.compile)
+                b = cli_build(rec, args.work, f"{name}_{dec}_{rep}" + ("_alt" if code else ""), dec, args.compile,
+                              code)
                 if b.get("rc") == 0:
                     b["ratio_to_encoder_alone"] = b["items_per_s"] / w["encoder_alone"]["items_per_s"]
                 w["builds"].append(b)

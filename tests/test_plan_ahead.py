@@ -3,6 +3,7 @@ same bytes as planning first, and a build killed before its plan completed resum
 when its sources changed in between."""
 
 import io
+import json
 import re
 import os
 import shutil
@@ -270,9 +271,12 @@ build(recipe_from_dict({{"sources": [{{"path": {str(photos)!r}}}], "geometry": {
 
 
 @pytest.mark.slow
-def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch):
+@pytest.mark.parametrize("outputs", ["latent_wds,precomputed", "precomputed"])
+def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch, outputs):
     """The output does not wait for the models before it starts: the decode workers work on the
-    first items while the models load (2 s here), and the models are waited for at the first batch."""
+    first items while the models load (2 s here), and the models are waited for at the first batch.
+    A new ``.precomputed/`` tree too, although its stamp names the loaded models (written before its
+    first files)."""
     from shardsmith.encode.stage import EncodeStage
     from shardsmith.transform.latent_pixels import LatentPixelMaker
 
@@ -297,8 +301,12 @@ def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch):
         return st
 
     monkeypatch.setattr(EncodeStage, "from_recipe", classmethod(slow_load))
-    m = build(_recipe(photos, holdout=0), tmp_path / "o", quiet=True, workers=2)
+    recipe = _recipe(photos, holdout=0)
+    recipe.outputs = [o for o in recipe.outputs if o.format in outputs.split(",")]
+    m = build(recipe, tmp_path / "o", quiet=True, workers=2)
     assert m["counts"]["written"] == 11
+    stamp = json.loads((tmp_path / "o" / ".precomputed" / "shardsmith.json").read_text())
+    assert stamp["vae"]["family"] == "sd" and stamp["buckets"] == ["32x32x1"]
     stamps = [float(x) for x in log.read_text().split()]
     early = [t for t in stamps if t < ready[0]]
     assert len(early) >= 4, (len(early), len(stamps))  # several items decoded before the models were ready
@@ -353,3 +361,18 @@ def test_a_model_that_cannot_load_stops_a_plan_apart_at_once(photos, tmp_path, m
     with pytest.raises(RuntimeError, match="weights are missing"):
         build(_recipe(photos, holdout=2), tmp_path / "o", quiet=True, workers=1)
     assert time.perf_counter() - t < 20
+
+
+@pytest.mark.slow
+def test_a_new_precomputed_tree_that_gets_no_item_is_still_stamped(photos, tmp_path):
+    """The stamp waits for the first unit's files; a tree whose every item fails gets it at its end, so a
+    later build with other encoders is still refused."""
+    src = tmp_path / "bad"
+    src.mkdir()
+    (src / "a.jpg").write_bytes((photos / "zz_truncated.jpg").read_bytes())
+    recipe = _recipe(src, holdout=0)
+    recipe.outputs = [o for o in recipe.outputs if o.format == "precomputed"]
+    m = build(recipe, tmp_path / "o", quiet=True)
+    assert m["counts"]["written"] == 0 and m["counts"]["failed"] == {"decode_error": 1}
+    stamp = json.loads((tmp_path / "o" / ".precomputed" / "shardsmith.json").read_text())
+    assert stamp["vae"]["family"] == "sd" and stamp["text"]["family"] == "minilm"

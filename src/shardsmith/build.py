@@ -36,7 +36,7 @@ import signal
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,7 @@ class BuildContext:
     memo: Any = None  # EncodedMemo when several outputs need the encoders (each item encoded once)
     devices: list[str] | None = None  # distribute.gpus's devices, once resolved ([]: one process)
     gpu_workers: Any = None  # GpuWorkers (--gpus N, the local engine): the models live there
+    stage_lock: Any = field(default_factory=threading.RLock)  # _stage: the main thread, or a sink's writer thread
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -535,7 +536,13 @@ def _encoding_stage(ctx: BuildContext):
 def _stage(ctx: BuildContext):
     """The encode stage: waits for the preload the first time (a batch is ready to encode, or the
     build ends) and books the wait; None for a recipe without latent outputs. With GPU workers, a
-    :class:`~shardsmith.distribute.gpus.DescribedStage` of worker 0's models."""
+    :class:`~shardsmith.distribute.gpus.DescribedStage` of worker 0's models. One thread at a time (a
+    ``.precomputed/`` sink stamps its tree on a writer thread, :mod:`shardsmith.sinks.precomputed`)."""
+    with ctx.stage_lock:
+        return _stage_locked(ctx)
+
+
+def _stage_locked(ctx: BuildContext):
     if ctx.stage is None and ctx.preload is None and ctx.gpu_workers is not None:
         from shardsmith.distribute.gpus import DescribedStage
 

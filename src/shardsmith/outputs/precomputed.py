@@ -26,12 +26,16 @@ class PrecomputedKind(LatentKind):
         from shardsmith.sinks.precomputed import PrecomputedSink
 
         sink = PrecomputedSink(o, dest)
-        sink.check_stamp(ctx.stage().stamp(ctx.recipe))  # refused before anything is written
+        if sink.has_stamp():  # a tree already there: one of other encoders is refused before any work
+            sink.check_stamp(ctx.stage().stamp(ctx.recipe))
+        else:  # a new tree: its items decode while the models load; stamped before its first files
+            sink.stamp_before_first_write(lambda: ctx.stage().stamp(ctx.recipe))
         return sink
 
     def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
         from shardsmith.sinks.bucketed_wds import bucket_summary
 
+        sink.settle_stamp()  # (a tree that got no unit is stamped too)
         info = super().finalize(o, ctx, sink, split, dest)
         info["buckets"] = bucket_summary(ctx.ledger.unit_files(o.name, split), latent_shapes(ctx))
         return info

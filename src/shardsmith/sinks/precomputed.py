@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -51,10 +52,16 @@ class PrecomputedSink:
 
     def __init__(self, output, dest: Path):
         self.o, self.dest = output, dest
+        self._pending_stamp: Callable[[], dict[str, Any]] | None = None
+        self._stamp_lock = threading.Lock()  # (units are written on two threads)
 
     def unit_full(self, count: int, nbytes: int, next_sample: SampleResult, key: str,
                   next_bytes: int | None = None) -> bool:
         return count >= self.o.unit
+
+    def has_stamp(self) -> bool:
+        """Whether the tree already records the encoders it was built with."""
+        return (self.dest / PRECOMPUTED_STAMP).exists()
 
     def check_stamp(self, stamp: dict[str, Any]) -> None:
         """Refuse a tree built with other encoders/buckets; write the stamp for a new tree."""
@@ -72,9 +79,22 @@ class PrecomputedSink:
         self.dest.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, stamp)
 
+    def stamp_before_first_write(self, stamp: Callable[[], dict[str, Any]]) -> None:
+        """A new tree: :meth:`check_stamp` with ``stamp()`` just before the first unit's files are written (the
+        stamp names the loaded models: the items decode while they load)."""
+        self._pending_stamp = stamp
+
+    def settle_stamp(self) -> None:
+        """The deferred :meth:`check_stamp`, once (at the first unit, or at the end of a tree with none)."""
+        with self._stamp_lock:
+            if self._pending_stamp is not None:
+                self.check_stamp(self._pending_stamp())
+                self._pending_stamp = None
+
     def write_unit(self, seq: int, samples: list[tuple[str, SampleResult]]) -> Written:
         """Write every sample's files atomically; the unit's files are grouped by bucket (one
         :class:`~shardsmith.records.UnitFile` per bucket, named ``<bucket>@unit<seq>``)."""
+        self.settle_stamp()
         h, total = hashlib.sha256(), 0
         groups: dict[str, list] = {}
         for _key, s in samples:
