@@ -1,0 +1,68 @@
+"""Two versions of the code on one eager VAE-only build through the CLI, alternating, on this machine's CPU (a
+diagnostic, BENCHMARKS.md §10, twenty-fourth session): the command's wall time to its exit and the model
+load beside the plan (``timings.load_models_overlapped_s``), medians of ``--pairs``. The builds read the
+quickstart's real photos (6 of them), a tiny SD VAE at 64², and must write the same latents.
+
+    git worktree add /tmp/oldsrc 75db711 && python bench/cli_ab_cpu.py /tmp/oldsrc --pairs 8 --out r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def recipe() -> dict:
+    return {"sources": [{"path": str(REPO / "examples" / "quickstart" / "photos")}], "split": {"holdout": 0},
+            "geometry": {"buckets": ["64x64x1"]}, "outputs": [{"format": "latent_wds", "dir": "lat"}],
+            "models": {"vae": {"family": "sd", "config": "tiny"}, "device": "cpu"}}
+
+
+def run(code: Path, work: Path, name: str) -> dict:
+    rp, out = work / "recipe.json", work / name
+    rp.write_text(json.dumps(recipe()))
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(rp), "--out", str(out), "-q", "--no-report"],
+                       capture_output=True, text=True, env={"PYTHONPATH": str(code / "src"), "PATH": "/usr/bin:/bin",
+                                                            "HF_HUB_OFFLINE": "1"})
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(r.stderr[-2000:])
+    m = json.loads((out / "manifest.json").read_text())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((out / "lat").rglob("*.tar")))).hexdigest()
+    return {"wall_s": round(wall, 3), "load_s": m["timings"].get("load_models_overlapped_s"), "latents": digest}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("old", type=Path, help="a checkout of the code before the change")
+    ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/cli_ab"))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list] = {"old": [], "new": []}
+    for i in range(args.pairs):
+        for side, code in (("old", args.old), ("new", REPO)):
+            runs[side].append(run(code, args.work, side))
+            print(side, runs[side][-1], flush=True)
+    res = {"pairs": args.pairs, "runs": runs,
+           "same_latents": len({r["latents"] for side in runs.values() for r in side}) == 1,
+           "median": {side: {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "load_s")}
+                      for side, rs in runs.items()}}
+    args.out.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["median"]), "same latents:", res["same_latents"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
