@@ -26,7 +26,7 @@ _build = b.build
 def _reported(*a, **k):
     manifest = _build(*a, **k)
     import diffusers.utils.import_utils as iu
-    out = {"imported": sorted(m for m in ("transformers", "torchao") if m in sys.modules),
+    out = {"imported": sorted(m for m in ("transformers", "torchao", "scipy") if m in sys.modules),
            "diffusers_sees_transformers": iu.is_transformers_available()}
     from transformers import AutoConfig  # importable again after the lean import
     out["transformers_imports"] = AutoConfig.__name__
@@ -76,14 +76,14 @@ def test_a_vae_only_command_keeps_transformers_out_and_writes_the_library_builds
 
 
 @pytest.mark.slow
-def test_the_lean_import_leaves_out_exactly_transformers_and_torchao(tmp_path):
+def test_the_lean_import_leaves_out_exactly_transformers_torchao_and_scipy(tmp_path):
     code = r'''
 import json, sys
 from shardsmith.encode import diffusers_import as d
 if sys.argv[1] == "allowed":
     d.allow()
 d.model_class("AutoencoderKL", lean=sys.argv[2] == "lean")
-print(json.dumps(sorted(m for m in ("transformers", "torchao", "diffusers") if m in sys.modules)))
+print(json.dumps(sorted(m for m in ("transformers", "torchao", "scipy", "diffusers") if m in sys.modules)))
 '''
     seen = {}
     for allowed, lean in (("allowed", "lean"), ("library", "lean"), ("allowed", "plain")):
@@ -92,7 +92,7 @@ print(json.dumps(sorted(m for m in ("transformers", "torchao", "diffusers") if m
         seen[allowed, lean] = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["allowed", "lean"] == ["diffusers"]
     has_torchao = importlib.util.find_spec("torchao") is not None
-    usual = ["diffusers", "transformers"] + (["torchao"] if has_torchao else [])
+    usual = ["diffusers", "scipy", "transformers"] + (["torchao"] if has_torchao else [])
     assert sorted(seen["library", "lean"]) == sorted(usual)  # a library caller's process: as usual
     assert sorted(seen["allowed", "plain"]) == sorted(usual)
 

@@ -1,18 +1,20 @@
 """diffusers' model classes imported without transformers, in a command that loads no transformers model.
 
 diffusers' core imports transformers whenever it is installed: its pipeline quantisation config and its
-loaders name transformers' classes, and transformers brings its own core, scipy and soundfile. A build whose
+loaders name transformers' classes, and transformers brings its own core, scipy and soundfile. Its
+single-file loader imports its schedulers, which import ``scipy.stats``. A build whose
 only model is a diffusers VAE uses none of it, and the import sits on its critical path: the command waits for
 the model before its first batch (BENCHMARKS.md §10).
 
 Contract
 - :func:`allow`: called by a process that is a shardsmith command (the CLI, the GPU workers it starts). A
   library caller's process is left as it is: diffusers there sees transformers, as usual.
-- :func:`model_class` ``(name, lean)``: the class ``diffusers.<name>``. Imported without transformers (and
-  torchao, whose only use here is a text encoder's quantisation) when ``lean`` is true, :func:`allow` was
-  called, and neither diffusers nor those packages are imported yet. For the length of that import
+- :func:`model_class` ``(name, lean)``: the class ``diffusers.<name>``. Imported without transformers, torchao
+  (whose only use here is a text encoder's quantisation) and scipy (which diffusers' schedulers import, and
+  its single-file loader imports them) when ``lean`` is true, :func:`allow` was called, and neither diffusers
+  nor those packages are imported yet. For the length of that import
   ``sys.modules`` maps them to ``None``: an ``import`` of them raises ImportError and ``find_spec`` finds
-  nothing, which diffusers takes as "not installed". Afterwards both import as usual again and diffusers'
+  nothing, which diffusers takes as "not installed". Afterwards they import as usual again and diffusers'
   availability flags are read again, so a later import of a diffusers pipeline in the process sees them.
   Modules diffusers imported meanwhile keep what they decided (its PEFT backend stays off: the process loads
   no LoRA). Otherwise a plain import.
@@ -25,7 +27,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-KEPT_OUT = ("transformers", "torchao")  # the packages a lean import keeps out
+KEPT_OUT = ("transformers", "torchao", "scipy")  # the packages a lean import keeps out
 _allowed = False
 _lock = threading.Lock()
 
