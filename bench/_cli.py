@@ -2,7 +2,8 @@
 
 Contract
 - ``timed_build(argv, out, env=None, src=None)``: runs ``python -m shardsmith build *argv --out out`` in a
-  subprocess, with ``src`` (default: this checkout's ``src``) first on its path (``out`` removed first) and returns a :class:`CliRun`: the exit code, the seconds from
+  subprocess, with ``src`` (default: this checkout's ``src``) first on its path (``out`` removed first), and
+  returns a :class:`CliRun`: the exit code, the seconds from
   the command to the manifest's mtime (the manifest is the last file a build writes before its HTML
   report), the seconds to the process's exit, the manifest (None when the build failed) and the tail
   of its stderr.

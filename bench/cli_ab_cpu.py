@@ -12,10 +12,10 @@ import argparse
 import hashlib
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _cli import timed_build
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,17 +29,12 @@ def recipe() -> dict:
 def run(code: Path, work: Path, name: str) -> dict:
     rp, out = work / "recipe.json", work / name
     rp.write_text(json.dumps(recipe()))
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "shardsmith", "build", str(rp), "--out", str(out), "-q", "--no-report"],
-                       capture_output=True, text=True, env={"PYTHONPATH": str(code / "src"), "PATH": "/usr/bin:/bin",
-                                                            "HF_HUB_OFFLINE": "1"})
-    wall = time.perf_counter() - t
-    if r.returncode != 0:
-        raise SystemExit(r.stderr[-2000:])
-    m = json.loads((out / "manifest.json").read_text())
+    r = timed_build([str(rp), "-q", "--no-report"], out, env={"HF_HUB_OFFLINE": "1"}, src=code / "src")
+    if r.rc != 0:
+        raise SystemExit(r.stderr_tail)
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((out / "lat").rglob("*.tar")))).hexdigest()
-    return {"wall_s": round(wall, 3), "load_s": m["timings"].get("load_models_overlapped_s"), "latents": digest}
+    return {"wall_s": round(r.exit_s, 3), "load_s": r.manifest["timings"].get("load_models_overlapped_s"),
+            "latents": digest}
 
 
 def main() -> int:

@@ -61,8 +61,9 @@ def _reread_flags() -> None:
     probe = getattr(iu, "_is_package_available", None)  # (diffusers' own reader of them, pinned version)
     for n in KEPT_OUT:
         if probe is not None and hasattr(iu, f"_{n}_available"):
-            setattr(iu, f"_{n}_available", probe(n)[0])
-            setattr(iu, f"_{n}_version", probe(n)[1])
+            available, version = probe(n)
+            setattr(iu, f"_{n}_available", available)
+            setattr(iu, f"_{n}_version", version)
 
 
 def model_class(name: str, lean: bool = False) -> Any:

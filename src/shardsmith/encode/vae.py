@@ -110,9 +110,9 @@ def device_init_note(device: str | torch.device) -> str | None:
 
 
 def _diffusers_class(family: str):
-    import diffusers
+    from shardsmith.encode.diffusers_import import model_class
 
-    return getattr(diffusers, FAMILIES[family]["cls"])
+    return model_class(FAMILIES[family]["cls"])
 
 
 def vae_geometry(family: str, config: str | dict = "published") -> dict:

@@ -26,10 +26,11 @@ class PrecomputedKind(LatentKind):
         from shardsmith.sinks.precomputed import PrecomputedSink
 
         sink = PrecomputedSink(o, dest)
+        stamp = lambda: ctx.stage().stamp(ctx.recipe)  # noqa: E731 - (waits for the models)
         if sink.has_stamp():  # a tree already there: one of other encoders is refused before any work
-            sink.check_stamp(ctx.stage().stamp(ctx.recipe))
+            sink.check_stamp(stamp())
         else:  # a new tree: its items decode while the models load; stamped before its first files
-            sink.stamp_before_first_write(lambda: ctx.stage().stamp(ctx.recipe))
+            sink.stamp_before_first_write(stamp)
         return sink
 
     def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
