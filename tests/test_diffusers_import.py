@@ -26,7 +26,7 @@ _build = b.build
 def _reported(*a, **k):
     manifest = _build(*a, **k)
     import diffusers.utils.import_utils as iu
-    out = {"imported": sorted(m for m in ("transformers", "torchao", "scipy") if m in sys.modules),
+    out = {"imported": sorted(m for m in ("transformers", "torchao", "scipy", "peft", "xformers") if m in sys.modules),
            "diffusers_sees_transformers": iu.is_transformers_available()}
     from transformers import AutoConfig  # importable again after the lean import
     out["transformers_imports"] = AutoConfig.__name__
@@ -54,9 +54,9 @@ def _shards(out: Path) -> dict[str, str]:
             for p in sorted(out.rglob("*.tar"))}
 
 
-def _cli(rec: Path, out: Path, report: Path) -> dict:
+def _cli(rec: Path, out: Path, report: Path, env: dict | None = None) -> dict:
     r = subprocess.run([sys.executable, "-c", _PROBE, str(rec), str(out), str(report)], capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(report.read_text())
 
@@ -117,3 +117,43 @@ def test_kept_out_hides_a_module_within_and_restores_it_after():
     with _kept_out(("json",)):  # an imported module comes back as it was
         assert sys.modules["json"] is None
     assert sys.modules["json"] is json_mod
+
+
+def _installed_stub(site: Path, name: str, version: str, modules: dict[str, str]) -> None:
+    """A package ``name`` as pip installs it (its dist-info names the version diffusers checks) whose
+    ``modules`` (dotted name below the package -> source; "" the package itself) import transformers first."""
+    dist = site / f"{name}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (dist / "top_level.txt").write_text(name + "\n")
+    for mod, body in modules.items():
+        path = site / name / (mod.replace(".", "/") + ".py" if mod else "__init__.py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("import transformers  # (the installed package cannot be imported without it)\n" + body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stub", ["peft", "xformers"])
+def test_a_vae_only_command_builds_where_a_package_diffusers_imports_needs_transformers(tmp_path, stub):
+    """peft (which diffusers imports wherever it is installed) is kept out with transformers; xformers stands for
+    a package not kept out that cannot import without transformers: the import falls back to the usual one. A
+    traceback before either (the lean import raised ImportError on a machine with peft, as most have)."""
+    import os
+
+    site = tmp_path / "site"
+    if stub == "peft":
+        _installed_stub(site, "peft", "0.21.2", {
+            "": "", "helpers": "def disable_input_dtype_casting(*a, **k): pass\n",
+            "tuners.__init__": "", "tuners.tuners_utils": "class BaseTunerLayer: pass\n"})
+    else:
+        _installed_stub(site, "xformers", "0.0.33", {"": "", "ops": ""})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    rec = _recipe(tmp_path, {"vae": {"family": "sd", "config": "tiny"}})
+    seen = _cli(rec, tmp_path / "cli", tmp_path / "report.json", env=env)
+    if stub == "peft":  # kept out: neither it nor transformers was imported for the build
+        assert seen["imported"] == []
+    else:  # the usual import: the package and transformers came in
+        assert seen["imported"] == sorted(["transformers", "xformers"] + [m for m in ("torchao", "scipy")
+                                                                          if importlib.util.find_spec(m)])
+    assert seen["diffusers_sees_transformers"] is True and seen["transformers_imports"] == "AutoConfig"
+    assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["counts"]["written"] == 6

@@ -10,25 +10,32 @@ Contract
 - :func:`allow`: called by a process that is a shardsmith command (the CLI, the GPU workers it starts). A
   library caller's process is left as it is: diffusers there sees transformers, as usual.
 - :func:`model_class` ``(name, lean)``: the class ``diffusers.<name>``. Imported without transformers, torchao
-  (whose only use here is a text encoder's quantisation) and scipy (which diffusers' schedulers import, and
-  its single-file loader imports them) when ``lean`` is true, :func:`allow` was called, and neither diffusers
-  nor those packages are imported yet. For the length of that import
+  (whose only use here is a text encoder's quantisation), scipy (which diffusers' schedulers import, and
+  its single-file loader imports them) and peft (which diffusers imports wherever it is installed, and which
+  cannot be imported without transformers) when ``lean`` is true, :func:`allow` was called, and neither
+  diffusers nor those packages are imported yet. For the length of that import
   ``sys.modules`` maps them to ``None``: an ``import`` of them raises ImportError and ``find_spec`` finds
   nothing, which diffusers takes as "not installed". Afterwards they import as usual again and diffusers'
   availability flags are read again, so a later import of a diffusers pipeline in the process sees them.
   Modules diffusers imported meanwhile keep what they decided (its PEFT backend stays off: the process loads
   no LoRA). Otherwise a plain import.
+- Another installed package that diffusers imports where present and that needs one of those (one not named
+  here) fails the lean import: the kept-out packages are then in view again, their flags read again, and the
+  class imported as usual. Python imports again only the modules whose import failed; those that completed
+  keep what they decided, as above. An error of that plain import is the caller's.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-KEPT_OUT = ("transformers", "torchao", "scipy")  # the packages a lean import keeps out
+KEPT_OUT = ("transformers", "torchao", "scipy", "peft")  # the packages a lean import keeps out
 _allowed = False
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 
 
@@ -70,12 +77,17 @@ def model_class(name: str, lean: bool = False) -> Any:
     """``diffusers.<name>``, imported without transformers where the contract allows it."""
     with _lock:
         if lean and _allowed and not any(n in sys.modules for n in ("diffusers",) + KEPT_OUT):
-            with _kept_out(KEPT_OUT):
-                import diffusers
+            try:
+                with _kept_out(KEPT_OUT):
+                    import diffusers
 
-                cls = getattr(diffusers, name)
+                    cls = getattr(diffusers, name)
+            except Exception as exc:  # noqa: BLE001 - a package needing a kept-out one: the usual import below
+                log.debug("diffusers without %s failed (%s); importing it as usual", ", ".join(KEPT_OUT), exc)
+            else:
+                _reread_flags()
+                return cls
             _reread_flags()
-            return cls
     import diffusers
 
     return getattr(diffusers, name)
