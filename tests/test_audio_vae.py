@@ -76,6 +76,20 @@ def test_settings_and_latent_steps():
 # ----------------------------------------------------------------------------- mel
 
 
+@pytest.mark.parametrize("rate,n_fft,mels", [(16000, 1024, 64), (44100, 2048, 128), (22050, 512, 80),
+                                             (24000, 1024, 64), (1600, 256, 40)])
+def test_the_filterbank_is_transformers_mel_filter_bank_bit_for_bit(rate, n_fft, mels):
+    """Our own arithmetic (no transformers import in an audio build) gives the float32 values transformers'
+    ``mel_filter_bank`` gave before it, so the latents of earlier builds stay the same bytes."""
+    from transformers.audio_utils import mel_filter_bank
+
+    ref = mel_filter_bank(num_frequency_bins=n_fft // 2 + 1, num_mel_filters=mels, min_frequency=0.0,
+                          max_frequency=rate / 2.0, sampling_rate=rate, norm="slaney", mel_scale="slaney")
+    ours = mel_filters(rate, n_fft, mels)
+    assert ours.dtype == np.float32 and ours.shape == (n_fft // 2 + 1, mels)
+    assert ours.tobytes() == np.ascontiguousarray(ref, dtype=np.float32).tobytes()
+
+
 def test_mel_filterbank_is_slaney():
     """Against torchaudio's melscale_fbanks(513, 0, 8000, 64, 16000, norm="slaney", mel_scale="slaney") (the
     filterbank of LTX's AudioProcessor): support, peak bin, peak value and area of four filters, taken from

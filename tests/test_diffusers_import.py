@@ -40,6 +40,22 @@ main()
 '''
 
 
+def _audio_recipe(tmp_path: Path) -> Path:
+    """An audio-only build (LTX-2's audio VAE, tiny config) of three real speech files at their own rates."""
+    from video_factory import audio_file
+
+    src = tmp_path / "speech"
+    src.mkdir()
+    for i, (rate, layout) in enumerate(((16000, "mono"), (44100, "stereo"), (22050, "mono"))):
+        audio_file(src / f"s{i}.wav", kind="speech", duration=1.3, rate=rate, layout=layout)
+    rec = tmp_path / "audio.yaml"
+    rec.write_text(yaml.safe_dump({
+        "sources": [{"path": str(src)}], "split": {"holdout": 0.0, "seed": 1},
+        "models": {"audio_vae": {"family": "ltx2_audio", "config": "tiny"}, "device": "cpu", "batch_size": 2},
+        "audio": {"durations": "1.0"}, "outputs": [{"format": "latent_wds", "dir": "lat"}]}))
+    return rec
+
+
 def _recipe(tmp_path: Path, models: dict) -> Path:
     rec = tmp_path / "recipe.yaml"
     rec.write_text(yaml.safe_dump({
@@ -73,6 +89,21 @@ def test_a_vae_only_command_keeps_transformers_out_and_writes_the_library_builds
     cli, lib = _shards(tmp_path / "cli"), _shards(tmp_path / "lib")
     assert cli and cli == lib
     assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["counts"]["written"] == 6
+
+
+@pytest.mark.slow
+def test_an_audio_only_command_keeps_transformers_out_and_writes_the_library_builds_bytes(tmp_path):
+    """LTX-2's audio VAE needs no transformers either (its mel filterbank is shardsmith's own arithmetic)."""
+    from shardsmith.build import build
+    from shardsmith.recipe import load_recipe
+
+    rec = _audio_recipe(tmp_path)
+    seen = _cli(rec, tmp_path / "cli", tmp_path / "report.json")
+    assert seen == {"imported": [], "diffusers_sees_transformers": True, "transformers_imports": "AutoConfig"}
+    build(load_recipe(rec), tmp_path / "lib", quiet=True)
+    cli, lib = _shards(tmp_path / "cli"), _shards(tmp_path / "lib")
+    assert cli and cli == lib
+    assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["counts"]["written"] == 3
 
 
 @pytest.mark.slow

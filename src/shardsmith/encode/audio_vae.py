@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .diffusers_import import model_class
 from .spec import EncoderSpec, Provenance, hash_pretrained, pretrained_kwargs
 
 if TYPE_CHECKING:  # torch is imported where a model is built or run: settings stay cheap
@@ -210,7 +211,7 @@ def _pretrained_config(pretrained: str, subfolder: str | None, revision: str | N
     cfg = pretrained_config(pretrained, subfolder, revision, cache_dir)
     if cfg is not None:
         return cfg
-    from diffusers import AutoencoderKLLTX2Audio
+    AutoencoderKLLTX2Audio = model_class(CLS)
 
     from shardsmith.errors import UserError
 
@@ -252,14 +253,32 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def _slaney_mel(hz: float) -> float:
+    """Hertz -> Slaney's mel scale: linear below 1 kHz, logarithmic above."""
+    return 3.0 * hz / 200.0 if hz < 1000.0 else 15.0 + np.log(hz / 1000.0) * (27.0 / np.log(6.4))
+
+
+def _slaney_hz(mel: np.ndarray) -> np.ndarray:
+    """Slaney's mel scale -> hertz, the inverse of :func:`_slaney_mel` (float64)."""
+    hz = 200.0 * mel / 3.0
+    log = mel >= 15.0
+    hz[log] = 1000.0 * np.exp((np.log(6.4) / 27.0) * (mel[log] - 15.0))
+    return hz
+
+
 def mel_filters(sample_rate: int, n_fft: int, mel_bins: int) -> np.ndarray:
     """The ``[n_fft // 2 + 1, mel_bins]`` slaney-scale, slaney-normalised triangular filterbank from 0 Hz to
-    ``sample_rate / 2`` (torchaudio's ``melscale_fbanks(..., norm="slaney", mel_scale="slaney")``), float32."""
-    from transformers.audio_utils import mel_filter_bank
-
-    fb = mel_filter_bank(num_frequency_bins=n_fft // 2 + 1, num_mel_filters=mel_bins, min_frequency=0.0,
-                         max_frequency=sample_rate / 2.0, sampling_rate=sample_rate, norm="slaney",
-                         mel_scale="slaney")
+    ``sample_rate / 2`` (torchaudio's ``melscale_fbanks(..., norm="slaney", mel_scale="slaney")``), float32.
+    The arithmetic, in float64 and in this order, of transformers' ``audio_utils.mel_filter_bank`` with those
+    settings, whose values it equals bit for bit (a test checks it), without importing transformers."""
+    mel_edges = np.linspace(_slaney_mel(0.0), _slaney_mel(sample_rate / 2.0), mel_bins + 2)
+    edges = _slaney_hz(mel_edges)  # the filters' corners in Hz
+    fft_hz = np.linspace(0, sample_rate // 2, n_fft // 2 + 1)
+    width = np.diff(edges)
+    slopes = np.expand_dims(edges, 0) - np.expand_dims(fft_hz, 1)
+    down, up = -slopes[:, :-2] / width[:-1], slopes[:, 2:] / width[1:]
+    fb = np.maximum(np.zeros(1), np.minimum(down, up))
+    fb *= np.expand_dims(2.0 / (edges[2:mel_bins + 2] - edges[:mel_bins]), 0)  # area normalisation
     return np.ascontiguousarray(fb, dtype=np.float32)
 
 
@@ -624,7 +643,7 @@ def load_audio_vae(family: str = "ltx2_audio", *, pretrained: str | None = None,
     built from ``config`` ("tiny", "published" or a dict; see :data:`CONFIGS`) and labelled
     ``"random-weights"``: such latents are not model-space data.
     """
-    from diffusers import AutoencoderKLLTX2Audio
+    AutoencoderKLLTX2Audio = model_class(CLS)
 
     from .vae import _dtype_name, _torch_dtype, device_init_note, seeded_init, seeded_statistics
 

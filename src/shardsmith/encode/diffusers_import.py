@@ -3,8 +3,8 @@
 diffusers' core imports transformers whenever it is installed: its pipeline quantisation config and its
 loaders name transformers' classes, and transformers brings its own core, scipy and soundfile. Its
 single-file loader imports its schedulers, which import ``scipy.stats``. A build whose
-only model is a diffusers VAE uses none of it, and the import sits on its critical path: the command waits for
-the model before its first batch (BENCHMARKS.md §10).
+models are diffusers VAEs (an image or video VAE, LTX-2's audio VAE) uses none of it, and the import sits on
+its critical path: the command waits for the model before its first batch (BENCHMARKS.md §10).
 
 Contract
 - :func:`allow`: called by a process that is a shardsmith command (the CLI, the GPU workers it starts). A

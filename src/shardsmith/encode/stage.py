@@ -80,18 +80,23 @@ def _load_text(t, place):
 
 
 def _needs_transformers(recipe) -> bool:
-    """Whether the build loads a model of transformers (a text encoder, a teacher's, the audio encoder's mel)."""
+    """Whether the build loads a model of transformers (a text encoder, a teacher's)."""
     m = recipe.models
-    return m.text is not None or m.teacher is not None or bool(recipe.audio_outputs())
+    return m.text is not None or m.teacher is not None
 
 
 def _quiet_loads(recipe) -> None:
-    """Our own progress bars say what is happening; the libraries' per-load bars are noise. The VAE's class is
-    imported first, without transformers where the build needs none (encode/diffusers_import.py)."""
+    """Our own progress bars say what is happening; the libraries' per-load bars are noise. The VAEs' classes
+    are imported first, without transformers where the build needs none (encode/diffusers_import.py)."""
     from shardsmith.encode import diffusers_import
 
+    lean = not _needs_transformers(recipe)
     if _needs_vae(recipe):
-        diffusers_import.model_class(FAMILIES[recipe.models.vae.family]["cls"], lean=not _needs_transformers(recipe))
+        diffusers_import.model_class(FAMILIES[recipe.models.vae.family]["cls"], lean=lean)
+    if recipe.audio_outputs():
+        from shardsmith.encode.audio_vae import CLS
+
+        diffusers_import.model_class(CLS, lean=lean)
     from diffusers.utils import logging as dlog
 
     dlog.disable_progress_bar()
