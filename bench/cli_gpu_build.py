@@ -85,7 +85,9 @@ def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frame
     """The encoder (published config, random weights) on a resident bf16 batch: SD-VAE on [batch, 3, size,
     size] (what the image build's batches run), or ``family`` on ``frames`` = (F, H, W) clips; eager, or
     ``compiled`` as the build compiles it (same mode, same persistent cache). cuDNN's autotuner on (the build
-    runs cuDNN's deterministic heuristics: the baseline is the faster of the two)."""
+    runs cuDNN's deterministic heuristics: the baseline is the faster of the two). An image batch in the build's
+    layout (contiguous: encode/staging.py) and channels-last, each timed; the baseline is the faster (on one H100
+    host channels-last ran 0.112 s a batch against 0.092 s contiguous: BENCHMARKS.md §10, twenty-fifth session)."""
     import torch
 
     from shardsmith.encode.vae import load_vae
@@ -96,8 +98,9 @@ def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frame
     torch.backends.cudnn.benchmark = True
     shape = (3, *frames) if frames else (3, size, size)
     x = torch.rand(batch, *shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
-    if frames is None:  # an image build's layout: channels last (the build's staging permutes to it)
-        x = x.contiguous(memory_format=torch.channels_last)
+    layouts = {"contiguous": x}
+    if frames is None and not compiled:
+        layouts["channels_last"] = x.contiguous(memory_format=torch.channels_last)
     compile_s = None
     if compiled:
         from shardsmith.encode import compile as cc
@@ -113,13 +116,17 @@ def encoder_alone(size: int, batch: int, repeats: int, family: str = "sd", frame
         vae.encode(x)
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t  # the first compiled batch: compile (or package load) included
-    for _ in range(3):
-        vae.encode(x)
-    med = statistics.median(batch_seconds(lambda: vae.encode(x), repeats))
+    meds = {}
+    for name, xs in layouts.items():
+        for _ in range(3):
+            vae.encode(xs)
+        meds[name] = statistics.median(batch_seconds(lambda: vae.encode(xs), repeats))  # noqa: B023
+    med = min(meds.values())
     packages = vae.packages.describe() if getattr(vae, "packages", None) is not None else None
     vae = None  # (its memory back to the cache, emptied below)
     torch.cuda.empty_cache()
     return {"family": family, "shape": list(shape), "batch": batch, "compiled": compiled, "median_batch_s": med,
+            "median_batch_s_by_layout": meds,
             "items_per_s": batch / med, "load_s": load_s, "first_compiled_batch_s": compile_s, "packages": packages}
 
 
