@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -169,8 +170,6 @@ def test_a_vae_only_command_builds_where_a_package_diffusers_imports_needs_trans
     """peft (which diffusers imports wherever it is installed) is kept out with transformers; xformers stands for
     a package not kept out that cannot import without transformers: the import falls back to the usual one. A
     traceback before either (the lean import raised ImportError on a machine with peft, as most have)."""
-    import os
-
     site = tmp_path / "site"
     if stub == "peft":
         _installed_stub(site, "peft", "0.21.2", {

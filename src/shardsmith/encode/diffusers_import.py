@@ -77,6 +77,7 @@ def model_class(name: str, lean: bool = False) -> Any:
     """``diffusers.<name>``, imported without transformers where the contract allows it."""
     with _lock:
         if lean and _allowed and not any(n in sys.modules for n in ("diffusers",) + KEPT_OUT):
+            cls = None
             try:
                 with _kept_out(KEPT_OUT):
                     import diffusers
@@ -84,10 +85,9 @@ def model_class(name: str, lean: bool = False) -> Any:
                     cls = getattr(diffusers, name)
             except Exception as exc:  # noqa: BLE001 - a package needing a kept-out one: the usual import below
                 log.debug("diffusers without %s failed (%s); importing it as usual", ", ".join(KEPT_OUT), exc)
-            else:
-                _reread_flags()
-                return cls
             _reread_flags()
+            if cls is not None:
+                return cls
     import diffusers
 
     return getattr(diffusers, name)
