@@ -129,12 +129,24 @@ def check_packages(recipe: Recipe) -> None:
         import_optional(*MINILM, f"models.text ({what}, no pretrained set)")
 
 
-def resolve_device(requested: str, asked_by: str) -> str:
+def resolve_device(requested: str, asked_by: str, *, quick: bool = False) -> str:
     """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cuda`` without one is a
     :class:`DeviceError` naming ``asked_by`` (the key or flag that asked); ``cpu`` as is; ``cuda:N``
-    as is when torch sees GPU N (an index into the visible devices), else a :class:`DeviceError`."""
+    as is when torch sees GPU N (an index into the visible devices), else a :class:`DeviceError`.
+    ``quick``: asked of NVML without importing torch where that answers
+    (:mod:`shardsmith.encode.nvml_count`, as torch asks under ``PYTORCH_NVML_BASED_CUDA_CHECK=1``); the
+    errors, and every answer NVML cannot give, come from torch."""
     if requested == "cpu":
         return "cpu"
+    if quick:
+        from shardsmith.encode.nvml_count import device_count
+
+        count = device_count()
+        if count is not None:
+            if requested == "auto":
+                return "cuda" if count else "cpu"
+            if count > (int(requested.split(":", 1)[1]) if requested.startswith("cuda:") else 0):
+                return requested
     import torch
 
     if requested.startswith("cuda:"):

@@ -6,8 +6,9 @@ Contract
   resumed build decodes as it began. Recipes without a VAE and a latent output are returned as they are.
 - :func:`settled(setting)`: the setting as a maker outside a build reads it (``auto`` -> ``cpu``).
 - :func:`check_gpu(recipe)`: the precheck of ``images.decoder: gpu``.
-- This module imports no torch: an audio or text build settles it without paying torch's import before
-  its plan (torch is imported beside the plan, by the model loader). torchvision's decoder
+- This module imports no torch, and a build's ``auto`` asks NVML whether there is a GPU
+  (:mod:`shardsmith.encode.nvml_count`): a build settles it without paying torch's import before its plan
+  (torch is imported beside the plan, by the model loader). torchvision's decoder
   (:mod:`shardsmith.encode.gpu_decode`) is imported only where the answer depends on it.
 """
 
@@ -79,6 +80,6 @@ def settle(recipe, ledger, workers: int):
         except DeviceError as exc:
             raise DeviceError(f"this build began decoding JPEGs on the GPU (images.decoder settled to gpu) and "
                               f"must resume the same way, but {str(exc).split('but ', 1)[-1]}") from None
-    chosen = ledger.kept_choice(LEDGER_KEY, "cpu", lambda: resolve_decoder(
-        recipe.images.decoder, resolve_device(recipe.models.device, "models.device"), workers))
+    chosen = ledger.kept_choice(LEDGER_KEY, "cpu", lambda: resolve_decoder(  # (NVML first: torch's import is
+        recipe.images.decoder, resolve_device(recipe.models.device, "models.device", quick=True), workers))  # seconds)
     return recipe.settled("images", "decoder", chosen)

@@ -148,7 +148,7 @@ def settle(recipe, ledger):
         if decision.setting != setting:  # kept for an explicit setting, now auto: auto decides afresh
             decision = None
     if decision is None and setting == "auto":
-        device = resolve_device(recipe.models.device, "models.device")
+        device = resolve_device(recipe.models.device, "models.device", quick=True)  # (no torch before the plan)
         if device == "cpu" and free_bytes(device) is None:
             decision = OffloadDecision("off", setting, "no GPU: the models run on the CPU")
     if decision is None:  # auto on a GPU: the model loader asks it (see OffloadRun)
