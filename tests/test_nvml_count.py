@@ -177,3 +177,25 @@ def test_an_auto_device_image_build_forks_its_workers_before_importing_torch(tmp
         outs[device] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((out / "lat").glob("*.tar"))}
         assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 6
     assert outs["auto"] and outs["auto"] == outs["cpu"]
+
+
+@pytest.mark.slow
+def test_a_gpu_nvml_sees_and_torch_cannot_use_is_said_and_recorded(tmp_path, monkeypatch, capsys):
+    """NVML counts a device, torch has none (a broken CUDA install): the decoder was settled for a GPU, the
+    models run on the CPU, and the build says so and records the decoder it used."""
+    import torch
+
+    from shardsmith.build import build
+    from shardsmith.recipe import recipe_from_dict
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here")
+    monkeypatch.setattr(nvml_count, "device_count", lambda: 1)
+    m = build(recipe_from_dict({
+        "sources": [{"path": str(PHOTOS)}], "split": {"holdout": 0.0, "seed": 1},
+        "geometry": {"buckets": ["64x64x1"]}, "models": {"vae": {"family": "sd", "config": "tiny"}, "batch_size": 4},
+        "outputs": [{"format": "latent_wds", "dir": "lat"}]}), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 6 and m["models"]["device"] == "cpu"
+    assert m["models"]["image_decoder"] == "pil-draft"
+    err = capsys.readouterr().err
+    assert "NVML reports a CUDA device, but torch cannot use it" in err and "models.device: cpu" in err

@@ -283,8 +283,8 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
                 ledger.set_meta("recipe", canonical(recipe))
                 ledger.set_meta("version", __version__)
                 ledger.set_meta("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        if needs_encoders(recipe):  # (torch only where a device must be resolved: an audio build's plan and
-            # workers start without it, and the model loader imports it beside the plan)
+        if needs_encoders(recipe):  # (no torch: NVML says whether there is a GPU, so the plan and the workers
+            # start without it, and the model loader imports it beside the plan)
             from shardsmith.encode.decoder_choice import settle
 
             recipe = settle(recipe, ledger, n_workers)  # images.decoder, as this build began (kept in the ledger)
