@@ -1,7 +1,8 @@
-"""Where a machine's AOTInductor package loader crashes: a warm compiled build that compiles the package's exported
-program (this code) against one that builds the model and compiles diffusers' module (OLD, a checkout of 12d58a3),
-and the same build eager, through the CLI on this machine's CPU (BENCHMARKS.md §10, twenty-third session; a
-diagnostic). Every build's verifying child is made to crash (``aot_package._VERIFY``), as on the leased H100s.
+"""Where a machine's AOTInductor package loader crashes: a warm compiled build of this code (``program``) against one
+of OLD's (``old_fallback``), and the same build eager, through the CLI on this machine's CPU (BENCHMARKS.md §10; a
+diagnostic). Twenty-third session: OLD 12d58a3 built the model and compiled diffusers' module, this code compiled
+the package's exported program with torch.compile; twenty-sixth: OLD 5038ab3 is that, this code loads the program
+compiled ahead into an Inductor artifact. Every build's verifying child is made to crash (``aot_package._VERIFY``), as on the leased H100s.
 Needs bench/cli_cpu_packaged.py's photos in /tmp/pkp/src first.
 
     git worktree add /tmp/oldsrc 12d58a3 && python bench/cpu_fallback_compare.py /tmp/oldsrc

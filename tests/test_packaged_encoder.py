@@ -153,31 +153,44 @@ def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instead(tmp_path, monkeypatch):
+def _traces() -> int:
+    """Graphs Dynamo has traced in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_instead(tmp_path, monkeypatch):
     # torch 2.11's CUDA package loader died of a segmentation fault on an H100: only a package that a child process
     # loaded and ran is loaded into the build; here the child dies the same way. The build compiles the package's
-    # exported program (kept beside it) with torch.compile instead, so a later build needs no model there either
+    # exported program (kept beside it) with Inductor into an artifact (kept beside it) instead, so a later build
+    # needs no model there either, and no trace
     from shardsmith.build import build
 
     monkeypatch.setattr(aot_package, "_VERIFY", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     real_photos(tmp_path / "p", 5, seed=9, min_side=40, max_side=90)
     why = f"torch {torch.__version__}: the package died of signal 11"
+    traced = _traces()
     m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "a", quiet=True, workers=1)
     c = m["models"]["compile"]
     assert (c["compiled"], c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"]) == (
         True, ["3x3x32x32"], [], {"3x3x32x32": why}, ["3x3x32x32"], True)
+    assert (c["program_compiled_by"], c["artifacts_built"]) == ("inductor-artifact", ["3x3x32x32"])
     assert m["counts"]["written"] == 5
     package, = aot_package.packages(tmp_path / "cache")
     assert aot_package.verdict(package) == {"ok": False, "why": why}
     assert aot_package.program_path(package).is_file()
-    # the verdict is kept: the next build neither loads nor rebuilds the package; it compiles the kept program,
-    # without building the model, into the same bytes
+    artifact = aot_package.artifact_path(package, torch.device("cpu"))
+    assert artifact.is_file() and aot_package.constants_path(artifact).is_file()
+    # the verdict is kept: the next build neither loads nor rebuilds the package; it loads the kept artifact,
+    # without building the model and without a trace, and writes the same bytes
     m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "b", quiet=True, workers=1)
     c = m["models"]["compile"]
-    assert (c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"]) == (
-        [], [], {"3x3x32x32": why}, ["3x3x32x32"], False)
+    assert (c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"], c["artifacts_built"]) == (
+        [], [], {"3x3x32x32": why}, ["3x3x32x32"], False, [])
     assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
+    assert _traces() == traced  # (torch.compile of the program, before: a trace in every build)
     # the loader crashed, so the machine's verdict is kept too: another shape is not compiled into a package at
     # all (no package compile, no verifying child: only its program is exported), and the manifest says where the
     # verdict is
@@ -195,6 +208,15 @@ def test_a_package_that_does_not_load_here_is_compiled_with_torch_compile_instea
     m = build(recipe_from_dict(other), tmp_path / "d", quiet=True, workers=1)
     assert (m["models"]["compile"]["model_built"], m["counts"]["written"]) == (False, 5)
     assert tree_bytes(tmp_path / "d") == tree_bytes(tmp_path / "c")
+    # a program kept without its artifact (a cache of the code before artifacts, or one deleted): compiled from the
+    # program, without the model, into the same bytes
+    for path in (artifact, aot_package.constants_path(artifact)):
+        path.unlink()
+    m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "e", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert (c["model_built"], c["artifacts_built"], m["counts"]["written"]) == (False, ["3x3x32x32"], 5)
+    assert tree_bytes(tmp_path / "e") == tree_bytes(tmp_path / "a")
+    assert _traces() == traced
 
 
 def test_two_processes_wanting_one_package_build_it_once(tmp_path, monkeypatch):

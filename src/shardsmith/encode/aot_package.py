@@ -43,6 +43,7 @@ import torch
 PACKAGED_FAMILIES = ("sd", "sdxl", "flux")  # AutoencoderKL: encoder + quant conv -> a diagonal Gaussian's moments
 SUFFIX = ".pt2"
 PROGRAM_SUFFIX = ".program.pt2"  # (torch.export.load wants .pt2; a package is `<key>.pt2`)
+ARTIFACT_SUFFIX = ".inductor.bin"  # a program compiled by Inductor ahead of the build (one per device index)
 
 
 def packaged(family: str) -> bool:
@@ -182,11 +183,80 @@ def save_program(exported, path: Path) -> Path:
     return path
 
 
-def load_program(path: Path) -> torch.nn.Module:
-    """The exported program at ``path`` as a module (its ATen graph, run by torch; compiled by the caller)."""
+def load_exported(path: Path):
+    """The exported program kept at ``path`` (:func:`save_program`): an ``ExportedProgram``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return torch.export.load(str(path)).module()
+        return torch.export.load(str(path))
+
+
+def load_program(path: Path) -> torch.nn.Module:
+    """The exported program at ``path`` as a module (its ATen graph, run by torch; compiled by the caller)."""
+    exported = load_exported(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return exported.module()
+
+
+def artifact_path(package: Path, device: torch.device) -> Path:
+    """Where the package's exported program compiled by Inductor for ``device`` is kept (its constants beside it,
+    :func:`constants_path`): what a machine whose package loader does not work runs. Per device index: Inductor's
+    code names the GPU it was compiled on."""
+    where = f"cuda{_device_index(device)}" if device.type == "cuda" else device.type
+    return package.with_name(f"{package.name[:-len(SUFFIX)]}.{where}{ARTIFACT_SUFFIX}")
+
+
+def constants_path(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name[:-len(ARTIFACT_SUFFIX)] + ".constants.pt")
+
+
+def artifacts_supported() -> bool:
+    """Whether this torch compiles and loads Inductor artifacts (``torch._inductor.standalone_compile``)."""
+    import torch._inductor
+
+    return hasattr(torch._inductor, "standalone_compile") and hasattr(torch._inductor, "CompiledArtifact")
+
+
+def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[str, Any]) -> Path:
+    """Compile the exported program ``exported`` (:func:`export`, on ``example``'s device, shape and strides) with
+    Inductor ahead of the build into ``path`` (:func:`artifact_path`) and its constants beside it (both written beside and renamed
+    in, the constants first). The program's weights become inputs of the compiled graph, in its signature's order."""
+    import torch._inductor.config
+    from torch._inductor import standalone_compile
+
+    with torch.inference_mode(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        program = exported.run_decompositions()
+        state = {**program.state_dict, **dict(program.constants)}
+        specs = program.graph_signature.input_specs
+        user = [i for i, spec in enumerate(specs) if spec.target is None]
+        if len(user) != 1:
+            raise ValueError(f"the exported program takes {len(user)} inputs; one (the pixels) was expected")
+        constants = [state[spec.target].detach().to(example.device) for spec in specs if spec.target is not None]
+        inputs = [*constants[:user[0]], torch.zeros_like(example), *constants[user[0]:]]
+        with torch._inductor.config.patch(dict(options)):  # (its ``options`` are compile_fx's keywords, not these)
+            compiled = standalone_compile(program.graph_module, inputs, dynamic_shapes="from_example_inputs")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for target, write in ((constants_path(path), lambda t: torch.save({"at": user[0], "constants": constants}, t)),
+                          (path, lambda t: compiled.save(path=str(t), format="binary"))):
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            write(tmp)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_artifact(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The Inductor artifact at ``path`` (:func:`build_artifact`) with its constants on ``device``, as a function of
+    the pixels: no model, no trace."""
+    from torch._inductor import CompiledArtifact
+
+    saved = torch.load(constants_path(path), map_location=device, weights_only=True)
+    constants, at = saved["constants"], saved["at"]
+    compiled = CompiledArtifact.load(path=str(path), format="binary")
+    return lambda x: compiled(*constants[:at], x, *constants[at:])[0]
 
 
 _VERIFY = """

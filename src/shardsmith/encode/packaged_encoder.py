@@ -5,9 +5,10 @@ Contract
   ``[B, 2C, h, w]``: from the package of that shape in the compile cache (:mod:`~shardsmith.encode.aot_package`),
   or, where there is none yet, exported from the model (``net()``, built on demand) and compiled into it first.
   A package is loaded into the process only once a child process has loaded and run it (its verdict is kept
-  beside it); a shape whose package does not load here runs the package's exported program (kept beside it) with
-  ``torch.compile`` instead, the manifest saying why (``unusable``, ``from_program``), in every build on that
-  machine and torch (the verdict is kept): a later build there needs neither the model nor diffusers either.
+  beside it); a shape whose package does not load here runs the package's exported program (kept beside it)
+  compiled by Inductor into an artifact (kept beside it, per device) instead, the manifest saying why
+  (``unusable``, ``from_program``), in every build on that machine and torch (the verdict is kept): a later build
+  there loads the artifact, with neither the model nor diffusers nor a trace.
   It runs only once ``active`` (set by :meth:`~shardsmith.encode.vae.VaeEncoder.compile`); eager batches go
   through diffusers as before.
 - :func:`attach` gives a loaded VAE its packages (``models.compile`` not ``off``, a packaged family; used only
@@ -73,7 +74,8 @@ class PackagedEncoder:
         self.seconds = 0.0  # loading and building packages
         self._runners: dict[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]] = {}
         self.unusable: dict[str, str] = {}  # shapes whose package does not load here, and why (torch.compile instead)
-        self.programs: list[str] = []  # shapes run from their exported program with torch.compile (those unusable)
+        self.programs: list[str] = []  # shapes run from their exported program, compiled (those unusable)
+        self.artifacts_built: list[str] = []  # shapes whose program this process compiled into an Inductor artifact
         self._exported: dict[tuple[int, ...], Any] = {}  # programs exported for a package this process built
 
     @property
@@ -162,23 +164,33 @@ class PackagedEncoder:
         return exported
 
     def _from_program(self, path: Path, shape: tuple[int, ...], x: torch.Tensor) -> Callable:
-        """Where packages do not load: the package's exported program (exported first where it is not cached) compiled
-        with ``torch.compile`` (Inductor, the packages' options). Every build on the machine compiles the same program
-        read from the cache, so their kernels and bytes are the same, and a later build needs no model."""
+        """Where packages do not load: the package's exported program (exported first where it is not cached),
+        compiled by Inductor ahead of the build into an artifact kept beside it for this device
+        (:func:`~shardsmith.encode.aot_package.build_artifact`), which every later build on the machine loads without
+        the model and without tracing: the same kernels and bytes in every build. A torch without Inductor's
+        artifacts compiles the program with ``torch.compile`` in every build instead."""
         from shardsmith.encode import compile as cc
 
         program = aot.program_path(path)
         exported = self._exported.pop(shape, None)  # (exported by this process for the package)
-        with aot.build_lock(path):  # (another process may keep it while this one waits)
+        artifacts = aot.artifacts_supported()
+        artifact = aot.artifact_path(path, x.device)
+        cc.use_cache_dir()
+        with aot.build_lock(path):  # (another process may keep them while this one waits)
             if not program.is_file():
                 if exported is not None:
                     aot.save_program(exported, program)
                 else:
-                    self._build(path, shape, x, package=False)
-        cc.use_cache_dir()
-        self.options = self.options or cc.inductor_options()
-        module = aot.load_program(program).to(x.device)
+                    exported = self._build(path, shape, x, package=False)
+            self.options = self.options or cc.inductor_options()
+            if artifacts and not artifact.is_file():
+                aot.build_artifact(exported if exported is not None else aot.load_exported(program), x, artifact,
+                                   self.options)
+                self.artifacts_built.append("x".join(map(str, shape)))
         self.programs.append("x".join(map(str, shape)))
+        if artifacts:
+            return aot.load_artifact(artifact, x.device)
+        module = aot.load_program(program).to(x.device)
         return torch.compile(module, backend="inductor", dynamic=False, options=dict(self.options))
 
     def close(self) -> None:
@@ -199,7 +211,9 @@ class PackagedEncoder:
                "package_s": round(self.seconds, 3)}
         if self.unusable:
             out["unusable"] = dict(self.unusable)
-            out["from_program"] = list(self.programs)  # (torch.compile of the exported program, kept beside)
+            out["from_program"] = list(self.programs)  # (the exported program, kept beside, compiled)
+            out["program_compiled_by"] = "inductor-artifact" if aot.artifacts_supported() else "torch.compile"
+            out["artifacts_built"] = list(self.artifacts_built)
         return out
 
 
