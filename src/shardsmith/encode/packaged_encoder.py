@@ -176,13 +176,14 @@ class PackagedEncoder:
         artifacts = aot.artifacts_supported()
         artifact = aot.artifact_path(path, x.device)
         cc.use_cache_dir()
-        with aot.build_lock(path):  # (another process may keep them while this one waits)
+        with aot.build_lock(path):  # (another process may keep it while this one waits)
             if not program.is_file():
                 if exported is not None:
                     aot.save_program(exported, program)
                 else:
                     exported = self._build(path, shape, x, package=False)
-            self.options = self.options or cc.inductor_options()
+        self.options = self.options or cc.inductor_options()
+        with aot.build_lock(artifact):  # (per device: --gpus workers compile theirs at once)
             if artifacts and not artifact.is_file():
                 aot.build_artifact(exported if exported is not None else aot.load_exported(program), x, artifact,
                                    self.options)
