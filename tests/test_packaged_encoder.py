@@ -176,7 +176,7 @@ def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_inste
     c = m["models"]["compile"]
     assert (c["compiled"], c["built"], c["loaded"], c["unusable"], c["from_program"], c["model_built"]) == (
         True, ["3x3x32x32"], [], {"3x3x32x32": why}, ["3x3x32x32"], True)
-    assert (c["program_compiled_by"], c["artifacts_built"]) == ("inductor-artifact", ["3x3x32x32"])
+    assert (c["program_compiled_by"], c["artifacts_built"]) == ({"3x3x32x32": "inductor-artifact"}, ["3x3x32x32"])
     assert m["counts"]["written"] == 5
     package, = aot_package.packages(tmp_path / "cache")
     assert aot_package.verdict(package) == {"ok": False, "why": why}
@@ -217,6 +217,37 @@ def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_inste
     assert (c["model_built"], c["artifacts_built"], m["counts"]["written"]) == (False, ["3x3x32x32"], 5)
     assert tree_bytes(tmp_path / "e") == tree_bytes(tmp_path / "a")
     assert _traces() == traced
+
+
+@pytest.mark.slow
+def test_an_artifact_that_fails_here_is_said_kept_and_the_program_compiled_with_torch_compile(tmp_path, monkeypatch):
+    from shardsmith.build import build
+
+    monkeypatch.setattr(aot_package, "_VERIFY", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(1)
+        raise RuntimeError("no kernel for this GPU\nsecond line")
+
+    monkeypatch.setattr(aot_package, "build_artifact", failing)
+    real_photos(tmp_path / "p", 4, seed=3, min_side=40, max_side=90)
+    traced = _traces()
+    m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "a", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    package, = aot_package.packages(tmp_path / "cache")
+    marker = aot_package.artifact_path(package, torch.device("cpu")).with_name(
+        aot_package.artifact_path(package, torch.device("cpu")).name + ".failed.json")
+    why = (f"torch.compile (the Inductor artifact failed here (RuntimeError: no kernel for this GPU); {marker} keeps "
+           "that verdict: delete it to try again)")
+    assert (c["program_compiled_by"], c["artifacts_built"], m["counts"]["written"]) == ({"3x3x32x32": why}, [], 4)
+    assert marker.is_file() and len(calls) == 1 and _traces() > traced
+    # the verdict is kept: the next build goes to torch.compile at once, without the model, to the same bytes
+    m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "b", quiet=True, workers=1)
+    c = m["models"]["compile"]
+    assert (c["program_compiled_by"], c["model_built"], len(calls)) == ({"3x3x32x32": why}, False, 1)
+    assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
 
 
 def test_two_processes_wanting_one_package_build_it_once(tmp_path, monkeypatch):

@@ -248,6 +248,24 @@ def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[st
     return path
 
 
+def artifact_failed(path: Path) -> str | None:
+    """Why the artifact ``path`` failed to compile or load on this machine (kept by :func:`mark_artifact_failed`),
+    None where it has not."""
+    try:
+        return json.loads(path.with_name(path.name + ".failed.json").read_text())["why"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def mark_artifact_failed(path: Path, exc: BaseException) -> str:
+    """Keep beside ``path`` why its artifact failed (later builds on the machine go to ``torch.compile`` at once:
+    delete the file to try again); returns the reason, naming that file."""
+    why = f"the Inductor artifact failed here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    marker = path.with_name(path.name + ".failed.json")
+    _write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})
+    return artifact_failed(path) or why
+
+
 def load_artifact(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The Inductor artifact at ``path`` (:func:`build_artifact`) with its constants on ``device``, as a function of
     the pixels: no model, no trace."""

@@ -76,6 +76,7 @@ class PackagedEncoder:
         self.unusable: dict[str, str] = {}  # shapes whose package does not load here, and why (torch.compile instead)
         self.programs: list[str] = []  # shapes run from their exported program, compiled (those unusable)
         self.artifacts_built: list[str] = []  # shapes whose program this process compiled into an Inductor artifact
+        self.compiled_by: dict[str, str] = {}  # shapes whose program runs through torch.compile instead, and why
         self._exported: dict[tuple[int, ...], Any] = {}  # programs exported for a package this process built
 
     @property
@@ -168,7 +169,9 @@ class PackagedEncoder:
         compiled by Inductor ahead of the build into an artifact kept beside it for this device
         (:func:`~shardsmith.encode.aot_package.build_artifact`), which every later build on the machine loads without
         the model and without tracing: the same kernels and bytes in every build. A torch without Inductor's
-        artifacts compiles the program with ``torch.compile`` in every build instead."""
+        artifacts, or an artifact that failed to compile or load here (kept beside it:
+        :func:`~shardsmith.encode.aot_package.artifact_failed`), compiles the program with ``torch.compile`` in
+        every build instead, the manifest saying why (``program_compiled_by``)."""
         from shardsmith.encode import compile as cc
 
         program = aot.program_path(path)
@@ -183,14 +186,20 @@ class PackagedEncoder:
                 else:
                     exported = self._build(path, shape, x, package=False)
         self.options = self.options or cc.inductor_options()
-        with aot.build_lock(artifact):  # (per device: --gpus workers compile theirs at once)
-            if artifacts and not artifact.is_file():
-                aot.build_artifact(exported if exported is not None else aot.load_exported(program), x, artifact,
-                                   self.options)
-                self.artifacts_built.append("x".join(map(str, shape)))
-        self.programs.append("x".join(map(str, shape)))
-        if artifacts:
-            return aot.load_artifact(artifact, x.device)
+        name = "x".join(map(str, shape))
+        self.programs.append(name)
+        failed = aot.artifact_failed(artifact) if artifacts else "this torch has no Inductor artifacts"
+        if failed is None:
+            try:
+                with aot.build_lock(artifact):  # (per device: --gpus workers compile theirs at once)
+                    if not artifact.is_file():
+                        aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
+                                           artifact, self.options)
+                        self.artifacts_built.append(name)
+                return aot.load_artifact(artifact, x.device)
+            except Exception as exc:  # noqa: BLE001 (kept beside it and named in the manifest; torch.compile instead)
+                failed = aot.mark_artifact_failed(artifact, exc)
+        self.compiled_by[name] = f"torch.compile ({failed})"
         module = aot.load_program(program).to(x.device)
         return torch.compile(module, backend="inductor", dynamic=False, options=dict(self.options))
 
@@ -213,7 +222,7 @@ class PackagedEncoder:
         if self.unusable:
             out["unusable"] = dict(self.unusable)
             out["from_program"] = list(self.programs)  # (the exported program, kept beside, compiled)
-            out["program_compiled_by"] = "inductor-artifact" if aot.artifacts_supported() else "torch.compile"
+            out["program_compiled_by"] = {n: self.compiled_by.get(n, "inductor-artifact") for n in self.programs}
             out["artifacts_built"] = list(self.artifacts_built)
         return out
 
