@@ -112,12 +112,14 @@ def test_a_second_compiled_build_on_the_gpu_loads_its_package_and_writes_the_sam
     first = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "a", tmp_path / "cache")
     assert first["compile"]["built"] == ["3x3x32x32"] and first["compile"]["backend"] == "aot_inductor"
     second = _build(_recipe(tmp_path / "p", device="cuda"), tmp_path / "b", tmp_path / "cache")
-    if first["compile"].get("unusable"):  # this torch cannot load the package here: every build compiles the
-        # package's exported program with torch.compile instead (the verdict kept), without the model after the
-        # first, and writes the same bytes
+    if first["compile"].get("unusable"):  # this torch cannot load the package here: the first build compiles the
+        # package's exported program into an Inductor artifact instead (the verdict kept), which the second loads
+        # without the model and without a trace, and writes the same bytes
         c = second["compile"]
         assert c["unusable"] == first["compile"]["unusable"] and c["built"] == [] and c["from_program"] == ["3x3x32x32"]
-        assert (c["model_built"], second["diffusers"]) == (False, False)
+        assert first["compile"]["artifacts_built"] == ["3x3x32x32"] and c["artifacts_built"] == []
+        assert c["program_compiled_by"] == {"3x3x32x32": "inductor-artifact"}
+        assert (c["model_built"], second["diffusers"], second["traces"]) == (False, False, 0)
         assert tree_bytes(tmp_path / "b") == tree_bytes(tmp_path / "a")
         pytest.skip(f"AOTInductor packages do not load on this torch and GPU: {first['compile']['unusable']}")
     c = second["compile"]

@@ -90,8 +90,9 @@ import json, sys
 from shardsmith.build import build
 from shardsmith.recipe import recipe_from_dict
 m = build(recipe_from_dict(json.loads(sys.argv[1])), sys.argv[2], quiet=True, workers=1)
+traces = sys.modules["torch._dynamo.utils"].counters["stats"]["unique_graphs"] if "torch._dynamo.utils" in sys.modules else 0
 print(json.dumps({"compile": m["models"]["compile"], "diffusers": "diffusers" in sys.modules,
-                  "dynamo": "torch._dynamo" in sys.modules, "written": m["counts"]["written"]}))
+                  "dynamo": "torch._dynamo" in sys.modules, "traces": traces, "written": m["counts"]["written"]}))
 """
 
 
