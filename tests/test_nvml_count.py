@@ -53,6 +53,10 @@ def test_torch_build_reads_cuda_and_hip_from_the_version_file():
     assert torch_build(cuda) == ("13.0", None)
     assert torch_build("__version__ = '2.13.0+cpu'\ncuda = None\nhip = None\n") == (None, None)
     assert torch_build("cuda: Optional[str] = None\nhip: Optional[str] = '6.4.1'\n") == (None, "6.4.1")
+    for odd in ("cuda, hip = '12.8', None\n", "from ._v import cuda\nhip = None\n", "cuda = None\n",
+                "cuda = {'12.8': 1}\nhip = None\n"):  # only torch can tell: never read as a CPU build
+        with pytest.raises(ValueError):
+            torch_build(odd)
     import torch
 
     assert torch_build((Path(torch.__file__).parent / "version.py").read_text()) == (torch.version.cuda,

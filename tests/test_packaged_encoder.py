@@ -153,7 +153,6 @@ def test_a_second_compiled_build_loads_the_package_without_the_model(tmp_path):
         torch.testing.assert_close(ours[k], theirs[k], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.slow
 def _traces() -> int:
     """Graphs Dynamo has traced in this process."""
     from torch._dynamo.utils import counters
@@ -161,6 +160,7 @@ def _traces() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_instead(tmp_path, monkeypatch):
     # torch 2.11's CUDA package loader died of a segmentation fault on an H100: only a package that a child process
     # loaded and ran is loaded into the build; here the child dies the same way. The build compiles the package's
@@ -218,6 +218,60 @@ def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_inste
     assert (c["model_built"], c["artifacts_built"], m["counts"]["written"]) == (False, ["3x3x32x32"], 5)
     assert tree_bytes(tmp_path / "e") == tree_bytes(tmp_path / "a")
     assert _traces() == traced
+
+
+class _TwoConvs(torch.nn.Module):
+    """A stand-in encoder network: what :class:`~shardsmith.encode.packaged_encoder._Moments` packages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder, self.quant_conv = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 1)
+
+
+def _program_only_cache(cache: Path, x: torch.Tensor) -> tuple[packaged_encoder.PackagedEncoder, Path]:
+    """A cache whose package did not load here and whose exported program is kept (as a first build, or another
+    GPU's worker, leaves it), but no artifact yet."""
+    net = _TwoConvs().eval()
+    enc = packaged_encoder.PackagedEncoder(cache, "m", "cpu", lambda: net, options={})
+    path = enc.path(tuple(x.shape))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x")
+    path.with_suffix(".verified.json").write_text(json.dumps({"ok": False, "why": "died of signal 11"}))
+    with torch.inference_mode(False):
+        aot_package.save_program(aot_package.export(packaged_encoder._Moments(net), torch.zeros_like(x).contiguous(
+            memory_format=torch.channels_last)), aot_package.program_path(path))
+    return enc, path
+
+
+@pytest.mark.slow
+def test_a_kept_program_is_compiled_into_its_artifact_from_inside_inference_mode(tmp_path, monkeypatch):
+    """The encoder runs in inference mode; the program read back there must still compile (its weights were
+    inference tensors, which a trace refuses: every --gpus worker but the first met that)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x = torch.randn(2, 3, 16, 16)
+    enc, path = _program_only_cache(tmp_path / "cache", x)
+    with torch.inference_mode():
+        out = enc(x)
+    c = enc.describe()
+    assert (c["program_compiled_by"], c["artifacts_built"]) == ({"2x3x16x16": "inductor-artifact"}, ["2x3x16x16"])
+    net = _TwoConvs().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(out, net.quant_conv(net.encoder(x)), atol=1e-5, rtol=1e-5)
+
+
+def test_an_artifact_failure_that_may_pass_is_not_kept(tmp_path, monkeypatch):
+    """Out of memory or a file system error: torch.compile for this build, and the next build tries again."""
+    x = torch.randn(2, 3, 16, 16)
+    _, path = _program_only_cache(tmp_path / "cache", x)
+    artifact = aot_package.artifact_path(path, torch.device("cpu"))
+    why = aot_package.mark_artifact_failed(artifact, OSError(28, "No space left on device"))
+    assert why.endswith("; the next build tries again") and aot_package.artifact_failed(artifact) is None
+    why = aot_package.mark_artifact_failed(artifact, torch.OutOfMemoryError("CUDA out of memory"))
+    assert aot_package.artifact_failed(artifact) is None
+    why = aot_package.mark_artifact_failed(artifact, RuntimeError("no kernel"))
+    assert aot_package.artifact_failed(artifact) == why and why.startswith(
+        "the Inductor artifact failed here (RuntimeError: no kernel); ")
 
 
 @pytest.mark.slow

@@ -184,8 +184,10 @@ def save_program(exported, path: Path) -> Path:
 
 
 def load_exported(path: Path):
-    """The exported program kept at ``path`` (:func:`save_program`): an ``ExportedProgram``."""
-    with warnings.catch_warnings():
+    """The exported program kept at ``path`` (:func:`save_program`): an ``ExportedProgram``, its weights ordinary
+    tensors even where the caller runs in inference mode (an encoder's call does: its inference tensors could not
+    be traced again, by :func:`build_artifact`)."""
+    with warnings.catch_warnings(), torch.inference_mode(False):
         warnings.simplefilter("ignore", FutureWarning)
         return torch.export.load(str(path))
 
@@ -259,8 +261,11 @@ def artifact_failed(path: Path) -> str | None:
 
 def mark_artifact_failed(path: Path, exc: BaseException) -> str:
     """Keep beside ``path`` why its artifact failed (later builds on the machine go to ``torch.compile`` at once:
-    delete the file to try again); returns the reason, naming that file."""
+    delete the file to try again); returns the reason, naming that file. A failure that may pass (out of memory,
+    a file system error) is not kept: the next build tries again."""
     why = f"the Inductor artifact failed here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if isinstance(exc, (torch.OutOfMemoryError, OSError)):
+        return f"{why}; the next build tries again"
     marker = path.with_name(path.name + ".failed.json")
     _write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})
     return artifact_failed(path) or why

@@ -25,15 +25,20 @@ MAX_UNSET = 64  # torch's device list where CUDA_VISIBLE_DEVICES is unset: every
 
 
 def torch_build(text: str) -> tuple[str | None, str | None]:
-    """``(cuda, hip)`` from the text of torch's ``version.py`` (``cuda: Optional[str] = '13.0'``)."""
+    """``(cuda, hip)`` from the text of torch's ``version.py`` (``cuda: Optional[str] = '13.0'``); a ``ValueError``
+    where the file does not assign both a literal string or ``None`` (only torch can tell then)."""
     found: dict[str, str | None] = {}
     for node in ast.parse(text).body:
         target = node.target if isinstance(node, ast.AnnAssign) else (
             node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
         if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and node.value is not None:
             value = ast.literal_eval(node.value)
-            found[target.id] = value if isinstance(value, str) else None
-    return found.get("cuda"), found.get("hip")
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"torch's version.py gives {target.id} = {value!r}")
+            found[target.id] = value
+    if set(found) != {"cuda", "hip"}:
+        raise ValueError(f"torch's version.py does not assign {' and '.join(sorted({'cuda', 'hip'} - set(found)))}")
+    return found["cuda"], found["hip"]
 
 
 def _leading_int(s: str) -> int:
@@ -98,7 +103,7 @@ def device_count() -> int | None:
         return None
     try:
         cuda, hip = torch_build((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
         return None
     if hip is not None:
         return None

@@ -188,17 +188,19 @@ class PackagedEncoder:
         self.options = self.options or cc.inductor_options()
         name = "x".join(map(str, shape))
         self.programs.append(name)
-        failed = aot.artifact_failed(artifact) if artifacts else "this torch has no Inductor artifacts"
+        failed = None if artifacts else "this torch has no Inductor artifacts"
         if failed is None:
-            try:
-                with aot.build_lock(artifact):  # (per device: --gpus workers compile theirs at once)
-                    if not artifact.is_file():
-                        aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
-                                           artifact, self.options)
-                        self.artifacts_built.append(name)
-                return aot.load_artifact(artifact, x.device)
-            except Exception as exc:  # noqa: BLE001 (kept beside it and named in the manifest; torch.compile instead)
-                failed = aot.mark_artifact_failed(artifact, exc)
+            with aot.build_lock(artifact):  # (per device: --gpus workers compile theirs at once)
+                failed = aot.artifact_failed(artifact)  # (read under the lock: one that waited finds the verdict)
+                if failed is None:
+                    try:
+                        if not artifact.is_file():
+                            aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
+                                               artifact, self.options)
+                            self.artifacts_built.append(name)
+                        return aot.load_artifact(artifact, x.device)
+                    except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
+                        failed = aot.mark_artifact_failed(artifact, exc)
         self.compiled_by[name] = f"torch.compile ({failed})"
         module = aot.load_program(program).to(x.device)
         return torch.compile(module, backend="inductor", dynamic=False, options=dict(self.options))
