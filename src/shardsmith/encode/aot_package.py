@@ -221,8 +221,10 @@ def artifacts_supported() -> bool:
 
 def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[str, Any]) -> Path:
     """Compile the exported program ``exported`` (:func:`export`, on ``example``'s device, shape and strides) with
-    Inductor ahead of the build into ``path`` (:func:`artifact_path`) and its constants beside it (both written beside and renamed
-    in, the constants first). The program's weights become inputs of the compiled graph, in its signature's order."""
+    Inductor ahead of the build into ``path`` (:func:`artifact_path`) and its constants beside it (each written
+    beside and renamed in, the constants first). The program's weights become inputs of the compiled graph, in its
+    signature's order."""
+    from shardsmith.atomic import atomic_open
     import torch._inductor.config
     from torch._inductor import standalone_compile
 
@@ -238,15 +240,14 @@ def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[st
         inputs = [*constants[:user[0]], torch.zeros_like(example), *constants[user[0]:]]
         with torch._inductor.config.patch(dict(options)):  # (its ``options`` are compile_fx's keywords, not these)
             compiled = standalone_compile(program.graph_module, inputs, dynamic_shapes="from_example_inputs")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for target, write in ((constants_path(path), lambda t: torch.save({"at": user[0], "constants": constants}, t)),
-                          (path, lambda t: compiled.save(path=str(t), format="binary"))):
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            write(tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+    with atomic_open(constants_path(path)) as fh:
+        torch.save({"at": user[0], "constants": constants}, fh)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (the artifact is saved by path)
+    try:
+        compiled.save(path=str(tmp), format="binary")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
