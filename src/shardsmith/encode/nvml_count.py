@@ -8,7 +8,8 @@ Contract
   no NVML library, or NVML failing; a driver whose CUDA is older than torch's CUDA major; device UUIDs in
   ``CUDA_VISIBLE_DEVICES``): the caller then imports torch and asks it. A CPU build of torch is 0, without
   NVML. Reads ``torch/version.py`` as text and never imports torch.
-- :func:`torch_build(path)`: pure: ``(cuda, hip)`` versions (``None`` where absent) from that file's text.
+- :func:`torch_build(text)`: pure: ``(cuda, hip)`` versions (``None`` where the file says so) from that file's
+  text; a ``ValueError`` where it does not assign both plainly.
 - :func:`visible(var, raw)`: pure: how many of ``raw`` NVML devices ``CUDA_VISIBLE_DEVICES=var`` leaves, as
   torch counts them (``None`` for UUID lists).
 """
