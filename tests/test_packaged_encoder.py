@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from media_factory import real_photos
+from shardsmith.atomic import atomic_write_json
 from shardsmith.encode import aot_package, packaged_encoder, posterior
 from shardsmith.encode import compile as cc
 from shardsmith.recipe import recipe_from_dict
@@ -260,6 +261,41 @@ def test_a_kept_program_is_compiled_into_its_artifact_from_inside_inference_mode
         torch.testing.assert_close(out, net.quant_conv(net.encoder(x)), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_an_artifact_that_loads_but_fails_when_it_runs_is_kept_as_failed(tmp_path, monkeypatch):
+    """The artifact loads, and its first call raises: that batch and every later one run the program compiled
+    with torch.compile instead, the manifest says why, and the verdict is kept for the next build."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    calls = []
+
+    def broken(path, device):
+        def run(x):
+            calls.append(1)
+            raise RuntimeError("CUDA error: no kernel image is available\nsecond line")
+        return run
+
+    monkeypatch.setattr(aot_package, "load_artifact", broken)
+    x = torch.randn(2, 3, 16, 16)
+    enc, path = _program_only_cache(tmp_path / "cache", x)
+    net = _TwoConvs().eval()
+    with torch.no_grad():
+        want = net.quant_conv(net.encoder(x))
+    with torch.inference_mode():
+        first, second = enc(x), enc(x)
+    artifact = aot_package.artifact_path(path, torch.device("cpu"))
+    marker = artifact.with_name(artifact.name + ".failed.json")
+    why = (f"torch.compile (the Inductor artifact failed here (RuntimeError: CUDA error: no kernel image is "
+           f"available); {marker} keeps that verdict: delete it to try again)")
+    assert (enc.describe()["program_compiled_by"], enc.describe()["artifacts_built"], len(calls)) == (
+        {"2x3x16x16": why}, ["2x3x16x16"], 1)
+    for out in (first, second):
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    again = packaged_encoder.PackagedEncoder(tmp_path / "cache", "m", "cpu", lambda: net, options={})
+    with torch.inference_mode():
+        torch.testing.assert_close(again(x), want, atol=1e-5, rtol=1e-5)
+    assert (again.describe()["program_compiled_by"], len(calls)) == ({"2x3x16x16": why}, 1)
+
+
 def test_an_artifact_failure_that_may_pass_is_not_kept(tmp_path, monkeypatch):
     """Out of memory or a file system error: torch.compile for this build, and the next build tries again."""
     x = torch.randn(2, 3, 16, 16)
@@ -319,7 +355,7 @@ def test_two_processes_wanting_one_package_build_it_once(tmp_path, monkeypatch):
         path.write_bytes(b"package")
 
     monkeypatch.setattr(packaged_encoder.PackagedEncoder, "_build", fake_build)
-    monkeypatch.setattr(aot_package, "verify", lambda path, *a, **k: aot_package._write_json(
+    monkeypatch.setattr(aot_package, "verify", lambda path, *a, **k: atomic_write_json(
         path.with_suffix(".verified.json"), {"ok": True, "why": "ran"}) or {"ok": True, "why": "ran"})
     monkeypatch.setattr(aot_package, "load", lambda path, device: (lambda x: x * 2))
     encoders = [packaged_encoder.PackagedEncoder(tmp_path, "model", "cpu", net=None) for _ in range(2)]

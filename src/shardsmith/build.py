@@ -91,6 +91,7 @@ class BuildContext:
     devices: list[str] | None = None  # distribute.gpus's devices, once resolved ([]: one process)
     gpu_workers: Any = None  # GpuWorkers (--gpus N, the local engine): the models live there
     stage_lock: Any = field(default_factory=threading.RLock)  # _stage: the main thread, or a sink's writer thread
+    asked_decoder: str | None = None  # images.decoder as the recipe wrote it (the ledger's), before settling
 
 
 def _splits(recipe: Recipe) -> list[str]:
@@ -368,7 +369,8 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     t0 = time.perf_counter()
     timings: dict[str, Any] = dict(setup)  # before the plan: sources opened, workers started
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings,
-                       need=need or SpaceNeed(), pool=pool)
+                       need=need or SpaceNeed(), pool=pool,
+                       asked_decoder=((ledger.get_meta("recipe") or {}).get("images") or {}).get("decoder"))
     preload = None
     apart = ahead if ahead is not None and ahead.output is None else None  # a plan-first plan in its own process
     if apart is not None:
@@ -560,6 +562,7 @@ def _stage_locked(ctx: BuildContext):
         ctx.timings["load_models_overlapped_s"] = ctx.preload.seconds.get("load")
         ctx.stage.mark_start(ctx.outputs_started)
         _offload_settled(ctx)
+        _warn_if_nvml_disagrees(ctx)
         if getattr(ctx.stage, "memory", None) and ctx.stage.device == "cuda":  # measured in the warm-up
             from shardsmith.encode.memory_plan import gpu_free_total, summary
 
@@ -567,6 +570,23 @@ def _stage_locked(ctx: BuildContext):
                 ctx.progress.say("GPU memory: " + line)
         _say_random_weights(ctx)
     return ctx.stage
+
+
+def _warn_if_nvml_disagrees(ctx: BuildContext) -> None:
+    """``images.decoder: auto`` was settled by NVML's count (:mod:`~shardsmith.encode.nvml_count`) before torch
+    was imported; where NVML sees a GPU that torch cannot use (a broken CUDA install), say what that changed. A
+    recipe that asked for ``cpu-draft`` itself is not warned."""
+    if ctx.asked_decoder != "auto" or ctx.recipe.images.decoder != "cpu-draft" \
+            or ctx.recipe.models.device != "auto" or getattr(ctx.stage, "device", None) != "cpu":
+        return
+    import sys
+
+    from shardsmith.encode.nvml_count import device_count
+
+    if (device_count() or 0) > 0:
+        sys.stderr.write("warning: NVML reports a CUDA device, but torch cannot use it: the models run on the CPU, and "
+                         "JPEGs were decoded as for a GPU (images.decoder: cpu-draft, not byte-identical to PIL's full "
+                         "decode); fix the CUDA install, or set models.device: cpu for the exact decode\n")
 
 
 def _say_random_weights(ctx: BuildContext) -> None:

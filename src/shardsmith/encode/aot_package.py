@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from shardsmith.atomic import atomic_open, atomic_write_json
+
 PACKAGED_FAMILIES = ("sd", "sdxl", "flux")  # AutoencoderKL: encoder + quant conv -> a diagonal Gaussian's moments
 SUFFIX = ".pt2"
 PROGRAM_SUFFIX = ".program.pt2"  # (torch.export.load wants .pt2; a package is `<key>.pt2`)
@@ -100,7 +102,7 @@ def write_meta(cache: Path, model: str, block: dict[str, Any]) -> None:
     bytes) and the options its packages were compiled with."""
     d = package_dir(cache)
     d.mkdir(parents=True, exist_ok=True)
-    _write_json(d / f"{model}.json", {**(read_meta(cache, model) or {}), **block})
+    atomic_write_json(d / f"{model}.json", {**(read_meta(cache, model) or {}), **block})
 
 
 def read_meta(cache: Path, model: str) -> dict[str, Any] | None:
@@ -224,7 +226,6 @@ def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[st
     Inductor ahead of the build into ``path`` (:func:`artifact_path`) and its constants beside it (each written
     beside and renamed in, the constants first). The program's weights become inputs of the compiled graph, in its
     signature's order."""
-    from shardsmith.atomic import atomic_open
     import torch._inductor.config
     from torch._inductor import standalone_compile
 
@@ -268,7 +269,7 @@ def mark_artifact_failed(path: Path, exc: BaseException) -> str:
     if isinstance(exc, (torch.OutOfMemoryError, OSError)):
         return f"{why}; the next build tries again"
     marker = path.with_name(path.name + ".failed.json")
-    _write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})
+    atomic_write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})
     return artifact_failed(path) or why
 
 
@@ -329,17 +330,10 @@ def verify(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch
     except subprocess.TimeoutExpired:
         ok, why = False, f"no answer in {timeout_s:.0f} s"
     found = {"ok": ok, "why": f"torch {torch.__version__}: the package {why}"}
-    _write_json(path.with_suffix(".verified.json"), found)
+    atomic_write_json(path.with_suffix(".verified.json"), found)
     if loader is not None and why.startswith("died of signal"):
-        _write_json(loader, {**found, "package": path.name})
+        atomic_write_json(loader, {**found, "package": path.name})
     return found
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    """``obj`` as JSON at ``path``, written beside it and renamed in (whole or absent)."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True, default=str))
-    os.replace(tmp, path)
 
 
 def load(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -42,21 +42,25 @@ def torch_build(text: str) -> tuple[str | None, str | None]:
     return found["cuda"], found["hip"]
 
 
-def _leading_int(s: str) -> int:
-    """torch's ``_strtoul``: the integer a string starts with (sign allowed first), -1 where none."""
+def _leading_int(s: str) -> int | None:
+    """torch's ``_strtoul``: the integer a string starts with (sign allowed first), -1 where none; ``None``
+    where torch's parser raises (a sign and no digit after it)."""
     end = 0
     while end < len(s) and (s[end].isdigit() or (end == 0 and s[end] in "+-")):
         end += 1
+    if end == 0:
+        return -1
     try:
         return int(s[:end])
     except ValueError:
-        return -1
+        return None
 
 
 def visible(var: str | None, raw: int) -> int | None:
     """Devices left of ``raw`` by ``CUDA_VISIBLE_DEVICES=var`` (``None``: unset), counted as torch does: the
     ordinals up to the first negative or unparsable one, none at all where one repeats, cut at the first
-    ordinal NVML does not have. ``None`` for ``GPU-``/``MIG-`` UUID lists (only torch maps those)."""
+    ordinal NVML does not have. ``None`` for ``GPU-``/``MIG-`` UUID lists (only torch maps those) and where
+    torch's parser raises (an element read up to a lone sign: ``-``, ``+x``)."""
     if var is None:
         return min(raw, MAX_UNSET)
     if var.startswith(("GPU-", "MIG-")):
@@ -64,6 +68,8 @@ def visible(var: str | None, raw: int) -> int | None:
     ordinals: list[int] = []
     for elem in var.split(","):
         x = _leading_int(elem.strip())
+        if x is None:
+            return None
         if x in ordinals:
             return 0
         if x < 0:

@@ -198,12 +198,39 @@ class PackagedEncoder:
                             aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
                                                artifact, self.options)
                             self.artifacts_built.append(name)
-                        return aot.load_artifact(artifact, x.device)
+                        return self._first_call_checked(aot.load_artifact(artifact, x.device), artifact, program,
+                                                        shape)
                     except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
                         failed = aot.mark_artifact_failed(artifact, exc)
-        self.compiled_by[name] = f"torch.compile ({failed})"
-        module = aot.load_program(program).to(x.device)
+        return self._torch_compiled(program, name, failed, x.device)
+
+    def _torch_compiled(self, program: Path, name: str, why: str, device: torch.device) -> Callable:
+        """The exported program at ``program`` compiled with ``torch.compile`` (``why``: no artifact, in the
+        manifest)."""
+        self.compiled_by[name] = f"torch.compile ({why})"
+        module = aot.load_program(program).to(device)
         return torch.compile(module, backend="inductor", dynamic=False, options=dict(self.options))
+
+    def _first_call_checked(self, run: Callable, artifact: Path, program: Path, shape: tuple[int, ...]) -> Callable:
+        """``run`` (a loaded artifact), whose first call is checked: an artifact that loads but fails when it runs
+        is kept as failed (:func:`~shardsmith.encode.aot_package.mark_artifact_failed`) and this shape compiles its
+        program with ``torch.compile`` instead, in this build and every later one; out of memory is raised."""
+        name = "x".join(map(str, shape))
+
+        def first(x: torch.Tensor) -> torch.Tensor:
+            try:
+                y = run(x)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
+                with aot.build_lock(artifact):
+                    failed = aot.mark_artifact_failed(artifact, exc)
+                fallback = self._runners[shape] = self._torch_compiled(program, name, failed, x.device)
+                return fallback(x)
+            self._runners[shape] = run
+            return y
+
+        return first
 
     def close(self) -> None:
         """Drop the loaded packages: each loader removes the folder it unpacked its package into (a process that

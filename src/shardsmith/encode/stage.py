@@ -116,17 +116,6 @@ def _needs_vae(recipe) -> bool:
     return recipe.models.vae is not None and any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs)
 
 
-def _warn_if_nvml_disagrees(recipe) -> None:
-    """The build settled ``images.decoder`` by NVML's count (:mod:`~shardsmith.encode.nvml_count`) before torch
-    was imported; where NVML sees a GPU that torch cannot use (a broken CUDA install), say what that changed."""
-    from shardsmith.encode.nvml_count import device_count
-
-    if recipe.images.decoder == "cpu-draft" and (device_count() or 0) > 0:
-        sys.stderr.write("warning: NVML reports a CUDA device, but torch cannot use it: the models run on the CPU, and "
-                         "JPEGs were decoded as for a GPU (images.decoder: cpu-draft, not byte-identical to PIL's full "
-                         "decode); fix the CUDA install, or set models.device: cpu for the exact decode\n")
-
-
 def _packaged_vae(recipe, place: str, device: str):
     """The VAE of a build whose compiled packages are all in the cache (encode/packaged_encoder.py), without its
     model; None where that does not apply (the VAE is then loaded)."""
@@ -202,8 +191,6 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         (:class:`~shardsmith.encode.text_cache.CachedText`)."""
         m = recipe.models
         device = resolve_device(m.device, "models.device")
-        if device == "cpu" and m.device == "auto":
-            _warn_if_nvml_disagrees(recipe)
         place, index = device, None  # where the models go; cuda:N's N
         if device.startswith("cuda:"):
             index, device = int(device.split(":", 1)[1]), "cuda"
