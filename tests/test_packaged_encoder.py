@@ -185,6 +185,8 @@ def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_inste
     assert aot_package.program_path(package).is_file()
     artifact = aot_package.artifact_path(package, torch.device("cpu"))
     assert artifact.is_file() and aot_package.constants_path(artifact).is_file()
+    shared = artifact.parent / json.loads(aot_package.constants_path(artifact).read_text())["file"]
+    assert shared.is_file() and shared.name.startswith("constants-")
     # the verdict is kept: the next build neither loads nor rebuilds the package; it loads the kept artifact,
     # without building the model and without a trace, and writes the same bytes
     m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "b", quiet=True, workers=1)
@@ -212,6 +214,7 @@ def test_a_package_that_does_not_load_here_runs_its_program_compiled_ahead_inste
     assert tree_bytes(tmp_path / "d") == tree_bytes(tmp_path / "c")
     # a program kept without its artifact (a cache of the code before artifacts, or one deleted): compiled from the
     # program, without the model, into the same bytes
+    assert len(list(artifact.parent.glob("constants-*.pt"))) == 1  # (the 40x40 program's artifact shares them)
     for path in (artifact, aot_package.constants_path(artifact)):
         path.unlink()
     m = build(recipe_from_dict(_recipe(tmp_path / "p")), tmp_path / "e", quiet=True, workers=1)
@@ -268,7 +271,7 @@ def test_an_artifact_that_loads_but_fails_when_it_runs_is_kept_as_failed(tmp_pat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     calls = []
 
-    def broken(path, device):
+    def broken(path, device, loaded=None):
         def run(x):
             calls.append(1)
             raise RuntimeError("CUDA error: no kernel image is available\nsecond line")
@@ -294,6 +297,47 @@ def test_an_artifact_that_loads_but_fails_when_it_runs_is_kept_as_failed(tmp_pat
     with torch.inference_mode():
         torch.testing.assert_close(again(x), want, atol=1e-5, rtol=1e-5)
     assert (again.describe()["program_compiled_by"], len(calls)) == ({"2x3x16x16": why}, 1)
+
+
+@pytest.mark.slow
+def test_the_artifacts_of_two_shapes_share_one_copy_of_their_constants(tmp_path, monkeypatch):
+    """One model's weights are kept once for all its shapes' artifacts, on disk and in memory; an artifact kept
+    before constants were shared (its constants beside it, with their place) still loads."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    net = _TwoConvs().eval()
+    xs = [torch.randn(2, 3, 16, 16), torch.randn(1, 3, 24, 8)]
+    paths = []
+    for x in xs:
+        enc, path = _program_only_cache(tmp_path / f"c{len(paths)}", x)
+        paths.append(path)
+    cache = tmp_path / "cache" / "aot"
+    cache.mkdir(parents=True)
+    for path in paths:  # (both shapes' programs in one cache)
+        for f in path.parent.iterdir():
+            f.rename(cache / f.name)
+    enc = packaged_encoder.PackagedEncoder(tmp_path / "cache", "m", "cpu", lambda: net, options={})
+    with torch.inference_mode():
+        outs = [enc(x) for x in xs]
+    with torch.no_grad():
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, net.quant_conv(net.encoder(x)), atol=1e-5, rtol=1e-5)
+    assert sorted(enc.describe()["artifacts_built"]) == ["1x3x24x8", "2x3x16x16"]
+    shared, = cache.glob("constants-*.pt")
+    assert len(enc._constants) == 1 and len(enc._constants[shared.name]) == 4  # (two convs: weight, bias)
+    artifacts = sorted(cache.glob("*" + aot_package.ARTIFACT_SUFFIX))
+    assert len(artifacts) == 2 and {json.loads(aot_package.constants_path(a).read_text())["file"]
+                                    for a in artifacts} == {shared.name}
+    # the layout before: the constants beside the artifact, with the pixels' place among the inputs
+    x = xs[1]
+    artifact = aot_package.artifact_path(enc.path(tuple(x.shape)), torch.device("cpu"))
+    ref = aot_package.constants_path(artifact)
+    at = json.loads(ref.read_text())["at"]
+    torch.save({"at": at, "constants": torch.load(shared, weights_only=True)}, ref.with_suffix(".pt"))
+    ref.unlink()
+    run = aot_package.load_artifact(artifact, torch.device("cpu"))
+    with torch.no_grad():
+        torch.testing.assert_close(run(x.contiguous(memory_format=torch.channels_last)), net.quant_conv(net.encoder(x)),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_an_artifact_failure_that_may_pass_is_not_kept(tmp_path, monkeypatch):

@@ -211,7 +211,21 @@ def artifact_path(package: Path, device: torch.device) -> Path:
 
 
 def constants_path(artifact: Path) -> Path:
-    return artifact.with_name(artifact.name[:-len(ARTIFACT_SUFFIX)] + ".constants.pt")
+    """What the artifact's constants are: ``{"at": the pixels' place among the graph's inputs, "file": the name
+    of the constants' file}`` (:func:`shared_constants`, in the same folder). Before constants were shared, the
+    constants themselves, with ``at``, were kept here under the same stem (``.constants.pt``: still read)."""
+    return artifact.with_name(artifact.name[:-len(ARTIFACT_SUFFIX)] + ".constants.json")
+
+
+def shared_constants(folder: Path, constants: list[torch.Tensor]) -> Path:
+    """Where ``constants`` (a program's weights) are kept in ``folder``: named by their content (dtypes, shapes,
+    strides, bytes), so that the artifacts of every shape of one model share one file, and one copy in memory
+    (:func:`load_artifact`'s ``loaded``)."""
+    h = hashlib.sha256()
+    for t in constants:
+        h.update(repr((str(t.dtype), tuple(t.shape), t.stride())).encode())
+        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
+    return folder / f"constants-{h.hexdigest()[:24]}.pt"
 
 
 def artifacts_supported() -> bool:
@@ -223,9 +237,9 @@ def artifacts_supported() -> bool:
 
 def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[str, Any]) -> Path:
     """Compile the exported program ``exported`` (:func:`export`, on ``example``'s device, shape and strides) with
-    Inductor ahead of the build into ``path`` (:func:`artifact_path`) and its constants beside it (each written
-    beside and renamed in, the constants first). The program's weights become inputs of the compiled graph, in its
-    signature's order."""
+    Inductor ahead of the build into ``path`` (:func:`artifact_path`), its constants beside it (:func:`constants_path`,
+    :func:`shared_constants`; each written beside and renamed in, the artifact last). The program's weights become
+    inputs of the compiled graph, in its signature's order."""
     import torch._inductor.config
     from torch._inductor import standalone_compile
 
@@ -241,8 +255,11 @@ def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[st
         inputs = [*constants[:user[0]], torch.zeros_like(example), *constants[user[0]:]]
         with torch._inductor.config.patch(dict(options)):  # (its ``options`` are compile_fx's keywords, not these)
             compiled = standalone_compile(program.graph_module, inputs, dynamic_shapes="from_example_inputs")
-    with atomic_open(constants_path(path)) as fh:
-        torch.save({"at": user[0], "constants": constants}, fh)
+    shared = shared_constants(path.parent, constants)
+    if not shared.is_file():  # (another shape's artifact may have kept them)
+        with atomic_open(shared) as fh:
+            torch.save(constants, fh)
+    atomic_write_json(constants_path(path), {"at": user[0], "file": shared.name})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (the artifact is saved by path)
     try:
         compiled.save(path=str(tmp), format="binary")
@@ -273,13 +290,25 @@ def mark_artifact_failed(path: Path, exc: BaseException) -> str:
     return artifact_failed(path) or why
 
 
-def load_artifact(path: Path, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def load_artifact(path: Path, device: torch.device,
+                  loaded: dict[str, list[torch.Tensor]] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """The Inductor artifact at ``path`` (:func:`build_artifact`) with its constants on ``device``, as a function of
-    the pixels: no model, no trace."""
+    the pixels: no model, no trace. ``loaded``: constants already on ``device`` by file name, shared by the
+    artifacts of one model's shapes (read once, one copy in memory); filled here."""
     from torch._inductor import CompiledArtifact
 
-    saved = torch.load(constants_path(path), map_location=device, weights_only=True)
-    constants, at = saved["constants"], saved["at"]
+    ref = constants_path(path)
+    if ref.is_file():
+        kept = json.loads(ref.read_text())
+        at, name = kept["at"], kept["file"]
+        constants = (loaded or {}).get(name)
+        if constants is None:
+            constants = torch.load(path.parent / name, map_location=device, weights_only=True)
+            if loaded is not None:
+                loaded[name] = constants
+    else:  # (kept before constants were shared: beside the artifact, with their place)
+        saved = torch.load(ref.with_suffix(".pt"), map_location=device, weights_only=True)
+        constants, at = saved["constants"], saved["at"]
     compiled = CompiledArtifact.load(path=str(path), format="binary")
     return lambda x: compiled(*constants[:at], x, *constants[at:])[0]
 

@@ -78,6 +78,7 @@ class PackagedEncoder:
         self.artifacts_built: list[str] = []  # shapes whose program this process compiled into an Inductor artifact
         self.compiled_by: dict[str, str] = {}  # shapes whose program runs through torch.compile instead, and why
         self._exported: dict[tuple[int, ...], Any] = {}  # programs exported for a package this process built
+        self._constants: dict[str, list[torch.Tensor]] = {}  # artifacts' constants on the device, shared by shapes
 
     @property
     def model(self) -> str | None:
@@ -198,7 +199,7 @@ class PackagedEncoder:
                             aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
                                                artifact, self.options)
                             self.artifacts_built.append(name)
-                        return self._first_call_checked(aot.load_artifact(artifact, x.device), artifact, program,
+                        return self._first_call_checked(aot.load_artifact(artifact, x.device, self._constants), artifact, program,
                                                         shape)
                     except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
                         failed = aot.mark_artifact_failed(artifact, exc)
@@ -236,6 +237,7 @@ class PackagedEncoder:
         """Drop the loaded packages: each loader removes the folder it unpacked its package into (a process that
         ends without this leaves it in the temporary folder)."""
         self._runners.clear()
+        self._constants.clear()
 
     def deterministic(self) -> bool:
         """Whether the packages are compiled in Inductor's deterministic mode (the same bytes in every process)."""
