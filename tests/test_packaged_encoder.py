@@ -280,6 +280,13 @@ def test_an_artifact_that_loads_but_fails_when_it_runs_is_kept_as_failed(tmp_pat
     monkeypatch.setattr(aot_package, "load_artifact", broken)
     x = torch.randn(2, 3, 16, 16)
     enc, path = _program_only_cache(tmp_path / "cache", x)
+    oom = packaged_encoder.PackagedEncoder(tmp_path / "cache", "m", "cpu", lambda: None, options={})
+    monkeypatch.setattr(aot_package, "load_artifact", lambda path, device, loaded=None: (
+        lambda x: (_ for _ in ()).throw(RuntimeError("Triton Error [CUDA]: out of memory"))))
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="out of memory"):
+        oom(x)  # (it may pass: raised, nothing kept, no torch.compile)
+    assert (oom.compiled_by, oom.artifacts_built) == ({}, ["2x3x16x16"]) and not list(path.parent.glob("*.failed.json"))
+    monkeypatch.setattr(aot_package, "load_artifact", broken)
     net = _TwoConvs().eval()
     with torch.no_grad():
         want = net.quant_conv(net.encoder(x))
@@ -290,7 +297,7 @@ def test_an_artifact_that_loads_but_fails_when_it_runs_is_kept_as_failed(tmp_pat
     why = (f"torch.compile (the Inductor artifact failed here (RuntimeError: CUDA error: no kernel image is "
            f"available); {marker} keeps that verdict: delete it to try again)")
     assert (enc.describe()["program_compiled_by"], enc.describe()["artifacts_built"], len(calls)) == (
-        {"2x3x16x16": why}, ["2x3x16x16"], 1)
+        {"2x3x16x16": why}, [], 1)  # (the artifact the first encoder built)
     for out in (first, second):
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     again = packaged_encoder.PackagedEncoder(tmp_path / "cache", "m", "cpu", lambda: net, options={})
@@ -328,6 +335,11 @@ def test_the_artifacts_of_two_shapes_share_one_copy_of_their_constants(tmp_path,
     assert len(artifacts) == 2 and {json.loads(aot_package.constants_path(a).read_text())["file"]
                                     for a in artifacts} == {shared.name}
     # the layout before: the constants beside the artifact, with the pixels' place among the inputs
+    shared.unlink()  # (a cache cleaned by hand): the artifacts are built again, not given up for torch.compile
+    again = packaged_encoder.PackagedEncoder(tmp_path / "cache", "m", "cpu", lambda: net, options={})
+    with torch.inference_mode():
+        again(xs[0])
+    assert (again.describe()["artifacts_built"], again.compiled_by, shared.is_file()) == (["2x3x16x16"], {}, True)
     x = xs[1]
     artifact = aot_package.artifact_path(enc.path(tuple(x.shape)), torch.device("cpu"))
     ref = aot_package.constants_path(artifact)
@@ -338,6 +350,35 @@ def test_the_artifacts_of_two_shapes_share_one_copy_of_their_constants(tmp_path,
     with torch.no_grad():
         torch.testing.assert_close(run(x.contiguous(memory_format=torch.channels_last)), net.quant_conv(net.encoder(x)),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_constants_are_named_by_their_content_and_an_artifact_without_them_is_not_complete(tmp_path):
+    """Scalars hash too (a 0-dim bf16 tensor has no byte view of its own); the name changes with any value, dtype
+    or stride; an artifact whose shared constants or reference went missing is built again, not run."""
+    scalar, w = torch.tensor(0.5, dtype=torch.bfloat16), torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    name = aot_package.shared_constants(tmp_path, [scalar, w])
+    assert name == aot_package.shared_constants(tmp_path, [scalar.clone(), w.clone()])
+    assert len({name, aot_package.shared_constants(tmp_path, [scalar + 1, w]),
+                aot_package.shared_constants(tmp_path, [scalar, w.double()]),
+                aot_package.shared_constants(tmp_path, [scalar, w.t().contiguous().t()])}) == 4
+    artifact = tmp_path / ("k.cpu" + aot_package.ARTIFACT_SUFFIX)
+    assert not aot_package.artifact_complete(artifact)
+    artifact.write_bytes(b"compiled")
+    assert not aot_package.artifact_complete(artifact)  # (no reference to its constants)
+    aot_package.constants_path(artifact).write_text(json.dumps({"at": 0, "file": name.name}))
+    assert not aot_package.artifact_complete(artifact)  # (the shared file is gone)
+    torch.save([scalar, w], name)
+    assert aot_package.artifact_complete(artifact)
+    aot_package.constants_path(artifact).unlink()
+    torch.save({"at": 0, "constants": [scalar, w]}, aot_package.constants_path(artifact).with_suffix(".pt"))
+    assert aot_package.artifact_complete(artifact)  # (the layout before constants were shared)
+
+
+def test_out_of_memory_in_any_form_may_pass():
+    assert aot_package.passing(torch.OutOfMemoryError("CUDA out of memory"))
+    assert aot_package.passing(RuntimeError("Triton Error [CUDA]: out of memory"))
+    assert aot_package.passing(OSError(28, "No space left on device"))
+    assert not aot_package.passing(RuntimeError("CUDA error: no kernel image is available"))
 
 
 def test_an_artifact_failure_that_may_pass_is_not_kept(tmp_path, monkeypatch):

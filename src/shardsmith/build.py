@@ -370,7 +370,7 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
     timings: dict[str, Any] = dict(setup)  # before the plan: sources opened, workers started
     ctx = BuildContext(recipe, root, ledger, infos, progress, makers={}, timings=timings,
                        need=need or SpaceNeed(), pool=pool,
-                       asked_decoder=((ledger.get_meta("recipe") or {}).get("images") or {}).get("decoder"))
+                       asked_decoder=((ledger.get_meta("recipe") or {}).get("images") or {}).get("decoder", "auto"))
     preload = None
     apart = ahead if ahead is not None and ahead.output is None else None  # a plan-first plan in its own process
     if apart is not None:
@@ -573,9 +573,10 @@ def _stage_locked(ctx: BuildContext):
 
 
 def _warn_if_nvml_disagrees(ctx: BuildContext) -> None:
-    """``images.decoder: auto`` was settled by NVML's count (:mod:`~shardsmith.encode.nvml_count`) before torch
-    was imported; where NVML sees a GPU that torch cannot use (a broken CUDA install), say what that changed. A
-    recipe that asked for ``cpu-draft`` itself is not warned."""
+    """``images.decoder: auto`` was settled to ``cpu-draft`` (by NVML's count, :mod:`~shardsmith.encode.nvml_count`,
+    before torch was imported; or, on a resume, as the build began) and the models run on the CPU: where NVML sees
+    a GPU that torch cannot use (a broken CUDA install), say what that changed. A recipe that asked for ``cpu-draft``
+    itself is not warned (a ledger from before the setting holds no ``decoder``: it asked ``auto``)."""
     if ctx.asked_decoder != "auto" or ctx.recipe.images.decoder != "cpu-draft" \
             or ctx.recipe.models.device != "auto" or getattr(ctx.stage, "device", None) != "cpu":
         return
@@ -586,7 +587,8 @@ def _warn_if_nvml_disagrees(ctx: BuildContext) -> None:
     if (device_count() or 0) > 0:
         sys.stderr.write("warning: NVML reports a CUDA device, but torch cannot use it: the models run on the CPU, and "
                          "JPEGs were decoded as for a GPU (images.decoder: cpu-draft, not byte-identical to PIL's full "
-                         "decode); fix the CUDA install, or set models.device: cpu for the exact decode\n")
+                         "decode, kept for this build's resumes); fix the CUDA install, or start again with models.device: cpu "
+                         "and --overwrite for the exact decode\n")
 
 
 def _say_random_weights(ctx: BuildContext) -> None:

@@ -224,7 +224,7 @@ def shared_constants(folder: Path, constants: list[torch.Tensor]) -> Path:
     h = hashlib.sha256()
     for t in constants:
         h.update(repr((str(t.dtype), tuple(t.shape), t.stride())).encode())
-        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
     return folder / f"constants-{h.hexdigest()[:24]}.pt"
 
 
@@ -278,12 +278,32 @@ def artifact_failed(path: Path) -> str | None:
         return None
 
 
+def passing(exc: BaseException) -> bool:
+    """Whether a failure may pass: out of memory (torch's, or Triton's loading its kernels, a ``RuntimeError``) or
+    a file system error."""
+    return isinstance(exc, (torch.OutOfMemoryError, OSError)) or "out of memory" in str(exc).lower()
+
+
+def artifact_complete(path: Path) -> bool:
+    """Whether the artifact ``path`` is kept with its constants (a cache cleaned by hand may have lost the shared
+    file or the reference to it: the artifact is then built again)."""
+    if not path.is_file():
+        return False
+    ref = constants_path(path)
+    if not ref.is_file():
+        return ref.with_suffix(".pt").is_file()  # (kept before constants were shared)
+    try:
+        return (path.parent / json.loads(ref.read_text())["file"]).is_file()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def mark_artifact_failed(path: Path, exc: BaseException) -> str:
     """Keep beside ``path`` why its artifact failed (later builds on the machine go to ``torch.compile`` at once:
     delete the file to try again); returns the reason, naming that file. A failure that may pass (out of memory,
     a file system error) is not kept: the next build tries again."""
     why = f"the Inductor artifact failed here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-    if isinstance(exc, (torch.OutOfMemoryError, OSError)):
+    if passing(exc):
         return f"{why}; the next build tries again"
     marker = path.with_name(path.name + ".failed.json")
     atomic_write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})

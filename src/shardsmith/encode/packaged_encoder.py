@@ -195,13 +195,14 @@ class PackagedEncoder:
                 failed = aot.artifact_failed(artifact)  # (read under the lock: one that waited finds the verdict)
                 if failed is None:
                     try:
-                        if not artifact.is_file():
+                        if not aot.artifact_complete(artifact):
                             aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
                                                artifact, self.options)
                             self.artifacts_built.append(name)
-                        return self._first_call_checked(aot.load_artifact(artifact, x.device, self._constants), artifact, program,
-                                                        shape)
+                        return self._first_call_checked(aot.load_artifact(artifact, x.device, self._constants),
+                                                        artifact, program, shape)
                     except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
+                        self._constants.clear()  # (a copy no runner holds)
                         failed = aot.mark_artifact_failed(artifact, exc)
         return self._torch_compiled(program, name, failed, x.device)
 
@@ -215,15 +216,18 @@ class PackagedEncoder:
     def _first_call_checked(self, run: Callable, artifact: Path, program: Path, shape: tuple[int, ...]) -> Callable:
         """``run`` (a loaded artifact), whose first call is checked: an artifact that loads but fails when it runs
         is kept as failed (:func:`~shardsmith.encode.aot_package.mark_artifact_failed`) and this shape compiles its
-        program with ``torch.compile`` instead, in this build and every later one; out of memory is raised."""
+        program with ``torch.compile`` instead, in this build and every later one. Raised as it is: a failure that
+        may pass (:func:`~shardsmith.encode.aot_package.passing`), and one after which the device does not run a
+        kernel (a CUDA error is sticky, and may be an earlier kernel's, reported late: the artifact is not blamed)."""
         name = "x".join(map(str, shape))
 
         def first(x: torch.Tensor) -> torch.Tensor:
             try:
                 y = run(x)
-            except torch.OutOfMemoryError:
-                raise
             except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
+                if aot.passing(exc) or not _device_works(x.device):
+                    raise
+                self._constants.clear()  # (a copy no runner holds)
                 with aot.build_lock(artifact):
                     failed = aot.mark_artifact_failed(artifact, exc)
                 fallback = self._runners[shape] = self._torch_compiled(program, name, failed, x.device)
@@ -265,6 +269,18 @@ def _identity(recipe, place: str, provenance=None) -> str | None:
     hashed = (provenance.weights_sha256, provenance.revision) if provenance is not None and \
         provenance.weights == "pretrained" else None
     return aot.model_key(recipe.models.vae, torch.device(place).type, hashed)
+
+
+def _device_works(device: torch.device) -> bool:
+    """Whether ``device`` still runs a kernel and synchronises (after a CUDA error it does not)."""
+    if device.type != "cuda":
+        return True
+    try:
+        (torch.ones(1, device=device) + 1).item()
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 (the answer is no)
+        return False
+    return True
 
 
 def _applies(recipe) -> bool:
