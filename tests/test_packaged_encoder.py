@@ -352,6 +352,43 @@ def test_the_artifacts_of_two_shapes_share_one_copy_of_their_constants(tmp_path,
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_an_artifact_is_run_first_in_a_child_and_one_that_crashes_there_is_not_loaded(tmp_path, monkeypatch):
+    """A child loads and runs a new artifact on zeros before the build does: where that crashes (as torch 2.11's
+    package loader did on the leased H100s), the build compiles the program with torch.compile, and the verdict is
+    kept; where it runs, the verdict is kept too and no later build starts a child."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    net = _TwoConvs().eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        want = net.quant_conv(net.encoder(x))
+    enc, path = _program_only_cache(tmp_path / "crash", x)
+    monkeypatch.setattr(aot_package, "_VERIFY_ARTIFACT", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    with torch.inference_mode():
+        torch.testing.assert_close(enc(x), want, atol=1e-5, rtol=1e-5)
+    artifact = aot_package.artifact_path(path, torch.device("cpu"))
+    assert aot_package.artifact_failed(artifact).startswith(
+        "the Inductor artifact failed here (RuntimeError: a child loading and running it died of signal 11); ")
+    assert enc.compiled_by["2x3x16x16"] == f"torch.compile ({aot_package.artifact_failed(artifact)})"
+    assert not aot_package.artifact_verified(artifact)
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    enc, path = _program_only_cache(tmp_path / "runs", x)
+    with torch.inference_mode():
+        torch.testing.assert_close(enc(x), want, atol=1e-5, rtol=1e-5)
+    artifact = aot_package.artifact_path(path, torch.device("cpu"))
+    assert aot_package.artifact_verified(artifact) and enc.compiled_by == {}
+
+    def no_child(*a, **k):
+        raise AssertionError("verified already: no child")
+
+    monkeypatch.setattr(aot_package, "verify_artifact", no_child)
+    again = packaged_encoder.PackagedEncoder(tmp_path / "runs", "m", "cpu", lambda: net, options={})
+    with torch.inference_mode():
+        torch.testing.assert_close(again(x), want, atol=1e-5, rtol=1e-5)
+    assert (again.compiled_by, again.artifacts_built) == ({}, [])
+
+
 def test_constants_are_named_by_their_content_and_an_artifact_without_them_is_not_complete(tmp_path):
     """Scalars hash too (a 0-dim bf16 tensor has no byte view of its own); the name changes with any value, dtype
     or stride; an artifact whose shared constants or reference went missing is built again, not run."""

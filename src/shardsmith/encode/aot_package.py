@@ -255,6 +255,7 @@ def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[st
         inputs = [*constants[:user[0]], torch.zeros_like(example), *constants[user[0]:]]
         with torch._inductor.config.patch(dict(options)):  # (its ``options`` are compile_fx's keywords, not these)
             compiled = standalone_compile(program.graph_module, inputs, dynamic_shapes="from_example_inputs")
+    path.with_name(path.name + ".verified.json").unlink(missing_ok=True)  # (an artifact built again is verified again)
     shared = shared_constants(path.parent, constants)
     if not shared.is_file():  # (another shape's artifact may have kept them)
         with atomic_open(shared) as fh:
@@ -308,6 +309,52 @@ def mark_artifact_failed(path: Path, exc: BaseException) -> str:
     marker = path.with_name(path.name + ".failed.json")
     atomic_write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})
     return artifact_failed(path) or why
+
+
+_VERIFY_ARTIFACT = """
+import sys, torch
+from pathlib import Path
+from shardsmith.encode.aot_package import load_artifact
+path, shape, dtype, device = Path(sys.argv[1]), [int(v) for v in sys.argv[2].split(",")], sys.argv[3], sys.argv[4]
+x = torch.zeros(shape, dtype=getattr(torch, dtype), device=device).contiguous(memory_format=torch.channels_last)
+with torch.inference_mode():
+    out = load_artifact(path, torch.device(device))(x)
+if device != "cpu":
+    torch.cuda.synchronize()
+assert torch.isfinite(out.float()).all().item(), "non-finite moments on zeros"
+"""
+
+
+def artifact_verified(path: Path) -> bool:
+    """Whether a child process loaded and ran the artifact ``path`` (:func:`verify_artifact`)."""
+    return path.with_name(path.name + ".verified.json").is_file()
+
+
+def verify_artifact(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                    timeout_s: float = 300.0) -> str | None:
+    """Load the artifact ``path`` and run it once on zeros in a child process (a crash there is not the build's);
+    keep the verdict beside it: None where it ran (later builds load it at once), else why not (kept as
+    :func:`mark_artifact_failed` keeps it: a failure that may pass is tried again by the next build)."""
+    import subprocess
+    import sys
+
+    where = f"cuda:{_device_index(device)}" if device.type == "cuda" else "cpu"
+    argv = [sys.executable, "-c", _VERIFY_ARTIFACT, str(path), ",".join(map(str, shape)), str(dtype).split(".")[-1],
+            where]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # (this process's shardsmith)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if r.returncode == 0:
+            atomic_write_json(path.with_name(path.name + ".verified.json"), {"ok": True, "torch": torch.__version__})
+            return None
+        last = (r.stderr.strip().splitlines() or [""])[-1]
+        exc: BaseException = RuntimeError(f"a child loading and running it died of signal {-r.returncode}"
+                                          if r.returncode < 0 else f"a child loading and running it: {last}")
+        if "out of memory" in last.lower():
+            exc = torch.OutOfMemoryError(last)
+    except subprocess.TimeoutExpired:
+        exc = RuntimeError(f"a child loading and running it gave no answer in {timeout_s:.0f} s")
+    return mark_artifact_failed(path, exc)
 
 
 def load_artifact(path: Path, device: torch.device,

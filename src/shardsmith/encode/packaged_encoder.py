@@ -169,8 +169,10 @@ class PackagedEncoder:
         """Where packages do not load: the package's exported program (exported first where it is not cached),
         compiled by Inductor ahead of the build into an artifact kept beside it for this device
         (:func:`~shardsmith.encode.aot_package.build_artifact`), which every later build on the machine loads without
-        the model and without tracing: the same kernels and bytes in every build. A torch without Inductor's
-        artifacts, or an artifact that failed to compile or load here (kept beside it:
+        the model and without tracing: the same kernels and bytes in every build. A new artifact is loaded and run
+        once by a child process first (:func:`~shardsmith.encode.aot_package.verify_artifact`: a crash is the
+        child's). A torch without Inductor's artifacts, or an artifact that failed to compile, verify, load or run
+        here (kept beside it:
         :func:`~shardsmith.encode.aot_package.artifact_failed`), compiles the program with ``torch.compile`` in
         every build instead, the manifest saying why (``program_compiled_by``)."""
         from shardsmith.encode import compile as cc
@@ -199,8 +201,11 @@ class PackagedEncoder:
                             aot.build_artifact(exported if exported is not None else aot.load_exported(program), x,
                                                artifact, self.options)
                             self.artifacts_built.append(name)
-                        return self._first_call_checked(aot.load_artifact(artifact, x.device, self._constants),
-                                                        artifact, program, shape)
+                        if not aot.artifact_verified(artifact):  # (a child loads and runs it first: a crash there
+                            failed = aot.verify_artifact(artifact, shape, x.dtype, x.device)  # is not the build's)
+                        if failed is None:
+                            return self._first_call_checked(aot.load_artifact(artifact, x.device, self._constants),
+                                                            artifact, program, shape)
                     except Exception as exc:  # noqa: BLE001 (kept beside it, named in the manifest; torch.compile)
                         self._constants.clear()  # (a copy no runner holds)
                         failed = aot.mark_artifact_failed(artifact, exc)
