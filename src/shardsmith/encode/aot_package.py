@@ -364,6 +364,9 @@ def load_artifact(path: Path, device: torch.device,
     artifacts of one model's shapes (read once, one copy in memory); filled here."""
     from torch._inductor import CompiledArtifact
 
+    from shardsmith.encode import coordesc_cache
+
+    coordesc_cache.keep()  # (its Triton kernels' tuning reused from Inductor's cache, not done again)
     ref = constants_path(path)
     if ref.is_file():
         kept = json.loads(ref.read_text())

@@ -159,6 +159,9 @@ class CompileDecision:
         d = cc.use_cache_dir()
         packaged = self._packaged()
         if not packaged:
+            from shardsmith.encode import coordesc_cache
+
+            coordesc_cache.keep()  # (Triton kernels: their tuning reused from the cache, not done again)
             try:  # one compiled graph per bucket shape; the default limit (8) would fall back to eager
                 import torch._dynamo
 

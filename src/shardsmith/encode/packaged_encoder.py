@@ -177,11 +177,14 @@ class PackagedEncoder:
         every build instead, the manifest saying why (``program_compiled_by``)."""
         from shardsmith.encode import compile as cc
 
+        from shardsmith.encode import coordesc_cache
+
         program = aot.program_path(path)
         exported = self._exported.pop(shape, None)  # (exported by this process for the package)
         artifacts = aot.artifacts_supported()
         artifact = aot.artifact_path(path, x.device)
         cc.use_cache_dir()
+        coordesc_cache.keep()  # (the artifact's Triton kernels: their tuning reused from the cache, not done again)
         with aot.build_lock(path):  # (another process may keep it while this one waits)
             if not program.is_file():
                 if exported is not None:
