@@ -106,3 +106,13 @@ def test_a_fixed_torch_is_left_as_it_is():
     assert not coordesc_cache.has_bug(before)
     assert coordesc_cache.keep() is False and th.CachingAutotuner.recheck_autotune_cache is before
     assert coordesc_cache.has_bug(_Buggy.recheck_autotune_cache)
+
+
+def test_without_its_source_the_torch_version_decides(monkeypatch):
+    def unreadable(obj):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(coordesc_cache.inspect, "getsource", unreadable)
+    assert coordesc_cache.has_bug(_Buggy.recheck_autotune_cache, "2.11.0+cu130")
+    assert not coordesc_cache.has_bug(_Buggy.recheck_autotune_cache, "2.12.1")
+    assert not coordesc_cache.has_bug(_Buggy.recheck_autotune_cache, "2.13.0+cpu")

@@ -19,13 +19,17 @@ from typing import Any, Callable
 BUGGY = "len(cached_configs) == 1 and len(configs) > 1"  # (the condition the fix removed)
 
 
-def has_bug(method: Callable) -> bool:
+def has_bug(method: Callable, torch_version: str | None = None) -> bool:
     """Whether ``method`` (a ``recheck_autotune_cache``) is the one before the fix: its source holds the condition
-    the fix removed and does not carry the mark over. False where its source cannot be read."""
+    the fix removed and does not carry the mark over. Where its source cannot be read (an install without it), by
+    ``torch_version`` (default: the installed one): the fix is in torch 2.12 (2.11.0 has the bug, 2.12.1 not)."""
     try:
         source = inspect.getsource(method)
     except (OSError, TypeError):
-        return False
+        import torch
+
+        major, minor = (int(v) for v in (torch_version or torch.__version__).split(".")[:2])
+        return (major, minor) < (2, 12)
     return BUGGY in source and "compile_result.config.found_by_coordesc" not in source
 
 
