@@ -217,6 +217,11 @@ def constants_path(artifact: Path) -> Path:
     return artifact.with_name(artifact.name[:-len(ARTIFACT_SUFFIX)] + ".constants.json")
 
 
+def _beside(artifact: Path, verdict: str) -> Path:
+    """Where the artifact's ``verdict`` (``verified``, ``failed``) is kept: beside it, named after it."""
+    return artifact.with_name(f"{artifact.name}.{verdict}.json")
+
+
 def shared_constants(folder: Path, constants: list[torch.Tensor]) -> Path:
     """Where ``constants`` (a program's weights) are kept in ``folder``: named by their content (dtypes, shapes,
     strides, bytes), so that the artifacts of every shape of one model share one file, and one copy in memory
@@ -255,7 +260,7 @@ def build_artifact(exported, example: torch.Tensor, path: Path, options: dict[st
         inputs = [*constants[:user[0]], torch.zeros_like(example), *constants[user[0]:]]
         with torch._inductor.config.patch(dict(options)):  # (its ``options`` are compile_fx's keywords, not these)
             compiled = standalone_compile(program.graph_module, inputs, dynamic_shapes="from_example_inputs")
-    path.with_name(path.name + ".verified.json").unlink(missing_ok=True)  # (an artifact built again is verified again)
+    _beside(path, "verified").unlink(missing_ok=True)  # (an artifact built again is verified again)
     shared = shared_constants(path.parent, constants)
     if not shared.is_file():  # (another shape's artifact may have kept them)
         with atomic_open(shared) as fh:
@@ -274,7 +279,7 @@ def artifact_failed(path: Path) -> str | None:
     """Why the artifact ``path`` failed to compile or load on this machine (kept by :func:`mark_artifact_failed`),
     None where it has not."""
     try:
-        return json.loads(path.with_name(path.name + ".failed.json").read_text())["why"]
+        return json.loads(_beside(path, "failed").read_text())["why"]
     except (OSError, ValueError, KeyError):
         return None
 
@@ -306,7 +311,7 @@ def mark_artifact_failed(path: Path, exc: BaseException) -> str:
     why = f"the Inductor artifact failed here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     if passing(exc):
         return f"{why}; the next build tries again"
-    marker = path.with_name(path.name + ".failed.json")
+    marker = _beside(path, "failed")
     atomic_write_json(marker, {"why": f"{why}; {marker} keeps that verdict: delete it to try again"})
     return artifact_failed(path) or why
 
@@ -327,7 +332,7 @@ assert torch.isfinite(out.float()).all().item(), "non-finite moments on zeros"
 
 def artifact_verified(path: Path) -> bool:
     """Whether a child process loaded and ran the artifact ``path`` (:func:`verify_artifact`)."""
-    return path.with_name(path.name + ".verified.json").is_file()
+    return _beside(path, "verified").is_file()
 
 
 def verify_artifact(path: Path, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
@@ -345,13 +350,11 @@ def verify_artifact(path: Path, shape: tuple[int, ...], dtype: torch.dtype, devi
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
         if r.returncode == 0:
-            atomic_write_json(path.with_name(path.name + ".verified.json"), {"ok": True, "torch": torch.__version__})
+            atomic_write_json(_beside(path, "verified"), {"ok": True, "torch": torch.__version__})
             return None
         last = (r.stderr.strip().splitlines() or [""])[-1]
         exc: BaseException = RuntimeError(f"a child loading and running it died of signal {-r.returncode}"
                                           if r.returncode < 0 else f"a child loading and running it: {last}")
-        if "out of memory" in last.lower():
-            exc = torch.OutOfMemoryError(last)
     except subprocess.TimeoutExpired:
         exc = RuntimeError(f"a child loading and running it gave no answer in {timeout_s:.0f} s")
     return mark_artifact_failed(path, exc)
