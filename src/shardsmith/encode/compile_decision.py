@@ -161,8 +161,8 @@ class CompileDecision:
         if not packaged:
             from shardsmith.encode import coordesc_cache
 
-            self.compile_info["coordesc_cache_fix"] = coordesc_cache.keep()  # (Triton kernels' tuning reused from
-            # the cache, not redone: pytorch#172819 mended where this torch has it)
+            coordesc_cache.keep()  # (Triton kernels' tuning reused from the cache, not redone, where this torch
+            # loses it: the manifest's compile.coordesc_cache says what was reused)
             try:  # one compiled graph per bucket shape; the default limit (8) would fall back to eager
                 import torch._dynamo
 

@@ -79,7 +79,6 @@ class PackagedEncoder:
         self.compiled_by: dict[str, str] = {}  # shapes whose program runs through torch.compile instead, and why
         self._exported: dict[tuple[int, ...], Any] = {}  # programs exported for a package this process built
         self._constants: dict[str, list[torch.Tensor]] = {}  # artifacts' constants on the device, shared by shapes
-        self.coordesc_fixed = False  # this torch's loss of cached coordinate-descent winners mended (coordesc_cache)
 
     @property
     def model(self) -> str | None:
@@ -185,7 +184,7 @@ class PackagedEncoder:
         artifacts = aot.artifacts_supported()
         artifact = aot.artifact_path(path, x.device)
         cc.use_cache_dir()
-        self.coordesc_fixed = coordesc_cache.keep()  # (the Triton kernels' tuning reused from the cache, not redone)
+        coordesc_cache.keep()  # (the Triton kernels' tuning reused from the cache, not redone)
         with aot.build_lock(path):  # (another process may keep it while this one waits)
             if not program.is_file():
                 if exported is not None:
@@ -268,7 +267,6 @@ class PackagedEncoder:
             out["from_program"] = list(self.programs)  # (the exported program, kept beside, compiled)
             out["program_compiled_by"] = {n: self.compiled_by.get(n, "inductor-artifact") for n in self.programs}
             out["artifacts_built"] = list(self.artifacts_built)
-            out["coordesc_cache_fix"] = self.coordesc_fixed  # (pytorch#172819 mended in this process)
         return out
 
 

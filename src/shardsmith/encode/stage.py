@@ -520,6 +520,10 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "compile": {k: v for k, v in self.compile_info.items() if k != "decided"},
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
+        if self.compile_info.get("compiled"):  # (Inductor's coordinate-descent winners reused or tuned here)
+            from shardsmith.encode import coordesc_cache
+
+            d["compile"]["coordesc_cache"] = coordesc_cache.counts()
         packages = getattr(self.vae, "packages", None)
         if packages is not None and packages.active:  # compiled ahead of time: loaded or built here, and whether
             d["compile"].update(packages.describe(), model_built=self.vae.model is not None)  # diffusers' model was
