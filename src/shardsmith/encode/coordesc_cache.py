@@ -10,8 +10,9 @@ process tuned every kernel again at its first batch: 9-12 s before any batch of 
   compiled config and dropped the winner's mark (pytorch/pytorch#172819, fixed in 2.12 by PR #173391);
 - a kernel compiled in Inductor's worker pool comes back pickled, and Triton's ``Config.__setstate__`` keeps only
   its own fields, so the mark is gone;
-- loading an Inductor artifact writes the autotune entries saved in it over the cache's, and an entry saved before
-  the tuning (its heuristic pick, unmarked) replaces the winner that the tuning kept.
+- loading an Inductor artifact writes the autotune entries saved in it over the cache's; an entry saved before
+  the tuning (its heuristic pick, unmarked) would replace the winner that a tuning kept (a guard: the artifact's
+  own entries are recorded in the order saved, so its winner should come last).
 
 :func:`keep` mends all three in this process: the first where the installed method has the bug; the second at the one
 place tuning starts (``_coordinate_descent_tuning``), which first asks the kernel's own autotune cache for a winner
@@ -33,11 +34,12 @@ _MARK = "_shardsmith_keeps_coordesc"  # (on each method wrapped here: wrapped on
 _counts = {"winners_reused": 0, "kernels_tuned": 0, "stale_entries_kept_out": 0}
 
 
-def counts() -> dict[str, Any]:
-    """What this process did (since it started): kernels whose cached winner was reused where tuning would have
-    started, kernels tuned (no winner cached), artifact entries kept from replacing a winner; and which of the
-    three mends :func:`keep` installed."""
-    return {**_counts, "mended": sorted(_mended)}
+def counts(since: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What this process did since it started, or since ``since`` (an earlier :func:`counts`, e.g. at a build's
+    start): kernels whose cached winner was reused where tuning would have started, kernels tuned (no winner
+    cached), artifact entries kept from replacing a winner; and which of the three mends :func:`keep` installed."""
+    base = since or {}
+    return {**{k: v - base.get(k, 0) for k, v in _counts.items()}, "mended": sorted(_mended)}
 
 
 _mended: set[str] = set()
@@ -129,11 +131,11 @@ def cached_winner(tuner: Any, load: Callable) -> Any | None:
         return None
     try:
         entry = read()
-    except (OSError, ValueError):
+        if not isinstance(entry, dict) or not entry.get("found_by_coordesc"):
+            return None
+        winner = load(dict(entry), cache.configs_hash, [], tuner.inductor_meta)
+    except Exception:  # noqa: BLE001 - a shortcut only: whatever fails reading the cache, the kernel is tuned
         return None
-    if not isinstance(entry, dict) or not entry.get("found_by_coordesc"):
-        return None
-    winner = load(dict(entry), cache.configs_hash, [], tuner.inductor_meta)
     return winner if getattr(winner, "found_by_coordesc", False) else None
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from shardsmith.encode import cuda_warm, packaged_encoder
+from shardsmith.encode import coordesc_cache, cuda_warm, packaged_encoder
 from shardsmith.encode.caption_cache import CaptionCache, text_entry
 from shardsmith.encode.compile_decision import CompileDecision
 from shardsmith.encode.encoders import ENCODER_NAMES, Encoder, held
@@ -164,6 +164,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.device_index = device_index  # models.device cuda:N (``device`` is then "cuda"); see bind_device
         self.compile_setting = compile
         self.compile_info: dict[str, Any] = {"setting": compile, "compiled": False, "reason": None}
+        self.coordesc_base = coordesc_cache.counts()  # (the manifest counts this build's reuse and tuning)
         self._compile_pending: dict[str, Any] | None = None  # set between compile() and its first batch
         self.launched = 0  # items started so far (written by the encoder thread only)
         self._eager_s: dict[tuple[int, ...], float] = {}  # an eager batch's seconds per staged shape (compile auto)
@@ -521,9 +522,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                              "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                              "steady_state": self.steady_state(), "warm_up": self.warm_up_info}
         if self.compile_info.get("compiled"):  # (Inductor's coordinate-descent winners reused or tuned here)
-            from shardsmith.encode import coordesc_cache
-
-            d["compile"]["coordesc_cache"] = coordesc_cache.counts()
+            d["compile"]["coordesc_cache"] = coordesc_cache.counts(since=self.coordesc_base)  # (this build's)
         packages = getattr(self.vae, "packages", None)
         if packages is not None and packages.active:  # compiled ahead of time: loaded or built here, and whether
             d["compile"].update(packages.describe(), model_built=self.vae.model is not None)  # diffusers' model was
