@@ -174,3 +174,37 @@ def test_a_vae_only_command_builds_where_a_package_diffusers_imports_needs_trans
                                                                           if importlib.util.find_spec(m)])
     assert seen["diffusers_sees_transformers"] is True and seen["transformers_imports"] == "AutoConfig"
     assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["counts"]["written"] == 6
+
+
+@pytest.mark.slow
+def test_the_lean_import_does_not_map_every_installed_distribution(tmp_path):
+    """diffusers' import asks importlib.metadata for every distribution's top-level names (1.4 s of the critical
+    path on the leased GPU image); in a command's lean import the map is made only where it is looked up, and its
+    answers are the real ones."""
+    code = r'''
+import importlib.metadata as m, json, sys
+calls = []
+real = m.packages_distributions
+m.packages_distributions = lambda: (calls.append(1), real())[1]
+from shardsmith.encode import diffusers_import as d
+d.allow()
+d.model_class("AutoencoderKL", lean=True)
+from diffusers.utils import import_utils as iu
+made_by_import = len(calls)
+same = dict(iu._package_map) == real() and iu._is_package_available("torch") == iu._is_package_available("torch")
+print(json.dumps([made_by_import, len(calls), same, m.packages_distributions is not d.LazyPackageMap]))
+'''
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [0, 1, True, True]
+
+
+def test_a_lazy_package_map_is_made_once_at_its_first_lookup(monkeypatch):
+    from shardsmith.encode import diffusers_import as d
+
+    calls = []
+    monkeypatch.setattr(d, "_packages_distributions", lambda: (calls.append(1), {"cv2": ["opencv-python"]})[1])
+    lazy = d.LazyPackageMap()
+    assert calls == []
+    assert lazy["cv2"] == ["opencv-python"] and "PIL" not in lazy and len(lazy) == 1 and list(lazy) == ["cv2"]
+    assert lazy.get("x") is None and calls == [1]

@@ -19,6 +19,11 @@ Contract
   availability flags are read again, so a later import of a diffusers pipeline in the process sees them.
   Modules diffusers imported meanwhile keep what they decided (its PEFT backend stays off: the process loads
   no LoRA). Otherwise a plain import.
+- diffusers' import maps every installed distribution's files to its top-level names
+  (``importlib.metadata.packages_distributions``: 1.4 s of a build's critical path on the leased GPU image, which
+  has hundreds of packages) for the few packages whose import name is not their distribution's. Within
+  :func:`model_class`'s import that map is :class:`LazyPackageMap`: made at its first lookup, which diffusers
+  does only where such a package is installed; the same answers either way.
 - Another installed package that diffusers imports where present and that needs one of those (one not named
   here) fails the lean import: the kept-out packages are then in view again, their flags read again, and the
   class imported as usual. Python imports again only the modules whose import failed; those that completed
@@ -27,9 +32,11 @@ Contract
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import sys
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -61,6 +68,40 @@ def _kept_out(names: tuple[str, ...]) -> Iterator[None]:
                 del sys.modules[n]
 
 
+class LazyPackageMap(Mapping):
+    """``importlib.metadata.packages_distributions()``, made at the first lookup, not when it is asked for."""
+
+    def __init__(self) -> None:
+        self._map: Mapping[str, list[str]] | None = None
+
+    def _made(self) -> Mapping[str, list[str]]:
+        if self._map is None:
+            self._map = _packages_distributions()
+        return self._map
+
+    def __getitem__(self, key: str) -> list[str]:
+        return self._made()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
+
+
+_packages_distributions = importlib.metadata.packages_distributions
+
+
+@contextmanager
+def _lazy_package_map() -> Iterator[None]:
+    """Within: ``importlib.metadata.packages_distributions()`` returns a :class:`LazyPackageMap`."""
+    importlib.metadata.packages_distributions = LazyPackageMap  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        importlib.metadata.packages_distributions = _packages_distributions
+
+
 def _reread_flags() -> None:
     """diffusers' availability flags of the kept-out packages, read again now that they import."""
     from diffusers.utils import import_utils as iu
@@ -79,7 +120,7 @@ def model_class(name: str, lean: bool = False) -> Any:
         if lean and _allowed and not any(n in sys.modules for n in ("diffusers",) + KEPT_OUT):
             cls = None
             try:
-                with _kept_out(KEPT_OUT):
+                with _kept_out(KEPT_OUT), _lazy_package_map():
                     import diffusers
 
                     cls = getattr(diffusers, name)
