@@ -22,8 +22,9 @@ Contract
 - diffusers' import maps every installed distribution's files to its top-level names
   (``importlib.metadata.packages_distributions``: 1.4 s of a build's critical path on the leased GPU image, which
   has hundreds of packages) for the few packages whose import name is not their distribution's. Within
-  :func:`model_class`'s import that map is :class:`LazyPackageMap`: made at its first lookup, which diffusers
-  does only where such a package is installed; the same answers either way.
+  :func:`model_class`'s import in a command's process (lean or as usual; :func:`allow`) that map is
+  :class:`LazyPackageMap`: made at its first lookup, which diffusers does only where such a package is
+  installed; the same answers either way.
 - Another installed package that diffusers imports where present and that needs one of those (one not named
   here) fails the lean import: the kept-out packages are then in view again, their flags read again, and the
   class imported as usual. Python imports again only the modules whose import failed; those that completed
@@ -129,6 +130,11 @@ def model_class(name: str, lean: bool = False) -> Any:
             _reread_flags()
             if cls is not None:
                 return cls
+        if _allowed and "diffusers" not in sys.modules:  # a command's usual import: the map made where looked up
+            with _lazy_package_map():
+                import diffusers
+
+                return getattr(diffusers, name)
     import diffusers
 
     return getattr(diffusers, name)
