@@ -213,21 +213,3 @@ def test_a_lazy_package_map_is_made_once_at_its_first_lookup(monkeypatch):
     assert calls == []
     assert lazy["cv2"] == ["opencv-python"] and "PIL" not in lazy and len(lazy) == 1 and list(lazy) == ["cv2"]
     assert lazy.get("x") is None and calls == [1]
-
-
-def test_lazy_package_map_applies_in_a_commands_process_only(monkeypatch):
-    """transformers before 5.24 (the leased GPU image has 5.17) maps every distribution at import too: a text
-    build's first import of it runs within lazy_package_map()."""
-    import importlib.metadata as m
-
-    from shardsmith.encode import diffusers_import as d
-
-    real = m.packages_distributions
-    monkeypatch.setattr(d, "_allowed", False)
-    with d.lazy_package_map():
-        assert m.packages_distributions is real
-    monkeypatch.setattr(d, "_allowed", True)
-    with d.lazy_package_map():
-        got = m.packages_distributions()
-        assert isinstance(got, d.LazyPackageMap)
-    assert m.packages_distributions is real and dict(got) == real()

@@ -103,17 +103,6 @@ def _lazy_package_map() -> Iterator[None]:
         importlib.metadata.packages_distributions = _packages_distributions
 
 
-@contextmanager
-def lazy_package_map() -> Iterator[None]:
-    """In a command's process (:func:`allow`), within: the distributions map made at its first lookup
-    (:class:`LazyPackageMap`); transformers before 5.24 makes it at import too. Elsewhere: nothing changes."""
-    if not _allowed:
-        yield
-        return
-    with _lock, _lazy_package_map():
-        yield
-
-
 def _reread_flags() -> None:
     """diffusers' availability flags of the kept-out packages, read again now that they import."""
     from diffusers.utils import import_utils as iu

@@ -97,14 +97,13 @@ def _quiet_loads(recipe) -> None:
         from shardsmith.encode.audio_vae import CLS
 
         diffusers_import.model_class(CLS, lean=lean)
-    with diffusers_import.lazy_package_map():  # (a text-only build imports both here first)
-        from diffusers.utils import logging as dlog
+    from diffusers.utils import logging as dlog
 
-        dlog.disable_progress_bar()
-        if _needs_transformers(recipe):
-            from transformers.utils import logging as tlog
+    dlog.disable_progress_bar()
+    if _needs_transformers(recipe):
+        from transformers.utils import logging as tlog
 
-            tlog.disable_progress_bar()
+        tlog.disable_progress_bar()
 
 
 def _load_vae(recipe, place: str):
