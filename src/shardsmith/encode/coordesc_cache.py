@@ -2,12 +2,13 @@
 
 ``max-autotune`` tunes each pointwise Triton kernel's block sizes at its first run (coordinate descent) and keeps the
 winner in Inductor's autotune cache beside the kernel (a ``.best_config`` file marked ``found_by_coordesc``). A later
-process should read the winner back and skip the tuning, but the leased torch 2.11 loses it on three paths, so every
-process tuned every kernel again at its first batch: 9-12 s before any batch of a warm compiled build on an H100
-(BENCHMARKS.md §10, twenty-seventh and twenty-eighth sessions):
+process should read the winner back and skip the tuning, but the leased torch 2.11 loses it on two paths and could on
+a third, so every process tuned every kernel again at its first batch: 9-15 s before any batch of a warm compiled
+build on an H100 (BENCHMARKS.md §10, twenty-seventh and twenty-eighth sessions):
 
 - ``CachingAutotuner.recheck_autotune_cache`` (kernels loaded from Inductor's caches) skipped kernels with one
-  compiled config and dropped the winner's mark (pytorch/pytorch#172819, fixed in 2.12 by PR #173391);
+  compiled config and dropped the winner's mark (pytorch/pytorch#172819, fixed in 2.12 by PR #173391); and an
+  artifact's kernels are copies narrowed at compile time to one config, whose hash never finds the winner;
 - a kernel compiled in Inductor's worker pool comes back pickled, and Triton's ``Config.__setstate__`` keeps only
   its own fields, so the mark is gone;
 - loading an Inductor artifact writes the autotune entries saved in it over the cache's; an entry saved before

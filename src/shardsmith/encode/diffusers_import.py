@@ -38,7 +38,7 @@ import logging
 import sys
 import threading
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 KEPT_OUT = ("transformers", "torchao", "scipy", "peft")  # the packages a lean import keeps out
@@ -130,11 +130,8 @@ def model_class(name: str, lean: bool = False) -> Any:
             _reread_flags()
             if cls is not None:
                 return cls
-        if _allowed and "diffusers" not in sys.modules:  # a command's usual import: the map made where looked up
-            with _lazy_package_map():
-                import diffusers
+        lazy = _allowed and "diffusers" not in sys.modules  # a command's usual import: the map made where looked up
+        with _lazy_package_map() if lazy else nullcontext():
+            import diffusers
 
-                return getattr(diffusers, name)
-    import diffusers
-
-    return getattr(diffusers, name)
+            return getattr(diffusers, name)
