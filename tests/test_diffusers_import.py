@@ -23,6 +23,9 @@ _PROBE = r'''
 import importlib, json, sys
 b = importlib.import_module("shardsmith.build")
 report = sys.argv[3]
+if len(sys.argv) > 4 and sys.argv[4] == "gpu-memory":  # models.offload auto's estimate runs, as on a GPU
+    from shardsmith.encode import offload
+    offload.free_bytes = lambda device: 80 * 2**30
 _build = b.build
 def _reported(*a, **k):
     manifest = _build(*a, **k)
@@ -71,8 +74,8 @@ def _shards(out: Path) -> dict[str, str]:
             for p in sorted(out.rglob("*.tar"))}
 
 
-def _cli(rec: Path, out: Path, report: Path, env: dict | None = None) -> dict:
-    r = subprocess.run([sys.executable, "-c", _PROBE, str(rec), str(out), str(report)], capture_output=True,
+def _cli(rec: Path, out: Path, report: Path, env: dict | None = None, *extra: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(rec), str(out), str(report), *extra], capture_output=True,
                        text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(report.read_text())
@@ -117,10 +120,74 @@ print(json.dumps(sorted(m for m in ("transformers", "torchao", "scipy", "diffuse
 
 
 @pytest.mark.slow
-def test_a_build_with_a_text_model_imports_transformers_as_usual(tmp_path):
+@pytest.mark.parametrize("memory", ["-", "gpu-memory"])
+def test_a_build_with_a_text_model_imports_transformers_without_scipy_torchao_or_peft(tmp_path, memory):
+    """A VAE and a text encoder (the LTX-2 video workload's pair): the VAE's class lean, then transformers' core
+    without the packages a text encoder's forward never uses (they were 1.3 s of the CPU machine's import); the
+    same bytes as a library build, which imports as usual. With GPU memory to ask (``models.offload: auto``),
+    the estimate, which builds both models on the meta device before the load, imports them the same way (it
+    imported them as usual, so on a GPU the load's lean imports never ran)."""
+    from shardsmith.build import build
+    from shardsmith.recipe import load_recipe
+
     rec = _recipe(tmp_path, {"vae": {"family": "sd", "config": "tiny"}, "text": {"family": "t5", "config": "tiny"}})
-    seen = _cli(rec, tmp_path / "cli", tmp_path / "report.json")
-    assert "transformers" in seen["imported"] and seen["diffusers_sees_transformers"] is True
+    rec.write_text(rec.read_text().replace("latent_wds", "precomputed").replace("dir: lat", "dir: pre"))
+    seen = _cli(rec, tmp_path / "cli", tmp_path / "report.json", None, memory)
+    assert seen == {"imported": ["transformers"], "diffusers_sees_transformers": True,
+                    "transformers_imports": "AutoConfig"}
+    models = json.loads((tmp_path / "cli" / "manifest.json").read_text())["models"]
+    assert ("no GPU" in models["offload"]["reason"]) == (memory == "-"), models["offload"]  # (else: estimated)
+    build(load_recipe(rec), tmp_path / "lib", quiet=True)
+    files = {}
+    for side in ("cli", "lib"):
+        root = tmp_path / side / "pre"
+        files[side] = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                       for p in sorted(root.rglob("*.pt"))}
+    assert len([f for f in files["cli"] if f.startswith("conditions/")]) == 6 and files["cli"] == files["lib"]
+
+
+_CORE = r'''
+import json, sys
+if sys.argv[3] == "needs-scipy":  # a module of transformers' core that imports scipy first (as a package might)
+    import importlib.abc
+    class NeedsScipy(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "transformers.loss.loss_for_object_detection":
+                import scipy.optimize  # noqa: F401 (ImportError while it is kept out)
+            return None
+    sys.meta_path.insert(0, NeedsScipy())
+from shardsmith.encode import diffusers_import as d
+if sys.argv[1] == "allowed":
+    d.allow()
+d.model_class("AutoencoderKL", lean=True)
+d.transformers_core(lean=sys.argv[2] == "lean")
+from transformers.utils import import_utils as iu
+from transformers import T5Config, T5EncoderModel
+import torch
+m = T5EncoderModel(T5Config(d_model=16, num_layers=1, num_heads=2, d_ff=32, d_kv=8, vocab_size=50))
+shape = list(m(torch.ones(1, 3, dtype=torch.long)).last_hidden_state.shape)
+print(json.dumps([sorted(n for n in ("scipy", "torchao", "peft", "transformers") if n in sys.modules),
+                  iu.is_scipy_available(), shape]))
+'''
+
+
+@pytest.mark.slow
+def test_transformers_core_keeps_out_scipy_torchao_and_peft_only_in_a_lean_command(tmp_path):
+    """Kept out in a command's lean import, and available again after it; a library caller's process, a plain
+    import, and a lean import that fails (a module needing scipy) all import as usual, and the model runs."""
+    seen = {}
+    for allowed, lean, hook in (("allowed", "lean", "-"), ("library", "lean", "-"), ("allowed", "plain", "-"),
+                                ("allowed", "lean", "needs-scipy")):
+        r = subprocess.run([sys.executable, "-c", _CORE, allowed, lean, hook], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        seen[allowed, lean, hook] = json.loads(r.stdout.strip().splitlines()[-1])
+    usual = sorted(["scipy", "transformers"] + [m for m in ("torchao", "peft") if importlib.util.find_spec(m)])
+    assert seen["allowed", "lean", "-"] == [["transformers"], True, [1, 3, 16]]
+    for key in (("library", "lean", "-"), ("allowed", "plain", "-")):
+        assert seen[key] == [usual, True, [1, 3, 16]], key
+    # the failed lean import's completed modules keep what they decided (its quantisers: no torchao)
+    assert seen["allowed", "lean", "needs-scipy"] == [["scipy", "transformers"], True, [1, 3, 16]]
 
 
 def test_kept_out_hides_a_module_within_and_restores_it_after():

@@ -1,4 +1,5 @@
-"""diffusers' model classes imported without transformers, in a command that loads no transformers model.
+"""diffusers' model classes imported without transformers, in a command that loads no transformers model or only
+a text encoder (whose transformers core is then imported without scipy, torchao and peft).
 
 diffusers' core imports transformers whenever it is installed: its pipeline quantisation config and its
 loaders name transformers' classes, and transformers brings its own core, scipy and soundfile. Its
@@ -25,6 +26,13 @@ Contract
   :func:`model_class`'s import in a command's process (lean or as usual; :func:`allow`) that map is
   :class:`LazyPackageMap`: made at its first lookup, which diffusers does only where such a package is
   installed; the same answers either way.
+- :func:`transformers_core` ``(lean)``: transformers' model core (``transformers.modeling_utils``), imported
+  before a text encoder is built; in a command (:func:`allow`) with ``lean`` (a text model that is neither
+  quantised nor a teacher's) and where none of them is imported yet, without ``TEXT_KEPT_OUT`` (scipy, torchao,
+  peft: transformers' object-detection losses, quantisers and adapters, none of which a text encoder's forward
+  uses), so that a command whose VAE was imported lean and whose text encoder is transformers' pays for
+  transformers' own modules only. Afterwards its availability checks are asked again (their caches cleared),
+  as for diffusers; where that import fails (a package needing a kept-out one), the usual import.
 - Another installed package that diffusers imports where present and that needs one of those (one not named
   here) fails the lean import: the kept-out packages are then in view again, their flags read again, and the
   class imported as usual. Python imports again only the modules whose import failed; those that completed
@@ -33,6 +41,7 @@ Contract
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import sys
@@ -42,6 +51,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 KEPT_OUT = ("transformers", "torchao", "scipy", "peft")  # the packages a lean import keeps out
+TEXT_KEPT_OUT = ("torchao", "scipy", "peft")  # what a command's lean import of transformers' core keeps out
 _allowed = False
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -135,3 +145,27 @@ def model_class(name: str, lean: bool = False) -> Any:
             import diffusers
 
             return getattr(diffusers, name)
+
+
+def _reread_transformers_flags() -> None:
+    """transformers' availability checks asked again (their caches cleared) now that the kept-out packages import."""
+    from transformers.utils import import_utils as iu
+
+    for name in dir(iu):
+        check = getattr(iu, name)
+        if name.startswith("is_") and name.endswith("_available") and hasattr(check, "cache_clear"):
+            check.cache_clear()
+
+
+def transformers_core(lean: bool = False) -> None:
+    """``transformers.modeling_utils`` imported, without ``TEXT_KEPT_OUT`` where the contract allows it."""
+    with _lock:
+        if lean and _allowed and not any(n in sys.modules for n in ("transformers.modeling_utils",) + TEXT_KEPT_OUT):
+            try:
+                with _kept_out(TEXT_KEPT_OUT):
+                    importlib.import_module("transformers.modeling_utils")
+            except Exception as exc:  # noqa: BLE001 - a package needing a kept-out one: the usual import below
+                log.debug("transformers without %s failed (%s); importing it as usual", ", ".join(TEXT_KEPT_OUT), exc)
+            if "transformers.utils.import_utils" in sys.modules:
+                _reread_transformers_flags()
+        importlib.import_module("transformers.modeling_utils")  # (a plain import where the lean one did not run)

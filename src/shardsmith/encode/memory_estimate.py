@@ -124,6 +124,9 @@ def _named(m) -> str:
 
 def estimate(recipe, name: str, batch: int) -> ModelMemory | None:
     """``name`` (``text`` or ``vae``) of ``recipe.models`` at ``batch`` items, estimated (see the module)."""
+    from shardsmith.encode.stage import import_libraries
+
+    import_libraries(recipe)  # as the load will (lean where it may): the first import of the process is this one
     m = recipe.models
     try:
         if name == "text":

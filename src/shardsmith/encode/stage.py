@@ -85,12 +85,22 @@ def _needs_transformers(recipe) -> bool:
     return m.text is not None or m.teacher is not None
 
 
-def _quiet_loads(recipe) -> None:
-    """Our own progress bars say what is happening; the libraries' per-load bars are noise. The VAEs' classes
-    are imported first, without transformers where the build needs none (encode/diffusers_import.py)."""
+def _lean_text(recipe) -> bool:
+    """Whether the build's only transformers model is a text encoder that is not quantised: transformers' core is
+    then imported without scipy, torchao and peft, after the VAEs' classes without transformers
+    (encode/diffusers_import.py)."""
+    m = recipe.models
+    return m.text is not None and m.teacher is None and m.text.quantize == "none"
+
+
+def import_libraries(recipe) -> None:
+    """diffusers and transformers imported as the build's models need them, before any model is built (the load,
+    and ``models.offload: auto``'s estimate, which builds them on the meta device first): the VAEs' classes
+    first, without transformers where the build needs none or only a text encoder's, then transformers' core
+    (encode/diffusers_import.py). Their per-load progress bars are turned off: our own say what is happening."""
     from shardsmith.encode import diffusers_import
 
-    lean = not _needs_transformers(recipe)
+    lean = not _needs_transformers(recipe) or _lean_text(recipe)
     if _needs_vae(recipe):
         diffusers_import.model_class(FAMILIES[recipe.models.vae.family]["cls"], lean=lean)
     if recipe.audio_outputs():
@@ -101,6 +111,7 @@ def _quiet_loads(recipe) -> None:
 
     dlog.disable_progress_bar()
     if _needs_transformers(recipe):
+        diffusers_import.transformers_core(lean=_lean_text(recipe))
         from transformers.utils import logging as tlog
 
         tlog.disable_progress_bar()
@@ -131,7 +142,7 @@ def _packaged_vae(recipe, place: str, device: str):
     shapes = [(batch, 3, b.height, b.width) for b in buckets]
 
     def build():
-        _quiet_loads(recipe)
+        import_libraries(recipe)
         return _load_vae(recipe, place)
 
     return packaged_encoder.from_cache(recipe, place, shapes, build)
@@ -211,7 +222,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         warm = cuda_warm.start(recipe, place)
         vae = _packaged_vae(recipe, place, device)  # a compiled image VAE whose packages are cached: no model yet
         if vae is None or _needs_transformers(recipe):
-            _quiet_loads(recipe)
+            import_libraries(recipe)
         text = decision = text_memory = None
         text_oom = [0]
         if offload is not None and offload.decided is not None and offload.decided.mode == "text-first" \
