@@ -251,3 +251,36 @@ def _warm_always(init):
     def __init__(self, recipe, warm=None, root=None):
         init(self, recipe, warm=True, root=root)
     return __init__
+
+
+@pytest.mark.slow
+def test_a_build_failing_before_its_first_batch_leaves_no_loading_thread(tmp_path, monkeypatch):
+    """The plan fails (here: a stand-in check after it) while the models still load: build() raises the plan's
+    error once the loading thread has stopped, having warmed nothing up and closed what it loaded. A thread left
+    loading opened the ledger later; a build forking its plan process meanwhile could hang (SQLite's lock)."""
+    import shardsmith.build as build_mod
+    from media_factory import real_photos
+    from shardsmith.errors import UserError
+
+    real_photos(tmp_path / "p", 4, seed=3, min_side=40, max_side=60)
+    load, loaded, warmed = EncodeStage.from_recipe.__func__, [], []
+
+    def slow_load(cls, recipe, offload=None):
+        threading.Event().wait(1.5)  # still loading when the plan fails
+        st = load(cls, recipe)
+        loaded.append(st)
+        return st
+
+    def failing_check(ctx):
+        raise UserError("the plan's stand-in failure")
+
+    monkeypatch.setattr(EncodeStage, "from_recipe", classmethod(slow_load))
+    monkeypatch.setattr(EncodeStage, "warm_up_for", lambda self, *a, **k: warmed.append(1))
+    monkeypatch.setattr(build_mod, "_check_plan", failing_check)
+    rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
+                            "models": {"vae": {"family": "sd", "config": "tiny"}},
+                            "outputs": [{"format": "latent_wds", "dir": "."}]})  # (planned first: no plan ahead)
+    with pytest.raises(UserError, match="stand-in failure"):
+        build(rec, tmp_path / "o", quiet=True, workers=1)
+    assert not [t for t in threading.enumerate() if t.name == "shardsmith-model-preload" and t.is_alive()]
+    assert len(loaded) == 1 and warmed == [] and loaded[0]._closing.is_set()  # loaded, not warmed, closed

@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from shardsmith import __version__, formats
+from shardsmith import __version__, formats, process_exit
 from shardsmith.distribute import local
 from shardsmith.errors import UserError
 from shardsmith.manifest import InvariantError, make_manifest, summary
@@ -389,6 +389,8 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
             stack.push(lambda exc_type, *_: ctx.gpu_workers.close(wait_s=0.0 if exc_type else 30.0))
         # last out: the encode stage's device thread, once its queued batches are done
         stack.callback(lambda: ctx.stage is not None and ctx.stage.close())
+        if preload is not None:
+            stack.push(_cancel_on_failure(ctx, preload))
         # the plan's total: the listed items, counted from the listings on a thread while the plan probes
         count = (lambda: None) if recipe.one_sample else (lambda: count_listed(opened))
         if ahead is not None:
@@ -626,6 +628,16 @@ def loading_label(recipe: Recipe) -> str:
     except Exception:  # noqa: BLE001 - the precheck has said what is wrong with the device
         device = m.device
     return f"load models: {', '.join(parts)} on {device}"
+
+
+def _cancel_on_failure(ctx: BuildContext, preload):
+    """An exit callback: a build that fails before it takes the stage stops the loading thread, and a library
+    caller's waits for it (a command's process leaves at once: process_exit); the failure goes on."""
+    def cancel(exc_type, *_):
+        if exc_type is not None and ctx.stage is None:
+            preload.cancel(wait=not process_exit.in_command())
+        return False
+    return cancel
 
 
 def _plan_tick(tick, preload):

@@ -14,6 +14,8 @@ Contract
   loading on the build's preload thread: the interpreter's teardown would stop that thread inside torch
   and the process would abort ("terminate called without an active exception", exit 134) instead of
   ending with its own code. With no such thread, or a child or a non-daemon thread alive, it exits as usual.
+- ``in_command()``: whether this process runs a command through ``run`` (so a failed build need not wait for
+  a model still loading: the process leaves at once, as above); False for a library caller.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import threading
 
 _done = False
+_command = False
 
 
 def done() -> None:
@@ -38,11 +41,17 @@ def _thread_alive(daemon: bool) -> bool:
     return any(t is not main and t.is_alive() and t.daemon == daemon for t in threading.enumerate())
 
 
+def in_command() -> bool:
+    return _command
+
+
 def _quick_exit_safe() -> bool:
     return not multiprocessing.active_children() and not _thread_alive(daemon=False)
 
 
 def run(app, **kw) -> None:
+    global _command
+    _command = True
     code = 0
     try:
         app(**kw)

@@ -7,7 +7,12 @@ overlaps them: ``start()`` right after the workers are forked (never before: a f
 copy a process whose other threads hold CUDA or allocator locks), ``raise_if_failed()`` while
 planning (a model that cannot load stops the plan at once), ``planned()`` when the plan is done
 (warm-up stops after the bucket shape it is on), ``result()`` joins and returns the
-:class:`~shardsmith.encode.stage.EncodeStage`, re-raising any error of the load itself.
+:class:`~shardsmith.encode.stage.EncodeStage`, re-raising any error of the load itself. ``cancel(wait)``
+(the build failed before it took the stage): the thread stops after the step under way (a model's load
+is not interrupted), warms nothing up, touches the ledger no more and closes what it loaded; with
+``wait``, returns once it has (a library caller's failed build leaves no thread behind that loads models or
+opens the ledger, say while a later build forks its plan process: a child forked while another thread held
+SQLite's allocator lock hangs).
 ``with_offload(run)`` (a build's ``models.offload``, before ``start()``): the decision is made first on the
 loading thread, and a ``text-first`` load runs the text pass once the plan is done.
 """
@@ -37,6 +42,7 @@ class ModelPreload:
         self.recipe, self.warm, self.root = recipe, warm, root
         self.offload = None
         self._planned = threading.Event()
+        self._cancelled = threading.Event()
         self._stage = None
         self._error: BaseException | None = None
         self.seconds: dict[str, float] = {}
@@ -68,6 +74,8 @@ class ModelPreload:
 
             pin_intra_op_threads(self._threads)
             t = time.perf_counter()
+            if self._cancelled.is_set():
+                return
             decision = self.offload.decide_for(self.recipe) if self.offload is not None else None
             if decision is not None and decision.mode == "text-first":
                 stage = EncodeStage.from_recipe(self.recipe, offload=self.offload)
@@ -75,6 +83,9 @@ class ModelPreload:
                 stage = EncodeStage.from_recipe(self.recipe)
             if decision is not None and getattr(stage, "offload", None) is None:
                 stage.offload = decision
+            if self._cancelled.is_set():
+                stage.close()
+                return
             if self.root is not None:
                 from shardsmith.encode.compile_record import compile_record
 
@@ -85,6 +96,16 @@ class ModelPreload:
             self._stage = stage
         except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
             self._error = exc
+
+    def cancel(self, wait: bool = True) -> None:
+        """The build failed before taking the stage: stop (see the module); with ``wait``, join the thread."""
+        self._cancelled.set()
+        self._planned.set()
+        if wait and self._thread.is_alive():
+            self._thread.join()
+        if self._stage is not None and not self._thread.is_alive():  # (loaded and warmed before the cancel)
+            self._stage.close()
+            self._stage = None
 
     def raise_if_failed(self) -> None:
         """Raise the load's error now if it has failed (cheap: meant to be called per planned item),
