@@ -284,3 +284,25 @@ def test_a_build_failing_before_its_first_batch_leaves_no_loading_thread(tmp_pat
         build(rec, tmp_path / "o", quiet=True, workers=1)
     assert not [t for t in threading.enumerate() if t.name == "shardsmith-model-preload" and t.is_alive()]
     assert len(loaded) == 1 and warmed == [] and loaded[0]._closing.is_set()  # loaded, not warmed, closed
+
+
+def test_a_cancelled_build_stops_its_text_pass_at_the_next_caption(tmp_path):
+    """models.offload text-first: the pass reads captions as the plan commits them; once the build has failed
+    (ModelPreload.cancel), it stops at the next caption instead of encoding every caption of the plan."""
+    from shardsmith.encode.offload import Cancelled, OffloadRun
+    from shardsmith.encode.text_pass import _fill
+
+    run = OffloadRun(tmp_path, tmp_path / "ledger.sqlite")
+    pre = ModelPreload(None).with_offload(run)
+    seen = []
+
+    def captions():
+        for c in ("a", "b", "c"):
+            seen.append(c)
+            if c == "b":
+                pre.cancel(wait=False)  # the build failed meanwhile
+            yield c
+
+    with pytest.raises(Cancelled):
+        _fill(None, None, captions(), rows=2, counter=[0], check=run.check_cancelled)
+    assert seen == ["a", "b"]

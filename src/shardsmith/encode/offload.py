@@ -162,6 +162,10 @@ def settle(recipe, ledger):
     return out
 
 
+class Cancelled(RuntimeError):
+    """The text pass stopped because the build failed (never a build's own error: it is not re-raised)."""
+
+
 @dataclass
 class OffloadRun:
     """What the model loader needs for ``models.offload`` in a build (see the module)."""
@@ -174,6 +178,12 @@ class OffloadRun:
 
     decided: OffloadDecision | None = None  # set by decide_for, read by the model loader
     progress: Any = None  # the build's Progress: the text pass shows its count there
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the build failed: the text pass stops
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`Cancelled` once the build has failed (the text pass calls it as it goes)."""
+        if self.cancelled.is_set():
+            raise Cancelled("the build failed; the text pass stopped")
 
     def decide_for(self, recipe) -> OffloadDecision:
         """:meth:`decision` on ``models.device`` at the encode stage's text batch; kept in ``decided``."""

@@ -9,7 +9,8 @@ planning (a model that cannot load stops the plan at once), ``planned()`` when t
 (warm-up stops after the bucket shape it is on), ``result()`` joins and returns the
 :class:`~shardsmith.encode.stage.EncodeStage`, re-raising any error of the load itself. ``cancel(wait)``
 (the build failed before it took the stage): the thread stops after the step under way (a model's load
-is not interrupted), warms nothing up, touches the ledger no more and closes what it loaded; with
+is not interrupted; a text pass stops at its next caption), warms nothing up, touches the ledger no more and
+closes what it loaded; with
 ``wait``, returns once it has (a library caller's failed build leaves no thread behind that loads models or
 opens the ledger, say while a later build forks its plan process: a child forked while another thread held
 SQLite's allocator lock hangs).
@@ -91,6 +92,9 @@ class ModelPreload:
 
                 stage.compile_record = compile_record(self.recipe, self.root)
             self.seconds["load"] = round(time.perf_counter() - t, 3)
+            if self._cancelled.is_set():  # (cancelled during compile_record's set-up)
+                stage.close()
+                return
             if self.warm or (self.warm is None and warms_up(stage)):
                 stage.warm_up_for(self.recipe, stop=self._planned)
             self._stage = stage
@@ -101,6 +105,8 @@ class ModelPreload:
         """The build failed before taking the stage: stop (see the module); with ``wait``, join the thread."""
         self._cancelled.set()
         self._planned.set()
+        if self.offload is not None:  # a text pass under way (models.offload text-first) stops at its next caption
+            self.offload.cancelled.set()
         if wait and self._thread.is_alive():
             self._thread.join()
         if self._stage is not None and not self._thread.is_alive():  # (loaded and warmed before the cancel)

@@ -51,6 +51,7 @@ def _text_sources(recipe) -> list[int] | None:
 
 def _wait_for_plan(ledger, run) -> None:
     while not ledger.get_meta("plan_complete"):
+        run.check_cancelled()
         if run.planned is not None and run.planned.wait(0.2) and not ledger.get_meta("plan_complete"):
             raise RuntimeError("the plan stopped before it was complete; the text pass (models.offload: text-first) "
                                "needs every caption")
@@ -65,7 +66,8 @@ def plan_captions(recipe, run) -> Iterator[str]:
         srcs = _text_sources(recipe)
         seen_train = False
         if run.ahead is not None:  # the train rows as the plan commits them, then the rest
-            for item in run.ahead.items(ledger, split=TRAIN, sources=srcs or list(range(len(recipe.sources)))):
+            for item in run.ahead.items(ledger, split=TRAIN, sources=srcs or list(range(len(recipe.sources))),
+                                        check=run.check_cancelled):
                 yield item.caption or ""
             seen_train = True
         _wait_for_plan(ledger, run)
@@ -92,7 +94,7 @@ def _identity(enc) -> dict[str, Any]:
 
 
 def _fill(enc, cache: TextCache, captions: Iterator[str], rows: int, counter: list[int],
-          tick=None) -> dict[str, int]:
+          tick=None, check=None) -> dict[str, int]:
     read = encoded = 0
     window: list[str] = []
 
@@ -105,6 +107,8 @@ def _fill(enc, cache: TextCache, captions: Iterator[str], rows: int, counter: li
         return len(todo)
 
     for c in captions:
+        if check is not None:
+            check()
         read += 1
         window.append(c)
         if len(window) >= WINDOW:
@@ -137,7 +141,8 @@ def text_first(load: Callable[[], Any], recipe, run, device: str, batch: int,
         tick = None
         if getattr(run, "progress", None) is not None:
             tick = stack.enter_context(run.progress.task("text pass: captions (models.offload text-first)", None))
-        counts = _fill(enc, cache, plan_captions(recipe, run), rows, counter if counter is not None else [0], tick)
+        counts = _fill(enc, cache, plan_captions(recipe, run), rows, counter if counter is not None else [0], tick,
+                       check=run.check_cancelled)
     peak = None
     if device == "cuda":
         torch.cuda.synchronize()
