@@ -148,3 +148,44 @@ def test_audio_batches_in_flight_each_get_their_own_waveforms_resampled_on_the_g
         for got, want in zip(launched.result(), vae.encode(b)):
             assert tuple(got.shape) == (2, 26, 16)  # 1.0 s at 16 kHz once resampled: 16000 // 640 + 1
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_staged_batch_is_uploaded_and_converted_ahead_with_the_values_of_a_plain_upload():
+    """stage() queues the batch's upload and conversion on the side stream at once; _to_input then only waits for
+    it (once), and gives what the upload on the device thread gives, bit for bit."""
+    vae = load_vae("sd", device="cuda", dtype="bfloat16")
+    st = EncodeStage(vae, None, batch_size=4, device="cuda")
+    frames = _frames(3, 3)
+    host = st.stage(frames)  # padded to 4
+    assert host.started is not None and host.is_pinned()
+    ahead = st._to_input(host)
+    assert host.started is None
+    plain = st._to_input(host)  # a second call: uploaded again on the device thread's way
+    assert ahead.shape == (4, 3, 64, 64) and ahead.dtype == torch.bfloat16 and ahead.is_contiguous()
+    assert torch.equal(ahead, plain)
+    want = torch.from_numpy(np.stack(frames + frames[-1:]))[:, 0].permute(0, 3, 1, 2).to(torch.bfloat16)
+    assert torch.equal(ahead.cpu(), want.div_(127.5).sub_(1.0))
+    torch.backends.cudnn.deterministic = True
+    z = st.launch(st.stage(frames), 3).result()[0]
+    want_z = st.encode_staged(st.stage(frames), 3)
+    assert len(z) == 3
+    for got, exp in zip(z, want_z):
+        torch.testing.assert_close(got, exp)
+
+
+def test_batches_started_ahead_are_bounded_and_one_out_of_memory_is_uploaded_later(monkeypatch):
+    """At most AHEAD staged batches hold device memory; past that, and where the side stream's allocation fails,
+    the batch is uploaded on the device thread (where an out-of-memory batch is retried), with the same values."""
+    vae = load_vae("sd", device="cuda", dtype="bfloat16")
+    st = EncodeStage(vae, None, batch_size=2, device="cuda")
+    hosts = [st.stage(_frames(2, i)) for i in range(st.AHEAD + 1)]
+    assert [getattr(h, "started", None) is not None for h in hosts] == [True] * st.AHEAD + [False]
+    want = [st._to_input(h) for h in hosts]
+    assert st._ahead == 0 and all(torch.equal(w, st._to_input(h)) for w, h in zip(want, hosts))
+
+    def no_memory(self, *a, **k):
+        raise torch.cuda.OutOfMemoryError("stand-in")
+
+    monkeypatch.setattr(type(st), "_converted", no_memory)
+    host = st.stage(_frames(2, 9))
+    assert getattr(host, "started", None) is None and st._ahead == 0
