@@ -12,13 +12,7 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
   (:mod:`~shardsmith.encode.packaged_encoder`; decided in the warm-up, before any batch is staged).
 - ``_to_input(host)``: the staged batch on the model's device as ``[B, 3, F, H, W]`` (``[B, 3, H, W]``
   for an image VAE) in ``[-1, 1]``, contiguous; on a GPU the upload runs on a side stream that the
-  compute stream waits for. A batch ``stage`` made on a GPU is uploaded and converted there at once, on that
-  side stream (the calling thread queues it: the device thread may be blocked queueing the batch before, whose
-  kernels fill the launch queue, and would then queue this copy only as the GPU reached it);
-  ``_to_input`` then only makes the compute stream wait for it, once (a second call, or a slice of the batch,
-  uploads it again). The same operations either way, so the same values. At most :attr:`AHEAD` batches are
-  held so (their memory is the side stream's, which the compute stream's allocations cannot reuse); one that
-  does not fit (out of memory) is uploaded on the device thread instead, where a batch out of memory is retried.
+  compute stream waits for.
 """
 
 from __future__ import annotations
@@ -52,8 +46,6 @@ _spend_read_only_warning()
 class HostStaging:
     pad_batches: bool | None = None  # None: pad short batches on a GPU only (see stage)
     _PREPARE_LOCK = threading.Lock()  # seconds["prepare"] is booked by the calling thread and the staging one
-    _STREAM_LOCK = threading.Lock()  # the side stream and the count of batches started ahead (two threads)
-    AHEAD = 4  # batches uploaded and converted ahead at most (the finisher keeps 4 in flight on a GPU)
 
     def _book_prepare(self, seconds: float) -> None:
         with self._PREPARE_LOCK:
@@ -89,66 +81,18 @@ class HostStaging:
         host = torch.empty((len(views), *views[0].shape), dtype=views[0].dtype, pin_memory=self.device == "cuda")
         with one_intra_op_thread():  # the decode workers hold the cores (see one_intra_op_thread)
             torch.stack(views, out=host)
-        if self.device == "cuda":
-            self._start_input(host)
         self._book_prepare(time.perf_counter() - t0)
         return host
-
-    def _start_input(self, host: torch.Tensor) -> None:
-        """Queue ``host``'s upload and conversion on the side stream now (see the module); its result and the
-        event that marks it done are kept on the tensor (``host.started``) for :meth:`_to_input`."""
-        device = torch.device(self.vae.device)
-        if device.type != "cuda" or (self.vae.spec.kind == "image_vae" and host.shape[1] != 1):
-            return  # (a wrong bucket: _to_input says so on the device thread, as before)
-        with self._STREAM_LOCK:
-            if self._ahead >= self.AHEAD:
-                return
-            self._ahead += 1
-        try:
-            with torch.cuda.stream(self._side_stream()):
-                x = self._converted(host.to(device, non_blocking=True))
-                done = torch.cuda.Event()
-                done.record()
-        except torch.cuda.OutOfMemoryError:
-            self._taken_ahead()
-            return
-        host.started = (x, done)
-
-    _ahead = 0  # batches started ahead and not yet taken by _to_input
-
-    def _taken_ahead(self) -> None:
-        with self._STREAM_LOCK:
-            self._ahead -= 1
-
-    def _side_stream(self) -> "torch.cuda.Stream":
-        """The stream uploads run on (made once, by whichever thread asks first)."""
-        with self._STREAM_LOCK:
-            if self._copy_stream is None:
-                self._copy_stream = torch.cuda.Stream()
-            return self._copy_stream
 
     def _to_input(self, host: torch.Tensor) -> torch.Tensor:
         """Staged uint8 -> [B, 3, F, H, W] (or [B, 3, H, W]) in [-1, 1] on the model's device
         (uint8 crosses PCIe: 4x fewer bytes than float32, and the GPU does the arithmetic)."""
-        started = getattr(host, "started", None)
-        if started is not None:  # uploaded and converted on the side stream since stage()
-            host.started = None
-            self._taken_ahead()
-            x, done = started
-            compute = torch.cuda.current_stream()
-            compute.wait_event(done)
-            x.record_stream(compute)  # allocated on the side stream, used on the compute stream
-            return x
         if isinstance(host, StagedImages):  # decoded on the device (encode/gpu_decode.py)
             t0 = time.perf_counter()
             x = decode_rows(host, self.vae.device)[:, None]  # [B, 1, H, W, 3]
             self.seconds["decode"] = self.seconds.get("decode", 0.0) + time.perf_counter() - t0
         else:
             x = self._upload(host)
-        return self._converted(x)
-
-    def _converted(self, x: torch.Tensor) -> torch.Tensor:
-        """Uploaded uint8 ``[B, F, H, W, 3]`` -> the VAE's input (see :meth:`_to_input`), on the current stream."""
         # converted and laid out contiguously in one pass (the permute's channels-last strides send cuDNN to
         # slower kernels for these VAEs), then scaled in place: per element the same arithmetic as ever
         x = x.permute(0, 4, 1, 2, 3).to(self.vae.torch_dtype, memory_format=torch.contiguous_format)
@@ -165,10 +109,11 @@ class HostStaging:
         it still computes, instead of queueing its copy behind that batch's kernels."""
         if torch.device(self.vae.device).type != "cuda":
             return host.to(self.vae.device)
-        side = self._side_stream()
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream()
         compute = torch.cuda.current_stream()
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(self._copy_stream):
             x = host.to(self.vae.device, non_blocking=True)
-        compute.wait_stream(side)
+        compute.wait_stream(self._copy_stream)
         x.record_stream(compute)  # allocated on the copy stream, used on the compute stream
         return x
