@@ -126,9 +126,9 @@ def estimate(recipe, name: str, batch: int) -> ModelMemory | None:
     """``name`` (``text`` or ``vae``) of ``recipe.models`` at ``batch`` items, estimated (see the module)."""
     from shardsmith.encode.stage import import_libraries
 
-    import_libraries(recipe)  # as the load will (lean where it may): the first import of the process is this one
     m = recipe.models
     try:
+        import_libraries(recipe)  # as the load will (lean where it may): the first import of the process is this one
         if name == "text":
             t = m.text
             model = _text_model(t)
