@@ -84,15 +84,12 @@ class ModelPreload:
                 stage = EncodeStage.from_recipe(self.recipe)
             if decision is not None and getattr(stage, "offload", None) is None:
                 stage.offload = decision
-            if self._cancelled.is_set():
-                stage.close()
-                return
             if self.root is not None:
                 from shardsmith.encode.compile_record import compile_record
 
                 stage.compile_record = compile_record(self.recipe, self.root)
             self.seconds["load"] = round(time.perf_counter() - t, 3)
-            if self._cancelled.is_set():  # (cancelled during compile_record's set-up)
+            if self._cancelled.is_set():  # the build failed while the models loaded
                 stage.close()
                 return
             if self.warm or (self.warm is None and warms_up(stage)):
