@@ -48,7 +48,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 KEPT_OUT = ("transformers", "torchao", "scipy", "peft")  # the packages a lean import keeps out
 TEXT_KEPT_OUT = ("torchao", "scipy", "peft")  # what a command's lean import of transformers' core keeps out
@@ -125,21 +125,34 @@ def _reread_flags() -> None:
             setattr(iu, f"_{n}_version", version)
 
 
+def _lean(module: str, kept: tuple[str, ...], load: Callable[[], Any], reread: Callable[[], None]) -> Any:
+    """``load()`` with ``kept`` out of view, in a command (:func:`allow`) where neither ``module`` nor ``kept`` is
+    imported yet, then ``reread()`` (the library's flags of them, asked again); None where that did not apply or
+    failed (a package needing a kept-out one: the caller imports as usual)."""
+    if not _allowed or any(n in sys.modules for n in (module,) + kept):
+        return None
+    result = None
+    try:
+        with _kept_out(kept):
+            result = load()
+    except Exception as exc:  # noqa: BLE001 - a package needing a kept-out one: the caller's usual import
+        log.debug("%s without %s failed (%s); importing it as usual", module, ", ".join(kept), exc)
+    reread()
+    return result
+
+
 def model_class(name: str, lean: bool = False) -> Any:
     """``diffusers.<name>``, imported without transformers where the contract allows it."""
-    with _lock:
-        if lean and _allowed and not any(n in sys.modules for n in ("diffusers",) + KEPT_OUT):
-            cls = None
-            try:
-                with _kept_out(KEPT_OUT), _lazy_package_map():
-                    import diffusers
+    def load() -> Any:
+        with _lazy_package_map():
+            import diffusers
 
-                    cls = getattr(diffusers, name)
-            except Exception as exc:  # noqa: BLE001 - a package needing a kept-out one: the usual import below
-                log.debug("diffusers without %s failed (%s); importing it as usual", ", ".join(KEPT_OUT), exc)
-            _reread_flags()
-            if cls is not None:
-                return cls
+            return getattr(diffusers, name)
+
+    with _lock:
+        cls = _lean("diffusers", KEPT_OUT, load, _reread_flags) if lean else None
+        if cls is not None:
+            return cls
         lazy = _allowed and "diffusers" not in sys.modules  # a command's usual import: the map made where looked up
         with _lazy_package_map() if lazy else nullcontext():
             import diffusers
@@ -149,9 +162,8 @@ def model_class(name: str, lean: bool = False) -> Any:
 
 def _reread_transformers_flags() -> None:
     """transformers' availability checks asked again (their caches cleared) now that the kept-out packages import."""
-    from transformers.utils import import_utils as iu
-
-    for name in dir(iu):
+    iu = sys.modules.get("transformers.utils.import_utils")
+    for name in dir(iu) if iu is not None else ():
         check = getattr(iu, name)
         if name.startswith("is_") and name.endswith("_available") and hasattr(check, "cache_clear"):
             check.cache_clear()
@@ -159,13 +171,8 @@ def _reread_transformers_flags() -> None:
 
 def transformers_core(lean: bool = False) -> None:
     """``transformers.modeling_utils`` imported, without ``TEXT_KEPT_OUT`` where the contract allows it."""
+    core = "transformers.modeling_utils"
     with _lock:
-        if lean and _allowed and not any(n in sys.modules for n in ("transformers.modeling_utils",) + TEXT_KEPT_OUT):
-            try:
-                with _kept_out(TEXT_KEPT_OUT):
-                    importlib.import_module("transformers.modeling_utils")
-            except Exception as exc:  # noqa: BLE001 - a package needing a kept-out one: the usual import below
-                log.debug("transformers without %s failed (%s); importing it as usual", ", ".join(TEXT_KEPT_OUT), exc)
-            if "transformers.utils.import_utils" in sys.modules:
-                _reread_transformers_flags()
-        importlib.import_module("transformers.modeling_utils")  # (a plain import where the lean one did not run)
+        if lean:
+            _lean(core, TEXT_KEPT_OUT, lambda: importlib.import_module(core), _reread_transformers_flags)
+        importlib.import_module(core)  # (a plain import where the lean one did not run or failed)
