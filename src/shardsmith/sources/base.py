@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shardsmith.errors import UserError
 from shardsmith.records import Item, SourceInfo
+from shardsmith.sources.paths import NAME_NOT_UTF8
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "avif", "heic", "heif"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "mov", "webm", "mkv", "avi", "m4v", "mpg", "mpeg", "ogv", "wmv"})
@@ -20,6 +21,39 @@ TABLE_EXTENSIONS = frozenset({"csv", "json", "jsonl", "parquet"})
 
 class SourceError(UserError, ValueError):
     """A whole source cannot be read (missing folder, unreadable table): stops before writing."""
+
+
+def utf8_ok(text: str) -> bool:
+    """Whether ``text`` is valid Unicode that UTF-8 can hold: a name ``os.listdir`` decoded from bytes that are
+    not UTF-8 (a Latin-1 ``caf\\xe9.jpg``) carries surrogate escapes, and so does a JSON string with an unpaired
+    ``\\udXXX`` escape; neither can go into the ledger, a manifest, a tar or a ZIP name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(text: str) -> str:
+    """``text`` as valid UTF-8 for messages and records: each byte a file name holds that is not UTF-8 spelled
+    ``\\xNN`` (``caf\\xe9.jpg``), any other unpaired surrogate ``\\udXXX``; valid text is returned as it is."""
+    if utf8_ok(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name gives (a JSON escape): spelled as the escape
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def not_utf8_error(path: str, rel: str) -> tuple[str, str]:
+    """The per-item verdict for a media file whose name (or a folder's on the way, within ``rel``, its path
+    relative to the source) is not valid UTF-8; ``path`` as the walk gives it."""
+    parts = rel.split("/")
+    bad = next((i for i, part in enumerate(parts) if not utf8_ok(part)), len(parts) - 1)
+    what = "file name" if bad == len(parts) - 1 else "folder name"
+    return NAME_NOT_UTF8, (f"{shown(path)}: the {what} '{shown(parts[bad])}' is not valid UTF-8 (\\xNN marks each "
+                           "byte that is not), and no dataset format, manifest or ledger can hold it; rename it to "
+                           "UTF-8 (e.g. with `convmv -f latin1 -t utf8`) and build again")
 
 
 def media_kind(path: str) -> str:
@@ -87,9 +121,9 @@ def open_sources(recipe, exclude: list[Path] | None = None) -> list[tuple[Source
             elif p.is_file() and p.suffix.lower().lstrip(".") in TABLE_EXTENSIONS:
                 kind = "table"
             elif not p.exists():
-                raise SourceError(f"source {spec.name!r}: {p} does not exist; fix sources[{i}].path")
+                raise SourceError(f"source '{shown(spec.name)}': {shown(str(p))} does not exist; fix sources[{i}].path")
             else:
-                raise SourceError(f"source {spec.name!r}: {p} is neither a folder nor a table "
+                raise SourceError(f"source '{shown(spec.name)}': {shown(str(p))} is neither a folder nor a table "
                                   f"({', '.join(sorted(TABLE_EXTENSIONS))}); fix sources[{i}].path")
         src = {"folder": FolderSource, "table": TableSource, "wds": WdsSource}[kind](i, spec, exclude or [])
         out.append((src.info, src.items))

@@ -11,6 +11,11 @@ never opened (``follow_symlinks: true`` opts in); a link loop, a dangling media 
 sub-folder that cannot be listed are per-item failures, and the walk goes on. A media name that is a named
 pipe, a device or a socket (or a link to one) is ``failed:not_a_regular_file`` and never opened. Only the
 source folder itself being unlistable stops the build (:class:`SourceError`).
+
+A media name whose bytes are not UTF-8 (a Latin-1 ``caf\\xe9.jpg``, or any file under a folder so named) is
+``failed:name_not_utf8``, never opened: no output, manifest or ledger could hold its name; its id and paths are
+spelled with ``\\xNN`` for each such byte (stable, valid UTF-8), and such a folder is no class. A source folder
+whose own path is not UTF-8 is refused (:class:`SourceError`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import NamedTuple
 from shardsmith import formats
 from shardsmith.records import TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
-from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, read_caption, resolve
+from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, not_utf8_error, read_caption, resolve, shown, utf8_ok
 from shardsmith.sources.extsort import SortedNames
 
 Error = tuple[str, str]  # (reason, detail)
@@ -167,7 +172,7 @@ def _listing(root: str, walk: _Walk, rel: str = "") -> _Listing:
             elif walk.ignored is not None:
                 out.pass_over(e.name, "hidden")
     if walk.ignored is not None:  # in name order, whatever order the folder lists them in
-        walk.ignored.take(out.passed, [(rel + name, reason) for name, reason in out.passed_first])
+        walk.ignored.take(out.passed, [(shown(rel + name), reason) for name, reason in out.passed_first])
     return out
 
 
@@ -208,15 +213,33 @@ def _entries(base: str, listing: _Listing, walk: _Walk, rel: str) -> Iterator[En
                         sidecar_error=listing.refused_texts.get(side))
 
 
+def _utf8(e: Entry) -> Entry:
+    """``e`` as the ledger and every output can hold it: an entry whose path is not valid UTF-8 becomes
+    ``failed:name_not_utf8`` (a refused one keeps its reason) with its path and relative path spelled by
+    :func:`~shardsmith.sources.base.shown` (deterministic, so its id and split are stable); details that quote
+    a link target that is not UTF-8 are spelled the same way."""
+    details = [x[1] for x in (e.error, e.sidecar_error) if x is not None]
+    if utf8_ok(e.path) and utf8_ok(e.rel) and all(utf8_ok(d) for d in details):
+        return e
+    error, sidecar, side = e.error, e.sidecar, e.sidecar_error
+    if not (utf8_ok(e.path) and utf8_ok(e.rel)):
+        sidecar = side = None  # never read: the item fails on its name
+        if error is None:
+            error = not_utf8_error(e.path, e.rel)
+    fix = (lambda x: None if x is None else (x[0], shown(x[1])))
+    return Entry(shown(e.path), shown(e.rel), sidecar, fix(error), fix(side))
+
+
 def _walk(root: Path, walk: _Walk) -> Iterator[Entry]:
     """Sorted recursive walk of the source folder ``root``; raises :class:`SourceError` when
     ``root`` itself cannot be listed (every failure below it is an entry)."""
     try:
         listing = _listing(str(root), walk)
     except OSError as exc:
-        raise SourceError(f"cannot list {root}: {exc.strerror or exc}") from None
+        raise SourceError(f"cannot list {shown(str(root))}: {exc.strerror or exc}") from None
     walk.ancestors.add(walk.real_root)
-    yield from _entries(str(root), listing, walk, "")
+    for e in _entries(str(root), listing, walk, ""):
+        yield _utf8(e)
 
 
 def _class_names(root: Path, walk: _Walk) -> list[str]:
@@ -226,7 +249,7 @@ def _class_names(root: Path, walk: _Walk) -> list[str]:
     names = []
     for d in sorted(top.dirs):
         sub = _Walk(walk.real_root, walk.exclude, walk.follow, {walk.real_root})
-        if any(e.error is None for e in _sub_folder(str(root / d), d, sub)):
+        if utf8_ok(d) and any(e.error is None and utf8_ok(e.rel) for e in _sub_folder(str(root / d), d, sub)):
             names.append(d)
     return names
 
@@ -237,7 +260,11 @@ class FolderSource:
     def __init__(self, index: int, spec, exclude: list[Path]):
         self.root = Path(spec.path)
         if not self.root.is_dir():
-            raise SourceError(f"source {spec.name!r}: {self.root} is not a folder")
+            raise SourceError(f"source {spec.name!r}: {shown(str(self.root))} is not a folder")
+        if not utf8_ok(str(self.root)):
+            raise SourceError(f"source '{shown(spec.name)}': the folder path {shown(str(self.root))} is not "
+                              "valid UTF-8 (\\xNN marks each byte that is not), and the manifest and ledger cannot "
+                              "hold it; rename it to UTF-8, or give it through a symbolic link with a UTF-8 name")
         self.spec = spec
         self.exclude = frozenset(os.path.realpath(p) for p in exclude)
         self.real_root = os.path.realpath(self.root)

@@ -23,6 +23,9 @@ from collections.abc import Collection
 #: a media name that is a named pipe, a device or a socket: opening it could block forever or read without end
 NOT_REGULAR = "not_a_regular_file"
 
+#: a media path that is not valid UTF-8 (a Latin-1 name): no output, manifest or ledger can hold it; never opened
+NAME_NOT_UTF8 = "name_not_utf8"
+
 #: the item is refused by a rule, not broken: ``skipped:<reason>``
 SKIP_REASONS = frozenset({"symlink_outside_source"})
 
@@ -30,6 +33,7 @@ SKIP_REASONS = frozenset({"symlink_outside_source"})
 NO_BYTES = frozenset({
     "missing_file", "no_media_path", "path_outside_table_dir", "bad_row",
     "symlink_outside_source", "symlink_loop", "broken_symlink", "unreadable_folder", NOT_REGULAR,
+    NAME_NOT_UTF8,
 })
 
 

@@ -14,6 +14,16 @@ spells a number is kept as that number; a partner that is missing or empty is
 ``failed:missing_<role>``, one the path rules refuse ``failed:<role>_<reason>``; rows are never
 shifted onto each other.
 
+A CSV that does not parse is refused (:class:`SourceError`, naming the line and the fix) before
+anything is planned, never read as fewer rows: a quote (``"``) that is never closed, a cell over
+:data:`CSV_FIELD_LIMIT` characters (what a stray quote makes of the lines after it), a media path
+(target or partner) or a header cell that runs over several lines (a stray quote closed rows
+later); a long quoted caption, even over several lines, is a caption. A JSON / JSONL value with an
+unpaired surrogate escape (``"\\udce9"``: no character, and UTF-8 cannot hold it) is that row's
+``failed:bad_row``. A media path that resolves to a name that is not valid UTF-8 (a link to a
+Latin-1 ``caf\\xe9.jpg``) is ``failed:name_not_utf8``, unopened; a table whose own folder's path is
+not UTF-8 is refused.
+
 A table with a caption column and no target column (none given, none of the auto names present)
 and no partner columns is captions-only: each row is an item with no media, its caption and its
 row number as id (``<source>/#row<n>``); an empty caption is ``failed:no_caption``. When the
@@ -34,19 +44,65 @@ from typing import Any
 
 from shardsmith.records import NO_CAPTION, TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
-from shardsmith.sources.base import SourceError, media_kind, resolve
+from shardsmith.sources.base import SourceError, media_kind, resolve, shown, utf8_ok
 
 MEDIA_COLUMNS = ("media", "file", "path", "image", "file_name", "filename", "video", "media_path")
 CAPTION_COLUMNS = ("caption", "text", "prompt")
 
+#: the largest CSV cell read, in characters: Python's default (128 KiB) refuses long captions; a larger cell is
+#: refused with its line number (what an unclosed quote makes of the rest of a large table), so memory stays bounded
+CSV_FIELD_LIMIT = 16 << 20
+csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
 
-def _rows(path: Path) -> Iterator[dict[str, Any] | Exception]:
-    """Yield each row as a dict (or the exception that made the row unreadable)."""
+
+def _unpaired(row: dict[str, Any]) -> str | None:
+    """Where a parsed JSON row holds text UTF-8 cannot hold (an unpaired ``\\udXXX`` escape): ``"the value of
+    column 'c'"`` (at any depth in it), ``"the column name '...'"``, or None when every key and string is valid."""
+    def bad(v: Any) -> bool:
+        if isinstance(v, str):
+            return not utf8_ok(v)
+        if isinstance(v, dict):
+            return any(bad(k) or bad(x) for k, x in v.items())
+        if isinstance(v, list):
+            return any(bad(x) for x in v)
+        return False
+
+    for k, v in row.items():
+        if not utf8_ok(k):
+            return f"the column name '{shown(k)}'"
+        if bad(v):
+            return f"the value of column '{k}'"
+    return None
+
+
+def _surrogate_error(where: str, what: str) -> ValueError:
+    return ValueError(f"{where}: {what} holds an unpaired surrogate escape (\\udXXX with no partner), which is no "
+                      "character and cannot be written as UTF-8; fix the escape (a character beyond U+FFFF is a pair "
+                      "such as \\ud83d\\ude00) or write the character itself")
+
+
+class _Lines:
+    """A text file's lines for ``csv.reader`` (:attr:`lines`), noting (:attr:`eof`) when the reader has asked past
+    the last one: a row the reader then returns ended at the end of the file inside a quoted cell (an unclosed
+    quote)."""
+
+    def __init__(self, f):
+        self.eof = False
+        self.lines = self._read(f)
+
+    def _read(self, f) -> Iterator[str]:
+        yield from f
+        self.eof = True
+
+
+def _rows(path: Path, path_cols: frozenset[str] = frozenset()) -> Iterator[dict[str, Any] | Exception]:
+    """Yield each row as a dict (or the exception that made the row unreadable). ``path_cols``: the CSV
+    columns that hold media paths (a cell there that runs over several lines refuses the table)."""
     fmt = path.suffix.lower().lstrip(".")
     try:
         if fmt == "csv":
             with path.open(newline="", encoding="utf-8-sig") as f:
-                yield from _csv_rows(path, csv.reader(f))
+                yield from _csv_rows(path, f, path_cols)
         elif fmt == "jsonl":
             with path.open(encoding="utf-8-sig") as f:
                 for n, line in enumerate(f, 1):
@@ -57,13 +113,23 @@ def _rows(path: Path) -> Iterator[dict[str, Any] | Exception]:
                     except json.JSONDecodeError as exc:
                         yield ValueError(f"line {n} is not valid JSON: {exc}")
                         continue
-                    yield row if isinstance(row, dict) else ValueError(f"line {n} is not a JSON object")
+                    if not isinstance(row, dict):
+                        yield ValueError(f"line {n} is not a JSON object")
+                        continue
+                    what = _unpaired(row) if "\\ud" in line.lower() else None
+                    yield row if what is None else _surrogate_error(f"line {n}", what)
         elif fmt == "json":
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
+            text = path.read_text(encoding="utf-8-sig")
+            data = json.loads(text)
             if not isinstance(data, list):
                 raise SourceError(f"table {path} must hold a JSON list of objects, got {type(data).__name__}")
+            escapes = "\\ud" in text.lower()
             for n, row in enumerate(data):
-                yield row if isinstance(row, dict) else ValueError(f"element {n} is not a JSON object")
+                if not isinstance(row, dict):
+                    yield ValueError(f"element {n} is not a JSON object")
+                    continue
+                what = _unpaired(row) if escapes else None
+                yield row if what is None else _surrogate_error(f"element {n}", what)
         elif fmt == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -83,28 +149,83 @@ def _rows(path: Path) -> Iterator[dict[str, Any] | Exception]:
         raise SourceError(f"table {path} cannot be read: {exc}") from None
 
 
-def _csv_rows(path: Path, reader) -> Iterator[dict[str, Any] | Exception]:
+def _csv_rows(path: Path, f, path_cols: frozenset[str] = frozenset()) -> Iterator[dict[str, Any] | Exception]:
     """A CSV table's rows as ``csv.DictReader`` gives them (blank lines skipped, a short row's missing
     cells None), except that nothing is dropped: a header that names a column twice is a
     :class:`SourceError` (its later column would hide the earlier one), and a row with more cells than
-    the header (an unquoted comma in a caption, most often) is that row's error."""
-    header = next(reader, None)
-    if header is None:
-        return
-    dup = next((c for c in header if header.count(c) > 1), None)
-    if dup is not None:
-        raise SourceError(f"table {path}: the header names column {dup!r} {header.count(dup)} times "
-                          f"(columns: {header}), and only one of them could be read; rename the others "
-                          "(every column needs its own name)")
-    for row in reader:
+    the header (an unquoted comma in a caption, most often) is that row's error.
+
+    A table that does not parse is a :class:`SourceError` naming the line, never fewer rows: a record the file
+    ends inside (a quote that is never closed), a cell over :data:`CSV_FIELD_LIMIT`, any other parse error, and a
+    record over several lines (a quoted cell with line breaks) that has more cells than the header or a line
+    break in a media path (a ``path_cols`` cell) or in the header: a stray quote closed rows later."""
+    lines = _Lines(f)
+    reader = csv.reader(lines.lines)
+    header: list[str] | None = None
+    checked: list[tuple[int, str]] = []
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise SourceError(_csv_error(path, start, reader.line_num, exc)) from None
+        end = reader.line_num
+        if end > start or lines.eof:  # a quoted cell over several lines, or one the file ends inside
+            _multi_line(path, row, start, end, lines.eof, header, checked)
+        if header is None:
+            header = row
+            dup = next((c for c in header if header.count(c) > 1), None)
+            if dup is not None:
+                raise SourceError(f"table {path}: the header names column {dup!r} {header.count(dup)} times "
+                                  f"(columns: {header}), and only one of them could be read; rename the others "
+                                  "(every column needs its own name)")
+            checked = [(i, c) for i, c in enumerate(header) if c in path_cols]
+            continue
         if not row:
             continue
         if len(row) > len(header):
             extra = ", ".join(repr(c if len(c) <= 40 else c[:37] + "...") for c in row[len(header):])
-            yield ValueError(f"line {reader.line_num} has {len(row)} cells and the header {len(header)} (extra: "
+            yield ValueError(f"line {start} has {len(row)} cells and the header {len(header)} (extra: "
                              f"{extra}); quote a caption that contains commas, e.g. \"a cup, of coffee\"")
             continue
         yield dict(zip(header, row + [None] * (len(header) - len(row))))
+
+
+_QUOTE_FIX = "close the quote, or remove it (a quote that is part of a quoted cell's text is written twice: \"\")"
+
+
+def _csv_error(path: Path, start: int, line: int, exc: csv.Error) -> str:
+    """The message for a CSV parse error met on ``line`` in the record that starts on line ``start``."""
+    if "field limit" in str(exc):
+        return (f"table {path}: the row that starts on line {start} has a cell over {CSV_FIELD_LIMIT >> 20} MiB by "
+                f"line {line}: most likely a quote (\") opened on line {start} is never closed, so the lines after it "
+                f"run into that cell; {_QUOTE_FIX}")
+    return f"table {path}: line {line} is not valid CSV ({exc}); fix that line"
+
+
+def _multi_line(path: Path, row: list[str], start: int, end: int, eof: bool, header: list[str] | None,
+                checked: list[tuple[int, str]]) -> None:
+    """Refuse (:class:`SourceError`) a CSV record over lines ``start``-``end`` that a stray quote made: one the
+    file ends inside (``eof``), the header, one with more cells than the header, one with a line break in a
+    media path (``checked``: the path columns by position). A quoted caption over several lines passes."""
+    if eof:  # the reader read past the last line for this record: it ends inside a quoted cell
+        raise SourceError(f"table {path}: the row that starts on line {start} opens a quote (\") that is never "
+                          f"closed, so lines {start}-{end} (the end of the file) would be read as one row; "
+                          f"{_QUOTE_FIX}")
+    closed = (f"a quote (\") opened on line {start} is closed only on line {end}, and the lines between were read as "
+              "one cell; remove the stray quote (a quote that is part of a quoted cell's text is written twice: "
+              "\"\"), then build again")
+    if header is None:
+        raise SourceError(f"table {path}: the header runs over lines {start}-{end}: {closed}")
+    if len(row) > len(header):
+        raise SourceError(f"table {path}: the row that starts on line {start} runs over lines {start}-{end} and has "
+                          f"{len(row)} cells, the header {len(header)}: {closed}")
+    for i, col in checked:
+        if i < len(row) and ("\n" in row[i] or "\r" in row[i]):
+            raise SourceError(f"table {path}: the {col!r} cell (a media path) of the row that starts on line {start} "
+                              f"runs over lines {start}-{end}: {closed}")
 
 
 def _detect(columns: list[str], wanted: str | None, options: tuple[str, ...], role: str, path: Path) -> str | None:
@@ -145,6 +266,11 @@ class TableSource:
         self.path = Path(spec.path)
         self.root = self.path.parent.resolve()
         self.spec = spec
+        for what, where in (("path", str(self.path)), ("folder", str(self.root))):
+            if not utf8_ok(where):
+                raise SourceError(f"source '{shown(spec.name)}': the table's {what} {shown(where)} is not valid UTF-8 "
+                                  "(\\xNN marks each byte that is not), and the manifest and ledger cannot hold it; "
+                                  "rename it to UTF-8")
         first, problem = None, None
         for row in _rows(self.path):
             if isinstance(row, dict):
@@ -173,10 +299,14 @@ class TableSource:
                                   f"paths such as {str(first[looks[0]]).strip()!r}; set columns.target: {looks[0]}, "
                                   f"or columns.caption: {self.caption_col} to read the table as captions only")
         self.label_col = _detect(cols, spec.columns.label, ("label",), "label", self.path)
+        self.path_cols = frozenset(c for c in (self.media_col, *self.partner_cols.values()) if c is not None)
         self.labels: dict[Any, int] | None = None
         names: tuple[str, ...] | None = None
+        if self.label_col is None and self.path.suffix.lower() == ".csv":
+            for _ in _rows(self.path, self.path_cols):  # a CSV that does not parse is refused now, not mid-plan
+                pass
         if self.label_col is not None:
-            values = {_plain(r.get(self.label_col)) for r in _rows(self.path) if isinstance(r, dict)}
+            values = {_plain(r.get(self.label_col)) for r in _rows(self.path, self.path_cols) if isinstance(r, dict)}
             values.discard(None)
             values.discard("")
             if values and all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
@@ -196,9 +326,13 @@ class TableSource:
         root = str(self.root)
         real, problem = resolve(paths.table_target(rel, root))
         if not paths.within(real, root) and not self.spec.allow_outside_paths:
-            return real, ("path_outside_table_dir",
-                          f"{where} names {rel!r}, which resolves outside {root}; move the file into the "
-                          "table's folder or set allow_outside_paths: true on this source")
+            return shown(real), ("path_outside_table_dir",
+                                 f"{where} names {rel!r}, which resolves outside {root}; move the file into the "
+                                 "table's folder or set allow_outside_paths: true on this source")
+        if not utf8_ok(real):  # a link to a file whose name is not UTF-8: no output could hold it
+            return shown(real), (paths.NAME_NOT_UTF8, f"{where} names {rel!r}, which resolves to {shown(real)}, a "
+                                 "name that is not valid UTF-8 (\\xNN marks each byte that is not) and that no "
+                                 "dataset format, manifest or ledger can hold; rename that file to UTF-8")
         if problem == "symlink_loop":
             return real, ("symlink_loop", f"{where} names {rel!r}, which is a symbolic link loop; fix the link "
                           "or delete the row")
@@ -244,7 +378,7 @@ class TableSource:
         seen: set[str] = set()
         role_cols = {c for c in self.partner_cols.values()}
         typed = _typed if self.path.suffix.lower() == ".csv" else (lambda v: v)  # CSV cells are all text
-        for n, row in enumerate(_rows(self.path)):
+        for n, row in enumerate(_rows(self.path, self.path_cols)):
             where = f"row {n} of {self.path.name}"
             if isinstance(row, Exception):
                 yield Item(item_id=f"{self.spec.name}/#row{n}", source=self.info.index, path="", relpath="",

@@ -13,6 +13,8 @@ Contract
 - A sample without a ``txt`` member or whose ``txt`` is not UTF-8 is ``failed:no_caption`` /
   ``failed:caption_not_utf8`` naming the shard and key; samples listed in ``ignore_index.json`` are
   left out. A folder without shards is a :class:`~shardsmith.sources.base.SourceError`.
+- A sample whose key is not valid UTF-8 (a tar member name of other bytes) is ``failed:name_not_utf8``, its id
+  spelled with ``\\xNN`` for each such byte; a source folder whose path is not UTF-8 is refused.
 - ``neg_prompt_emb.npy`` beside the shards (what ``prompt_wds`` / ``latent_wds`` write; for one bucket's
   folder, beside its output's ``buckets.json``) is the source's negative prompt embedding
   (:func:`negative_embedding`).
@@ -28,7 +30,8 @@ from pathlib import Path
 from shardsmith.formats.wds import (BUCKETS_INDEX_FILE, JSON, LATENT, NEG_PROMPT_FILE, TEXT_EMB, TXT, bucket_folder,
                                     read_buckets_index, read_ignore_index)
 from shardsmith.records import NO_CAPTION, Item, SourceInfo
-from shardsmith.sources.base import SourceError
+from shardsmith.sources.base import SourceError, shown, utf8_ok
+from shardsmith.sources.paths import NAME_NOT_UTF8
 
 KEPT_MEMBERS = (TEXT_EMB, LATENT)
 
@@ -38,6 +41,10 @@ class WdsSource:
         from shardsmith.loaders.shard_reader import list_shards
 
         self.root, self.spec = Path(spec.path), spec
+        if not utf8_ok(str(self.root)):
+            raise SourceError(f"source '{shown(spec.name)}': the folder path {shown(str(self.root))} is not "
+                              "valid UTF-8 (\\xNN marks each byte that is not), and the manifest and ledger cannot "
+                              "hold it; rename it to UTF-8")
         buckets = read_buckets_index(self.root) if self.root.is_dir() else None
         folders = [""] if buckets is None else [bucket_folder(b) for b in buckets]
         self.shards: list[str] = []  # relative to the source folder
@@ -79,7 +86,12 @@ class WdsSource:
                                 **{m: list(refs[m]) for m in KEPT_MEMBERS if m in refs}}}
                 caption, error = None, None
                 member = TXT if TXT in refs else JSON if JSON in refs else None
-                if member is None:
+                if not utf8_ok(key):
+                    rel, meta["wds"]["key"] = shown(rel), shown(key)
+                    error = (NAME_NOT_UTF8, f"{rel}: the sample key is not valid UTF-8 (\\xNN marks each byte that "
+                             "is not), and no dataset format, manifest or ledger can hold it; rename its members to "
+                             "UTF-8 names")
+                elif member is None:
                     error = (NO_CAPTION, f"{rel} has neither a {TXT} nor a {JSON} member: no prompt to sample")
                 else:
                     fd = fds.get(shard)

@@ -16,7 +16,9 @@ TRAIN, HOLDOUT = "train", "holdout"
 
 
 def split_u(item_id: str, seed: int) -> float:
-    digest = hashlib.sha256(f"{seed}\x00{item_id}".encode("utf-8")).digest()
+    # surrogatepass: the same bytes as UTF-8 for every valid id, and an id with a surrogate (sources spell such
+    # names with \xNN, but an API caller may not) still hashes deterministically instead of raising
+    digest = hashlib.sha256(f"{seed}\x00{item_id}".encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
