@@ -466,3 +466,214 @@ def test_an_interrupt_ends_as_aborted_and_an_unexpected_error_stays_itself(monke
     assert r.exit_code == 1 and r.output.strip().splitlines()[-1] == "Aborted.", r.output
     r = invoke_build(RuntimeError("a bug in the build"))
     assert isinstance(r.exception, RuntimeError) and str(r.exception) == "a bug in the build"
+
+
+# ---------------------------------------------------------------- symlink loops, overwrite, decode lock, messages
+
+def tree_hashes(root: Path, skip: tuple[str, ...] = (".shardsmith/lock",)) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> hex), but the lock (its holder text changes)."""
+    import hashlib
+
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in skip}
+
+
+@pytest.fixture
+def loop(tmp_path) -> Path:
+    """``loop -> loop``: a symlink that leads back to itself."""
+    link = tmp_path / "loop"
+    link.symlink_to("loop")
+    return link
+
+
+LOOP_FIX = "is a symlink loop", "remove or fix the link"
+
+
+def _loop_commands(folder: Path, loop: Path, tmp_path: Path) -> list[list]:
+    build = fake_build(tmp_path / "b")
+    return [["build", "--source", loop, "--to", "wds", "--out", tmp_path / "o"],
+            ["build", "--source", folder, "--to", "wds", "--out", loop],
+            ["build", loop / "recipe.yaml", "--out", tmp_path / "o"],
+            ["scan", loop], ["scan", "--recipe", loop / "r.yaml"],
+            ["verify", loop], ["verify", folder, "--out-json", loop],
+            ["inspect", loop], ["repair", loop],
+            ["report", loop], ["report", build, "--output", loop],
+            ["decode", build, "--out", loop],
+            ["register", loop, "--name", "x", "--preset", "image", "--config", tmp_path / "c.yaml"],
+            ["register", folder, "--name", "x", "--preset", "image", "--config", loop]]
+
+
+def test_a_symlink_loop_given_anywhere_is_one_message_naming_it(folder, loop, tmp_path):
+    """Before: pathlib's ``RuntimeError: Symlink loop`` (or an ``OSError`` ELOOP) as a traceback, exit 1;
+    ``register --config LOOP`` exited 0 and replaced the link with a file."""
+    for args in _loop_commands(folder, loop, tmp_path):
+        code, output = invoke(*args)
+        assert_message(code, output, *LOOP_FIX)
+        assert str(loop.name) in output, output
+        flag = next((a for a, v in zip(args, args[1:]) if v is loop and str(a).startswith("--")), None)
+        if flag is not None:
+            assert f"{flag} {loop}" in output, output
+    assert loop.is_symlink() and str(loop.readlink()) == "loop"  # the user's link is left as it was
+    assert not (tmp_path / "o").exists() and not (tmp_path / "c.yaml").exists()
+
+
+def test_a_symlink_loop_in_a_recipe_or_the_api_is_the_same_user_error(folder, loop, tmp_path):
+    """The library entries resolve through the same helper (``shardsmith.user_paths``): a UserError."""
+    from shardsmith.build import build as run_build
+    from shardsmith.loaders.registry import add_entry
+    from shardsmith.report_html import write_report
+    from shardsmith.verify.decode import decode
+    from shardsmith.verify.runner import verify
+
+    r = write_recipe(tmp_path / "r.yaml", f"sources: [{{path: {loop}}}]\noutputs: [{{format: wds}}]\n")
+    assert_message(*invoke("build", r, "--out", tmp_path / "o"), "sources[0].path", *LOOP_FIX)
+    assert_message(*invoke("scan", "--recipe", r), "sources[0].path", *LOOP_FIX)
+    with pytest.raises(UserError, match="sources\\[0\\].path"):
+        recipe_from_dict({"sources": [{"path": "loop"}], "outputs": [{"format": "wds"}]}, base_dir=tmp_path)
+    with pytest.raises(UserError, match="recipe file"):
+        load_recipe(loop / "r.yaml")
+    recipe = recipe_from_dict({"sources": [{"path": str(folder)}], "outputs": [{"format": "wds"}]})
+    build = fake_build(tmp_path / "b")
+    for call in (lambda: run_build(recipe, loop), lambda: verify(loop), lambda: write_report(loop),
+                 lambda: write_report(build, loop), lambda: decode(build, loop),
+                 lambda: add_entry(loop, "x", {"preset": "image", "path": "/d"})):
+        with pytest.raises(UserError, match="symlink loop"):
+            call()
+    assert loop.is_symlink() and not (tmp_path / "o").exists()
+
+
+def test_register_writes_through_a_valid_config_link_and_refuses_a_dangling_one(tmp_path, monkeypatch):
+    """A symlinked data config keeps its link (the target gets the entry); a link whose target folder is
+    missing is refused, creating nothing."""
+    import tarfile
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    with tarfile.open(ds / "00000.tar", "w") as tf:
+        for name, data in (("a.txt", b"a cat"), ("a.json", b"{}")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io_bytes(data))
+    real = tmp_path / "real.yaml"
+    real.write_text("# mine\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to("real.yaml")
+    code, output = invoke("register", ds, "--preset", "image", "--name", "x", "--config", link)
+    assert code == 0, output
+    assert link.is_symlink() and str(link.readlink()) == "real.yaml"
+    assert real.read_text().startswith("# mine\n") and "x:" in real.read_text()
+    dangling = tmp_path / "dangling.yaml"
+    dangling.symlink_to("nowhere/data.yaml")
+    assert_message(*invoke("register", ds, "--preset", "image", "--name", "x", "--config", dangling),
+                   "dangling.yaml is a symlink to nowhere/data.yaml", "fix the link or pass another --config")
+    assert not (tmp_path / "nowhere").exists() and dangling.is_symlink()
+
+
+def io_bytes(data: bytes):
+    import io
+
+    return io.BytesIO(data)
+
+
+def test_register_refuses_a_root_env_that_is_no_variable_name(tmp_path):
+    """Before: accepted, printing ``export 1 bad=...`` and writing ``${1 bad}`` into the config."""
+    cfg = tmp_path / "c.yaml"
+    for bad in ("1 bad", "A-B", "", "X=Y"):
+        assert_message(*invoke("register", tmp_path, "--preset", "image", "--name", "x", "--config", cfg,
+                               "--root-env", bad), f"--root-env {bad!r}", "--root-env DATA_ROOT_DIR")
+    assert not cfg.exists()
+
+
+def _small_build(folder: Path, out: Path, *extra) -> tuple[int, str]:
+    return invoke("build", "--source", folder, "--to", "wds", "--out", out, "--workers", 1, "--quiet",
+                  "--no-report", *extra)
+
+
+def test_a_failed_overwrite_keeps_the_dataset_and_does_not_block_the_next(folder, tmp_path):
+    """Before: the failed ``--overwrite`` left ``.b.shardsmith-next`` (a lock and an empty ledger) and the
+    corrected command was refused: "holds files shardsmith did not write: .shardsmith/lock"."""
+    out = tmp_path / "r2" / "b"
+    code, output = _small_build(folder, out)
+    assert code == 0, output
+    before = tree_hashes(out)
+    missing = tmp_path / "gone"
+    code, output = invoke("build", "--source", missing, "--to", "wds", "--out", out, "--overwrite", "--quiet")
+    assert_message(code, output, str(missing), "does not exist")
+    assert tree_hashes(out) == before  # the dataset is intact
+    assert sorted(p.name for p in out.parent.iterdir()) == ["b"]  # no half-made sibling left
+    code, output = _small_build(folder, out, "--overwrite", "--set", "split.seed=5")
+    assert code == 0, output
+    assert "did not write" not in output
+
+
+def test_a_sibling_left_by_an_earlier_overwrite_holding_only_state_is_reused(folder, tmp_path, monkeypatch):
+    """A sibling an older version left (its lock and a ledger of another recipe): the lock this build keeps
+    is shardsmith's own, never reported as the user's file."""
+    import shardsmith.build as build_mod
+
+    out = tmp_path / "b"
+    assert _small_build(folder, out)[0] == 0
+    before = tree_hashes(out)
+    monkeypatch.setattr(build_mod, "_unmake", lambda folder, exc: False)  # as before the fix: the sibling stays
+    code, output = _small_build(tmp_path / "gone", out, "--overwrite")
+    assert code == 2
+    assert (tmp_path / ".b.shardsmith-next" / ".shardsmith" / "lock").exists()
+    monkeypatch.undo()
+    code, output = _small_build(folder, out, "--overwrite", "--set", "split.seed=5")
+    assert code == 0, output
+    assert tree_hashes(out) != before and not (tmp_path / ".b.shardsmith-next").exists()
+
+
+def test_a_refused_decode_leaves_no_lock_in_the_users_folder(folder, tmp_path):
+    """Before: ``.shardsmith/lock`` was left in the refused folder (a source folder: later builds counted it)."""
+    build = fake_build(tmp_path / "b")
+    before = tree_hashes(folder, skip=())
+    assert_message(*invoke("decode", build, "--out", folder), "holds files decode did not write: a.jpg")
+    assert tree_hashes(folder, skip=()) == before and not (folder / ".shardsmith").exists()
+    manifest = json.loads((build / "manifest.json").read_text())  # a build whose recorded shard is gone
+    manifest["recipe"] = {"sources": [{"path": str(folder)}], "outputs": [{"format": "latent_wds", "dir": "lat"}],
+                          "geometry": {"buckets": ["32x32x1"]}, "models": {"vae": {"family": "sd"}}}
+    manifest["outputs"]["lat"]["files"]["train"]["shards"] = ["00000.tar"]
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, output = invoke("decode", build, "--out", empty)  # refused while holding the lock
+    assert code == 2 and "Traceback" not in output, output
+    assert not any(empty.iterdir())
+
+
+def test_flags_without_to_name_the_to_flag_and_its_choices(folder, tmp_path):
+    """Before: ``outputs: Field required (fix: list at least one output: outputs: [...])``, a recipe key."""
+    code, output = invoke("build", "--source", folder, "--image-size", 64, "--out", tmp_path / "o")
+    assert_message(code, output, "--to", "wds|zip|latent_wds|precomputed", "e.g. --to wds")
+    assert "Field required" not in output and not (tmp_path / "o").exists()
+
+
+def test_a_malformed_shard_count_names_repair_which_rebuilds_it(tmp_path):
+    """Before: only "is not {shard: int}" / "is not valid JSON", no fix."""
+    import tarfile
+
+    from shardsmith.formats.wds import load_shard_counts
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    with tarfile.open(ds / "00000.tar", "w") as tf:
+        for name, data in (("a.txt", b"a cat"), ("b.txt", b"a dog")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io_bytes(data))
+    for text, what in (('{"00000.tar": "two"}', "is not {shard: int}"), ("nope{", "is not valid JSON")):
+        (ds / "shard_count.json").write_text(text)
+        assert_message(*invoke("verify", ds, "--world", 1, "--workers", 0), what,
+                       f"shardsmith repair {ds}")
+    code, output = invoke("repair", ds)
+    assert code == 0, output
+    assert load_shard_counts(ds) == ({"00000.tar": 2}, None)
+    assert (ds / "shard_count.json.orig").read_text() == "nope{"
+
+
+def test_scan_of_a_recipe_runs_builds_bucket_check(folder, tmp_path):
+    """Before: ``scan --recipe`` said the items fit a bucket that build refuses (60 is no multiple of 8)."""
+    r = write_recipe(tmp_path / "r.yaml", f"sources: [{{path: {folder}}}]\noutputs: [{{format: latent_wds}}]\n"
+                     "geometry: {buckets: [60x64x1]}\nmodels: {vae: {family: sd}}\n")
+    assert_message(*invoke("scan", "--recipe", r), "geometry.buckets", "60x64x1", "nearest 56 or 64")

@@ -59,6 +59,7 @@ from shardsmith.atomic import atomic_write_json, remove_stale_tmp
 from shardsmith.sources import open_sources, paths
 from shardsmith.sources.base import count_listed
 from shardsmith.split.assign import HOLDOUT, TRAIN
+from shardsmith.user_paths import resolve_user_path
 
 __all__ = ["InvariantError", "OutputExistsError", "build", "output_dest"]
 
@@ -144,9 +145,9 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
                   workers: int | None = None, console=None) -> dict[str, Any]:
     from shardsmith.precheck import precheck
 
+    out = resolve_user_path(out, "--out")  # (a symlink loop: one message)
     precheck(recipe)  # what needs only the recipe fails here, before any folder, plan or model
     t_enter = time.perf_counter()
-    out = Path(out).resolve()
     outdir.refuse_around_sources(out, [(s.name, s.path) for s in recipe.sources])
     refuse_foreign(out, overwrite)
     _ignore_sigxfsz()
@@ -179,10 +180,14 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
             mode = "fresh"
         root = out if mode in ("fresh", "resume") else nxt
         if mode == "sibling":
-            if not held_next or not (nxt / formats.LOCK_FILE).exists():  # (an emptied sibling was pruned)
+            if not nxt.exists():  # a mistake found before the new build writes anything leaves no sibling
+                locks.enter_context(hold(nxt, "build"))
+                locks.push(lambda exc_type, exc, tb: _unmake(nxt, exc))
+            elif not held_next or not (nxt / formats.LOCK_FILE).exists():  # (an emptied sibling was pruned)
                 locks.enter_context(hold(nxt, "build"))
             if outdir.is_build(root) and Ledger.peek(root / formats.LEDGER_FILE, "fingerprint")[0] != fp:
-                left = outdir.remove_owned(root, keep_lock=True)  # a half-built other recipe
+                # a half-built other recipe; the lock kept (this build holds it) is no user's file
+                left = [f for f in outdir.remove_owned(root, keep_lock=True) if f != formats.LOCK_FILE]
                 if left:
                     raise OutputExistsError(f"{root} (left by an earlier --overwrite) holds files shardsmith did not "
                                             f"write: {', '.join(left[:10])}; move them away and re-run")

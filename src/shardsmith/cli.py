@@ -28,6 +28,7 @@ from shardsmith.errors import UserError
 from shardsmith.encode import diffusers_import
 from shardsmith.import_notices import quiet_import_notices
 from shardsmith.recipe import recipe_from_dict, set_key
+from shardsmith.user_paths import check_no_loop, resolve_user_path
 
 quiet_import_notices()  # before any model library is imported
 diffusers_import.allow()  # a command: a VAE-only build imports diffusers without transformers
@@ -81,6 +82,7 @@ def _user_errors(fn: Callable, also: tuple[type[BaseException], ...]) -> Callabl
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
+            _check_path_args(kwargs)
             return fn(*args, **kwargs)
         except UserError as exc:
             _exit(str(exc), exc.exit_code)
@@ -88,6 +90,22 @@ def _user_errors(fn: Callable, also: tuple[type[BaseException], ...]) -> Callabl
             _exit(_pydantic_message(exc) or (str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)),
                   UserError.exit_code)
     return run
+
+
+def _check_path_args(kwargs: dict[str, Any]) -> None:
+    """Refuse a symlink loop among the command's path arguments (every ``Path`` option or argument and
+    every ``--source``) at once, naming the flag, before any work (:mod:`shardsmith.user_paths`)."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
+    for key, value in kwargs.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        param = params.get(key)
+        flag = param.opts[0] if param is not None and param.param_type_name == "option" and param.opts else None
+        for v in values:
+            if isinstance(v, Path) or (key == "source" and isinstance(v, str)):
+                check_no_loop(v, flag)
 
 
 def _pydantic_message(exc: BaseException) -> str | None:
@@ -303,6 +321,9 @@ def _raw_recipe(recipe_path: Optional[Path], sources: list[str], flags: dict[str
         data["one_sample"] = True
     for s in sets:
         set_key(data, *_setting("--set", s))
+    if recipe_path is None and "outputs" not in data:  # flags only: the fix is a flag, not a recipe key
+        _fail(f"no output format given: pass --to FORMAT (repeatable), one of {'|'.join(_output_fields())}; "
+              "e.g. --to wds")
     if flags.get("text_8bit"):  # after --set: the text encoder may come from it (a --set quantize wins)
         models = data.get("models")
         text = models.get("text") if isinstance(models, dict) else None
@@ -473,7 +494,8 @@ def build(
                                                  "parquet) to build from as a source (--to defaults to wds)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (created; never overwritten without --overwrite)."),
     source: Optional[list[str]] = typer.Option(None, "--source", help=_SRC_HELP),
-    to: Optional[list[str]] = typer.Option(None, "--to", help="Output format: wds or zip (repeatable)."),
+    to: Optional[list[str]] = typer.Option(None, "--to", help="Output format (repeatable): wds, zip, latent_wds, "
+                                           "precomputed, latent_zip, video_wds, prompt_wds or kd_wds."),
     origin: Optional[str] = typer.Option(None, help="sources[*].origin"),
     license: Optional[str] = typer.Option(None, "--license", help="sources[*].license (declared by you)."),
     columns: Optional[str] = typer.Option(None, help="sources[*].columns, e.g. media=file,caption=text,label=cls"),
@@ -649,6 +671,10 @@ def scan(
         for o in data["outputs"]:
             o.setdefault("resolution", 64) if o.get("format") == "zip" else None
     recipe = recipe_from_dict(data, base_dir=base, origin="<scan>")
+    from shardsmith.precheck import check_buckets, check_latent_zip
+
+    check_buckets(recipe)  # the model-free geometry checks build runs first: a bucket it refuses is no fit
+    check_latent_zip(recipe)
     if probe_models and (recipe_path is None or not (recipe.models.vae or recipe.models.text)):
         _fail("--probe-models needs --recipe R.yaml with models.vae or models.text")
     if probe_models:
@@ -733,7 +759,7 @@ def verify(
 def _check_out_json(path: Path, dataset: Path) -> None:
     """``verify --out-json``, checked before the run: a file outside the dataset, in a folder that exists,
     and either new or a verify report written before (verify never overwrites another file)."""
-    p, d = path.resolve(), dataset.resolve()
+    p, d = resolve_user_path(path, "--out-json"), resolve_user_path(dataset)
     if p == d or d in p.parents:
         _fail(f"--out-json {path} lies inside the dataset {dataset}, which verify only reads; give a path outside "
               "it, e.g. verify.json")
@@ -878,9 +904,10 @@ def register(
     (for a .precomputed/ tree: the LTX-2 trainer's data section)."""
     from shardsmith.loaders.fastgen import fastgen_snippet
     from shardsmith.loaders.presets import get_preset, preset_config
-    from shardsmith.loaders.registry import add_entry, config_path, portable_path
+    from shardsmith.loaders.registry import add_entry, check_env_name, config_path, portable_path
     from shardsmith.formats.detect import dataset_kind, refuse_unreadable
 
+    check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return

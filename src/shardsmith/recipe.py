@@ -25,6 +25,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from shardsmith.errors import UserError
 from shardsmith.records import PARTNER_ROLES
 from shardsmith.transform.buckets import parse_buckets
+from shardsmith.user_paths import check_no_loop, resolve_user_path
 
 
 class RecipeError(UserError, ValueError):
@@ -944,12 +945,13 @@ def recipe_from_dict(data: Any, *, base_dir: str | os.PathLike = ".", origin: st
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
         raise RecipeError(_format_errors(err, origin)) from None
-    for s in recipe.sources:
-        s.path = str((Path(base_dir) / os.path.expanduser(s.path)).resolve())
+    for i, s in enumerate(recipe.sources):
+        s.path = str(resolve_user_path(Path(base_dir) / os.path.expanduser(s.path), f"sources[{i}].path"))
     return recipe
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
+    check_no_loop(path, "recipe file")
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))

@@ -17,6 +17,7 @@ Re-registering a name with a different entry is refused unless ``replace``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import yaml
 
 from shardsmith.atomic import atomic_write_bytes
 from shardsmith.errors import UserError
+from shardsmith.user_paths import resolve_user_path
 
 DEFAULT_ENV = "DATA_ROOT_DIR"
 
@@ -73,15 +75,27 @@ def read_config(path: Path) -> dict[str, Any]:
     return {} if text is None else _parse(path, text)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(root_env: str, flag: str = "root_env") -> None:
+    """Refuse (:class:`RegistryError`) a ``root_env`` that is no shell variable name (``export NAME=...`` and
+    ``${NAME}`` would not work with it)."""
+    if not isinstance(root_env, str) or not _ENV_NAME.fullmatch(root_env):
+        raise RegistryError(f"{flag} {root_env!r} is not an environment variable name a shell can export (letters, "
+                            f"digits and '_', not starting with a digit); pass e.g. {flag} {DEFAULT_ENV}")
+
+
 def portable_path(dataset: Path, root_env: str = DEFAULT_ENV) -> tuple[str, str]:
     """(path written in the config, root value): ``${ENV}/rel`` under the env root.
 
     When the variable is unset, the dataset's parent folder becomes the root and the caller
-    should tell the user to export it.
+    should tell the user to export it. A ``root_env`` that is no variable name is a :class:`RegistryError`.
     """
-    dataset = dataset.resolve()
+    check_env_name(root_env)
+    dataset = resolve_user_path(dataset)
     root = os.environ.get(root_env)
-    root_path = Path(root).resolve() if root else dataset.parent
+    root_path = resolve_user_path(root, f"${root_env}") if root else dataset.parent
     if not dataset.is_relative_to(root_path):
         raise RegistryError(f"{dataset} is not under ${root_env}={root_path}; move it there or set {root_env} "
                             "to a folder that contains it")
@@ -130,6 +144,10 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
     entry by hand."""
     if not name or not all(c.isalnum() or c in "_-" for c in name):
         raise RegistryError(f"dataset name {name!r} must be letters, digits, '_' or '-'")
+    real = resolve_user_path(path, "data config")  # a symlinked config: write its target, keep the link
+    if Path(path).is_symlink() and not real.parent.is_dir():
+        raise RegistryError(f"data config {path} is a symlink to {os.readlink(path)}, whose folder {real.parent} "
+                            "does not exist (it is not created through a link); fix the link or pass another --config")
     text = _read_text(path)
     data = {} if text is None else _parse(path, text)
     if name in data and data[name] != entry and not replace:
@@ -152,7 +170,6 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
             raise RegistryError(f"cannot add {name!r} to {path} without rewriting the whole file (its layout is "
                                 "not a plain block mapping of names), which would lose its comments and layout; "
                                 f"add this entry by hand:\n{yaml.safe_dump({name: entry}, sort_keys=False)}")
-    real = Path(os.path.realpath(path))  # a symlinked config: write its target, keep the link
     try:
         atomic_write_bytes(real, new.encode("utf-8"))
     except OSError as exc:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from shardsmith.formats.build_dir import REPORT_FILE
 from shardsmith.report_html.gather import ReportError, gather
+from shardsmith.user_paths import resolve_user_path
 
 __all__ = ["REPORT_FILE", "ReportError", "render_report", "write_report"]
 
@@ -36,7 +37,7 @@ def render_report(build_dir: str | os.PathLike, *, previews: bool = True, device
     from shardsmith.report_html.page import render
     from shardsmith.report_html.samples import collect, decode_previews, vae_status
 
-    data = gather(Path(build_dir).resolve())
+    data = gather(resolve_user_path(build_dir))
     facts: dict = {}
     sheets = collect(data.root, data.manifest, facts)
     _, random = vae_status(data.manifest)
@@ -109,8 +110,8 @@ def write_report(build_dir: str | os.PathLike, output: str | os.PathLike | None 
     from shardsmith.atomic import atomic_write_bytes
     from shardsmith.report_html.gather import read_manifest
 
-    root = Path(build_dir).resolve()
-    dest = Path(output).resolve() if output is not None else root / REPORT_FILE
+    root = resolve_user_path(build_dir)
+    dest = resolve_user_path(output, "--output") if output is not None else root / REPORT_FILE
     read_manifest(root)  # a folder that is no finished build is said first
     check_output(root, dest)
     html = render_report(root, previews=previews, device=device)

@@ -55,6 +55,7 @@ from shardsmith.safety.lock import hold
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
+from shardsmith.user_paths import resolve_user_path
 from shardsmith.verify.decode_audio import (audio_latents, audio_report, check_recorded_weights, decode_audio_into,
                                             recorded_audio_vae)
 
@@ -153,17 +154,18 @@ def _locked(out: Path) -> Iterator[None]:
     """Hold ``out``'s lock (``.shardsmith/lock``, as a build holds its folder's) for the whole decode: a second
     decode into the same folder is refused at once, naming the first. A decode that fails in a folder it
     created leaves no folder behind."""
-    created = not out.exists()
+    lock = out / LOCK_FILE
+    made = [p for p in (out, lock.parent) if not p.exists()]  # what taking the lock creates
+    had_lock = lock.exists()
     try:
         with hold(out, "decode"):
             yield
     except BaseException:
-        if created:
-            lock = out / LOCK_FILE
+        if not had_lock:  # a refused or failed decode leaves no lock of its own in the user's folder
             lock.unlink(missing_ok=True)
-            for folder in (lock.parent, out):
-                with contextlib.suppress(OSError):  # not empty: what was written stays
-                    folder.rmdir()
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # not empty: what was written stays
+                folder.rmdir()
         raise
 
 
@@ -191,10 +193,19 @@ def check_place(out: Path, root: Path) -> None:
 
 def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
     """Make ``out`` ready for a decode (see the module contract) or raise :class:`DecodeError`."""
+    present = check_out(out, root, overwrite)
+    if present:
+        _clear_earlier_decode(out, set(present))
+
+
+def check_out(out: Path, root: Path, overwrite: bool) -> list[str]:
+    """Refuse (:class:`DecodeError`) an ``out`` a decode may not write (see :func:`check_place`), or one that
+    holds any file an earlier decode did not write, or an earlier decode without ``overwrite``; the files to
+    clear. Reads only."""
     check_place(out, root)
     present = _files_under(out) if out.is_dir() else []
     if not present:
-        return
+        return []
     owned = _decoded_before(out)
     foreign = [rel for rel in present if rel not in owned and rel.rpartition(TMP_MARK)[0] not in owned]
     if foreign:
@@ -204,7 +215,7 @@ def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
     if not overwrite:
         raise DecodeError(f"--out {out} holds an earlier decode ({len(present)} files); pass --overwrite to replace "
                           "it, or pick an empty folder")
-    _clear_earlier_decode(out, set(present))
+    return present
 
 
 def _check_writable(out: Path) -> None:
@@ -339,13 +350,13 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     from shardsmith.progress import Progress
 
     progress = progress or Progress(quiet=True)
-    root, out = Path(build_dir).resolve(), Path(out).resolve()
+    root, out = resolve_user_path(build_dir), resolve_user_path(out, "--out")
     manifest = _read_manifest(root)
     name, block = _pick_output(root, manifest, output)
     if split not in block["files"]:
         raise DecodeError(f"--split {split!r}: output {name!r} has no such split; use one of {sorted(block['files'])}")
     device = resolve_device(device, "--device")
-    check_place(out, root)  # (before the lock makes a folder)
+    check_out(out, root, overwrite)  # (before the lock makes a folder or a lock file in it)
     with _locked(out):
         prepare_out(out, root, overwrite)  # holding the lock: no other decode is clearing or writing it
         return _decode_locked(root, out, manifest, name, block, split, limit, device, progress)

@@ -157,7 +157,7 @@ def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | 
     if counts is not None:
         count_rep["extra_entries"] = sorted(set(counts) - set(names))
     if count_rep["error"]:
-        problems.append(count_rep["error"])
+        problems.append(f"{count_rep['error']}; `shardsmith repair {folder}` rebuilds it")
     elif not count_rep["present"]:
         problems.append(f"no {SHARD_COUNT_FILE}: FastGen's deterministic loader cannot fast-forward on resume")
     else:

@@ -22,6 +22,7 @@ from typing import Any
 from shardsmith.formats import precomputed as layout
 from shardsmith.formats.build_dir import STATE_DIR
 from shardsmith.formats.detect import enclosing_build
+from shardsmith.user_paths import resolve_user_path
 
 EXAMPLES = 5
 
@@ -117,7 +118,7 @@ def repair_precomputed(root: str | Path, *, dry_run: bool = False) -> dict[str, 
     from shardsmith.verify.repair import _locked
 
     root = Path(root)
-    build = enclosing_build(root.resolve())
+    build = enclosing_build(resolve_user_path(root))
     with _locked(build.root if build else root, dry_run):
         before = inspect_precomputed(root)
         moves: list[tuple[str, str]] = []

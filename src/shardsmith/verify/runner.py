@@ -42,7 +42,8 @@ from typing import Any
 
 from shardsmith.formats.detect import dataset_kind
 from shardsmith.formats.tar import ShardUnreadable
-from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, read_ignore_index
+from shardsmith.errors import UserError
+from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts, read_ignore_index
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
 from shardsmith.verify.contract import ContractRecorder
@@ -51,6 +52,7 @@ from shardsmith.verify.precomputed_check import verify_precomputed
 from shardsmith.verify.record import recorded
 from shardsmith.verify.ranks import Ranks
 from shardsmith.verify.seen_log import SeenFile
+from shardsmith.user_paths import resolve_user_path
 
 # where the batch contract is recorded (``verify(contract_in=)``), default first
 CONTRACT_MODES = ("auto", "workers", "rank", "workers-only")
@@ -120,6 +122,19 @@ def unreadable_detail(folder: Path, first: ShardUnreadable, shown: int = 5) -> s
             "(it keeps every intact sample)")
 
 
+class CountFileError(UserError, ValueError):
+    """A malformed ``shard_count.json``: the message names it and ``shardsmith repair``, which rebuilds it."""
+
+
+def _check_count_file(dataset: Path) -> None:
+    """Refuse a ``shard_count.json`` that is not JSON ``{shard: int}`` with the fix, before the loader runs."""
+    _, err = load_shard_counts(dataset)
+    if err:
+        raise CountFileError(f"{dataset / SHARD_COUNT_FILE}: {err}; rebuild it with `shardsmith repair {dataset}` "
+                             "(it recounts every shard from its tar headers and keeps the old file "
+                             "beside it as a .orig backup)")
+
+
 @recorded  # the last report of a build's dataset is kept in the build (verify/record.py)
 def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str, str] | None = None,
            world: int = 2, workers: int = 2, batch_size: int | None = None, batches: int | None = None,
@@ -166,7 +181,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     asked_batch_size = batch_size
     if batch_size is None:
         batch_size = int(get_preset(preset).defaults.get("batch_size", 8)) if preset else 8
-    dataset = Path(dataset).resolve()
+    dataset = resolve_user_path(dataset)
     try:
         build = find_build(dataset)
     except BuildUnreadable as exc:  # a damaged ledger: a failed check naming it, no loader run
@@ -215,6 +230,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if preset is not None and get_preset(preset).kind != kind:
         raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
     if kind == "wds":
+        _check_count_file(dataset)
         try:
             if preset is not None:
                 cfg = preset_config(preset, dataset, **{"batch_size": batch_size, "num_workers": workers,
