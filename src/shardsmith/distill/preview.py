@@ -34,6 +34,7 @@ def write_preview(stage, recipe, ledger, root: Path) -> dict[str, Any] | None:
 
     from shardsmith.distill.trajectories import sample_seed
     from shardsmith.encode.vae import load_vae
+    from shardsmith.precheck import load_errors, local_path
     from shardsmith.verify.decode import _to_uint8
 
     items = []
@@ -48,8 +49,9 @@ def write_preview(stage, recipe, ledger, root: Path) -> dict[str, Any] | None:
     trajectories = stage.trajectories([it.item_id for it in items], texts)
     stage.launched -= len(items)  # the preview is not one of the run's samples
     v = recipe.models.vae
-    vae = load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision, config=v.config,
-                   dtype=v.dtype, device=stage.teacher.device)
+    with load_errors("vae", v):
+        vae = load_vae(v.family, pretrained=local_path(v.pretrained), subfolder=v.subfolder, revision=v.revision,
+                       config=v.config, dtype=v.dtype, device=stage.teacher.device)
     random = [name for name, prov in (("teacher", stage.teacher.provenance), ("vae", vae.provenance))
               if prov.is_random]
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ closes what it loaded; with
 ``wait``, returns once it has (a library caller's failed build leaves no thread behind that loads models or
 opens the ledger, say while a later build forks its plan process: a child forked while another thread held
 SQLite's allocator lock hangs).
+``start()`` first says, on the caller's thread, that a hub repo id is not in the cache while ``HF_HUB_OFFLINE`` is
+set (:func:`~shardsmith.precheck.check_hub_cache`): a build stops before its plan, not after the imports.
 ``with_offload(run)`` (a build's ``models.offload``, before ``start()``): the decision is made first on the
 loading thread, and a ``text-first`` load runs the text pass once the plan is done.
 """
@@ -65,6 +67,12 @@ class ModelPreload:
         return self
 
     def start(self) -> "ModelPreload":
+        """Start loading; first, on the caller's thread, offline (``HF_HUB_OFFLINE``) a hub repo id that is not in
+        the Hugging Face cache is a :class:`~shardsmith.precheck.ModelLoadError` now, before the plan (and before
+        ``models.offload``'s estimate imports the model libraries)."""
+        from shardsmith.precheck import check_hub_cache
+
+        check_hub_cache(self.recipe)
         self._thread.start()
         return self
 

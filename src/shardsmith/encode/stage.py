@@ -25,6 +25,9 @@ Contract
   batch's VAE launch), waited for (and booked) when the batch is serialised.
 - ``describe()`` gives the manifest block: each model's spec and provenance, with
   ``"random-weights"`` plain to see.
+- A model's ``pretrained`` that cannot be loaded (not cached while offline, an unknown id, no network, a folder
+  ``from_pretrained`` cannot read) is a :class:`~shardsmith.precheck.ModelLoadError` naming
+  ``models.<key>.pretrained`` and the fix (exit code 2), never the libraries' traceback; ``~`` is expanded.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from shardsmith.encode.text_memory import encode_halving
 from shardsmith.encode.throughput import BatchRecord, LaunchRecord, Throughput
 from shardsmith.encode.vae import load_vae
 from shardsmith.encode.vae_config import FAMILIES
-from shardsmith.precheck import resolve_device
+from shardsmith.precheck import check_hub_cache, load_errors, local_path, resolve_device
 from shardsmith.recipe import LATENT_OUTPUTS
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
@@ -70,8 +73,9 @@ def default_batch(video: bool, device: str) -> int:
 
 def _load_text(t, place):
     """``models.text`` loaded on ``place`` (quantised when asked)."""
-    text = load_text_encoder(t.family, pretrained=t.pretrained, config=t.config, max_length=t.max_length,
-                             dtype=t.dtype, device=place)
+    with load_errors("text", t):
+        text = load_text_encoder(t.family, pretrained=local_path(t.pretrained), config=t.config,
+                                 max_length=t.max_length, dtype=t.dtype, device=place)
     if t.quantize != "none":
         from shardsmith.encode.quantize import quantize_text
 
@@ -119,8 +123,9 @@ def import_libraries(recipe) -> None:
 
 def _load_vae(recipe, place: str):
     v = recipe.models.vae
-    return load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision,
-                    config=v.config, dtype=v.dtype, device=place, store=v.store)
+    with load_errors("vae", v):
+        return load_vae(v.family, pretrained=local_path(v.pretrained), subfolder=v.subfolder, revision=v.revision,
+                        config=v.config, dtype=v.dtype, device=place, store=v.store)
 
 
 def _needs_vae(recipe) -> bool:
@@ -202,6 +207,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         and is freed before the VAE is built; the stage's text encoder is then the cache
         (:class:`~shardsmith.encode.text_cache.CachedText`)."""
         m = recipe.models
+        check_hub_cache(recipe)  # offline, a hub id not in the cache is said now, before any model library loads
         device = resolve_device(m.device, "models.device")
         place, index = device, None  # where the models go; cuda:N's N
         if device.startswith("cuda:"):
@@ -246,17 +252,20 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             from shardsmith.encode.audio_vae import load_audio_vae
 
             a = m.audio_vae
-            audio_vae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
-                                       config=a.config, dtype=a.dtype, device=place, vocoder=False)
+            with load_errors("audio_vae", a):
+                audio_vae = load_audio_vae(a.family, pretrained=local_path(a.pretrained), subfolder=a.subfolder,
+                                           revision=a.revision, config=a.config, dtype=a.dtype, device=place,
+                                           vocoder=False)
         teacher = sampler = negative = None
         if m.teacher is not None and recipe.distill is not None:
             from shardsmith.distill.trajectories import Sampler
             from shardsmith.encode.teacher import check_pairing, load_teacher
 
             tm = m.teacher
-            teacher = load_teacher(tm.family, entry_point=tm.entry_point, parameterisation=tm.parameterisation,
-                                   pretrained=tm.pretrained, subfolder=tm.subfolder, revision=tm.revision,
-                                   config=tm.config, dtype=tm.dtype, device=place)
+            with load_errors("teacher", tm if tm.family != "callable" else None):
+                teacher = load_teacher(tm.family, entry_point=tm.entry_point, parameterisation=tm.parameterisation,
+                                       pretrained=local_path(tm.pretrained), subfolder=tm.subfolder,
+                                       revision=tm.revision, config=tm.config, dtype=tm.dtype, device=place)
             check_pairing(teacher.spec, text.spec.dim if text is not None else None, recipe.distill.shape)
             sampler = Sampler.from_recipe(recipe)
             if recipe.distill.text == "source" and recipe.distill.guidance != 1.0:
