@@ -206,7 +206,7 @@ def test_a_pretrained_config_not_on_disk_leaves_the_check_to_the_loaded_model(fo
 
     precheck(recipe_from_dict({"sources": [{"path": str(folder)}], "outputs": [{"format": "latent_wds"}],
                                "models": {"vae": {"family": "ltx", "pretrained": "nobody/no-such-vae"}},
-                               "geometry": {"buckets": ["500x512x49"]}}))
+                               "geometry": {"buckets": ["500x512x49", "500x512x1"]}}))  # (images: a 1-frame one)
 
 
 def test_an_unknown_vae_config_name_is_a_message(folder, tmp_path):
