@@ -237,3 +237,19 @@ def test_lora_trigger_reaches_the_text_encoder_and_the_cache_stamp(tmp_path):
     stamp = json.loads((tmp_path / "a" / ".precomputed" / "shardsmith.json").read_text())
     assert stamp["lora_trigger"] == "TRIG"
     assert "lora_trigger" not in json.loads((tmp_path / "b" / ".precomputed" / "shardsmith.json").read_text())
+
+
+def test_a_large_dataset_file_is_not_parsed_as_a_recipe_first(tmp_path, monkeypatch):
+    """A table past a recipe's size is taken for a table at once (YAML parsed a 22 MB CSV for 17 s before the
+    build began); a small one is still read as a recipe where it is one."""
+    from shardsmith import cli
+
+    big = tmp_path / "big.csv"
+    big.write_text("file,caption\n" + "clips/a.jpg,a photo of a cat on a mat\n" * 30_000)  # ~1.2 MB
+    small = tmp_path / "recipe.json"
+    small.write_text(json.dumps({"sources": [{"path": "clips"}], "outputs": [{"format": "wds"}]}))
+    read = []
+    real = cli._read_recipe_file
+    monkeypatch.setattr(cli, "_read_recipe_file", lambda p: (read.append(p.name), real(p))[1])
+    assert cli._dataset_file(big) is True and read == []
+    assert cli._dataset_file(small) is False and read == ["recipe.json"]

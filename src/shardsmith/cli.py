@@ -253,6 +253,9 @@ def _ltx_flags(data: dict[str, Any], flags: dict[str, Any]) -> None:
                   "e.g. \"2.0;4.0;8.0\"")
 
 
+RECIPE_MAX_BYTES = 1 << 20  # a recipe in a table's suffix (.json) larger than this is taken for a table
+
+
 def _dataset_file(path: Optional[Path]) -> bool:
     """Whether ``build``'s argument is a dataset table (csv/json/jsonl/parquet rows) rather than a
     recipe: a table file that is not a recipe mapping (the LTX trainer's and img2dataset's habit)."""
@@ -260,6 +263,8 @@ def _dataset_file(path: Optional[Path]) -> bool:
 
     if path is None or path.suffix.lower().lstrip(".") not in TABLE_EXTENSIONS or not path.is_file():
         return False
+    if path.stat().st_size > RECIPE_MAX_BYTES:  # (a table that size is not parsed as YAML first: seconds a MB)
+        return True
     try:
         _read_recipe_file(path)
     except UsageError:
