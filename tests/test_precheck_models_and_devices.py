@@ -266,6 +266,13 @@ def test_a_tilde_pretrained_loads(tmp_path, monkeypatch):
     precheck_of(latent({"family": "sd", "pretrained": "~/m", "subfolder": "vae"}))
     enc = _load_vae(recipe, "cpu")
     assert enc.provenance.weights == "pretrained" and enc.provenance.path_or_repo == str(tmp_path / "m")
+    # and everywhere else the recipe's pretrained is read: decode's check of the recorded weights, and the
+    # memory estimate of models.offload: auto (each took ~/m for a missing folder or a malformed repo id)
+    from shardsmith.encode.memory_estimate import estimate
+    from shardsmith.verify.decode_audio import check_recorded_weights
+
+    check_recorded_weights("models.vae", recipe.models.vae)
+    assert estimate(recipe, "vae", 1).param_bytes == sum(p.numel() * 4 for p in enc.model.parameters())
 
 
 # ---------------------------------------------------------------- --gpus beyond the machine

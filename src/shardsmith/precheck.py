@@ -278,7 +278,7 @@ def _vae_geometry(recipe: Recipe) -> dict | None:
     """The VAE's compression from its config (None when a pretrained config is not on disk)."""
     v = recipe.models.vae
     try:
-        return vae_config.geometry(v.family, v.config, pretrained=v.pretrained, subfolder=v.subfolder,
+        return vae_config.geometry(v.family, v.config, pretrained=local_path(v.pretrained), subfolder=v.subfolder,
                                    revision=v.revision)
     except ValueError as exc:  # a config name the family does not have
         raise RecipeError(f"models.vae.config: {exc}") from None
@@ -431,7 +431,8 @@ def check_packages(recipe: Recipe) -> None:
     """The MiniLM package is importable when a text model is built without ``pretrained``."""
     text = recipe.models.text
     if _builds_models(recipe) and text is not None and text.pretrained is None:
-        what = "the minilm text encoder" if text.family == "minilm" else f"the {text.family} text encoder's stand-in tokenizer"
+        what = ("the minilm text encoder" if text.family == "minilm"
+                else f"the {text.family} text encoder's stand-in tokenizer")
         import_optional(*MINILM, f"models.text ({what}, no pretrained set)")
 
 
@@ -535,7 +536,7 @@ def check_audio(recipe: Recipe) -> None:
 
     a = recipe.models.audio_vae
     try:
-        audio_vae_settings(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+        audio_vae_settings(a.family, pretrained=local_path(a.pretrained), subfolder=a.subfolder, revision=a.revision,
                            config=a.config)
     except (ValueError, OSError) as exc:
         raise RecipeError(f"models.audio_vae: {exc}") from None
@@ -608,7 +609,7 @@ def check_teacher(recipe: Recipe) -> None:
     if tm.family == "callable":
         resolve_entry_point(tm.entry_point)
         return
-    got = teacher_settings(tm.family, config=tm.config, pretrained=tm.pretrained, subfolder=tm.subfolder)
+    got = teacher_settings(tm.family, config=tm.config, pretrained=local_path(tm.pretrained), subfolder=tm.subfolder)
     if got is None:
         return
     text_dim = 384 if recipe.models.text is not None and recipe.models.text.family == "minilm" else None
@@ -616,7 +617,8 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_latent_zip, check_prompt_outputs, check_packages, check_device, check_image_decoder,
+CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_latent_zip, check_prompt_outputs, check_packages,
+          check_device, check_image_decoder,
           check_audio,
           check_text_config, check_reference_scale, check_teacher, check_text_quantize)
 

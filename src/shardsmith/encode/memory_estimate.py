@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from shardsmith.encode.memory_plan import ModelMemory, param_bytes
+from shardsmith.precheck import local_path
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _text_model(t):
     from transformers import AutoConfig
 
     sub = "text_encoder" if t.family == "ltx2" else None
-    cfg = AutoConfig.from_pretrained(str(t.pretrained), **({"subfolder": sub} if sub else {}))
+    cfg = AutoConfig.from_pretrained(local_path(str(t.pretrained)), **({"subfolder": sub} if sub else {}))
     cls = _model_class("gemma" if t.family == "ltx2" else t.family, True)
     return _meta(lambda: cls.from_config(cfg)).to(_dtype(t.dtype))
 
@@ -74,7 +75,7 @@ def _vae_model(v):
         cfg, _ = resolve_config(v.family, v.config)
         return _meta(lambda: cls(**cfg)).to(_dtype(v.dtype))
     kw = {k: val for k, val in (("subfolder", v.subfolder), ("revision", v.revision)) if val}
-    cfg = cls.load_config(str(v.pretrained), **kw)
+    cfg = cls.load_config(local_path(str(v.pretrained)), **kw)
     return _meta(lambda: cls.from_config(cfg)).to(_dtype(v.dtype))
 
 

@@ -49,7 +49,7 @@ from shardsmith.formats.build_dir import LEDGER_FILE, LOCK_FILE, MANIFEST_FILE
 from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
 from shardsmith.verify.latent_records import latent_records
 from shardsmith.plan.ledger import Ledger
-from shardsmith.precheck import resolve_device
+from shardsmith.precheck import local_path, resolve_device
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.safety.lock import hold
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
@@ -118,8 +118,8 @@ def _vae_from_manifest(manifest: dict[str, Any], recipe, device: str) -> Any:
     v = recipe.models.vae
     check_recorded_weights("models.vae", v, DecodeError)  # a missing model is a message, not a download attempt
     prov = manifest["models"]["vae"]["provenance"]
-    return load_vae(v.family, pretrained=v.pretrained, subfolder=v.subfolder, revision=v.revision, config=v.config,
-                    dtype=v.dtype, device=device, store=v.store), prov["weights"] == "random-weights"
+    return load_vae(v.family, pretrained=local_path(v.pretrained), subfolder=v.subfolder, revision=v.revision,
+                    config=v.config, dtype=v.dtype, device=device, store=v.store), prov["weights"] == "random-weights"
 
 
 def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[str, torch.Tensor, float]]:

@@ -55,7 +55,9 @@ def check_recorded_weights(key: str, spec, error: type[UserError] = UserError) -
 
     if spec is None or spec.pretrained is None:
         return
-    where = str(spec.pretrained)
+    from shardsmith.precheck import local_path
+
+    where = local_path(str(spec.pretrained))
     if resolve_model_folder(where, spec.subfolder, spec.revision)[0] is not None:
         return
     what = f"the weights this build recorded ({key}.pretrained {where}" + (
@@ -74,10 +76,11 @@ def recorded_audio_vae(manifest: dict[str, Any], recipe, device: str, error: typ
     """(the recorded audio VAE, whether its weights are random); ``error`` when its recorded weights are
     missing (:func:`check_recorded_weights`, before loading) or it has no vocoder."""
     from shardsmith.encode.audio_vae import VOCODER_SUBFOLDER, load_audio_vae
+    from shardsmith.precheck import local_path
 
     a = recipe.models.audio_vae
     check_recorded_weights("models.audio_vae", a, error)
-    avae = load_audio_vae(a.family, pretrained=a.pretrained, subfolder=a.subfolder, revision=a.revision,
+    avae = load_audio_vae(a.family, pretrained=local_path(a.pretrained), subfolder=a.subfolder, revision=a.revision,
                           config=a.config, dtype=a.dtype, device=device)
     if avae.vocoder is None:
         raise error(f"the recorded audio VAE ({a.pretrained or a.config}) has no vocoder, so its latents cannot become "
