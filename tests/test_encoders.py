@@ -480,3 +480,25 @@ def test_weight_files_are_read_once_per_process_unless_they_change(tmp_path, mon
     os.utime(a, ns=(1, 1))  # (and a change time of its own, whatever the file system's clock resolution)
     assert spec.sha256_files([a, b]) == hashlib.sha256(b"second" + b"first file, edited").hexdigest()
     assert reads == [2, 2]
+
+
+def test_per_channel_statistics_are_made_once_per_device_with_the_same_latents():
+    """LTX-style mean/std normalisation makes its statistics on the latents' device once, not from the recipe's lists
+    every batch: on a GPU each such copy made the host wait for the batch's own forward before it could queue
+    anything after it (tests/test_gpu_launch.py checks that wait is gone). The arithmetic is unchanged."""
+    from shardsmith.encode import vae as vae_mod
+
+    norm = {"type": "mean_std", "mean": [0.5, -1.0, 2.0], "std": [2.0, 0.25, 1.0], "scale": 1.0}
+    z = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    vae_mod._stats_on.cache_clear()
+    made = []
+    real = torch.tensor
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vae_mod.torch, "tensor", lambda *a, **k: (made.append(1), real(*a, **k))[1])
+        first, second = vae_mod.normalise(z, norm), vae_mod.normalise(z, norm)
+        back = vae_mod.denormalise(first, norm)
+    assert len(made) == 2  # mean and std, once
+    mean = real(norm["mean"]).view(1, 3, 1, 1)
+    std = real(norm["std"]).view(1, 3, 1, 1)
+    assert torch.equal(first, (z - mean) / std) and torch.equal(second, first)
+    torch.testing.assert_close(back, z)

@@ -148,3 +148,59 @@ def test_audio_batches_in_flight_each_get_their_own_waveforms_resampled_on_the_g
         for got, want in zip(launched.result(), vae.encode(b)):
             assert tuple(got.shape) == (2, 26, 16)  # 1.0 s at 16 kHz once resampled: 16000 // 640 + 1
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+
+def test_a_batchs_captions_run_beside_its_vae_batch_without_waiting_for_it():
+    """After the warm-up (which decides that both fit), a batch's text forward is queued on the text encoder's own
+    stream: launching a batch returns while the device still runs the work queued before it (transformers reads a
+    mask's values on the host, which on one stream waited for the whole VAE batch), with the same latents and
+    embeddings as the synchronous path."""
+    import time
+
+    torch.backends.cudnn.deterministic = True
+    vae = load_vae("sd", device="cuda", dtype="float32")
+    text = load_text_encoder("t5", device="cuda")  # tiny random-weight T5 (stand-in tokenizer)
+    st = EncodeStage(vae, text, batch_size=2, device="cuda")
+    ref = EncodeStage(vae, text, batch_size=2, device="cuda")
+    from shardsmith.transform.buckets import parse_buckets
+
+    st.warm_up(parse_buckets(["64x64x1"]))
+    assert st.text_beside
+    frames, caps = _frames(2, 3), ["a cat on a mat", "the sea"]
+    st.launch(st.stage(frames), 2, caps).result()  # (first use: the text stream made, its memory allocated)
+    staged = st.stage(frames)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(3_000_000_000)  # (the device busy for about two seconds, as with a long VAE batch)
+    t = time.perf_counter()
+    pend = st.launch(staged, 2, caps)
+    host_s = time.perf_counter() - t
+    assert not pend.done() and host_s < 0.5  # returned while the device still ran the work before it
+    lat, texts = pend.result()
+    want, want_t = ref.encode_staged(ref.stage(frames), 2), ref.text(caps)
+    for got, exp in zip(lat, want):
+        torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
+    for (e, m), (we, wm) in zip(texts, want_t):
+        assert torch.equal(e, we) and torch.equal(m, wm)
+    assert st.describe()["memory"]["beside"] == ["text"]
+
+
+def test_a_normalised_vae_batch_is_queued_without_waiting_for_the_device():
+    """A VAE whose latents are normalised per channel (LTX-2's mean and std) launches a batch and returns while the
+    device still runs the work queued before it: the statistics are made on the device once, not copied from a
+    list every batch (a copy the host waits for, behind the batch's own forward), with the same latents."""
+    import time
+
+    vae = load_vae("ltx2", device="cuda", dtype="float32")  # tiny random-weight LTX-2 VAE (mean/std normalised)
+    assert vae.spec.normalisation["type"] != "scale_shift"
+    st = EncodeStage(vae, None, batch_size=1, device="cuda")
+    clip = [np.random.default_rng(5).integers(0, 256, (9, 64, 64, 3), dtype=np.uint8)]
+    want = st.launch(st.stage(clip), 1).result()[0][0]
+    staged = st.stage(clip)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(3_000_000_000)  # (the device busy for about two seconds)
+    t = time.perf_counter()
+    pend = st.launch(staged, 1)
+    host_s = time.perf_counter() - t
+    assert not pend.done() and host_s < 0.5
+    assert torch.equal(pend.result()[0][0], want)

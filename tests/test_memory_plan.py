@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from media_factory import real_photos
-from shardsmith.encode.memory_plan import ModelMemory, largest_batch, memory_block, param_bytes, summary
+from shardsmith.encode.memory_plan import (ModelMemory, largest_batch, memory_block, param_bytes, summary,
+                                          text_fits_beside)
 
 GIB = 2 ** 30
 
@@ -35,6 +36,25 @@ def test_peak_arithmetic_fits_and_largest_batch():
     # every model's weights resident at once, plus the largest batch's activations (the VAE's 3.125 GiB)
     assert block["predicted_peak_bytes"] == 6 * GIB + 32 * 100 * 2 ** 20
     assert block["measured_peak_bytes"] == 7 * GIB and len(block["models"]) == 2
+
+
+def test_a_text_encoder_on_its_own_stream_adds_its_activations_and_runs_there_only_where_that_fits():
+    """Beside the VAE (its own CUDA stream) the text encoder's activations do not reuse the VAE's memory: the
+    prediction adds them, and the stage runs it there only where weights and both peaks fit 90 % of the memory."""
+    vae = ModelMemory("vae", "ltx2 @ 768x512x121", 1, 2 * GIB, 12 * GIB)  # 10 GiB of activations
+    vae_small = ModelMemory("vae", "ltx2 @ 384x256x121", 1, 2 * GIB, 5 * GIB)  # (another bucket: 3 GiB)
+    text = ModelMemory("text", "t5 (xxl)", 1, 9 * GIB, 10 * GIB)  # 1 GiB of activations
+    models = [vae, vae_small, text]
+    assert memory_block(models, None)["predicted_peak_bytes"] == 11 * GIB + 10 * GIB  # one stream: the larger
+    block = memory_block(models, None, beside=("text",))
+    assert block["predicted_peak_bytes"] == 11 * GIB + 10 * GIB + 1 * GIB and block["beside"] == ["text"]
+    assert "beside" not in memory_block(models, None)
+    assert text_fits_beside(models, 25 * GIB)  # 22 GiB <= 22.5
+    assert not text_fits_beside(models, 24 * GIB)  # 22 GiB > 21.6
+    assert not text_fits_beside([vae], 100 * GIB) and not text_fits_beside([text], 100 * GIB)  # both measured
+    assert not text_fits_beside([ModelMemory("vae", "sd", 8, GIB, None), ModelMemory("text", "t5", 8, GIB, None)],
+                                100 * GIB)  # (off a GPU: nothing measured)
+    assert not text_fits_beside(models, None)  # no GPU
 
 
 def test_weights_are_counted_as_stored_tied_once_and_quantised_smaller():

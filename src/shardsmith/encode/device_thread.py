@@ -8,7 +8,8 @@ Contract (a mixin of :class:`~shardsmith.encode.stage.EncodeStage`, which sets t
   prompts, and one of silent waveforms per audio duration, on that thread before the real batches;
   books nothing (``models.compile: auto`` on a GPU times a second, eager pass of each shape: its pace),
   changes no output, never raises for a model error (it is logged and returned in the
-  info dict, ``warm_up_info``).
+  info dict, ``warm_up_info``). On a GPU it then sets ``text_beside``: whether the text encoder's batches run on
+  a stream of their own (memory_plan.text_fits_beside).
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ class DeviceThread:
         buckets = recipe.encode_buckets()  # geometry.buckets and each latent_zip's square
         return self.warm_up(parse_buckets(buckets) if buckets else [], stop=stop, timed=timed,
                             audio_seconds=recipe.audio_encode_seconds())
+
+    def _text_fits_beside(self) -> bool:
+        """After a GPU warm-up that measured both: whether the text encoder's batches may run on a stream of their
+        own beside the VAE's (:func:`~shardsmith.encode.memory_plan.text_fits_beside`, on the memory this process
+        may use); on the VAE's stream they wait for the VAE batch before them (transformers reads a mask's values
+        on the host), and the device for the host's launches."""
+        from shardsmith.encode.memory_plan import gpu_free_total, text_fits_beside
+
+        usable, _ = gpu_free_total(getattr(self, "device_index", None))
+        return text_fits_beside(getattr(self, "memory", []), usable)
 
     def _peak_start(self) -> int:
         """On a GPU: reset the peak statistic and return the bytes allocated now (the resident weights)."""
@@ -175,6 +186,7 @@ class DeviceThread:
             if self.device == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()  # from here: the run's own peak (describe's memory block)
+                self.text_beside = self._text_fits_beside()
         except Exception as exc:  # noqa: BLE001 - the real batches handle (and report) what failed here
             log.warning("encoder warm-up stopped: %s", exc)
             info["error"] = f"{type(exc).__name__}: {exc}"

@@ -80,7 +80,7 @@ import torch
 from torch import nn
 
 from .spec import EncoderSpec, Provenance, find_weight_files, resolve_model_folder
-from .text import STANDIN_TOKENIZER, TINY_CONFIGS, TextEmbeddings, TextEncoder, _standin_tokenizer, to_pinned
+from .text import STANDIN_TOKENIZER, TINY_CONFIGS, TextEmbeddings, TextEncoder, _standin_tokenizer, to_device, to_pinned
 from .vae import SEED, _dtype_name, _torch_dtype, device_init_note, seeded_init
 
 MAX_LENGTH = 1024  # ltx_core gemma_assets.TOKENIZER_MAX_LENGTH
@@ -383,13 +383,13 @@ class LTX2TextEncoder(TextEncoder):
             audio = None
             if fe.audio:
                 audio = video if fe.version == "v1" else torch.empty((B, L, fe.audio_dim), dtype=dt, device=dev)
-            mask_d = mask.to(dev)
+            mask_d = to_device(mask, dev)
             for W, rows in forwards(groups):
                 # at least max_length tokens a forward (LTX's own size), filled with repeats of the chunk's
                 # prompts (outputs unused): the matrix products then have LTX's shapes or larger
                 sel = torch.tensor([rows[k % len(rows)] for k in range(max(len(rows), -(-L // W)))])
                 pos = torch.arange(L - W, L, device=dev).unsqueeze(0).expand(len(sel), -1)
-                out = self.model(input_ids=ids[sel, L - W:].to(dev), attention_mask=mask_d[sel, L - W:],
+                out = self.model(input_ids=to_device(ids[sel, L - W:], dev), attention_mask=mask_d[sel, L - W:],
                                  position_ids=pos, output_hidden_states=True, use_cache=False)
                 hidden = out.hidden_states
                 if len(hidden) != fe.num_layers:

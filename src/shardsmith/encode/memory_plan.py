@@ -118,20 +118,41 @@ def gpu_free_total(device_index: int | None = None) -> tuple[int | None, int | N
     return free + torch.cuda.memory_reserved(device_index), total
 
 
-def _together(models: list[ModelMemory]) -> int | None:
-    acts = [m.peak_bytes - m.param_bytes for m in models if m.peak_bytes is not None]
+def _together(models: list[ModelMemory], beside: tuple[str, ...] = ()) -> int | None:
+    """Every model's weights, plus the largest batch's activations; a model named in ``beside`` runs on a stream of
+    its own, whose memory the others' batches do not reuse: its largest activations add to theirs."""
+    acts = [m.peak_bytes - m.param_bytes for m in models if m.peak_bytes is not None and m.name not in beside]
+    added = {m.name: 0 for m in models if m.name in beside}
+    for m in models:
+        if m.name in beside and m.peak_bytes is not None:
+            added[m.name] = max(added[m.name], m.peak_bytes - m.param_bytes)
     weights = sum({m.name: m.param_bytes for m in models}.values())
-    return weights + max(acts) if acts else None
+    if not acts and not any(added.values()):
+        return None
+    return weights + max(acts, default=0) + sum(added.values())
 
 
-def memory_block(models: list[ModelMemory], measured_peak: int | None, apart: tuple[str, ...] = ()) -> dict:
+def text_fits_beside(models: list[ModelMemory], usable_bytes: int | None) -> bool:
+    """Whether the text encoder may run on a stream of its own beside the VAE's batches: both were measured,
+    and their weights with both activation peaks added (:func:`_together` with ``beside=("text",)``) take at
+    most :data:`HEADROOM` of ``usable_bytes`` (the memory this process may use); False without a GPU."""
+    names = {m.name for m in models if m.peak_bytes is not None}
+    if usable_bytes is None or not {"text", "vae"} <= names:
+        return False
+    need = _together([m for m in models if m.name in ("text", "vae")], beside=("text",))
+    return need is not None and need <= HEADROOM * usable_bytes
+
+
+def memory_block(models: list[ModelMemory], measured_peak: int | None, apart: tuple[str, ...] = (),
+                 beside: tuple[str, ...] = ()) -> dict:
     """The manifest's ``models.memory``: each model's figures, the peak predicted for the run (every
     model's weights resident, plus the largest batch's activations; a model named in ``apart`` ran alone,
-    before the others were loaded: the larger of its peak and theirs) and the peak measured over the run
-    (the caller's: the stage gives the larger of the batches' peak and the peak a model apart measured)."""
-    parts = [_together([m for m in models if m.name not in apart])]
+    before the others were loaded: the larger of its peak and theirs; one named in ``beside`` ran on its own
+    stream: its activations add) and the peak measured over the run (the caller's: the stage gives the larger
+    of the batches' peak and the peak a model apart measured)."""
+    parts = [_together([m for m in models if m.name not in apart], beside=beside)]
     parts += [_together([m for m in models if m.name == name]) for name in apart]
     known = [p for p in parts if p is not None]
     return {"models": [m.to_dict() for m in models],
             "predicted_peak_bytes": max(known) if known else None,
-            "measured_peak_bytes": measured_peak}
+            "measured_peak_bytes": measured_peak, **({"beside": list(beside)} if beside else {})}

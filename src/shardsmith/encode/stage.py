@@ -32,6 +32,7 @@ Contract
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -185,6 +186,7 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
         self.launched = 0  # items started so far (written by the encoder thread only)
         self._eager_s: dict[tuple[int, ...], float] = {}  # an eager batch's seconds per staged shape (compile auto)
         self._closing = threading.Event()  # set by close(): a wait on the device thread ends
+        self.text_beside = False  # the text encoder's batches on a stream of their own (set by a GPU warm-up)
         self.batch_size = batch_size or default_batch(vae is not None and vae.spec.kind == "video_vae", device)
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.oom_retries = 0
@@ -361,13 +363,25 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
                     raise
                 pend.z_host = None
                 pend.latents = self.encode_staged(host, n)
-        if captions is not None:
-            self._launch_captions(pend, captions)  # tokenised here, while the device runs the VAE batch
+        if captions is not None:  # tokenised here, while the device runs the VAE batch
+            beside = self.device == "cuda" and self.text_beside and pend.z_host is not None
+            with self._text_stream() if beside else contextlib.nullcontext():
+                self._launch_captions(pend, captions)
+            if beside:
+                torch.cuda.current_stream().wait_stream(self._txt_stream)  # (the batch is done when both are)
         if self.device == "cuda":
             pend.done_event = torch.cuda.Event(enable_timing=True)
             pend.done_event.record()
         pend.host_times = (begin if staged_at is None else staged_at, begin, time.perf_counter())
         return pend
+
+    def _text_stream(self):
+        """The text encoder's own CUDA stream (made at first use; ``text_beside``), entered: its batch queues
+        beside the VAE batch launched before it instead of after it, so the host's wait inside the text
+        forward (transformers reads a mask's values) is for the text stream's earlier work only."""
+        if getattr(self, "_txt_stream", None) is None:
+            self._txt_stream = torch.cuda.Stream()
+        return torch.cuda.stream(self._txt_stream)
 
     def launch_text(self, captions: list[str]) -> "PendingBatch":
         """Start the text embeddings of a batch without pixels (``prompt_wds``, audio-only items).
@@ -555,7 +569,8 @@ class EncodeStage(DeviceThread, HostStaging, CompileDecision, CaptionCache, Thro
             apart = ("text",) if offload is not None and offload.mode == "text-first" else ()
             measured = max([torch.cuda.max_memory_allocated()]  # the text pass's peak too, measured before
                            + [m.peak_bytes for m in self.memory if m.name in apart and m.peak_bytes is not None])
-            d["memory"] = memory_block(self.memory, measured, apart=apart)
+            beside = ("text",) if self.text_beside else ()
+            d["memory"] = memory_block(self.memory, measured, apart=apart, beside=beside)
         if offload is not None:  # models.offload as settled for this build (encode/offload.py)
             d["offload"] = offload.to_dict()
         if getattr(self, "image_decoder", None):  # JPEGs decoded on the device (absent: on the CPU, by Pillow)

@@ -186,7 +186,7 @@ class TextEncoder:
         """
         ids, mask, truncated = self.tokenize(prompts)
         dev = self.device
-        ids_d, mask_d = ids.to(dev), mask.to(dev)
+        ids_d, mask_d = to_device(ids, dev), to_device(mask, dev)
         fam = self.spec.family
         pooled = None
         dt = _torch_dtype(self.spec.dtype)
@@ -225,6 +225,15 @@ class TextEncoder:
         return TextEmbeddings(emb=emb, mask=mask_out, pooled=pooled, truncated=truncated)
 
     __call__ = encode
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor (token ids, masks) on ``device``. To a GPU through page-locked memory, queued behind the
+    stream's work without waiting for it: a copy from pageable memory waits for the device to finish what is
+    queued (a whole VAE batch), so the forward after it could not be queued meanwhile. Same values either way."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def to_pinned(t: torch.Tensor) -> torch.Tensor:

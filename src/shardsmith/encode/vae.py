@@ -30,6 +30,7 @@ ltx2    AutoencoderKLLTX2Video  video_vae   128      32        8x; (z-mean)*sf/s
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -169,11 +170,21 @@ def denormalise(z: torch.Tensor, normalisation: dict | None) -> torch.Tensor:
 
 def _mean_std(normalisation: dict, z: torch.Tensor):
     shape = (1, -1) + (1,) * (z.ndim - 2)
-    mean = torch.tensor(normalisation["mean"], dtype=torch.float32, device=z.device).view(shape)
-    std = torch.tensor(normalisation["std"], dtype=torch.float32, device=z.device).view(shape)
-    if mean.shape[1] != z.shape[1]:
-        raise ValueError(f"normalisation has {mean.shape[1]} channels, latents have {z.shape[1]}")
-    return mean, std
+    mean, std = _stats_on(tuple(normalisation["mean"]), tuple(normalisation["std"]), z.device)
+    if mean.shape[0] != z.shape[1]:
+        raise ValueError(f"normalisation has {mean.shape[0]} channels, latents have {z.shape[1]}")
+    return mean.view(shape), std.view(shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _stats_on(mean: tuple[float, ...], std: tuple[float, ...],
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A normalisation's per-channel mean and std as float32 tensors on ``device``, made once: a tensor made from a
+    list on a GPU is a copy the host waits for, behind every batch queued before it (each batch's latents would
+    wait for its own forward before the host could queue anything after it, its captions' text encoder included).
+    Read only: never written in place."""
+    return (torch.tensor(mean, dtype=torch.float32, device=device),
+            torch.tensor(std, dtype=torch.float32, device=device))
 
 
 @dataclass
