@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -72,14 +71,12 @@ def test_every_command_reports_user_errors_as_messages():
     assert all(hasattr(c.callback, "__wrapped__") for c in cli.app.registered_commands)
 
 
-def test_a_bad_bucket_is_one_message_in_seconds(folder, tmp_path):
-    t = time.perf_counter()
+def test_a_bad_bucket_is_one_message_before_any_work(folder, tmp_path):
     r = run("build", "--source", folder, "--to", "latent_wds", "--set", "geometry.buckets=[500x512x49]", *LTX,
             "--out", tmp_path / "o")
     assert_refused(r, "bucket 500x512x49", "width 500 is not a multiple of 32 (nearest 512 or 480)",
                    "geometry.buckets", "models.vae (ltx)")
-    assert time.perf_counter() - t < 5  # was 13-51 s of model loading first
-    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists()  # refused before the output folder, the plan or a model (was 13-51 s)
 
 
 def test_a_dataset_json_passed_as_the_recipe_says_how_to_pass_it(tmp_path):
@@ -176,11 +173,9 @@ def test_a_bad_bucket_fails_before_any_model_or_plan(folder, tmp_path, monkeypat
     monkeypatch.setattr(shardsmith.encode.stage.EncodeStage, "from_recipe", classmethod(never))
     monkeypatch.setattr(shardsmith.build, "make_plan", never)
     monkeypatch.setattr(shardsmith.build, "open_sources", never)
-    t = time.perf_counter()
     code, output = invoke("build", "--source", folder, "--to", "precomputed", *LTX,
                           "--set", "models.text.family=minilm", "--set", "geometry.buckets=[512x512x49, 500x512x48]",
                           "--out", tmp_path / "o")
-    assert time.perf_counter() - t < 2
     assert_message(code, output, "bucket 500x512x48", "width 500 is not a multiple of 32 (nearest 512 or 480)",
                    "frames 48 is not 1 + 8k (nearest 49 or 41)")
     assert "512x512x49" not in output.replace("bucket 500x512x48", "")  # only the bad bucket is named

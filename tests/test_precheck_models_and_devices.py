@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -72,13 +71,10 @@ def vae_folder(path: Path) -> Path:
 
 def test_a_missing_vae_folder_is_refused_before_the_plan_through_the_real_entry(tmp_path):
     out = tmp_path / "out"
-    t = time.perf_counter()
     r = run("build", write(tmp_path, latent({"family": "sd", "pretrained": "/nonexistent/vae"})), "--out", out)
-    took = time.perf_counter() - t
     assert_refused(r, "models.vae.pretrained: /nonexistent/vae does not exist", "read as a local folder", FIX,
                    "org/name", "leave pretrained out for random weights")
     planned_nothing(out)
-    assert took < 10, took  # was 6 s of model imports first (idle machine), then a traceback (exit 1)
 
 
 @pytest.mark.parametrize("family", ["t5", "minilm"])
@@ -211,12 +207,12 @@ def test_offline_a_hub_id_not_in_the_cache_is_said_as_the_load_starts(tmp_path, 
 
 @pytest.mark.slow
 def test_an_offline_build_of_an_uncached_hub_id_is_exit_2_before_any_model_import(tmp_path):
-    t = time.perf_counter()
     r = run("build", write(tmp_path, latent({"family": "sd", "pretrained": "madeup-org/no-such-vae-xyz"})),
             "--out", tmp_path / "out", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty"))
     assert_refused(r, "models.vae.pretrained: 'madeup-org/no-such-vae-xyz'", "HF_HUB_OFFLINE",
                    "hf download madeup-org/no-such-vae-xyz", "point pretrained at a local folder")
     assert "Traceback" not in r.stderr  # was 6 s of imports, then OSError's traceback (exit 1)
+    planned_nothing(tmp_path / "out")  # refused before the plan (was: every item planned, the ledger left)
 
 
 def test_load_errors_turns_the_libraries_oserror_into_the_keys_message():
@@ -279,13 +275,10 @@ def test_a_tilde_pretrained_loads(tmp_path, monkeypatch):
 
 def test_gpus_without_models_is_refused_before_the_plan(tmp_path):
     out = tmp_path / "out"
-    t = time.perf_counter()
     r = run("build", "--source", PHOTOS, "--to", "wds", "--gpus", "2", "--out", out, CUDA_VISIBLE_DEVICES="")
-    took = time.perf_counter() - t
     assert_refused(r, "distribute.gpus (--gpus) is 2, but torch sees 0 CUDA device(s)",
                    "No output of this recipe loads a model (wds)", "leave --gpus out")
     planned_nothing(out)  # was: 6 items planned, then the refusal, and out/ left behind
-    assert took < 10, took
 
 
 def test_gpus_hook_and_one_gpu_pass(monkeypatch):
@@ -310,13 +303,10 @@ def test_gpus_with_models_keeps_its_message(monkeypatch):
 def test_video_buckets_for_image_sources_are_refused_before_the_plan(tmp_path):
     out = tmp_path / "out"
     data = latent({"family": "sd"}, geometry={"buckets": ["64x64x2"]})
-    t = time.perf_counter()
     code, output = invoke("build", write(tmp_path, data), "--out", out)
-    took = time.perf_counter() - t
     assert_message(code, output, "output 'latent_wds': every input it takes is an image",
                    "(64x64x2) has no bucket of 1 frame", "add one such as 512x512x1")
     planned_nothing(out)
-    assert took < 5, took  # was 6.4 s: after the plan, with the model loading
 
 
 def _media(folder: Path, *names: str) -> Path:

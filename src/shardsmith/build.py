@@ -143,10 +143,11 @@ def report_after_build(out: Path) -> Path | None:
 
 def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False,
                   workers: int | None = None, console=None) -> dict[str, Any]:
-    from shardsmith.precheck import precheck
+    from shardsmith.precheck import check_hub_cache, precheck
 
     out = resolve_user_path(out, "--out")  # (a symlink loop: one message)
     precheck(recipe)  # what needs only the recipe fails here, before any folder, plan or model
+    check_hub_cache(recipe)  # offline, a hub id not in the cache: said now, not as the models load beside the plan
     t_enter = time.perf_counter()
     outdir.refuse_around_sources(out, [(s.name, s.path) for s in recipe.sources])
     refuse_foreign(out, overwrite)
