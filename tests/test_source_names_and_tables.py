@@ -155,7 +155,7 @@ def test_a_source_folder_whose_path_is_not_utf8_is_refused(tmp_path):
     code, output = invoke("build", "--source", src, "--to", "wds", "--out", out, "-q")
     assert code == 2, output
     assert "Traceback" not in output
-    assert "d\\xe9j\\xe0 is not valid UTF-8" in output and "rename it to UTF-8" in output
+    assert "d\\xe9j\\xe0 is not valid UTF-8" in output and "rename the folder to a UTF-8 name" in output
     assert not out.exists()
 
 

@@ -336,7 +336,7 @@ def _only_images(spec) -> bool:
             "table" if path.is_file() and path.suffix.lower().lstrip(".") in TABLE_EXTENSIONS else None
     try:
         if kind == "folder":
-            names, table = _folder_names(path), False
+            names, table = _folder_names(path, spec.follow_symlinks), False
         elif kind == "table":
             names, table = _table_media(spec), True
         else:
@@ -353,23 +353,49 @@ def _only_images(spec) -> bool:
         return False
 
 
-def _folder_names(root: Path) -> Iterator[str]:
-    """The names of the files under ``root`` that a folder source walks (hidden ones left out; linked folders
-    followed once)."""
-    stack, seen = [root], set()
+FOLDER_WALK_LIMIT = 10_000  # entries a folder source's listing looks at before the check gives up (no refusal)
+
+
+class _TooLarge(Exception):
+    """The folder walk looked at :data:`FOLDER_WALK_LIMIT` entries: not certain, so nothing is refused."""
+
+
+def _folder_names(root: Path, follow: bool = False) -> Iterator[str]:
+    """The names of the media files under ``root`` that a folder source's walk reads, by its own rules
+    (:mod:`shardsmith.sources.folder`): hidden names left out; a linked file or folder taken only when it
+    resolves inside the source's real root, or with ``follow`` (``follow_symlinks: true``); a broken, looping or
+    special entry, or a name that is not UTF-8, never. Unsorted, each folder listed once; raises
+    :class:`_TooLarge` after :data:`FOLDER_WALK_LIMIT` entries (the caller stops at the first answer that is
+    certain). (The build's own
+    output folder, which the walk also leaves out, is not known here: the build walks into it only when it
+    lies inside a source, and what it holds can then only make the check say less.)"""
+    from shardsmith.sources.base import utf8_ok
+    from shardsmith.sources.folder import _is_media, _link_verdict, _Walk
+
+    walk = _Walk(os.path.realpath(root), frozenset(), follow)
+    stack, seen, looked = [str(root)], {walk.real_root}, 0
     while stack:
-        folder = stack.pop()
-        real = os.path.realpath(folder)
-        if real in seen:
-            continue
-        seen.add(real)
-        with os.scandir(folder) as it:
+        with os.scandir(stack.pop()) as it:
             for e in it:
-                if e.name.startswith("."):
-                    continue
-                if e.is_dir():
-                    stack.append(Path(e.path))
+                looked += 1
+                if looked > FOLDER_WALK_LIMIT:
+                    raise _TooLarge(str(root))
+                if e.name.startswith(".") or not utf8_ok(e.name):
+                    continue  # (a name that is not UTF-8, or any file under it, fails: no item the plan keeps)
+                if e.is_symlink():
+                    kind, error = _link_verdict(e.path, e.name, walk)
+                    if error is not None:
+                        continue  # refused: no item the plan keeps
+                elif e.is_dir(follow_symlinks=False):
+                    kind = "dir"
                 else:
+                    kind = "file" if _is_media(e.name) and e.is_file(follow_symlinks=False) else "ignore"
+                if kind == "dir":
+                    real = os.path.realpath(e.path)
+                    if real not in seen:
+                        seen.add(real)
+                        stack.append(e.path)
+                elif kind == "file":
                     yield e.name
 
 

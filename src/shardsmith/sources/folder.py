@@ -264,7 +264,8 @@ class FolderSource:
         if not utf8_ok(str(self.root)):
             raise SourceError(f"source '{shown(spec.name)}': the folder path {shown(str(self.root))} is not "
                               "valid UTF-8 (\\xNN marks each byte that is not), and the manifest and ledger cannot "
-                              "hold it; rename it to UTF-8, or give it through a symbolic link with a UTF-8 name")
+                              "hold it; rename the folder to a UTF-8 name (a symbolic link to it does not help: the "
+                              "recipe records the folder it leads to)")
         self.spec = spec
         self.exclude = frozenset(os.path.realpath(p) for p in exclude)
         self.real_root = os.path.realpath(self.root)

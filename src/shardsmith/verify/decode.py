@@ -153,20 +153,22 @@ def _files_under(out: Path) -> list[str]:
 def _locked(out: Path) -> Iterator[None]:
     """Hold ``out``'s lock (``.shardsmith/lock``, as a build holds its folder's) for the whole decode: a second
     decode into the same folder is refused at once, naming the first. A decode that fails in a folder it
-    created leaves no folder behind."""
+    created leaves no folder behind. Only a decode that holds the lock cleans up, and while it still holds it:
+    a decode refused because another holds it (:class:`FolderLockedError`) touches nothing, and no other process
+    can take the lock between the cleanup and the release."""
     lock = out / LOCK_FILE
     made = [p for p in (out, lock.parent) if not p.exists()]  # what taking the lock creates
     had_lock = lock.exists()
-    try:
-        with hold(out, "decode"):
+    with hold(out, "decode"):
+        try:
             yield
-    except BaseException:
-        if not had_lock:  # a refused or failed decode leaves no lock of its own in the user's folder
-            lock.unlink(missing_ok=True)
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):  # not empty: what was written stays
-                folder.rmdir()
-        raise
+        except BaseException:
+            if not had_lock:  # a failed decode leaves no lock of its own in the user's folder
+                lock.unlink(missing_ok=True)
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):  # not empty: what was written stays
+                    folder.rmdir()
+            raise
 
 
 def _clear_earlier_decode(out: Path, owned: set[str]) -> None:
