@@ -214,8 +214,9 @@ def _hub_fix(value: str) -> str:
 
 def check_hub_cache(recipe: Recipe) -> None:
     """Offline (:func:`hub_offline`), each hub repo id a model loads from is in the Hugging Face cache (its
-    first config file, asked of the cache with ``try_to_load_from_cache``: no network). Called as the models
-    start to load, before any model library is imported; online the load itself says (:func:`load_errors`)."""
+    first config file, asked of the cache with ``try_to_load_from_cache``: no network). Called by a build after
+    :func:`precheck`, before its folder or plan, and again as the models start to load (a library caller's
+    stage), before any model library is imported; online the load itself says (:func:`load_errors`)."""
     if not hub_offline():
         return
     for key, model, files in _loaded_models(recipe):
