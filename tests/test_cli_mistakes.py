@@ -537,18 +537,23 @@ def test_a_symlink_loop_in_a_recipe_or_the_api_is_the_same_user_error(folder, lo
     assert loop.is_symlink() and not (tmp_path / "o").exists()
 
 
-def test_register_writes_through_a_valid_config_link_and_refuses_a_dangling_one(tmp_path, monkeypatch):
-    """A symlinked data config keeps its link (the target gets the entry); a link whose target folder is
-    missing is refused, creating nothing."""
+def _one_shard(ds: Path, members) -> Path:
+    """A WebDataset folder ``ds`` with one shard of ``members`` ((name, bytes) pairs)."""
     import tarfile
 
-    ds = tmp_path / "ds"
     ds.mkdir()
     with tarfile.open(ds / "00000.tar", "w") as tf:
-        for name, data in (("a.txt", b"a cat"), ("a.json", b"{}")):
+        for name, data in members:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io_bytes(data))
+    return ds
+
+
+def test_register_writes_through_a_valid_config_link_and_refuses_a_dangling_one(tmp_path, monkeypatch):
+    """A symlinked data config keeps its link (the target gets the entry); a link whose target folder is
+    missing is refused, creating nothing."""
+    ds = _one_shard(tmp_path / "ds", (("a.txt", b"a cat"), ("a.json", b"{}")))
     real = tmp_path / "real.yaml"
     real.write_text("# mine\n")
     link = tmp_path / "link.yaml"
@@ -646,17 +651,9 @@ def test_flags_without_to_name_the_to_flag_and_its_choices(folder, tmp_path):
 
 def test_a_malformed_shard_count_names_repair_which_rebuilds_it(tmp_path):
     """Before: only "is not {shard: int}" / "is not valid JSON", no fix."""
-    import tarfile
-
     from shardsmith.formats.wds import load_shard_counts
 
-    ds = tmp_path / "ds"
-    ds.mkdir()
-    with tarfile.open(ds / "00000.tar", "w") as tf:
-        for name, data in (("a.txt", b"a cat"), ("b.txt", b"a dog")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io_bytes(data))
+    ds = _one_shard(tmp_path / "ds", (("a.txt", b"a cat"), ("b.txt", b"a dog")))
     for text, what in (('{"00000.tar": "two"}', "is not {shard: int}"), ("nope{", "is not valid JSON")):
         (ds / "shard_count.json").write_text(text)
         assert_message(*invoke("verify", ds, "--world", 1, "--workers", 0), what,
