@@ -502,3 +502,11 @@ def test_per_channel_statistics_are_made_once_per_device_with_the_same_latents()
     std = real(norm["std"]).view(1, 3, 1, 1)
     assert torch.equal(first, (z - mean) / std) and torch.equal(second, first)
     torch.testing.assert_close(back, z)
+    # made once, inside inference mode (the packaged encoder normalises there), they still serve a graph with
+    # gradients later (a decode that records for backward)
+    vae_mod._stats_on.cache_clear()
+    with torch.inference_mode():
+        vae_mod.normalise(z, norm)
+    w = z.clone().requires_grad_(True)
+    vae_mod.denormalise(w, norm).sum().backward()
+    assert torch.equal(w.grad, std.expand_as(z))

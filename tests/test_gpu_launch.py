@@ -172,9 +172,11 @@ def test_a_batchs_captions_run_beside_its_vae_batch_without_waiting_for_it():
     staged = st.stage(frames)
     torch.cuda.synchronize()
     torch.cuda._sleep(3_000_000_000)  # (the device busy for about two seconds, as with a long VAE batch)
+    caps = ["a red car in the rain", "two dogs"]  # (not in the stage's caption cache: the text encoder runs)
     t = time.perf_counter()
     pend = st.launch(staged, 2, caps)
     host_s = time.perf_counter() - t
+    assert pend.todo == sorted(caps)
     assert not pend.done() and host_s < 0.5  # returned while the device still ran the work before it
     lat, texts = pend.result()
     want, want_t = ref.encode_staged(ref.stage(frames), 2), ref.text(caps)

@@ -55,6 +55,10 @@ def test_a_text_encoder_on_its_own_stream_adds_its_activations_and_runs_there_on
     assert not text_fits_beside([ModelMemory("vae", "sd", 8, GIB, None), ModelMemory("text", "t5", 8, GIB, None)],
                                 100 * GIB)  # (off a GPU: nothing measured)
     assert not text_fits_beside(models, None)  # no GPU
+    # every resident model counts: an audio VAE's weights and activations leave less room beside
+    audio = ModelMemory("audio", "ltx2_audio", 1, 3 * GIB, 4 * GIB)
+    assert memory_block(models + [audio], None, beside=("text",))["predicted_peak_bytes"] == 25 * GIB
+    assert not text_fits_beside(models + [audio], 25 * GIB) and text_fits_beside(models + [audio], 28 * GIB)
 
 
 def test_weights_are_counted_as_stored_tied_once_and_quantised_smaller():

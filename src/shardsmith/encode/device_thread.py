@@ -86,6 +86,8 @@ class DeviceThread:
         on the host), and the device for the host's launches."""
         from shardsmith.encode.memory_plan import gpu_free_total, text_fits_beside
 
+        if getattr(self.text_encoder, "model", None) is None:  # (none, or answered from the text pass's cache)
+            return False
         usable, _ = gpu_free_total(getattr(self, "device_index", None))
         return text_fits_beside(getattr(self, "memory", []), usable)
 

@@ -134,12 +134,13 @@ def _together(models: list[ModelMemory], beside: tuple[str, ...] = ()) -> int | 
 
 def text_fits_beside(models: list[ModelMemory], usable_bytes: int | None) -> bool:
     """Whether the text encoder may run on a stream of its own beside the VAE's batches: both were measured,
-    and their weights with both activation peaks added (:func:`_together` with ``beside=("text",)``) take at
-    most :data:`HEADROOM` of ``usable_bytes`` (the memory this process may use); False without a GPU."""
+    and every model's weights with the others' largest activations and the text encoder's added (:func:`_together`
+    with ``beside=("text",)``: the peak the manifest then predicts) take at most :data:`HEADROOM` of
+    ``usable_bytes`` (the memory this process may use); False without a GPU."""
     names = {m.name for m in models if m.peak_bytes is not None}
     if usable_bytes is None or not {"text", "vae"} <= names:
         return False
-    need = _together([m for m in models if m.name in ("text", "vae")], beside=("text",))
+    need = _together(models, beside=("text",))
     return need is not None and need <= HEADROOM * usable_bytes
 
 

@@ -182,9 +182,11 @@ def _stats_on(mean: tuple[float, ...], std: tuple[float, ...],
     """A normalisation's per-channel mean and std as float32 tensors on ``device``, made once: a tensor made from a
     list on a GPU is a copy the host waits for, behind every batch queued before it (each batch's latents would
     wait for its own forward before the host could queue anything after it, its captions' text encoder included).
-    Read only: never written in place."""
-    return (torch.tensor(mean, dtype=torch.float32, device=device),
-            torch.tensor(std, dtype=torch.float32, device=device))
+    Read only: never written in place; made outside inference mode (the packaged encoder normalises inside it), so
+    that a later graph that records for backward (a decode with gradients) may use them."""
+    with torch.inference_mode(False):
+        return (torch.tensor(mean, dtype=torch.float32, device=device),
+                torch.tensor(std, dtype=torch.float32, device=device))
 
 
 @dataclass
