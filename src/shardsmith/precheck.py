@@ -22,7 +22,7 @@ Contract
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
   - ``distribute.gpus`` (``--gpus``) asks for more GPUs than torch sees, with or without a model to load;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
-  - ``models.text.config`` names no config of the ``ltx2`` family;
+  - ``models.text.config`` names no config of its family (random weights, no ``pretrained``);
   - the reference scale factors give a reference the VAE cannot encode;
   - ``models.teacher`` names an entry point that does not import, a config its family lacks, or takes
     other channels or text widths than ``distill.shape`` and the text encoder give; ``distill.steps``
@@ -563,10 +563,20 @@ def check_audio(recipe: Recipe) -> None:
 
     a = recipe.models.audio_vae
     try:
-        audio_vae_settings(a.family, pretrained=local_path(a.pretrained), subfolder=a.subfolder, revision=a.revision,
-                           config=a.config)
+        s = audio_vae_settings(a.family, pretrained=local_path(a.pretrained), subfolder=a.subfolder, revision=a.revision,
+                               config=a.config)
     except (ValueError, OSError) as exc:
         raise RecipeError(f"models.audio_vae: {exc}") from None
+    # the centred STFT of the log-mel reflects n_fft // 2 samples at each end: shorter audio cannot encode
+    from shardsmith.transform.audio import num_samples
+
+    least = s.n_fft // 2 + 1
+    for d in recipe.audio.durations or []:
+        if num_samples(d, s.sample_rate) < least:
+            raise RecipeError(f"audio.durations: {d:g} s is {num_samples(d, s.sample_rate)} samples at "
+                              f"{s.sample_rate} Hz, too short for the audio VAE ({a.family}), whose STFT "
+                              f"(n_fft {s.n_fft}) needs at least {least} samples ({least / s.sample_rate:.3f} s); "
+                              "give durations of at least that, e.g. [2.0, 4.0, 8.0]")
 
 
 def check_reference_scale(recipe: Recipe) -> None:
@@ -604,16 +614,30 @@ def check_text_quantize(recipe: Recipe) -> None:
 
 
 def check_text_config(recipe: Recipe) -> None:
-    """``models.text.config`` of the ``ltx2`` family names one of its configs (or is a valid dict)."""
+    """``models.text.config`` names one of its family's configs (or is a dict) where random weights are
+    built from it (no ``pretrained``; ``minilm`` ships its weights and ignores it): ``ltx2``'s own table,
+    else ``tiny``, ``published`` or a name of :data:`shardsmith.encode.text.NAMED_CONFIGS`."""
     text = recipe.models.text
-    if text is None or text.family != "ltx2" or text.pretrained is not None or not _builds_models(recipe):
+    if text is None or text.pretrained is not None or not _builds_models(recipe):
         return
-    from shardsmith.encode.ltx2_text import resolve_config
+    if text.family == "ltx2":
+        from shardsmith.encode.ltx2_text import resolve_config
 
-    try:
-        resolve_config(text.config)
-    except ValueError as exc:
-        raise RecipeError(f"models.text.config: {exc}") from None
+        try:
+            resolve_config(text.config)
+        except ValueError as exc:
+            raise RecipeError(f"models.text.config: {exc}") from None
+        return
+    if text.family == "minilm" or isinstance(text.config, dict):
+        return
+    from shardsmith.encode.text import NAMED_CONFIGS, TINY_CONFIGS
+
+    named = sorted(NAMED_CONFIGS.get(text.family, {}))
+    known = (["tiny"] if text.family in TINY_CONFIGS else []) + ["published"] + named
+    if text.config not in known:
+        raise RecipeError(f"models.text.config: unknown text config {text.config!r} for family {text.family}; "
+                          f"use one of {', '.join(repr(k) for k in known)}, a dict of the model's config, or "
+                          "models.text.pretrained for real weights")
 
 
 def check_teacher(recipe: Recipe) -> None:

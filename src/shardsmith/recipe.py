@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import types
@@ -485,9 +486,10 @@ class AudioRules(_Strict):
             return v
         if not v:
             raise ValueError("durations is empty; give seconds such as [2.0, 4.0, 8.0] or leave it out")
-        bad = [d for d in v if not d > 0]
+        bad = [d for d in v if not (d > 0 and math.isfinite(d))]
         if bad:
-            raise ValueError(f"every duration must be > 0 seconds, got {bad[0]}")
+            raise ValueError(f"audio.durations: every duration must be > 0 seconds and finite, got {bad[0]}; "
+                             "give seconds such as [2.0, 4.0, 8.0]")
         if len(set(v)) != len(v):
             raise ValueError(f"durations {v} repeat a value; give each bucket once")
         return sorted(v)
@@ -511,6 +513,14 @@ class Geometry(_Strict):
         1, ge=1, description="IC-LoRA references keep the target's first frame, then every k-th of the rest "
         "(frames 0, 1, 1+k, ...; LTX's --reference-temporal-scale-factor) at fps / k; the count must keep the "
         "VAE's 1 + temporal*n rule")
+
+    @field_validator("fps")
+    @classmethod
+    def _fps(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"geometry.fps {v} is not a finite frame rate; give frames per second such as 24 "
+                             "(or leave it out for the native rate)")
+        return v
 
     @field_validator("buckets")
     @classmethod
@@ -793,6 +803,13 @@ class Recipe(_Strict):
             raise ValueError("distill.t_list: an edm teacher's times are noise levels sigma, and the default "
                              f"{list(FASTGEN_T_LIST)} is FastGen's flow-matching t_list; give sigmas, e.g. "
                              "[14.6, 3.0, 1.0, 0.3, 0.0] (a Stable Diffusion UNet's range) or [80.0, 10.0, 1.0, 0.1, 0.0]")
+        t_max = self.distill.t_list[0]
+        if self.models.teacher.parameterisation == "flow" and not 0 < t_max <= 1:
+            raise ValueError(f"distill.t_list {self.distill.t_list}: a flow teacher's times lie in [0, 1] and "
+                             f"t_list[0] = {t_max} is not in (0, 1]; give e.g. {list(FASTGEN_T_LIST)}")
+        if not math.isfinite(t_max):
+            raise ValueError(f"distill.t_list {self.distill.t_list}: t_list[0] = {t_max} is not finite; give "
+                             "e.g. [80.0, 10.0, 1.0, 0.1, 0.0]")
         if self.distill.preview and self.models.vae is None:
             raise ValueError("distill.preview decodes the teacher's samples to pictures and needs models.vae (the "
                              "VAE of the teacher's latent space); set it or leave preview at 0")
