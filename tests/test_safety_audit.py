@@ -59,6 +59,8 @@ def test_one_folder_spelled_two_ways_is_refused(tmp_path, second, says):
     ("manifest.json", "the build's manifest"),
     ("./report.html", "the build's HTML report"),
     (".shardsmith/shards", "the build's ledger and state"),
+    ("manifest.json/x", "the build's manifest"),  # (a folder there: the manifest's write failed after the build)
+    ("./report.html/r", "the build's HTML report"),
 ])
 def test_an_output_in_a_place_the_build_writes_itself_is_refused(tmp_path, target, says):
     """Before: ``holdout/wds`` overwrote the held-out split of output ``wds`` with training samples;

@@ -611,10 +611,10 @@ _RESERVED_TOPS = {"holdout": "the held-out split's outputs (holdout/<dir>)", ".s
 
 def _check_target(name: str, target: str) -> str:
     """An output's ``dir``/``path`` normalised (``./wds``, ``wds/`` and ``wds`` are one folder); refuses
-    one that is a file or folder the build writes itself (see :data:`_RESERVED_TARGETS`)."""
+    one that is a file or folder the build writes itself, or lies under one (see :data:`_RESERVED_TARGETS`)."""
     norm = os.path.normpath(target)
     top = Path(norm).parts[0] if norm != "." else "."
-    what = _RESERVED_TARGETS.get(norm) or _RESERVED_TOPS.get(top)
+    what = _RESERVED_TARGETS.get(top) or _RESERVED_TOPS.get(top)  # (manifest.json/x: a folder where it goes)
     if what is not None:
         raise ValueError(f"output {name!r}: {target!r} is where the build keeps {what}; choose another "
                          "dir/path for this output")
