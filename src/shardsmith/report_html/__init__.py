@@ -3,6 +3,8 @@
 Contract
 - In: a finished shardsmith build folder (its ``manifest.json``; its ledger, when there, must
   mark it complete), else :class:`ReportError` (a user error: exit 2).
+- An ``--output`` inside (or around) a source its manifest's recipe records is refused (exit 2),
+  before anything is read or written.
 - Out: ``<build>/report.html`` (``formats.build_dir.REPORT_FILE``) or the given file, written
   atomically: counts per output and split with every skip / failure reason and up to 5 example
   ids and the detail; the per-bucket table of latent outputs; sources and models (a random-weight
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from shardsmith.formats.build_dir import REPORT_FILE
 from shardsmith.report_html.gather import ReportError, gather
+from shardsmith.safety.outdir import recorded_sources, refuse_around_sources
 from shardsmith.user_paths import resolve_user_path
 
 __all__ = ["REPORT_FILE", "ReportError", "render_report", "write_report"]
@@ -112,7 +115,10 @@ def write_report(build_dir: str | os.PathLike, output: str | os.PathLike | None 
 
     root = resolve_user_path(build_dir)
     dest = resolve_user_path(output, "--output") if output is not None else root / REPORT_FILE
-    read_manifest(root)  # a folder that is no finished build is said first
+    manifest = read_manifest(root)  # a folder that is no finished build is said first
+    # a page among the sources would be read by the next build
+    refuse_around_sources(dest, recorded_sources(manifest), "--output",
+                          "report never writes into or around the sources this build read")
     check_output(root, dest)
     html = render_report(root, previews=previews, device=device)
     try:

@@ -54,8 +54,21 @@ def _resolved(p: str | os.PathLike) -> Path:
     return Path(os.path.expanduser(p)).resolve()
 
 
-def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str]]) -> None:
-    """Raise unless ``out`` is disjoint from every ``(name, path)`` source (after symlinks)."""
+def recorded_sources(manifest: dict) -> list[tuple[str, str]]:
+    """``(name, path)`` of each source the recipe recorded in a build's ``manifest.json`` (none when it
+    recorded no recipe), for :func:`refuse_around_sources`."""
+    recipe = manifest.get("recipe") if isinstance(manifest, dict) else None
+    found = []
+    for s in (recipe.get("sources") or []) if isinstance(recipe, dict) else []:
+        if isinstance(s, dict) and isinstance(s.get("path"), str) and s["path"].strip():
+            found.append((str(s.get("name") or s["path"]), s["path"]))
+    return found
+
+
+def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str]], flag: str = "--out",
+                          what: str = "shardsmith never writes into or around its own sources") -> None:
+    """Raise unless ``out`` is disjoint from every ``(name, path)`` source (after symlinks); ``flag``
+    and ``what`` name the option and the command in the message."""
     o = _resolved(out)
     for name, path in sources:
         s = _resolved(path)
@@ -68,8 +81,8 @@ def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str]]
         else:
             continue
         raise OutAroundSourceError(
-            f"--out {o} {how} source {name!r} ({s}); shardsmith never writes into or around its own "
-            "sources, with or without --overwrite. Choose an --out outside every source folder.")
+            f"{flag} {o} {how} source {name!r} ({s}); {what}, with or without --overwrite. Choose {'an' if flag == '--out' else 'a'} {flag} outside "
+            "every source folder.")
 
 
 def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, str], list[str]]]:

@@ -14,7 +14,8 @@ Contract
   ``<stem>.wav`` through its decoder and vocoder, journalled like the pictures; the report's
   ``audio`` block counts the WAVs, gives their rate and says so loudly when its weights are random
   (:mod:`shardsmith.verify.decode_audio`). An audio-only dataset (no ``models.vae``) decodes its audio only.
-- Nothing in the build folder is written: an ``out`` inside it is refused.
+- Nothing in the build folder is written: an ``out`` inside it is refused; so is one that is, lies
+  inside or contains a source its manifest's recipe records (exit 2, before anything is written).
 - An ``out`` that holds anything is refused (two decodes never mix) unless ``overwrite``; then
   only the files an earlier decode wrote there are removed first: the ones its journal
   (``.decode_files``, one path a line, appended before each file is written, so an interrupted
@@ -52,6 +53,7 @@ from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import local_path, resolve_device
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.safety.lock import hold
+from shardsmith.safety.outdir import recorded_sources, refuse_around_sources
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
@@ -354,6 +356,9 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
     progress = progress or Progress(quiet=True)
     root, out = resolve_user_path(build_dir), resolve_user_path(out, "--out")
     manifest = _read_manifest(root)
+    # (before anything is written: decoded pictures among the sources would be read by the next build)
+    refuse_around_sources(out, recorded_sources(manifest), "--out",
+                          "decode never writes into or around the sources this build read")
     name, block = _pick_output(root, manifest, output)
     if split not in block["files"]:
         raise DecodeError(f"--split {split!r}: output {name!r} has no such split; use one of {sorted(block['files'])}")
