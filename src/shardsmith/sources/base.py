@@ -45,6 +45,16 @@ def shown(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def refuse_root_not_utf8(spec, root: Path) -> None:
+    """:class:`SourceError` where the source folder's own path is not valid UTF-8 (the manifest and ledger record
+    it); a symbolic link with a UTF-8 name cannot help, since the recipe records the folder it leads to."""
+    if not utf8_ok(str(root)):
+        raise SourceError(f"source '{shown(spec.name)}': the folder path {shown(str(root))} is not "
+                          "valid UTF-8 (\\xNN marks each byte that is not), and the manifest and ledger cannot "
+                          "hold it; rename the folder to a UTF-8 name (a symbolic link to it does not help: the "
+                          "recipe records the folder it leads to)")
+
+
 def not_utf8_error(path: str, rel: str) -> tuple[str, str]:
     """The per-item verdict for a media file whose name (or a folder's on the way, within ``rel``, its path
     relative to the source) is not valid UTF-8; ``path`` as the walk gives it."""

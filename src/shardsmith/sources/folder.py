@@ -30,7 +30,8 @@ from typing import NamedTuple
 from shardsmith import formats
 from shardsmith.records import TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
-from shardsmith.sources.base import MEDIA_EXTENSIONS, SourceError, not_utf8_error, read_caption, resolve, shown, utf8_ok
+from shardsmith.sources.base import (MEDIA_EXTENSIONS, SourceError, not_utf8_error, read_caption, refuse_root_not_utf8,
+                                     resolve, shown, utf8_ok)
 from shardsmith.sources.extsort import SortedNames
 
 Error = tuple[str, str]  # (reason, detail)
@@ -261,11 +262,7 @@ class FolderSource:
         self.root = Path(spec.path)
         if not self.root.is_dir():
             raise SourceError(f"source {spec.name!r}: {shown(str(self.root))} is not a folder")
-        if not utf8_ok(str(self.root)):
-            raise SourceError(f"source '{shown(spec.name)}': the folder path {shown(str(self.root))} is not "
-                              "valid UTF-8 (\\xNN marks each byte that is not), and the manifest and ledger cannot "
-                              "hold it; rename the folder to a UTF-8 name (a symbolic link to it does not help: the "
-                              "recipe records the folder it leads to)")
+        refuse_root_not_utf8(spec, self.root)
         self.spec = spec
         self.exclude = frozenset(os.path.realpath(p) for p in exclude)
         self.real_root = os.path.realpath(self.root)

@@ -30,7 +30,7 @@ from pathlib import Path
 from shardsmith.formats.wds import (BUCKETS_INDEX_FILE, JSON, LATENT, NEG_PROMPT_FILE, TEXT_EMB, TXT, bucket_folder,
                                     read_buckets_index, read_ignore_index)
 from shardsmith.records import NO_CAPTION, Item, SourceInfo
-from shardsmith.sources.base import SourceError, shown, utf8_ok
+from shardsmith.sources.base import SourceError, refuse_root_not_utf8, shown, utf8_ok
 from shardsmith.sources.paths import NAME_NOT_UTF8
 
 KEPT_MEMBERS = (TEXT_EMB, LATENT)
@@ -41,10 +41,7 @@ class WdsSource:
         from shardsmith.loaders.shard_reader import list_shards
 
         self.root, self.spec = Path(spec.path), spec
-        if not utf8_ok(str(self.root)):
-            raise SourceError(f"source '{shown(spec.name)}': the folder path {shown(str(self.root))} is not "
-                              "valid UTF-8 (\\xNN marks each byte that is not), and the manifest and ledger cannot "
-                              "hold it; rename it to UTF-8")
+        refuse_root_not_utf8(spec, self.root)
         buckets = read_buckets_index(self.root) if self.root.is_dir() else None
         folders = [""] if buckets is None else [bucket_folder(b) for b in buckets]
         self.shards: list[str] = []  # relative to the source folder
