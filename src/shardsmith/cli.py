@@ -909,10 +909,11 @@ def register(
     (for a .precomputed/ tree: the LTX-2 trainer's data section)."""
     from shardsmith.loaders.fastgen import fastgen_snippet
     from shardsmith.loaders.presets import get_preset, preset_config
-    from shardsmith.loaders.registry import add_entry, check_env_name, config_path, portable_path
+    from shardsmith.loaders.registry import add_entry, check_config, check_env_name, config_path, portable_path
     from shardsmith.formats.detect import dataset_kind, refuse_unreadable
 
     check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
+    check_config(config_path(config))  # another program's YAML is refused before the dataset is read
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return

@@ -12,6 +12,12 @@ so the file moves between machines: only ``DATA_ROOT_DIR`` changes. The file is
 Writes are atomic and never drop other entries, nor the file's comments and layout (the entry
 is added as text, see :func:`add_entry`); a symlinked file is written through to its target.
 Re-registering a name with a different entry is refused unless ``replace``.
+
+Only a file that is recognisably such a data config is edited: a new or empty file, or a mapping whose
+every top-level value is a dataset entry (a mapping with ``path:`` and ``preset:``, or ``kind:
+precomputed``, as ``register`` writes them and ``from_config`` reads them). Any other YAML mapping (a
+trainer's config, a recipe, another tool's settings) is refused, untouched, naming the file and the
+key that is no entry (:func:`check_config`).
 """
 
 from __future__ import annotations
@@ -68,6 +74,40 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RegistryError(f"{path} must hold a mapping of dataset names to entries")
     return data
+
+
+def _is_entry(value: Any) -> bool:
+    """Whether ``value`` is a dataset entry of a data config (what :func:`add_entry` writes, what
+    ``from_config`` reads): a mapping with ``path`` and a ``preset`` (or ``kind: precomputed``)."""
+    return isinstance(value, dict) and isinstance(value.get("path"), str) and (
+        isinstance(value.get("preset"), str) or value.get("kind") == "precomputed")
+
+
+def _check_entries(path: Path, data: dict[str, Any]) -> None:
+    """Refuse (:class:`RegistryError`) a parsed file that is not a data config: a top-level value that is
+    no dataset entry means the file is someone else's YAML, which ``register`` must not append to."""
+    for key, value in data.items():
+        if _is_entry(value):
+            continue
+        if isinstance(value, dict):
+            keys = [str(k) for k in value]
+            shown = f"a mapping of {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}" if keys else "empty"
+        else:
+            shown = "a list" if isinstance(value, list) else repr(value)
+        recipe = " (it looks like a shardsmith build recipe)" if {"sources", "outputs"} & set(data) else ""
+        raise RegistryError(
+            f"{path} is not a shardsmith data config{recipe}: its top-level key {key!r} ({shown}) is no dataset "
+            "entry (a mapping with preset: and path:, or kind: precomputed and path:, as shardsmith register "
+            "writes them), so register leaves that file alone; pass --config a data-config file of such "
+            "entries, or a new file name (e.g. --config datasets.yaml)")
+
+
+def check_config(path: Path) -> None:
+    """Refuse (:class:`RegistryError`) a data config that cannot be read, is no YAML mapping, or is not a
+    data config (see the module doc); a file that does not exist yet is fine (it is created)."""
+    text = _read_text(path)
+    if text is not None:
+        _check_entries(path, _parse(path, text))
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -141,7 +181,7 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
     writes nothing. When the edit would not give back exactly the old entries plus this one (a
     layout the text edit cannot handle, e.g. a flow mapping ``{...}`` at the top), a file without
     comments is rewritten whole; one with comments is left alone and the refusal says to add the
-    entry by hand."""
+    entry by hand. A file that is not a data config (:func:`check_config`) is refused untouched."""
     if not name or not all(c.isalnum() or c in "_-" for c in name):
         raise RegistryError(f"dataset name {name!r} must be letters, digits, '_' or '-'")
     real = resolve_user_path(path, "data config")  # a symlinked config: write its target, keep the link
@@ -150,6 +190,7 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
                             "does not exist (it is not created through a link); fix the link or pass another --config")
     text = _read_text(path)
     data = {} if text is None else _parse(path, text)
+    _check_entries(path, data)  # someone else's YAML is never appended to
     if name in data and data[name] != entry and not replace:
         raise RegistryError(f"{path} already has a different entry {name!r}: {data[name]}; "
                             "choose another --name or pass --replace")

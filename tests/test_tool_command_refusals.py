@@ -1,0 +1,102 @@
+"""The tool commands (register, repair, report, decode, verify) refuse a user's mistake with one message
+naming the item and a fix that works, exit code 2, before any slow work, and write nothing on refusal:
+
+- ``register --config`` edits only a shardsmith data config, never another program's YAML;
+- ``register`` and ``repair`` refuse a dataset of an unfinished build (the build resumes; repair is for
+  a finished dataset);
+- ``repair`` of a read-only dataset says how to make it writable (it has no ``--out``); ``report`` of a
+  build's output folder names the build folder to pass instead;
+- ``verify``, ``decode`` and ``register`` refuse a missing path before importing torch;
+- ``decode --out`` / ``report --output`` refuse the folder a table source's rows resolve against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import shardsmith
+from tests.test_cli_mistakes import assert_message, invoke
+
+PY = sys.executable
+
+
+def small_build(base: Path, source: str | None = None) -> Path:
+    """A finished build of 3 small pictures (``base/src``): ``base/out/wds`` in 2 shards."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    (base / "src").mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(base / "src" / f"p{i}.png")
+    recipe = {"workers": 1, "sources": [{"path": source or str(base / "src")}],
+              "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2, "image": {"size": 32}}]}
+    shardsmith.build(recipe, base / "out", quiet=True)
+    return base / "out"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return small_build(tmp_path_factory.mktemp("tool_refusals"))
+
+
+@pytest.fixture
+def build_copy(built, tmp_path) -> Path:
+    dest = tmp_path / "out"
+    shutil.copytree(built, dest)
+    return dest
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file below ``root`` (relative path -> bytes), the lock file aside (its holder text changes)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "lock"}
+
+
+# -- register --config: only a shardsmith data config is edited -----------------------------------------------
+
+TRAINER_YAML = ("# my trainer\nmodel:\n  name: dit-xl\n  lr: 1.0e-4\ndata:\n  path: /data/imagenet\n"
+                "optimizer: adamw\n")
+
+
+@pytest.mark.parametrize("text, key", [
+    (TRAINER_YAML, "'model'"),
+    ("sources: [{path: photos}]\noutputs: [{format: wds}]\n", "'sources'"),
+    ("mine:\n  preset: image\n  path: /d\nsteps: 100\n", "'steps'"),  # one entry, then something else
+])
+def test_register_refuses_a_yaml_that_is_no_data_config(built, tmp_path, text, key):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_bytes(text.encode())
+    code, out = invoke("register", built / "wds", "--preset", "image", "--name", "x", "--config", cfg)
+    assert_message(code, out, str(cfg), "is not a shardsmith data config", key, "pass --config a data-config file")
+    assert cfg.read_bytes() == text.encode()
+
+
+def test_add_entry_refuses_another_programs_yaml_and_keeps_data_configs(tmp_path):
+    from shardsmith.loaders.registry import RegistryError, add_entry, read_config
+
+    entry = {"preset": "image", "path": "${DATA_ROOT_DIR}/wds"}
+    cfg = tmp_path / "trainer.yaml"
+    cfg.write_text(TRAINER_YAML)
+    with pytest.raises(RegistryError, match=r"trainer.yaml is not a shardsmith data config: its top-level key "
+                                            r"'model' \(a mapping of name, lr\)"):
+        add_entry(cfg, "x", entry)
+    assert cfg.read_text() == TRAINER_YAML
+    data = tmp_path / "data.yaml"  # a data config (both kinds of entry) still takes a new entry
+    data.write_text("# mine\na:\n  preset: image\n  path: /a\nb: {kind: precomputed, path: /b, dirs: [latents]}\n")
+    add_entry(data, "x", entry)
+    assert read_config(data)["x"] == entry and data.read_text().startswith("# mine\n")
+    for fresh in (tmp_path / "new.yaml", tmp_path / "empty.yaml"):  # a new or empty file is created / filled
+        if fresh.name == "empty.yaml":
+            fresh.write_text("# nothing yet\n")
+        add_entry(fresh, "x", entry)
+        assert read_config(fresh) == {"x": entry}
