@@ -23,6 +23,8 @@ Contract
   - ``distribute.gpus`` (``--gpus``) asks for more GPUs than torch sees, with or without a model to load;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
   - ``models.text.config`` names no config of its family (random weights, no ``pretrained``);
+  - ``models.text.max_length`` is more than the text encoder's token positions, as its config tells
+    (:func:`text_positions`; the cap :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` is the recipe's own check);
   - the reference scale factors give a reference the VAE cannot encode;
   - ``models.teacher`` names an entry point that does not import, a config its family lacks, or takes
     other channels or text widths than ``distill.shape`` and the text encoder give; ``distill.steps``
@@ -640,6 +642,99 @@ def check_text_config(recipe: Recipe) -> None:
                           "models.text.pretrained for real weights")
 
 
+def _json(path: Path | str | None) -> dict | None:
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _pretrained_text_config(text) -> dict | None:
+    """The ``config.json`` of ``models.text.pretrained`` (``text_encoder/config.json`` for ltx2) from disk or, for a
+    hub repo id, from the local Hugging Face cache (never the network); None where it is not there."""
+    name = "text_encoder/config.json" if text.family == "ltx2" else "config.json"
+    if looks_local(text.pretrained):
+        return _json(Path(local_path(text.pretrained)) / name)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(text.pretrained, name)
+    except Exception:  # noqa: BLE001 - the load says what is wrong
+        return None
+    return _json(hit) if isinstance(hit, str) else None
+
+
+def text_positions(text) -> tuple[int, str] | None:
+    """``(positions, whose)``: how many token positions ``models.text``'s encoder has, from its config alone (no
+    model built, no network): a pretrained ``config.json`` (its ``text_config`` where it has one), the MiniLM
+    package's, or the random-weight config (``tiny``, ``published``, a named one or a dict). None where the
+    encoder has no such bound (t5 / umt5: relative position buckets) or its config is not on disk (the loaded
+    model checks it again: :func:`check_max_length`). A tokenizer's ``model_max_length`` is not used: the
+    encoders are called with an explicit ``max_length``, which the tokenizer takes over its own (T5's 512 is a
+    default, not a bound; Gemma's is the 1e30 "no limit")."""
+    fam = text.family
+    if fam in ("t5", "umt5"):
+        return None
+    if text.pretrained is not None:
+        cfg, whose = _pretrained_text_config(text), f"the text encoder of models.text.pretrained ({text.pretrained})"
+    elif fam == "minilm":
+        try:
+            path = Path(importlib.import_module(MINILM[0]).get_model_path()) / "config.json"
+        except Exception:  # noqa: BLE001 - check_packages says a missing package
+            return None
+        cfg, whose = _json(path), "the minilm text encoder (all-MiniLM-L6-v2)"
+    elif fam == "ltx2":
+        from shardsmith.encode.ltx2_text import resolve_config
+
+        try:
+            cfg = resolve_config(text.config)[0]["gemma"]
+        except ValueError:
+            return None  # (check_text_config says it)
+        whose = f"the ltx2 text encoder's Gemma 3 (config {text.config if isinstance(text.config, str) else 'custom'})"
+    else:
+        from shardsmith.encode.text import NAMED_CONFIGS, PUBLISHED_POSITIONS, TINY_CONFIGS
+
+        c = text.config
+        cfg = (dict(c) if isinstance(c, dict) else dict(TINY_CONFIGS.get(fam, {})) if c == "tiny"
+               else dict(NAMED_CONFIGS.get(fam, {}).get(c, {})) if c != "published" else {})
+        cfg.setdefault("max_position_embeddings", PUBLISHED_POSITIONS.get(fam))
+        whose = f"the {fam} text encoder (config {c if isinstance(c, str) else 'custom'})"
+    if cfg is None:
+        return None
+    cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    n = cfg.get("max_position_embeddings")
+    return (n, whose) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_max_length(length: int, positions: int | None, whose: str) -> None:
+    """``models.text.max_length`` ``length`` fits: at most :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` and the
+    encoder's ``positions`` (None: no such bound); else a :class:`RecipeError` naming the key, the value, the
+    limit and the fix. The precheck (:func:`check_text_max_length`) and the text loaders both ask it."""
+    from shardsmith.recipe import MAX_TEXT_LENGTH
+
+    if length > MAX_TEXT_LENGTH:
+        raise RecipeError(f"models.text.max_length: {length} tokens is above shardsmith's cap of {MAX_TEXT_LENGTH} "
+                          "tokens (every prompt is padded to max_length); give a length the encoder is used with "
+                          "(e.g. 77, 512, 1024), or leave max_length out for the family's own")
+    if positions is not None and length > positions:
+        raise RecipeError(f"models.text.max_length: {length} tokens is more than {whose} can represent: it has "
+                          f"{positions} token positions (max_position_embeddings); set max_length to at most "
+                          f"{positions}, or leave it out for the family's own length")
+
+
+def check_text_max_length(recipe: Recipe) -> None:
+    """``models.text.max_length``, when set, is within the text encoder's positions (:func:`text_positions`),
+    said before the plan (the loaded model says it too, after the plan, where its config was not on disk)."""
+    text = recipe.models.text
+    if text is None or text.max_length is None:
+        return
+    positions, whose = text_positions(text) or (None, "")
+    check_max_length(text.max_length, positions, whose)
+
+
 def check_teacher(recipe: Recipe) -> None:
     """``models.teacher`` can be used as named (an importable callable, a config of its family), takes
     ``distill.shape``'s channels and the text encoder's width (where the configs tell), and
@@ -671,7 +766,7 @@ def check_teacher(recipe: Recipe) -> None:
 CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_latent_zip, check_prompt_outputs, check_packages,
           check_device, check_image_decoder,
           check_audio,
-          check_text_config, check_reference_scale, check_teacher, check_text_quantize)
+          check_text_config, check_text_max_length, check_reference_scale, check_teacher, check_text_quantize)
 
 
 def precheck(recipe: Recipe) -> None:

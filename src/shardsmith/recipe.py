@@ -369,17 +369,33 @@ class VaeModel(_Strict):
     store: Literal["mean", "mean_std", "sample"] = "mean"
 
 
+MAX_TEXT_LENGTH = 65536  # tokens: models.text.max_length's cap, whatever the encoder (see TextModel.max_length)
+
+
 class TextModel(_Strict):
     family: Literal["minilm", "t5", "umt5", "clip", "gemma", "ltx2"] = Field(
         "minilm", description="ltx2: Gemma 3 hidden states through LTX-2's feature extractor, the conditions the "
         "LTX-2 trainer caches (video_prompt_embeds and audio_prompt_embeds)")
     pretrained: str | None = None
     config: str | dict[str, Any] = "tiny"
-    max_length: int | None = Field(None, gt=0)
+    max_length: int | None = Field(
+        None, gt=0, description=f"tokens every prompt is padded / cut to (default: the family's, 77 minilm and "
+        f"clip, 512 t5 and umt5, 1024 gemma and ltx2); at most the encoder's positions (its config's "
+        f"max_position_embeddings: 77 for CLIP, 512 for MiniLM; checked before the plan) and never above "
+        f"{MAX_TEXT_LENGTH} (a sanity cap, 64 x the 1024 LTX-2 pads to: every prompt's embedding is max_length x "
+        f"width, so a larger value only fills memory)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     quantize: Literal["none", "int8", "fp8"] = Field(
         "none", description="int8 / fp8 weights for small GPUs (LTX's --load-text-encoder-in-8bit: int8); "
         "another cache than full precision (pip install shardsmith[quant])")
+
+    @field_validator("max_length")
+    @classmethod
+    def _max_length(cls, v: int | None) -> int | None:
+        if v is not None and v > MAX_TEXT_LENGTH:
+            raise ValueError(f"{v} tokens is above shardsmith's cap of {MAX_TEXT_LENGTH} tokens (every prompt is "
+                             "padded to max_length: a build at such a length runs out of memory)")
+        return v
 
 
 class AudioVaeModel(_Strict):
@@ -918,6 +934,8 @@ _HINTS = {  # by the key that failed (never an ancestor's): the fix
     "models.device": "auto, cuda, cpu, or cuda:N for visible GPU N (e.g. cuda:1)",
     "images.background": "three integers in 0..255 (red, green, blue), e.g. [255, 255, 255] for white",
     "outputs[*].codec": "video_wds writes H.264 (codec: h264, the default)",
+    "models.text.max_length": "give a length the encoder is used with, e.g. 77 (CLIP), 512 (T5), 1024 (Gemma, "
+                              "LTX-2), or leave max_length out for the family's own",
 }
 _NOT_A_MAPPING = ("model_type", "model_attributes_type", "dict_type")
 _MAPPING_HINTS = {  # by the key that holds something other than a mapping: an example of one

@@ -539,8 +539,9 @@ def load_ltx2_text_encoder(
     L = int(max_length or MAX_LENGTH)
     text_cfg = getattr(model.config, "text_config", None) or model.config
     maxpos = getattr(text_cfg, "max_position_embeddings", None)
-    if isinstance(maxpos, int) and L > maxpos:
-        raise ValueError(f"max_length={L} exceeds {type(model).__name__}'s {maxpos} positions")
+    from shardsmith.precheck import check_max_length
+
+    check_max_length(L, maxpos if isinstance(maxpos, int) else None, f"ltx2's {type(model).__name__}")
     spec = EncoderSpec(
         kind="text", family="ltx2", dtype=_dtype_name(tdt), max_length=L, dim=features.video_dim,
         padding_side="left", pooled_dim=None, zero_padding=cfg_features == "v1", hidden_states="all",

@@ -81,6 +81,10 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                   sliding_window=4096),
 }
 
+# max_position_embeddings of the config-class defaults ("published", and a dict config without the key), by family
+# with absolute positions (t5 / umt5 have relative position buckets: no bound); the precheck reads it without torch
+PUBLISHED_POSITIONS: dict[str, int] = {"clip": 77, "gemma": 131072}  # CLIPTextConfig(), Gemma3TextConfig()
+
 # Named full-size configs beyond the config-class defaults ("published").
 _XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
             relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
@@ -449,9 +453,9 @@ def load_text_encoder(
     if family in ("t5", "umt5") and _contiguous_position_bias(model):
         prov.notes.append("relative position bias made contiguous, so SDPA can use its fused kernels (same values)")
     L = int(max_length or fam["max_length"])
-    maxpos = _max_positions(model)
-    if maxpos is not None and L > maxpos:
-        raise ValueError(f"max_length={L} exceeds {type(model).__name__}'s {maxpos} positions")
+    from shardsmith.precheck import check_max_length
+
+    check_max_length(L, _max_positions(model), f"{family}'s {type(model).__name__}")  # (a RecipeError: a ValueError)
     dim = _hidden_dim(model)
     spec = EncoderSpec(
         kind="text", family=family, dtype=_dtype_name(tdt), max_length=L, dim=dim,

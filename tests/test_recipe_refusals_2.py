@@ -1,0 +1,97 @@
+"""Recipe mistakes that passed validation and then failed late or silently are one message naming the key,
+the value and the fix, exit 2, before the plan, with nothing written: a ``models.text.max_length`` past the
+text encoder's positions or past :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` (was: OOM-killed in the warm-up)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_cli_mistakes import assert_message, invoke
+
+
+def _recipe(tmp: Path, **over) -> Path:
+    """A latent_wds recipe over one real image (the scan has an item), CPU models, with ``over`` merged in."""
+    from PIL import Image
+
+    (tmp / "src").mkdir(exist_ok=True)
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(tmp / "src" / "a.jpg")
+    r = {"sources": [{"path": "src"}], "geometry": {"buckets": ["64x64x1"]},
+         "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}, "device": "cpu"},
+         "outputs": [{"format": "latent_wds"}]}
+    for k, v in over.items():
+        r[k] = {**r.get(k, {}), **v} if isinstance(v, dict) else v
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump(r))
+    return path
+
+
+def _refused(tmp: Path, recipe: Path, *texts: str) -> None:
+    """``shardsmith build`` of ``recipe`` exits 2 with each of ``texts``, and writes no dataset folder."""
+    code, output = invoke("build", recipe, "--out", tmp / "out")
+    assert_message(code, output, *texts)
+    assert not (tmp / "out").exists()  # no folder, so no ledger, no shard
+
+
+# ---------------------------------------------------------------- 1. models.text.max_length
+
+def _text(**text) -> dict:
+    return {"models": {"vae": {"family": "sd"}, "text": text, "device": "cpu"}}
+
+
+@pytest.mark.parametrize("text, texts", [
+    # t5 has no position table (relative buckets): the cap is what stops it (was: the build OOM-killed)
+    ({"family": "t5", "max_length": 100_000_000}, ["models.text.max_length", "100000000", "65536", "leave max_length out"]),
+    ({"family": "minilm", "max_length": 600}, ["models.text.max_length", "600", "512 token positions", "at most 512"]),
+    ({"family": "clip", "config": "published", "max_length": 78}, ["models.text.max_length", "78", "77 token positions",
+                                                                   "at most 77"]),
+    ({"family": "gemma", "max_length": 3000}, ["models.text.max_length", "3000", "2048 token positions", "at most 2048"]),
+    ({"family": "ltx2", "max_length": 4096}, ["models.text.max_length", "4096", "2048 token positions", "at most 2048"]),
+])
+def test_a_max_length_past_the_text_encoder_is_refused_before_the_plan(tmp_path, text, texts):
+    _refused(tmp_path, _recipe(tmp_path, **_text(**text)), *texts)
+
+
+def test_a_max_length_past_a_pretrained_configs_positions_is_refused(tmp_path):
+    """The positions of a pretrained text encoder come from its config.json on disk (no model is loaded)."""
+    model = tmp_path / "bert"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 128}))
+    _refused(tmp_path, _recipe(tmp_path, **_text(family="minilm", pretrained=str(model), max_length=200)),
+             "models.text.max_length", "200", f"models.text.pretrained ({model})", "128 token positions",
+             "at most 128")
+
+
+@pytest.mark.parametrize("text", [
+    {"family": "minilm", "max_length": 512}, {"family": "clip", "max_length": 77}, {"family": "t5", "max_length": 65536},
+    {"family": "ltx2", "max_length": 2048}, {"family": "gemma", "config": "published", "max_length": 65536},
+    {"family": "minilm"},
+])
+def test_a_max_length_the_encoder_has_passes_the_precheck(tmp_path, text):
+    from shardsmith.precheck import check_text_max_length
+    from shardsmith.recipe import load_recipe
+
+    check_text_max_length(load_recipe(_recipe(tmp_path, **_text(**text))))
+
+
+@pytest.mark.slow  # (builds a model)
+def test_the_text_loader_refuses_past_its_positions_with_the_same_message():
+    """A model whose config was not on disk at the precheck (a hub id) says it as it loads, as a user's error."""
+    from shardsmith.encode.text import load_text_encoder
+    from shardsmith.errors import UserError
+
+    with pytest.raises(UserError, match=r"models.text.max_length: 100 tokens .* 77 token positions"):
+        load_text_encoder("clip", max_length=100)
+
+
+@pytest.mark.slow  # (imports transformers)
+def test_published_positions_are_the_config_classes_defaults():
+    import transformers as tf
+
+    from shardsmith.encode.text import PUBLISHED_POSITIONS
+
+    assert PUBLISHED_POSITIONS == {"clip": tf.CLIPTextConfig().max_position_embeddings,
+                                   "gemma": tf.Gemma3TextConfig().max_position_embeddings}
