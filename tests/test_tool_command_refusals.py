@@ -30,17 +30,24 @@ from tests.test_cli_mistakes import assert_message, invoke
 PY = sys.executable
 
 
-def small_build(base: Path, source: str | None = None) -> Path:
-    """A finished build of 3 small pictures (``base/src``): ``base/out/wds`` in 2 shards."""
+def pictures(folder: Path, n: int = 3) -> Path:
     from PIL import Image
 
     rng = np.random.default_rng(7)
-    (base / "src").mkdir(parents=True)
-    for i in range(3):
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(base / "src" / f"p{i}.png")
-    recipe = {"workers": 1, "sources": [{"path": source or str(base / "src")}],
-              "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2, "image": {"size": 32}}]}
-    shardsmith.build(recipe, base / "out", quiet=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(folder / f"p{i}.png")
+    return folder
+
+
+def small_recipe(source: Path | str) -> dict:
+    return {"workers": 1, "sources": [{"path": str(source)}],
+            "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2, "image": {"size": 32}}]}
+
+
+def small_build(base: Path) -> Path:
+    """A finished build of 3 small pictures (``base/src``): ``base/out/wds`` in 2 shards."""
+    shardsmith.build(small_recipe(pictures(base / "src")), base / "out", quiet=True)
     return base / "out"
 
 
@@ -100,3 +107,46 @@ def test_add_entry_refuses_another_programs_yaml_and_keeps_data_configs(tmp_path
             fresh.write_text("# nothing yet\n")
         add_entry(fresh, "x", entry)
         assert read_config(fresh) == {"x": entry}
+
+
+# -- register and repair refuse an unfinished build --------------------------------------------------------------
+
+def test_register_and_repair_refuse_a_build_stopped_mid_way(tmp_path, disk_full_at):
+    from shardsmith.errors import UserError
+    from shardsmith.verify.repair import RepairError, repair_wds
+
+    recipe, out = small_recipe(pictures(tmp_path / "src")), tmp_path / "out"
+    disk_full_at(1)  # the second shard cannot be written: the build stops with 00000.tar committed
+    with pytest.raises(UserError):
+        shardsmith.build(recipe, out, quiet=True)
+    assert (out / "wds" / "00000.tar").is_file() and not (out / "manifest.json").exists()
+    before, cfg = tree_bytes(out), tmp_path / "data.yaml"
+    fix = f"finish it with `shardsmith build RECIPE --out {out}`"
+    code, said = invoke("register", out / "wds", "--preset", "image", "--name", "x", "--config", cfg)
+    assert_message(code, said, f"{out / 'wds'} is an output of the unfinished build {out}", "no manifest.json", fix,
+                   "register it again")
+    assert_message(*invoke("register", out, "--preset", "image", "--name", "x", "--config", cfg),
+                   f"{out} is an unfinished build", fix)
+    for dry in ([], ["--dry-run"]):
+        assert_message(*invoke("repair", out / "wds", *dry), "is an output of the unfinished build", fix,
+                       f"then repair {out / 'wds'} if it is still damaged")
+    with pytest.raises(RepairError, match="unfinished build"):
+        repair_wds(out / "wds")
+    assert not cfg.exists() and tree_bytes(out) == before
+    disk_full_at(None)
+    shardsmith.build(recipe, out, quiet=True)  # the fix: the build resumes and finishes
+    code, said = invoke("register", out / "wds", "--preset", "image", "--name", "x", "--config", cfg)
+    assert code == 0, said
+    assert invoke("repair", out / "wds", "--dry-run")[0] == 0
+
+
+def test_a_ledger_that_does_not_mark_the_build_complete_is_unfinished(build_copy, tmp_path):
+    db = sqlite3.connect(build_copy / ".shardsmith" / "ledger.sqlite")
+    db.execute("DELETE FROM meta WHERE key='complete'")
+    db.commit()
+    db.close()
+    before = tree_bytes(build_copy)
+    assert_message(*invoke("register", build_copy / "wds", "--preset", "image", "--name", "x", "--config",
+                           tmp_path / "d.yaml"), "unfinished build", "does not mark it complete")
+    assert_message(*invoke("repair", build_copy / "wds"), "unfinished build", "does not mark it complete")
+    assert tree_bytes(build_copy) == before and not (tmp_path / "d.yaml").exists()

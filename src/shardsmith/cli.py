@@ -871,6 +871,9 @@ def repair(
 ):
     """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts.
     A .precomputed/ tree: move unreadable and unpaired .pt files into the build's quarantine folder."""
+    from shardsmith.verify.repair import refuse_unfinished_build
+
+    refuse_unfinished_build(dataset, f"repair {dataset} if it is still damaged (shardsmith verify {dataset} says)")
     if _precomputed_tree(dataset):
         if from_source:
             _fail(f"--from-source rebuilds WebDataset shards; {dataset} is a .precomputed/ tree (repair it without "
@@ -914,6 +917,9 @@ def register(
 
     check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
     check_config(config_path(config))  # another program's YAML is refused before the dataset is read
+    from shardsmith.verify.repair import refuse_unfinished_build
+
+    refuse_unfinished_build(dataset, "register it again", UsageError)  # (its files are not all written yet)
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return

@@ -20,6 +20,13 @@
   the samples dropped, ignored or restored, why, when); ``verify`` reads it to account for the loss.
 * The folder's lock (the build folder's, for a dataset a shardsmith build wrote) is held for the
   whole run: a build or another repair in progress refuses it at once.
+* A dataset of an **unfinished build** (a ledger without ``manifest.json``, or one that does not mark
+  the build complete: a build stopped or killed mid-way) is refused before anything is read or
+  written (:func:`refuse_unfinished_build`). Repair is for a finished dataset damaged afterwards: an
+  unfinished build holds only committed shards (each written to a temporary name, then renamed) and
+  uncommitted temporary files its resume removes, so there is nothing for repair to fix, and a
+  rewrite would leave shards the ledger did not record for the resume to finish around. The fix is
+  to finish the build (re-running it resumes), then repair what is still damaged.
 
 Non-adjacent members, duplicate members and dotted keys are reported but not changed.
 
@@ -66,6 +73,71 @@ REWRITTEN, IGNORED, RESTORED = "rewritten", "ignored_keys", "restored_from_sourc
 
 class RepairError(UserError, RuntimeError):
     pass
+
+
+# ----------------------------------------------------------------------------------------
+# an unfinished build
+
+
+@dataclass(frozen=True)
+class UnfinishedBuild:
+    """A shardsmith build folder that is not finished: ``why`` (no manifest, or not marked complete) and
+    ``command``, the one that resumes it (``build``, or ``distill`` for a distillation build)."""
+
+    root: Path
+    why: str
+    command: str
+
+
+def unfinished_build(dataset: str | Path) -> UnfinishedBuild | None:
+    """The build ``dataset`` is, or lies inside, when that build is not finished (a ledger and no
+    ``manifest.json``, or a ledger that does not mark it complete); None otherwise (no build above it, a
+    finished one, or a ledger that cannot be read: the caller's own checks name that). Reads only."""
+    import sqlite3
+
+    from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+    from shardsmith.formats.detect import enclosing_build
+    from shardsmith.plan.ledger import Ledger
+
+    found = enclosing_build(dataset)
+    if found is None or not found.has_ledger:
+        return None
+    try:
+        complete, recipe = Ledger.peek(found.root / LEDGER_FILE, "complete", "recipe")
+    except (sqlite3.DatabaseError, ValueError):
+        return None
+    if found.has_manifest and complete:
+        return None
+    why = (f"it has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}" if not found.has_manifest
+           else f"its ledger {LEDGER_FILE} does not mark it complete")
+    outs = recipe.get("outputs") if isinstance(recipe, dict) else None
+    distill = any(isinstance(o, dict) and o.get("format") == "kd_wds" for o in outs or [])
+    return UnfinishedBuild(found.root, why, "distill" if distill else "build")
+
+
+def refuse_unfinished_build(dataset: str | Path, then: str, error: type[UserError] | None = None) -> None:
+    """Raise ``error`` (a :class:`RepairError` by default) when ``dataset`` belongs to an unfinished build
+    (:func:`unfinished_build`), naming it and the fix: finish the build (its own command resumes), then
+    ``then`` (e.g. ``"register it again"``)."""
+    found = unfinished_build(dataset)
+    if found is None:
+        return
+    root = found.root
+    given = Path(dataset)
+    what = (f"{given} is an unfinished build" if given.resolve() == root
+            else f"{given} is an output of the unfinished build {root}")
+    try:
+        from shardsmith.safety.lock import holder
+
+        running = holder(root)
+    except OSError:  # a read-only build: nothing can be building there
+        running = None
+    if running:
+        fix = f"a build is running on it now ({running}); wait for it to finish, then {then}"
+    else:
+        fix = (f"finish it with `shardsmith {found.command} RECIPE --out {root}` (the same recipe and --out: it resumes where "
+               f"it stopped), then {then}")
+    raise (error or RepairError)(f"{what} ({found.why}); {fix}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -261,6 +333,7 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
     folder = Path(folder)
     if not folder.is_dir():
         raise RepairError(f"{folder} is not a folder; repair takes a WebDataset folder (the one holding NNNNN.tar)")
+    refuse_unfinished_build(folder, f"repair {folder} if it is still damaged (shardsmith verify {folder} says)")
     try:
         build = find_build(folder)
         lock_at = build.root if build else folder
