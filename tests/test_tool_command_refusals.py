@@ -150,3 +150,77 @@ def test_a_ledger_that_does_not_mark_the_build_complete_is_unfinished(build_copy
                            tmp_path / "d.yaml"), "unfinished build", "does not mark it complete")
     assert_message(*invoke("repair", build_copy / "wds"), "unfinished build", "does not mark it complete")
     assert tree_bytes(build_copy) == before and not (tmp_path / "d.yaml").exists()
+
+
+# -- repair of a read-only dataset, report of an output folder: a fix that works --------------------------------
+
+def _truncate(shard: Path) -> None:
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+
+
+def _read_only(folder: Path, script: str) -> subprocess.CompletedProcess:
+    """``script`` (bash) with ``folder`` bind-mounted read-only (a private mount namespace), or a skip."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a read-only bind mount")
+    cmd = f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && {script}"
+    r = subprocess.run(["unshare", "-m", "bash", "-c", cmd], capture_output=True, text=True)
+    if r.returncode != 0 and "shardsmith" not in r.stderr + r.stdout:
+        pytest.skip(f"no read-only bind mount here: {r.stderr.strip()[:200]}")
+    return r
+
+
+@pytest.mark.parametrize("mounted", ["wds", "."])  # the dataset folder, or the whole build (where its lock is)
+def test_repair_of_a_read_only_dataset_says_how_to_make_it_writable(build_copy, mounted):
+    _truncate(build_copy / "wds" / "00000.tar")
+    before = tree_bytes(build_copy)
+    folder = (build_copy / mounted).resolve()
+    r = _read_only(folder, f"{PY} -m shardsmith repair {build_copy / 'wds'}")
+    assert_message(r.returncode, r.stdout + r.stderr, f"{folder} cannot be written", "it has no --out",
+                   f"chmod -R u+w {folder}", f"cp -a {folder} COPY", "--dry-run")
+    assert "(--out)" not in r.stderr and "ERROR" not in r.stdout
+    assert tree_bytes(build_copy) == before
+
+
+def test_repair_whose_lock_cannot_be_made_names_no_out_flag(build_copy, monkeypatch):
+    """The lock folder refused by the file system after the permission check (a race, a full inode table):
+    the same fix, not the build's "choose another folder (--out)"."""
+    import contextlib
+    import errno
+
+    from shardsmith.safety.lock import cannot_write
+    from shardsmith.verify import repair
+
+    @contextlib.contextmanager
+    def refused(folder, what, read_only=False):
+        try:
+            raise OSError(errno.EROFS, "Read-only file system", str(Path(folder) / ".shardsmith" / "lock"))
+        except OSError as exc:
+            raise cannot_write(Path(folder), exc, what) from None
+        yield
+
+    _truncate(build_copy / "wds" / "00000.tar")
+    monkeypatch.setattr(repair, "hold", refused)
+    code, out = invoke("repair", build_copy / "wds")
+    assert_message(code, out, f"{build_copy.resolve()} cannot be written (Read-only file system",
+                   "it has no --out", "chmod -R u+w", "repair COPY/wds")
+    assert "(--out)" not in out
+
+
+def test_report_of_an_output_folder_names_the_build_to_pass(built, tmp_path):
+    root = built.resolve()
+    for inside in (built / "wds", built / "wds" / "00000.tar"):
+        code, out = invoke("report", inside, "--no-previews", "--output", tmp_path / "r.html")
+        assert_message(code, out, f"{inside.resolve()} is ", f"the shardsmith build at {root}",
+                       f"pass {root} instead (shardsmith report {root})")
+        assert "not a shardsmith build (no manifest.json)" not in out
+    half = tmp_path / "half"
+    shutil.copytree(built, half)
+    (half / "manifest.json").unlink()
+    code, out = invoke("report", half / "wds", "--no-previews")
+    assert_message(code, out, f"is an output folder of the shardsmith build at {half.resolve()}", "not finished",
+                   "resume it with the same command")
+    assert not (tmp_path / "r.html").exists() and not (half / "report.html").exists()
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    assert_message(*invoke("report", stray), "is not a shardsmith build (no manifest.json)")

@@ -63,8 +63,42 @@ def read_preview(root: Path, limit: int = 16) -> dict[str, Any] | None:
     return info
 
 
+#: how many folders above a path :func:`build_above` looks for the build it belongs to (``holdout/<dir>``
+#: of a build is 2 below it; a bucket folder of a multi-bucket holdout output 3)
+BUILD_LEVELS = 3
+
+
+def build_above(path: Path, levels: int = BUILD_LEVELS) -> Path | None:
+    """The nearest folder at most ``levels`` above ``path`` holding a build's ``manifest.json`` or ledger
+    (``path`` is then one of its outputs, or a folder inside one), or None."""
+    for folder in list(Path(path).parents)[:levels]:
+        if (folder / MANIFEST_FILE).is_file() or (folder / LEDGER_FILE).is_file():
+            return folder
+    return None
+
+
+def _refuse_inside_build(path: Path) -> None:
+    """Refuse (:class:`ReportError`) ``path`` when it lies inside the build at :func:`build_above` it (one
+    of its output folders, a ZIP, a shard), naming that build folder to pass instead."""
+    above = build_above(path)
+    if above is None:
+        return
+    if path.is_dir() and path.parent == above:
+        what = f"an output folder of the shardsmith build at {above}"
+    else:
+        what = f"a {'folder' if path.is_dir() else 'file'} inside the shardsmith build at {above}"
+    if (above / MANIFEST_FILE).is_file():
+        raise ReportError(f"{path} is {what}, not a build; the report is of the whole build: pass {above} "
+                          f"instead (shardsmith report {above})")
+    raise ReportError(f"{path} is {what}, not a build, and that build is not finished ({LEDGER_FILE} but no "
+                      f"{MANIFEST_FILE}): resume it with the same command, then pass {above} (shardsmith report "
+                      f"{above})")
+
+
 def read_manifest(root: Path) -> dict[str, Any]:
     """The manifest of the finished build at ``root``, or :class:`ReportError` saying what it is."""
+    if root.is_file():
+        _refuse_inside_build(root)
     if not root.is_dir():
         raise ReportError(f"{root} {'is a file' if root.exists() else 'does not exist'}; shardsmith report takes "
                           "the --out folder of a finished shardsmith build")
@@ -74,6 +108,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
         if ledger.exists():
             raise ReportError(f"{root}: build not finished ({LEDGER_FILE} but no {MANIFEST_FILE}): resume it with "
                               "the same command, then run shardsmith report")
+        _refuse_inside_build(root)
         raise ReportError(f"{root} is not a shardsmith build (no {MANIFEST_FILE}); shardsmith report takes the "
                           "--out folder of a finished shardsmith build")
     try:

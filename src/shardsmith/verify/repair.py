@@ -59,7 +59,7 @@ from shardsmith.formats.wds import (
     repair_log_events,
 )
 from shardsmith.formats.wds import list_shards as wds_list_shards
-from shardsmith.safety.lock import FolderLockedError, hold, holder
+from shardsmith.safety.lock import FolderLockedError, FolderNotWritableError, hold, holder
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import scan_folder
@@ -302,11 +302,42 @@ def _left_out_members(rep: dict[str, Any]) -> list[str]:
 # the repair
 
 
+def _not_writable(folder: Path, dataset: Path, exc: OSError | None) -> RepairError:
+    """The refusal of a repair that cannot write ``folder`` (the dataset ``dataset``, or the build folder
+    holding its lock): repair changes the dataset in place and has no ``--out``, so the fix is to make it
+    writable, or to repair a writable copy."""
+    why = f" ({exc.strerror or exc}: {exc.filename or folder})" if exc is not None else ""
+    try:
+        inner = Path(dataset).resolve().relative_to(Path(folder).resolve()).as_posix()
+    except ValueError:
+        inner = "."
+    copy = "the copy" if inner == "." else f"COPY/{inner}"
+    return RepairError(
+        f"{folder} cannot be written{why}: repair rewrites damaged shards and index files in place (it has no "
+        f"--out); make it writable for this user (e.g. chmod -R u+w {folder}, or remount its disk read-write), or "
+        f"copy it to a writable place (cp -a {folder} COPY) and repair {copy}; `shardsmith repair --dry-run "
+        f"{dataset}` reports what would change without writing")
+
+
+def _check_writable(dataset: Path, lock_at: Path) -> None:
+    """Refuse (:func:`_not_writable`) before any change when the dataset folder, or the folder whose lock
+    the repair holds, cannot be written (a read-only disk or mount, no permission)."""
+    for folder in dict.fromkeys([lock_at, dataset]):
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise _not_writable(folder, dataset, None)
+
+
 @contextlib.contextmanager
-def _locked(folder: Path, dry_run: bool) -> Iterator[None]:
-    """Hold ``folder``'s lock (a dry run, which writes nothing, only checks that it is free)."""
+def _locked(folder: Path, dry_run: bool, dataset: Path | None = None) -> Iterator[None]:
+    """Hold ``folder``'s lock (a dry run, which writes nothing, only checks that it is free); a folder where
+    the lock cannot be made is refused as :func:`_not_writable` (``dataset``: the one being repaired)."""
     if not dry_run:
-        with hold(folder, "repair"):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(hold(folder, "repair"))
+            except FolderNotWritableError as exc:
+                cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
+                raise _not_writable(folder, dataset or folder, cause) from None
             yield
         return
     try:
@@ -347,7 +378,9 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
         why = unfinished(build) if build is not None else None
         raise RepairError(f"{folder} holds no .tar shards; repair takes a WebDataset folder of NNNNN.tar shards"
                           + (f" ({why})" if why else ""))
-    with _locked(lock_at, dry_run):
+    if not dry_run:
+        _check_writable(folder, lock_at)
+    with _locked(lock_at, dry_run, folder):
         restored = _restore(folder, build, dry_run) if from_source else {}
         report = _repair(folder, dry_run, restored, progress)
     report.update(from_source=from_source, build=str(build.root) if build else None)
