@@ -277,9 +277,11 @@ def test_a_build_failing_before_its_first_batch_leaves_no_loading_thread(tmp_pat
     monkeypatch.setattr(EncodeStage, "from_recipe", classmethod(slow_load))
     monkeypatch.setattr(EncodeStage, "warm_up_for", lambda self, *a, **k: warmed.append(1))
     monkeypatch.setattr(build_mod, "_check_plan", failing_check)
+    # a holdout given as a count: the plan's rows are final only at its end, so it is planned first (apart, while
+    # the models load), never ahead of the output (plan.ahead.can_plan_ahead)
     rec = recipe_from_dict({"sources": [{"path": str(tmp_path / "p")}], "geometry": {"buckets": ["32x32x1"]},
-                            "models": {"vae": {"family": "sd", "config": "tiny"}},
-                            "outputs": [{"format": "latent_wds", "dir": "."}]})  # (planned first: no plan ahead)
+                            "models": {"vae": {"family": "sd", "config": "tiny"}}, "split": {"holdout": 1},
+                            "outputs": [{"format": "latent_wds"}]})
     with pytest.raises(UserError, match="stand-in failure"):
         build(rec, tmp_path / "o", quiet=True, workers=1)
     assert not [t for t in threading.enumerate() if t.name == "shardsmith-model-preload" and t.is_alive()]

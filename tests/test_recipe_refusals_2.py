@@ -1,6 +1,8 @@
 """Recipe mistakes that passed validation and then failed late or silently are one message naming the key,
 the value and the fix, exit 2, before the plan, with nothing written: a ``models.text.max_length`` past the
-text encoder's positions or past :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` (was: OOM-killed in the warm-up)."""
+text encoder's positions or past :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` (was: OOM-killed in the warm-up); an
+output whose ``dir`` is the build folder itself (``.``, empty: its files lay among the build's own and the other
+outputs')."""
 
 from __future__ import annotations
 
@@ -95,3 +97,29 @@ def test_published_positions_are_the_config_classes_defaults():
 
     assert PUBLISHED_POSITIONS == {"clip": tf.CLIPTextConfig().max_position_embeddings,
                                    "gemma": tf.Gemma3TextConfig().max_position_embeddings}
+
+
+# ---------------------------------------------------------------- 2. an output's dir is the build folder itself
+
+@pytest.mark.parametrize("dir_", [".", "", "./", "shards/.."])
+def test_an_output_dir_that_is_the_build_folder_is_refused_when_the_recipe_is_read(tmp_path, dir_):
+    recipe = _recipe(tmp_path, outputs=[{"format": "wds", "dir": "shards"}, {"format": "wds", "dir": dir_}])
+    _refused(tmp_path, recipe, "outputs[1].dir", f"{dir_!r} is the build folder (--out) itself",
+             "give it a folder of its own", "leave dir out")
+
+
+def test_the_dir_flag_of_the_build_folder_is_refused(tmp_path):
+    (tmp_path / "src").mkdir()
+    code, output = invoke("build", "--source", tmp_path / "src", "--to", "wds", "--dir", ".", "--out", tmp_path / "out")
+    assert_message(code, output, "outputs[0].dir", "'.' is the build folder (--out) itself")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["wds", "latent_wds", "precomputed", "video_wds", "prompt_wds"])
+def test_every_folder_output_refuses_the_build_folder(fmt):
+    from shardsmith.recipe import RecipeError, recipe_from_dict
+
+    data = {"sources": [{"path": "."}], "geometry": {"buckets": ["64x64x17"]},
+            "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}}, "outputs": [{"format": fmt, "dir": "."}]}
+    with pytest.raises(RecipeError, match=r"outputs\[0\]\.dir: '\.' is the build folder"):
+        recipe_from_dict(data)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
 from shardsmith.errors import UserError
@@ -194,10 +194,23 @@ class ImageEncoding(_Strict):
         return self
 
 
+def _own_folder(value: str) -> str:
+    """An output's ``dir`` names a folder inside ``--out``, not ``--out`` itself (``.``, ``./``, empty, ``a/..``)."""
+    if os.path.normpath(value) == ".":
+        raise ValueError(f"{value!r} is the build folder (--out) itself, which also holds the build's manifest.json, "
+                         ".shardsmith/ (the ledger), holdout/ and the other outputs' folders: this output's files "
+                         "would lie among them; give it a folder of its own such as dir: shards, or leave dir out "
+                         "for its format's own folder")
+    return value
+
+
+OutputDir = Annotated[str, AfterValidator(_own_folder)]  # the ``dir`` of a folder output (wds, latent_wds, ...)
+
+
 class WdsOutput(_Strict):
     format: Literal["wds"]
     name: str | None = None
-    dir: str = "wds"
+    dir: OutputDir = "wds"
     samples_per_shard: int = Field(1000, gt=0)
     max_shard_bytes: int | None = Field(None, gt=0)
     image: ImageEncoding = Field(default_factory=ImageEncoding)
@@ -247,7 +260,7 @@ class LatentWdsOutput(_Strict):
 
     format: Literal["latent_wds"]
     name: str | None = None
-    dir: str = "latents"
+    dir: OutputDir = "latents"
     samples_per_shard: int = Field(1000, gt=0)
     max_shard_bytes: int | None = Field(None, gt=0, description="close a shard before it would pass this size "
                                         "(a float32 T5-XXL embedding alone is 8 MiB); exact, so the same "
@@ -264,7 +277,7 @@ class PrecomputedOutput(_Strict):
 
     format: Literal["precomputed"]
     name: str | None = None
-    dir: str = ".precomputed"
+    dir: OutputDir = ".precomputed"
     unit: int = Field(64, gt=0, description="items per resumable unit of work")
     latent_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     text_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
@@ -297,7 +310,7 @@ class VideoWdsOutput(_Strict):
 
     format: Literal["video_wds"]
     name: str | None = None
-    dir: str = "videos"
+    dir: OutputDir = "videos"
     samples_per_shard: int = Field(100, gt=0)
     max_shard_bytes: int | None = Field(None, gt=0, description="close a shard before it would pass this size; "
                                         "exact, so the same samples close a shard on every run")
@@ -323,7 +336,7 @@ class PromptWdsOutput(_Strict):
 
     format: Literal["prompt_wds"]
     name: str | None = None
-    dir: str = "prompts"
+    dir: OutputDir = "prompts"
     samples_per_shard: int = Field(1000, gt=0)
     max_shard_bytes: int | None = Field(None, gt=0, description="close a shard before it would pass this size "
                                         "(a float32 T5-XXL embedding alone is 8 MiB); exact, so the same "
@@ -342,7 +355,7 @@ class KdWdsOutput(_Strict):
 
     format: Literal["kd_wds"]
     name: str | None = None
-    dir: str = "kd"
+    dir: OutputDir = "kd"
     samples_per_shard: int = Field(100, gt=0)
     path: bool = Field(True, description="also write path.pth: the teacher's states at the non-terminal entries "
                        "of distill.t_list (FastGen's PathLoaderConfig); false: pairs only (PairLoaderConfig)")
