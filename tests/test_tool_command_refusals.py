@@ -224,3 +224,38 @@ def test_report_of_an_output_folder_names_the_build_to_pass(built, tmp_path):
     stray = tmp_path / "stray"
     stray.mkdir()
     assert_message(*invoke("report", stray), "is not a shardsmith build (no manifest.json)")
+
+
+# -- a missing path is refused before torch is imported ----------------------------------------------------------
+
+#: runs ``shardsmith ARGS`` in a fresh interpreter; prints its exit code, its output and whether torch was imported
+WRAPPER = """
+import json, sys
+from typer.testing import CliRunner
+from shardsmith import cli
+r = CliRunner().invoke(cli.app, sys.argv[1:])
+print(json.dumps({"code": r.exit_code, "output": r.output, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("args, says", [
+    (["verify", "{missing}", "--world", "1", "--workers", "0"], "give an EDM .zip, a folder with .tar shards"),
+    (["verify", "{missing}", "--preset", "image", "--set", "batch_size=4"], "give an EDM .zip"),
+    (["decode", "{missing}", "--out", "{tmp}/dec"], "decode takes a shardsmith build folder"),
+    (["register", "{missing}", "--preset", "image", "--name", "x", "--config", "{tmp}/d.yaml"], "give an EDM .zip"),
+])
+def test_a_missing_path_is_refused_before_torch_is_imported(tmp_path, args, says):
+    missing = tmp_path / "no" / "such"
+    argv = [a.format(missing=missing, tmp=tmp_path) for a in args]
+    r = subprocess.run([PY, "-c", WRAPPER, *argv], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert_message(got["code"], got["output"], f"{missing} does not exist", says)
+    assert got["torch"] is False, f"torch was imported before the refusal of {argv[0]}"
+    assert not (tmp_path / "dec").exists() and not (tmp_path / "d.yaml").exists()
+
+
+def test_decode_of_an_output_folder_names_the_build_to_pass(built, tmp_path):
+    code, out = invoke("decode", built / "wds", "--out", tmp_path / "dec")
+    assert_message(code, out, f"lies inside the shardsmith build {built.resolve()}", f"pass {built.resolve()} instead")
+    assert not (tmp_path / "dec").exists()

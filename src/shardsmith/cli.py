@@ -743,12 +743,13 @@ def verify(
                                        "the tree's stamp, else inferred from its folders)"),
 ):
     """Iterate the real loader over ranks x workers; check coverage, counts, splits and the batch contract."""
-    from shardsmith.progress import Progress
-    from shardsmith.verify.runner import format_verify, verify as run_verify
-
-    overrides = _loader_overrides(set_, dataset, preset)
+    _must_exist(dataset, "give an EDM .zip, a folder with .tar shards or a .precomputed/ tree")
     if out_json:
         _check_out_json(out_json, dataset)
+    overrides = _loader_overrides(set_, dataset, preset)
+    from shardsmith.progress import Progress
+    from shardsmith.verify.runner import format_verify, verify as run_verify  # (torch: after the cheap checks)
+
     rep = run_verify(dataset, preset=preset, key_map=_key_map(key_map), world=world, workers=workers,
                      batch_size=batch_size, batches=batches, image_size=image_size, contract_in=contract_in,
                      overrides=overrides or None, progress=Progress(quiet=quiet), mode=mode)
@@ -759,6 +760,18 @@ def verify(
         atomic_write_bytes(out_json, (text + "\n").encode("utf-8"))
     typer.echo(text if as_json else format_verify(rep))
     raise typer.Exit(0 if rep["ok"] else 1)
+
+
+def _must_exist(path: Path, takes: str) -> None:
+    """Refuse a ``path`` argument that does not exist (``takes``: what the command takes instead) at once,
+    before the command imports its heavy modules (torch and the model libraries: seconds). A path that an
+    unfinished build has not written yet is left to the command, which says the build is not finished."""
+    if path.exists() or path.is_symlink():
+        return
+    from shardsmith.verify.repair import unfinished_build
+
+    if unfinished_build(path) is None:
+        _fail(f"{path} does not exist; {takes}")
 
 
 def _check_out_json(path: Path, dataset: Path) -> None:
@@ -910,16 +923,15 @@ def register(
 ):
     """Add DATASET to a data-config file under NAME and print the FastGen preset override to paste
     (for a .precomputed/ tree: the LTX-2 trainer's data section)."""
-    from shardsmith.loaders.fastgen import fastgen_snippet
-    from shardsmith.loaders.presets import get_preset, preset_config
     from shardsmith.loaders.registry import add_entry, check_config, check_env_name, config_path, portable_path
     from shardsmith.formats.detect import dataset_kind, refuse_unreadable
-
-    check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
-    check_config(config_path(config))  # another program's YAML is refused before the dataset is read
     from shardsmith.verify.repair import refuse_unfinished_build
 
+    # the cheap checks first: the preset and loader modules import torch (seconds)
+    check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
     refuse_unfinished_build(dataset, "register it again", UsageError)  # (its files are not all written yet)
+    _must_exist(dataset, "give an EDM .zip, a folder with .tar shards or a .precomputed/ tree")
+    check_config(config_path(config))  # another program's YAML is refused before the dataset is read
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return
@@ -933,6 +945,9 @@ def register(
         _fail(f"--preset is required for {dataset} (a {kind} dataset): e.g. --preset image")
     if picked is not None:
         preset = picked[0]
+    from shardsmith.loaders.fastgen import fastgen_snippet
+    from shardsmith.loaders.presets import get_preset, preset_config
+
     p = get_preset(preset)
     if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
         _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset")
@@ -1003,6 +1018,21 @@ def _register_precomputed(dataset: Path, preset: Optional[str], name: str, confi
     typer.echo(snippet)
 
 
+def _build_folder_arg(path: Path, command_name: str, takes: str) -> None:
+    """Refuse, before any heavy import, a build-folder argument that does not exist, or that is a folder
+    (or file) inside a build: naming the build folder to pass instead."""
+    _must_exist(path, takes)
+    from shardsmith.formats.build_dir import MANIFEST_FILE
+    from shardsmith.report_html.gather import build_above
+
+    if path.is_dir() and (path / MANIFEST_FILE).is_file():
+        return
+    above = build_above(resolve_user_path(path))
+    if above is not None and (above / MANIFEST_FILE).is_file():
+        _fail(f"{path} lies inside the shardsmith build {above} (one of its outputs), not a build folder; "
+              f"{command_name} takes the build folder: pass {above} instead")
+
+
 @command("decode")
 def decode_cmd(
     build_dir: Path = typer.Argument(..., help="A shardsmith build folder (the --out of a build with latents)."),
@@ -1018,11 +1048,13 @@ def decode_cmd(
 ):
     """Decode cached latents back to PNG/MP4 with the recorded VAE (audio latents to WAV with the recorded audio
     VAE); report round-trip PSNR."""
-    from shardsmith.progress import Progress
-    from shardsmith.verify.decode import decode
-
     if device not in ("auto", "cuda", "cpu"):
         _fail(f"--device {device!r}: use auto, cuda or cpu")
+    _build_folder_arg(build_dir, "decode", "decode takes a shardsmith build folder (the --out of a build with "
+                      "latents)")
+    from shardsmith.progress import Progress
+    from shardsmith.verify.decode import decode  # (torch and the VAE code: after the cheap checks)
+
     rep = decode(build_dir, out, output=output, split=split, limit=limit, overwrite=overwrite, device=device,
                  progress=Progress(quiet=quiet))
     audio = rep.get("audio")
