@@ -2,7 +2,7 @@
 the value and the fix, exit 2, before the plan, with nothing written: a ``models.text.max_length`` past the
 text encoder's positions or past :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` (was: OOM-killed in the warm-up); an
 output whose ``dir`` is the build folder itself (``.``, empty: its files lay among the build's own and the other
-outputs')."""
+outputs'); ``audio.skip`` while every source item is audio-only (was: exit 0, nothing written)."""
 
 from __future__ import annotations
 
@@ -123,3 +123,99 @@ def test_every_folder_output_refuses_the_build_folder(fmt):
             "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}}, "outputs": [{"format": fmt, "dir": "."}]}
     with pytest.raises(RecipeError, match=r"outputs\[0\]\.dir: '\.' is the build folder"):
         recipe_from_dict(data)
+
+
+# ---------------------------------------------------------------- 3. audio.skip with audio-only sources
+
+def _wav(path: Path, seconds: float = 0.5, rate: int = 16000, tone: int = 440) -> Path:
+    """A small mono 16-bit WAV (the standard library's writer: no FFmpeg needed)."""
+    import math
+    import struct
+    import wave
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * tone * i / rate)))
+                               for i in range(int(seconds * rate))))
+    return path
+
+
+def _audio_recipe(tmp: Path, sources: list[dict], outputs: list[dict], **models) -> Path:
+    r = {"sources": sources, "audio": {"skip": True, "durations": [0.25]}, "outputs": outputs,
+         "models": {"device": "cpu", **models}}
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump(r))
+    return path
+
+
+AUDIO_ONLY = ["audio.skip is true", "every source item is audio-only", "nothing would be written",
+              "remove audio.skip", "add image or video sources"]
+
+
+@pytest.mark.parametrize("outputs, models", [
+    ([{"format": "precomputed"}], {"text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"}}),
+    ([{"format": "wds"}], {}),
+])
+def test_audio_skip_with_only_audio_files_is_refused_before_the_plan(tmp_path, outputs, models):
+    for name, tone in (("a.wav", 440), ("b.wav", 660)):
+        _wav(tmp_path / "sounds" / name, tone=tone).with_suffix(".txt").write_text(f"a tone {name}")
+    _refused(tmp_path, _audio_recipe(tmp_path, [{"path": "sounds"}], outputs, **models),
+             *AUDIO_ONLY, "source 'sounds' holds only audio files")
+
+
+def test_audio_skip_with_a_table_of_audio_files_is_refused(tmp_path):
+    _wav(tmp_path / "a.wav")
+    (tmp_path / "rows.csv").write_text("file,caption\na.wav,a tone\n")
+    _refused(tmp_path, _audio_recipe(tmp_path, [{"path": "rows.csv"}], [{"format": "wds"}]), *AUDIO_ONLY)
+
+
+def test_audio_skip_names_the_output_whose_sources_are_all_audio(tmp_path):
+    from PIL import Image
+
+    _wav(tmp_path / "sounds" / "a.wav")
+    (tmp_path / "photos").mkdir()
+    Image.new("RGB", (32, 32)).save(tmp_path / "photos" / "p.jpg")
+    recipe = _audio_recipe(tmp_path, [{"path": "sounds"}, {"path": "photos"}],
+                           [{"format": "wds", "dir": "all"}, {"format": "wds", "dir": "heard", "sources": ["sounds"]}])
+    _refused(tmp_path, recipe, "audio.skip is true", "output 'wds1' (outputs[1]) takes is audio-only",
+             "nothing would be written")
+
+
+@pytest.mark.parametrize("files, outputs", [
+    (["clip.mp4", "a.wav"], [{"format": "wds"}]),  # a clip among the audio: written without its audio
+    (["p.jpg", "a.wav"], [{"format": "wds"}]),
+    (["a.wav"], [{"format": "prompt_wds"}]),  # captions are what prompt_wds writes: the audio is not needed
+])
+def test_audio_skip_with_clips_or_images_or_captions_passes_the_precheck(tmp_path, files, outputs):
+    from shardsmith.precheck import check_audio_skip
+    from shardsmith.recipe import load_recipe
+
+    for f in files:
+        (tmp_path / "src").mkdir(exist_ok=True)
+        (tmp_path / "src" / f).write_bytes(b"")  # (the precheck reads names only)
+    check_audio_skip(load_recipe(_audio_recipe(tmp_path, [{"path": "src"}], outputs)))
+
+
+@pytest.mark.slow
+def test_audio_skip_with_a_clip_carrying_audio_and_an_audio_file_writes_the_clip(tmp_path):
+    """Mixed sources still build with audio.skip: the clip (its audio track dropped, as asked) is written, the
+    audio file is skipped:unsupported_kind_audio."""
+    from video_factory import pan_video
+
+    src = tmp_path / "src"
+    src.mkdir()
+    pan_video(src / "clip.mp4", frames=30, fps=24, size=(96, 64), audio="tone").with_suffix(".txt").write_text("c")
+    _wav(src / "a.wav").with_suffix(".txt").write_text("a tone")
+    r = {"sources": [{"path": "src"}], "geometry": {"buckets": ["64x64x17"]}, "audio": {"skip": True},
+         "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"},
+                    "device": "cpu"},
+         "outputs": [{"format": "precomputed"}]}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
+    code, output = invoke("build", tmp_path / "r.yaml", "--out", tmp_path / "out", "--no-report", "-q")
+    assert code == 0, output
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["counts"]["written"] == 1 and m["counts"]["skipped"] == {"unsupported_kind_audio": 1}
+    assert m["outputs"]["precomputed"]["audio"]["skipped"] is True

@@ -9,6 +9,8 @@ Contract
     network here;
   - ``geometry.buckets`` has no bucket of 1 frame while a bucketed latent output's sources hold only images
     (told from file names: a folder's listing, a table's media column);
+  - ``audio.skip`` is true while an output of media (not prompt_wds / kd_wds) takes sources that hold only
+    audio files (told from file names as above): with audio off it would write nothing;
   - a bucket of ``geometry.buckets`` cannot be encoded by ``models.vae``: the compression
     factors come from the VAE's config (the named or explicit config, or a pretrained
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
@@ -331,6 +333,13 @@ def check_image_buckets(recipe: Recipe) -> None:
 def _only_images(spec) -> bool:
     """Whether every media file of source ``spec`` is an image by its extension, with at least one (as the plan
     tells an item's kind); False at the first of another kind, or where that cannot be told from the names."""
+    return _only_kind(spec, "image")
+
+
+def _only_kind(spec, only: str) -> bool:
+    """Whether every media file of source ``spec`` is of kind ``only`` (``image``, ``audio``: by its extension, as
+    the plan tells an item's kind), with at least one; False at the first of another kind, or where that cannot
+    be told from the names."""
     from shardsmith.sources.base import TABLE_EXTENSIONS, is_shard_folder, media_kind
 
     path, kind = Path(spec.path), spec.kind
@@ -347,13 +356,35 @@ def _only_images(spec) -> bool:
         seen = False
         for name in names:
             k = media_kind(name)
-            if k == "image":
+            if k == only:
                 seen = True
             elif k != "other" or table:  # (a folder's other files are not items; a table's row is)
                 return False
         return seen
     except Exception:  # noqa: BLE001 - an unreadable source is said by the plan, as before
         return False
+
+
+def check_audio_skip(recipe: Recipe) -> None:
+    """``audio.skip`` turns audio off, so an audio file is no item of a media output (``skipped:unsupported_kind_audio``):
+    an output of media (not prompt_wds / kd_wds, which take the captions) whose sources hold only audio files would
+    write nothing. Refused here, from the sources' file names as :func:`check_image_buckets` (only where that is
+    certain); a source with a clip or an image among its audio files passes (its clips are written without audio)."""
+    if not recipe.audio.skip:
+        return
+    known: dict[int, bool] = {}
+    for i, o in enumerate(recipe.outputs):
+        if isinstance(o, (PromptWdsOutput, KdWdsOutput)):
+            continue
+        ids = recipe.source_ids(o)
+        if ids and all(known.setdefault(j, _only_kind(recipe.sources[j], "audio")) for j in ids):
+            names = ", ".join(repr(recipe.sources[j].name) for j in ids)
+            hold = f"source {names} holds" if len(ids) == 1 else f"sources {names} hold"
+            which = "" if len(recipe.outputs) == 1 else f" output {o.name!r} (outputs[{i}]) takes"
+            raise RecipeError(f"audio.skip is true (--skip-audio: audio turned off), but every source item{which} "
+                              f"is audio-only ({hold} only audio files), so nothing would be written; "
+                              "remove audio.skip to encode the audio (models.audio_vae, e.g. {family: ltx2_audio}, "
+                              "with a precomputed or latent_wds output), or add image or video sources")
 
 
 FOLDER_WALK_LIMIT = 10_000  # entries a folder source's listing looks at before the check gives up (no refusal)
@@ -763,7 +794,7 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_latent_zip, check_prompt_outputs, check_packages,
+CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_audio_skip, check_latent_zip, check_prompt_outputs, check_packages,
           check_device, check_image_decoder,
           check_audio,
           check_text_config, check_text_max_length, check_reference_scale, check_teacher, check_text_quantize)
