@@ -259,3 +259,55 @@ def test_decode_of_an_output_folder_names_the_build_to_pass(built, tmp_path):
     code, out = invoke("decode", built / "wds", "--out", tmp_path / "dec")
     assert_message(code, out, f"lies inside the shardsmith build {built.resolve()}", f"pass {built.resolve()} instead")
     assert not (tmp_path / "dec").exists()
+
+
+# -- decode --out / report --output: not in the folder a table source's rows resolve against --------------------
+
+@pytest.fixture(scope="module")
+def table_build(tmp_path_factory) -> tuple[Path, Path]:
+    """(data folder, build): ``data/captions.csv`` names ``data/img/p*.png`` (relative paths); the build's
+    --out is ``data/out``, inside the table's folder (build allows it: the table names its files)."""
+    data = tmp_path_factory.mktemp("table_src") / "data"
+    pictures(data / "img")
+    (data / "captions.csv").write_text("file,caption\n" + "".join(f"img/p{i}.png,picture {i}\n" for i in range(3)))
+    out = data / "out"
+    shardsmith.build(small_recipe(data / "captions.csv"), out, quiet=True)
+    return data, out
+
+
+def test_report_output_in_a_table_sources_folder_is_refused(table_build, tmp_path):
+    data, out = table_build
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["kind"] for s in m["sources"]] == ["table"]
+    before = sorted(p.relative_to(data).as_posix() for p in data.rglob("*"))
+    for dest in (data / "r.html", data / "img" / "r.html"):
+        code, said = invoke("report", out, "--no-previews", "--output", dest)
+        assert_message(code, said, f"--output {dest}", f"the folder {data} of table source 'captions'",
+                       str(data / "captions.csv"), "resolve against", "outside every source folder")
+    assert sorted(p.relative_to(data).as_posix() for p in data.rglob("*")) == before
+    code, said = invoke("report", out, "--no-previews")  # the build's own page, in the build inside that folder
+    assert code == 0 and (out / "report.html").is_file(), said
+    code, said = invoke("report", out, "--no-previews", "--output", tmp_path / "r.html")  # beside it: written
+    assert code == 0 and (tmp_path / "r.html").is_file(), said
+
+
+@pytest.mark.parametrize("where", ["dec", "img/dec"])
+def test_decode_out_in_a_table_sources_folder_is_refused(tmp_path, where):
+    data = tmp_path / "data"
+    (data / "img").mkdir(parents=True)
+    (data / "img" / "a.png").write_bytes(b"png")
+    (data / "t.jsonl").write_text('{"file": "img/a.png"}\n')
+    root = tmp_path / "build"  # a latent build (its manifest) that read the table
+    root.mkdir()
+    (root / "manifest.json").write_text(json.dumps({
+        "counts": {}, "models": {"vae": {"provenance": {"weights": "random-weights"}}},
+        "outputs": {"lat": {"format": "latent_wds", "files": {"train": {"dir": "lat", "shards": []}}}},
+        "recipe": {"sources": [{"path": str(data / "t.jsonl"), "name": "rows"}],
+                   "outputs": [{"format": "latent_wds", "dir": "lat"}]}}))
+    before = sorted(p.relative_to(data).as_posix() for p in data.rglob("*"))
+    dest = data / where
+    code, said = invoke("decode", root, "--out", dest)
+    assert_message(code, said, f"--out {dest.resolve()}", "'rows'", str(data / "t.jsonl"))
+    assert sorted(p.relative_to(data).as_posix() for p in data.rglob("*")) == before
+    code, said = invoke("decode", root, "--out", tmp_path / "dec")  # beside the data: not refused for it
+    assert "table source" not in said, said
