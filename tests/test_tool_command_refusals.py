@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 import shardsmith
 from tests.test_cli_mistakes import assert_message, invoke
