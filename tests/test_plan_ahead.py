@@ -74,6 +74,19 @@ def slow_plan(monkeypatch, tmp_path):
     monkeypatch.setattr(planner, "probe_item", slow)
 
 
+def _wait_for_a_unit(ledger, timeout=60):
+    """Until the plan-ahead build's ledger records a written unit (at once for any other build)."""
+    if not ledger.exists():
+        return
+    db = sqlite3.connect(ledger, timeout=30)
+    deadline = time.monotonic() + timeout
+    try:
+        while db.execute("SELECT COUNT(*) FROM shards").fetchone()[0] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        db.close()
+
+
 def _wait_for(path, timeout=60):
     deadline = time.monotonic() + timeout
     while not path.exists() and time.monotonic() < deadline:
@@ -90,6 +103,16 @@ def test_planning_ahead_writes_the_bytes_of_a_plan_first_build(photos, tmp_path,
         return commit(self, **kw)
 
     monkeypatch.setattr(Ledger, "commit_unit", spy)
+    real = ahead_mod.make_plan
+
+    def waits(recipe, ledger, sources, on_batch, **kw):  # a loaded machine stages slower than the probes' sleeps:
+        def on_batch_then_wait(next_idx):  # the plan's end waits (in its process) until a unit is written
+            on_batch(next_idx)
+            if next_idx >= 12:  # 12 rows: at least one unit is recorded once four are sealed
+                _wait_for_a_unit(tmp_path / "ahead" / ".shardsmith" / "ledger.sqlite")
+        return real(recipe, ledger, sources, on_batch=on_batch_then_wait, **kw)
+
+    monkeypatch.setattr(ahead_mod, "make_plan", waits)
     m = build(_recipe(photos), tmp_path / "ahead", quiet=True, workers=1)
     assert m["timings"]["plan_ahead"] is True and any(early), "no unit was written while the plan ran"
     assert m["counts"]["inputs"] == 13 and m["counts"]["written"] == 11
