@@ -2,7 +2,8 @@
 the value and the fix, exit 2, before the plan, with nothing written: a ``models.text.max_length`` past the
 text encoder's positions or past :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` (was: OOM-killed in the warm-up); an
 output whose ``dir`` is the build folder itself (``.``, empty: its files lay among the build's own and the other
-outputs'); ``audio.skip`` while every source item is audio-only (was: exit 0, nothing written)."""
+outputs'); ``audio.skip`` while every source item is audio-only (was: exit 0, nothing written); a boolean where a number goes
+(``split.holdout: true`` was a holdout of one item)."""
 
 from __future__ import annotations
 
@@ -219,3 +220,52 @@ def test_audio_skip_with_a_clip_carrying_audio_and_an_audio_file_writes_the_clip
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert m["counts"]["written"] == 1 and m["counts"]["skipped"] == {"unsupported_kind_audio": 1}
     assert m["outputs"]["precomputed"]["audio"]["skipped"] is True
+
+
+# ---------------------------------------------------------------- 4. a boolean where a number goes
+
+@pytest.mark.parametrize("value", ["true", "false", "yes", "on"])
+def test_a_boolean_holdout_is_refused_with_the_holdout_hint(tmp_path, value):
+    (tmp_path / "src").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"sources: [{{path: src}}]\noutputs: [{{format: wds}}]\nsplit: {{holdout: {value}}}\n")
+    shown = "true" if value in ("true", "yes", "on") else "false"
+    _refused(tmp_path, recipe, f"split.holdout: {shown} is a yes/no value, not a number",
+             "use a fraction such as 0.05, a percentage such as 5%, or a whole count such as 100")
+
+
+def test_the_holdout_flag_given_a_boolean_through_set_is_refused(tmp_path):
+    (tmp_path / "src").mkdir()
+    code, output = invoke("build", "--source", tmp_path / "src", "--to", "wds", "--set", "split.holdout=true",
+                          "--out", tmp_path / "out")
+    assert_message(code, output, "split.holdout: true is a yes/no value")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"split": {"seed": True}}, "split.seed"),
+    ({"workers": True}, "workers"),
+    ({"distribute": {"gpus": True}}, "distribute.gpus"),
+    ({"images": {"max_pixels": False}}, "images.max_pixels"),
+    ({"outputs": [{"format": "wds", "samples_per_shard": True}]}, "outputs[0].samples_per_shard"),
+    ({"outputs": [{"format": "zip", "resolution": True}]}, "outputs[0].resolution"),
+    ({"geometry": {"fps": True}}, "geometry.fps"),
+    ({"models": {"text": {"family": "t5", "max_length": True}}}, "models.text.max_length"),
+])
+def test_every_number_refuses_a_boolean(over, key):
+    from shardsmith.recipe import RecipeError, recipe_from_dict
+
+    data = {"sources": [{"path": "."}], "outputs": [{"format": "wds"}], **over}
+    with pytest.raises(RecipeError) as exc:
+        recipe_from_dict(data)
+    assert f"  - {key}: " in str(exc.value) and "is a yes/no value, not a number" in str(exc.value), str(exc.value)
+
+
+def test_booleans_stay_booleans_and_numbers_numbers():
+    from shardsmith.recipe import recipe_from_dict
+
+    r = recipe_from_dict({"sources": [{"path": "."}], "outputs": [{"format": "wds", "metadata": False}],
+                          "split": {"holdout": 0.05, "seed": 3, "dedup": False}, "images": {"upscale": True},
+                          "audio": {"skip": True}, "distribute": {"gpus": 1}})
+    assert (r.split.holdout, r.split.seed, r.split.dedup, r.images.upscale, r.audio.skip) == (0.05, 3, False, True, True)
+    assert r.outputs[0].metadata is False and r.distribute.gpus == 1

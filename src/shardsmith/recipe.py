@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
+from pydantic_core import PydanticCustomError
 
 from shardsmith.errors import UserError
 from shardsmith.records import PARTNER_ROLES
@@ -33,8 +34,34 @@ class RecipeError(UserError, ValueError):
     """A recipe that cannot be built; the message names the key path and the fix."""
 
 
+def _takes_number(ann: Any) -> bool:
+    """Whether a field's annotation takes an int or float and not a bool (``int``, ``float | None``,
+    ``int | tuple[int, int]``, ``Annotated[int, ...] | Literal["all"]``)."""
+    while get_origin(ann) is Annotated:
+        ann = get_args(ann)[0]
+    if get_origin(ann) in (Union, types.UnionType):
+        members = get_args(ann)
+        return bool not in members and any(_takes_number(m) for m in members)
+    return ann in (int, float)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        """A YAML boolean (true/false, yes/no, on/off) where a number goes is refused: pydantic would read it as
+        1 / 0 (``split.holdout: true`` was a holdout of one item). Error type ``bool_number``, whose ``key``
+        :func:`_error_line` puts in the key path."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key) if isinstance(value, bool) else None
+                if field is not None and _takes_number(field.annotation):
+                    raise PydanticCustomError(
+                        "bool_number", "{value} is a yes/no value, not a number (YAML reads true/false, yes/no and "
+                        "on/off as booleans); give a number", {"key": key, "value": str(value).lower()})
+        return data
 
 
 def _on_off(value: Any) -> Any:
@@ -938,7 +965,8 @@ def _bad_tag(e: dict[str, Any], union: Any) -> tuple[str, str]:
 
 
 _HINTS = {  # by the key that failed (never an ancestor's): the fix
-    "split.holdout": "use a fraction such as 0.05, a percentage such as 5%, or a whole count such as 100",
+    "split.holdout": "use a fraction such as 0.05, a percentage such as 5%, or a whole count such as 100 (0: no "
+                     "holdout)",
     "outputs[*].resolution": "use one integer such as 64, or [W, H] for center-crop-wide",
     "outputs[*].transform": "one of center-crop, center-crop-wide, center-crop-dhariwal",
     "sources": "list at least one source: sources: [{path: photos/}]",
@@ -972,6 +1000,8 @@ def _error_line(e: dict[str, Any]) -> tuple[str, str]:
     elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
         key, msg = _bad_tag(e, ann)
         path = f"{path}.{key}"
+    elif e["type"] == "bool_number":  # (raised by the model holding the key: _Strict._no_bool_numbers)
+        path = f"{path}.{e['ctx']['key']}" if path else e["ctx"]["key"]
     hint = (_MAPPING_HINTS if e["type"] in _NOT_A_MAPPING else _HINTS).get(_key_pattern(path))
     return path or "<root>", msg + (f"  (fix: {hint})" if hint else "")
 
