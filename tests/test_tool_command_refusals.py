@@ -77,7 +77,6 @@ TRAINER_YAML = ("# my trainer\nmodel:\n  name: dit-xl\n  lr: 1.0e-4\ndata:\n  pa
 @pytest.mark.parametrize("text, key", [
     (TRAINER_YAML, "'model'"),
     ("sources: [{path: photos}]\noutputs: [{format: wds}]\n", "'sources'"),
-    ("mine:\n  preset: image\n  path: /d\nsteps: 100\n", "'steps'"),  # one entry, then something else
 ])
 def test_register_refuses_a_yaml_that_is_no_data_config(built, tmp_path, text, key):
     cfg = tmp_path / "train.yaml"

@@ -931,7 +931,8 @@ def register(
     check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
     refuse_unfinished_build(dataset, "register it again", UsageError)  # (its files are not all written yet)
     _must_exist(dataset, "give an EDM .zip, a folder with .tar shards or a .precomputed/ tree")
-    check_config(config_path(config))  # another program's YAML is refused before the dataset is read
+    # another program's YAML is refused before the dataset is read (the entry --replace rewrites may be broken)
+    check_config(config_path(config), name if replace else None)
     if _precomputed_tree(dataset):
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return

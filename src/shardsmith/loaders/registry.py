@@ -14,10 +14,13 @@ is added as text, see :func:`add_entry`); a symlinked file is written through to
 Re-registering a name with a different entry is refused unless ``replace``.
 
 Only a file that is recognisably such a data config is edited: a new or empty file, or a mapping whose
-every top-level value is a dataset entry (a mapping with ``path:`` and ``preset:``, or ``kind:
-precomputed``, as ``register`` writes them and ``from_config`` reads them). Any other YAML mapping (a
-trainer's config, a recipe, another tool's settings) is refused, untouched, naming the file and the
-key that is no entry (:func:`check_config`).
+top-level values are dataset entries (a mapping with ``path:`` and ``preset:``, or ``kind: precomputed``,
+``path:`` and ``dirs:``, as ``register`` writes them and ``from_config`` loads them); a value that other
+entries reuse through a YAML alias (``_defaults: &d``, then ``<<: *d``) is no entry and is left alone. A
+YAML mapping without any entry (a trainer's config, a recipe, another tool's settings) is refused,
+untouched, naming the file and a key that is no entry; a data config with a broken entry (``presett:``) is
+refused naming that entry and the fix, except the entry ``--replace`` rewrites: that is how it is fixed
+(:func:`check_config`).
 """
 
 from __future__ import annotations
@@ -77,37 +80,90 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
 
 
 def _is_entry(value: Any) -> bool:
-    """Whether ``value`` is a dataset entry of a data config (what :func:`add_entry` writes, what
-    ``from_config`` reads): a mapping with ``path`` and a ``preset`` (or ``kind: precomputed``)."""
-    return isinstance(value, dict) and isinstance(value.get("path"), str) and (
-        isinstance(value.get("preset"), str) or value.get("kind") == "precomputed")
+    """Whether ``value`` is a dataset entry ``from_config`` loads (``loaders.presets.from_config``: what
+    :func:`add_entry` writes): a mapping with a ``path`` string and either a ``preset`` string (with
+    ``overrides``, when there, a mapping) or ``kind: precomputed`` with its ``dirs`` list."""
+    if not isinstance(value, dict) or not isinstance(value.get("path"), str):
+        return False
+    if value.get("kind") == "precomputed":
+        return isinstance(value.get("dirs"), list)
+    return isinstance(value.get("preset"), str) and isinstance(value.get("overrides", {}), dict)
 
 
-def _check_entries(path: Path, data: dict[str, Any]) -> None:
-    """Refuse (:class:`RegistryError`) a parsed file that is not a data config: a top-level value that is
-    no dataset entry means the file is someone else's YAML, which ``register`` must not append to."""
-    for key, value in data.items():
-        if _is_entry(value):
-            continue
-        if isinstance(value, dict):
-            keys = [str(k) for k in value]
-            shown = f"a mapping of {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}" if keys else "empty"
-        else:
-            shown = "a list" if isinstance(value, list) else repr(value)
+def _anchor_holders(text: str) -> set[str]:
+    """The top-level keys whose value other values reuse through a YAML alias (``_defaults: &d {...}`` then
+    ``a: {<<: *d, path: ...}``): holders of shared settings, which ``from_config`` never loads as a dataset
+    (it reads only the entry it is asked for, with the merge resolved)."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return set()
+    if not isinstance(root, yaml.MappingNode):
+        return set()
+    tops = {id(v): k.value for k, v in root.value if isinstance(k, yaml.ScalarNode)}
+    held: set[str] = set()
+    for _, value in root.value:
+        seen: set[int] = set()
+        stack = [n for pair in value.value for n in pair] if isinstance(value, yaml.MappingNode) else \
+            list(value.value) if isinstance(value, yaml.SequenceNode) else []
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if id(node) in tops:
+                held.add(tops[id(node)])
+            if isinstance(node, yaml.MappingNode):
+                stack += [n for pair in node.value for n in pair]
+            elif isinstance(node, yaml.SequenceNode):
+                stack += list(node.value)
+    return held
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        keys = [str(k) for k in value]
+        return f"a mapping of {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}" if keys else "empty"
+    return "a list" if isinstance(value, list) else repr(value)
+
+
+_ENTRY = ("a mapping with preset: and path:, or kind: precomputed, path: and dirs:, as shardsmith register "
+          "writes them")
+
+
+def _check_entries(path: Path, data: dict[str, Any], text: str, replacing: str | None = None) -> None:
+    """Refuse (:class:`RegistryError`) a parsed file ``register`` must not edit. Values other values reuse
+    through a YAML alias (:func:`_anchor_holders`) and the entry ``replacing`` (``--replace`` rewrites it:
+    a broken one is how it is fixed) are left aside. Of the rest, when none is a dataset entry (and there
+    is something), the file is someone else's YAML (a trainer's config, a recipe): refused as no data
+    config. When some are entries, it is a data config: a value that is none is named as a broken entry
+    to fix (or ``--replace``)."""
+    holders = _anchor_holders(text)
+    rest = {k: v for k, v in data.items() if k != replacing and str(k) not in holders}
+    bad = [(k, v) for k, v in rest.items() if not _is_entry(v)]
+    if not bad:
+        return
+    key, value = bad[0]
+    if len(bad) == len(rest):  # no entry at all: another program's file
         recipe = " (it looks like a shardsmith build recipe)" if {"sources", "outputs"} & set(data) else ""
         raise RegistryError(
-            f"{path} is not a shardsmith data config{recipe}: its top-level key {key!r} ({shown}) is no dataset "
-            "entry (a mapping with preset: and path:, or kind: precomputed and path:, as shardsmith register "
-            "writes them), so register leaves that file alone; pass --config a data-config file of such "
-            "entries, or a new file name (e.g. --config datasets.yaml)")
+            f"{path} is not a shardsmith data config{recipe}: its top-level key {key!r} ({_shown(value)}) is no "
+            f"dataset entry ({_ENTRY}), so register leaves that file alone; pass --config a data-config file of "
+            "such entries, or a new file name (e.g. --config datasets.yaml)")
+    more = f" (and {len(bad) - 1} more: {', '.join(repr(k) for k, _ in bad[1:4])})" if len(bad) > 1 else ""
+    raise RegistryError(
+        f"{path} is a data config whose entry {key!r} ({_shown(value)}) is broken{more}: it is no dataset entry "
+        f"({_ENTRY}), so from_config cannot load it and register leaves the file alone; fix or remove that entry "
+        f"in {path}, or re-register it: shardsmith register DATASET --name {key} --replace --config {path}")
 
 
-def check_config(path: Path) -> None:
+def check_config(path: Path, replacing: str | None = None) -> None:
     """Refuse (:class:`RegistryError`) a data config that cannot be read, is no YAML mapping, or is not a
-    data config (see the module doc); a file that does not exist yet is fine (it is created)."""
+    data config or holds a broken entry (see :func:`_check_entries`; ``replacing``: the name ``--replace``
+    rewrites); a file that does not exist yet is fine (it is created)."""
     text = _read_text(path)
     if text is not None:
-        _check_entries(path, _parse(path, text))
+        _check_entries(path, _parse(path, text), text, replacing)
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -190,7 +246,7 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
                             "does not exist (it is not created through a link); fix the link or pass another --config")
     text = _read_text(path)
     data = {} if text is None else _parse(path, text)
-    _check_entries(path, data)  # someone else's YAML is never appended to
+    _check_entries(path, data, text or "", name if replace else None)  # someone else's YAML is never appended to
     if name in data and data[name] != entry and not replace:
         raise RegistryError(f"{path} already has a different entry {name!r}: {data[name]}; "
                             "choose another --name or pass --replace")

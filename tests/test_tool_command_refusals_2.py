@@ -1,0 +1,134 @@
+"""The tool commands (register, repair, report, decode, verify, inspect) after review of their refusals:
+
+- ``register --replace`` fixes a broken entry of a data config; a data config's other broken entry is
+  named as such (the file is not "not a data config"); YAML anchor holders are no entries;
+
+Tests run as root, which permissions do not stop: a user without access is simulated by ``os.stat`` /
+``os.lstat`` / ``os.access`` refusing the paths below a folder, as the kernel does for that user.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_mistakes import assert_message, invoke
+from tests.test_tool_command_refusals import _truncate, small_build, small_recipe, pictures, tree_bytes
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return small_build(tmp_path_factory.mktemp("tool_refusals_2"))
+
+
+@pytest.fixture
+def build_copy(built, tmp_path) -> Path:
+    dest = tmp_path / "out"
+    shutil.copytree(built, dest)
+    return dest
+
+
+def _below(path, folder: str) -> bool:
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False  # (a file descriptor)
+    p = os.path.abspath(os.fsdecode(os.fspath(path)))
+    return p.startswith(folder + os.sep)
+
+
+def deny(monkeypatch, folder: Path, write_only: tuple[Path, ...] = ()) -> None:
+    """This process is a user who may not look into ``folder`` (it is ``chmod 000``, or another user's
+    ``chmod 700``): ``os.stat`` / ``os.lstat`` of anything below it raise ``EACCES`` and ``os.access`` says no
+    for it and below it. ``write_only``: folders this user may read but not write (``os.access`` W_OK)."""
+    base = os.path.abspath(folder)
+    ro = {os.path.abspath(p) for p in write_only}
+    real_stat, real_lstat, real_access = os.stat, os.lstat, os.access
+
+    def refused(path):
+        return PermissionError(errno.EACCES, "Permission denied", os.fsdecode(os.fspath(path)))
+
+    def stat(path, *a, **k):
+        if _below(path, base):
+            raise refused(path)
+        return real_stat(path, *a, **k)
+
+    def lstat(path, *a, **k):
+        if _below(path, base):
+            raise refused(path)
+        return real_lstat(path, *a, **k)
+
+    def access(path, mode, *a, **k):
+        if isinstance(path, (str, bytes, os.PathLike)):
+            p = os.path.abspath(os.fsdecode(os.fspath(path)))
+            if p == base or _below(p, base) or (mode & os.W_OK and p in ro):
+                return False
+        return real_access(path, mode, *a, **k)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "access", access)
+
+
+def read_only(monkeypatch, *folders: Path) -> None:
+    """This user may read ``folders`` but not write them (``os.access`` W_OK says no)."""
+    deny(monkeypatch, Path("/nonexistent-shardsmith-test"), folders)
+
+
+# -- 3. register --replace fixes a broken entry; anchors are no entries --------------------------------------
+
+BROKEN = "# mine\ngood: {preset: image, path: /data/good}\nbroken: {presett: image, path: /data/b}\n"
+
+
+def test_register_replace_fixes_a_broken_entry(built, tmp_path):
+    cfg = tmp_path / "rep.yaml"
+    cfg.write_text(BROKEN)
+    code, said = invoke("register", built / "wds", "--preset", "image", "--name", "broken", "--replace",
+                        "--config", cfg)
+    assert code == 0, said
+    import yaml
+
+    data = yaml.safe_load(cfg.read_text())
+    assert data["good"] == {"preset": "image", "path": "/data/good"}
+    assert data["broken"]["preset"] == "image" and cfg.read_text().startswith("# mine\n")
+
+
+def test_another_broken_entry_of_a_data_config_is_named_not_the_file_called_foreign(built, tmp_path):
+    cfg = tmp_path / "rep.yaml"
+    cfg.write_text(BROKEN)
+    code, said = invoke("register", built / "wds", "--preset", "image", "--name", "new", "--config", cfg)
+    assert_message(code, said, f"{cfg} is a data config whose entry 'broken'", "is broken",
+                   "--name broken --replace")
+    assert "not a shardsmith data config" not in said and cfg.read_text() == BROKEN
+    steps = tmp_path / "steps.yaml"  # one entry, then something else: that key named
+    steps.write_text("mine:\n  preset: image\n  path: /d\nsteps: 100\n")
+    assert_message(*invoke("register", built / "wds", "--preset", "image", "--name", "x", "--config", steps),
+                   "whose entry 'steps' (100) is broken")
+
+
+def test_check_entries_rules(tmp_path):
+    from shardsmith.loaders.registry import RegistryError, add_entry, check_config, read_config
+
+    entry = {"preset": "image", "path": "/x"}
+    only_broken = tmp_path / "only.yaml"  # the one entry --replace rewrites is broken: fine
+    only_broken.write_text("b: {presett: image, path: /b}\n")
+    check_config(only_broken, "b")
+    add_entry(only_broken, "b", entry, replace=True)
+    assert read_config(only_broken) == {"b": entry}
+    trainer = tmp_path / "train.yaml"  # another program's file stays foreign, --replace or not
+    trainer.write_text("model: {name: dit}\noptimizer: adamw\n")
+    with pytest.raises(RegistryError, match="is not a shardsmith data config"):
+        check_config(trainer, "model")
+    anchors = tmp_path / "anchors.yaml"  # a YAML anchor holder is no entry and no foreign key
+    text = "_defaults: &d {preset: image, overrides: {batch_size: 4}}\na:\n  <<: *d\n  path: /a\n"
+    anchors.write_text(text)
+    check_config(anchors)
+    add_entry(anchors, "x", entry)
+    assert read_config(anchors)["x"] == entry and anchors.read_text().startswith(text)
+    pre = tmp_path / "pre.yaml"  # a precomputed entry from_config could not load (no dirs): broken
+    pre.write_text("a: {preset: image, path: /a}\np: {kind: precomputed, path: /p}\n")
+    with pytest.raises(RegistryError, match="entry 'p'"):
+        check_config(pre)
