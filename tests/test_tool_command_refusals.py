@@ -7,7 +7,7 @@ naming the item and a fix that works, exit code 2, before any slow work, and wri
 - ``repair`` of a read-only dataset says how to make it writable (it has no ``--out``); ``report`` of a
   build's output folder names the build folder to pass instead;
 - ``verify``, ``decode`` and ``register`` refuse a missing path before importing torch;
-- ``decode --out`` / ``report --output`` refuse the folder a table source's rows resolve against.
+- ``decode --out`` / ``report --output`` refuse a table source itself, not the project folder it sits in.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def test_decode_of_an_output_folder_names_the_build_to_pass(built, tmp_path):
     assert not (tmp_path / "dec").exists()
 
 
-# -- decode --out / report --output: not in the folder a table source's rows resolve against --------------------
+# -- decode --out / report --output: not onto a table source; its project folder is fine --------------------------
 
 @pytest.fixture(scope="module")
 def table_build(tmp_path_factory) -> tuple[Path, Path]:
@@ -273,24 +273,23 @@ def table_build(tmp_path_factory) -> tuple[Path, Path]:
     return data, out
 
 
-def test_report_output_in_a_table_sources_folder_is_refused(table_build, tmp_path):
+def test_report_output_beside_a_table_source_is_written_onto_it_refused(table_build, tmp_path):
+    """The folder a table sits in is the user's project folder (build accepts --out there too): a page there
+    is written; only the table file itself is refused (the manifest does not record where its rows point)."""
     data, out = table_build
-    m = json.loads((out / "manifest.json").read_text())
-    assert [s["kind"] for s in m["sources"]] == ["table"]
-    before = sorted(p.relative_to(data).as_posix() for p in data.rglob("*"))
-    for dest in (data / "r.html", data / "img" / "r.html"):
+    table = data / "captions.csv"
+    before = table.read_bytes()
+    code, said = invoke("report", out, "--no-previews", "--output", table)
+    assert_message(code, said, f"--output {table} is source 'captions'", "outside every source folder")
+    assert table.read_bytes() == before
+    for dest in (data / "r.html", out / "report.html", tmp_path / "r.html"):
         code, said = invoke("report", out, "--no-previews", "--output", dest)
-        assert_message(code, said, f"--output {dest}", f"the folder {data} of table source 'captions'",
-                       str(data / "captions.csv"), "resolve against", "outside every source folder")
-    assert sorted(p.relative_to(data).as_posix() for p in data.rglob("*")) == before
-    code, said = invoke("report", out, "--no-previews")  # the build's own page, in the build inside that folder
-    assert code == 0 and (out / "report.html").is_file(), said
-    code, said = invoke("report", out, "--no-previews", "--output", tmp_path / "r.html")  # beside it: written
-    assert code == 0 and (tmp_path / "r.html").is_file(), said
+        assert code == 0 and dest.is_file(), said
+        dest.unlink()
 
 
-@pytest.mark.parametrize("where", ["dec", "img/dec"])
-def test_decode_out_in_a_table_sources_folder_is_refused(tmp_path, where):
+def _table_latent_build(tmp_path: Path) -> tuple[Path, Path]:
+    """(the table, a latent build's folder whose manifest records it as its source)."""
     data = tmp_path / "data"
     (data / "img").mkdir(parents=True)
     (data / "img" / "a.png").write_bytes(b"png")
@@ -302,10 +301,13 @@ def test_decode_out_in_a_table_sources_folder_is_refused(tmp_path, where):
         "outputs": {"lat": {"format": "latent_wds", "files": {"train": {"dir": "lat", "shards": []}}}},
         "recipe": {"sources": [{"path": str(data / "t.jsonl"), "name": "rows"}],
                    "outputs": [{"format": "latent_wds", "dir": "lat"}]}}))
-    before = sorted(p.relative_to(data).as_posix() for p in data.rglob("*"))
-    dest = data / where
-    code, said = invoke("decode", root, "--out", dest)
-    assert_message(code, said, f"--out {dest.resolve()}", "'rows'", str(data / "t.jsonl"))
-    assert sorted(p.relative_to(data).as_posix() for p in data.rglob("*")) == before
-    code, said = invoke("decode", root, "--out", tmp_path / "dec")  # beside the data: not refused for it
-    assert "table source" not in said, said
+    return data / "t.jsonl", root
+
+
+@pytest.mark.parametrize("where", ["dec", "img/dec"])
+def test_decode_out_in_a_table_sources_folder_is_not_refused_for_it(tmp_path, where):
+    table, root = _table_latent_build(tmp_path)
+    code, said = invoke("decode", root, "--out", table.parent / where)
+    assert "table source" not in said and "source 'rows'" not in said, said
+    code, said = invoke("decode", root, "--out", table)  # onto the table itself: refused
+    assert_message(code, said, f"--out {table.resolve()} is source 'rows'")

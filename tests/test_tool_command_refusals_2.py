@@ -2,6 +2,7 @@
 
 - ``register --replace`` fixes a broken entry of a data config; a data config's other broken entry is
   named as such (the file is not "not a data config"); YAML anchor holders are no entries;
+- ``report --output`` / ``decode --out`` in the project folder of a table source are written;
 
 Tests run as root, which permissions do not stop: a user without access is simulated by ``os.stat`` /
 ``os.lstat`` / ``os.access`` refusing the paths below a folder, as the kernel does for that user.
@@ -132,3 +133,22 @@ def test_check_entries_rules(tmp_path):
     pre.write_text("a: {preset: image, path: /a}\np: {kind: precomputed, path: /p}\n")
     with pytest.raises(RegistryError, match="entry 'p'"):
         check_config(pre)
+
+
+# -- 4. report --output / decode --out in the project folder of a table source ------------------------------
+
+def test_outputs_beside_a_table_are_fine_and_a_home_table_blocks_nothing_under_home(tmp_path, monkeypatch):
+    from shardsmith.safety.outdir import OutAroundSourceError, RecordedSource, recorded_sources, refuse_around_sources
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    manifest = {"recipe": {"sources": [{"path": "~/captions.csv"}, {"path": str(tmp_path / "photos"), "name": "p"}]},
+                "sources": [{"name": "captions", "kind": "table"}, {"name": "p", "kind": "folder"}]}
+    found = recorded_sources(manifest)
+    assert found == [RecordedSource("~/captions.csv", "~/captions.csv"), RecordedSource("p", str(tmp_path / "photos"))]
+    assert all(isinstance(s, RecordedSource) for s in found)
+    for fine in (tmp_path / "report.html", tmp_path / "proj" / "dec", tmp_path / "out"):
+        refuse_around_sources(fine, found, "--output")
+    with pytest.raises(OutAroundSourceError, match="is source '~/captions.csv'"):
+        refuse_around_sources(tmp_path / "captions.csv", found, "--output")
+    with pytest.raises(OutAroundSourceError, match="lies inside source 'p'"):
+        refuse_around_sources(tmp_path / "photos" / "dec", found)

@@ -3,9 +3,11 @@
 
 Contract
 - :func:`refuse_around_sources` raises :class:`OutAroundSourceError` when ``--out`` equals,
-  contains or lies inside a source path (both resolved through symlinks); it writes nothing. The
-  sources :func:`recorded_sources` reads from a manifest (``decode --out``, ``report --output``) add,
-  for a table source, the table's folder (its rows' media paths resolve against it).
+  contains or lies inside a source path (both resolved through symlinks); it writes nothing.
+  :func:`recorded_sources` gives the sources a build's manifest records (:class:`RecordedSource`), for
+  ``decode --out`` and ``report --output``: for a table source that is the table file itself, as for
+  ``build --out`` (the folder the table sits in is the user's project folder, where a build's --out
+  may lie; the folders its rows point into are not recorded in the manifest).
 - :func:`is_build` is True only for a folder holding a shardsmith ledger.
 - :func:`owned_files` lists the files a build's ledger accounts for, relative to its folder: its
   ``manifest.json``, its ``report.html`` and ``.shardsmith/``; in the folders of the outputs its recorded recipe names
@@ -27,6 +29,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, NamedTuple
 
 from shardsmith.errors import UserError
 from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, REPORT_FILE, STATE_DIR
@@ -56,56 +59,30 @@ def _resolved(p: str | os.PathLike) -> Path:
     return Path(os.path.expanduser(p)).resolve()
 
 
-def _is_table(spec: dict, kinds: dict[str, str]) -> bool:
-    """Whether the recorded source ``spec`` (a recipe's source mapping) was read as a table: the kind the
-    manifest's ``sources`` block records for it, else its recipe ``kind`` (``auto``: a table's suffix)."""
-    from shardsmith.sources.base import TABLE_EXTENSIONS
+class RecordedSource(NamedTuple):
+    """A source a build's recipe recorded: its ``name`` and its ``path`` as the recipe gave it."""
 
-    name = spec.get("name") or spec["path"]
-    if name in kinds:
-        return kinds[name] == "table"
-    kind = spec.get("kind") or "auto"
-    return kind == "table" or (kind == "auto" and Path(spec["path"]).suffix.lower().lstrip(".") in TABLE_EXTENSIONS
-                               and not Path(spec["path"]).is_dir())
+    name: str
+    path: str
 
 
-def recorded_sources(manifest: dict) -> list[tuple[str, str] | tuple[str, str, str]]:
+def recorded_sources(manifest: dict) -> list[RecordedSource]:
     """The sources the recipe recorded in a build's ``manifest.json`` (none when it recorded no recipe), for
-    :func:`refuse_around_sources`: ``(name, path)`` for each, and for a table source also ``(name, folder,
-    table)``: the table's own folder, which the media paths of its rows resolve against (new files there
-    are the user's data folder, and what the next table of that folder names)."""
+    :func:`refuse_around_sources`."""
     recipe = manifest.get("recipe") if isinstance(manifest, dict) else None
-    blocks = manifest.get("sources") if isinstance(manifest, dict) else None
-    kinds = {str(b["name"]): str(b.get("kind")) for b in blocks if isinstance(b, dict) and "name" in b} \
-        if isinstance(blocks, list) else {}
-    found: list[tuple[str, str] | tuple[str, str, str]] = []
+    found = []
     for s in (recipe.get("sources") or []) if isinstance(recipe, dict) else []:
         if isinstance(s, dict) and isinstance(s.get("path"), str) and s["path"].strip():
-            name = str(s.get("name") or s["path"])
-            found.append((name, s["path"]))
-            if _is_table(s, kinds):  # (the folder unresolved: rows resolve against the link's folder, as read)
-                found.append((name, str(Path(os.path.expanduser(s["path"])).parent), s["path"]))
+            found.append(RecordedSource(str(s.get("name") or s["path"]), s["path"]))
     return found
 
 
-def _in_build_below(o: Path, folder: Path) -> bool:
-    """Whether ``o`` lies in a shardsmith build folder (a manifest or a ledger) that is itself below
-    ``folder``: that build's own checks decide what may be written there."""
-    return any((p / MANIFEST_FILE).is_file() or (p / LEDGER_FILE).is_file()
-               for p in [o, *o.parents] if folder in p.parents)
-
-
-def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str] | tuple[str, str, str]],
-                          flag: str = "--out", what: str = "shardsmith never writes into or around its own sources"
-                          ) -> None:
-    """Raise unless ``out`` is disjoint from every ``(name, path)`` source (after symlinks); ``flag``
-    and ``what`` name the option and the command in the message. A ``(name, folder, table)`` entry (a
-    table source's folder, :func:`recorded_sources`) is refused the same way, except inside a build folder
-    that lies in that folder (a build's ``--out`` may: its own checks rule there)."""
+def refuse_around_sources(out: str | os.PathLike, sources: Iterable[tuple[str, str]], flag: str = "--out",
+                          what: str = "shardsmith never writes into or around its own sources") -> None:
+    """Raise unless ``out`` is disjoint from every ``(name, path)`` source (after symlinks; a
+    :class:`RecordedSource` is one); ``flag`` and ``what`` name the option and the command in the message."""
     o = _resolved(out)
-    for entry in sources:
-        name, path = entry[0], entry[1]
-        table = entry[2] if len(entry) > 2 else None
+    for name, path in sources:
         s = _resolved(path)
         if o == s:
             how = "is"
@@ -115,17 +92,9 @@ def refuse_around_sources(out: str | os.PathLike, sources: list[tuple[str, str] 
             how = "lies inside"
         else:
             continue
-        a = "an" if flag == "--out" else "a"
-        if table is None:
-            raise OutAroundSourceError(
-                f"{flag} {o} {how} source {name!r} ({s}); {what}, with or without --overwrite. Choose {a} {flag} "
-                "outside every source folder.")
-        if how == "lies inside" and _in_build_below(o, s):
-            continue
         raise OutAroundSourceError(
-            f"{flag} {o} {how} the folder {s} of table source {name!r} ({_resolved(table)}), which the media paths "
-            f"of its rows resolve against; {what}, with or without --overwrite. Choose {a} {flag} outside every "
-            "source folder and the folder of every table source.")
+            f"{flag} {o} {how} source {name!r} ({s}); {what}, with or without --overwrite. Choose "
+            f"{'an' if flag == '--out' else 'a'} {flag} outside every source folder.")
 
 
 def recorded_layout(folder: Path) -> tuple[list[OutputLayout], dict[tuple[str, str], list[str]]]:
