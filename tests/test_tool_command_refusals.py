@@ -172,10 +172,13 @@ def _read_only(folder: Path, script: str) -> subprocess.CompletedProcess:
 def test_repair_of_a_read_only_dataset_says_how_to_make_it_writable(build_copy, mounted):
     _truncate(build_copy / "wds" / "00000.tar")
     before = tree_bytes(build_copy)
+    root = build_copy.resolve()
     folder = (build_copy / mounted).resolve()
     r = _read_only(folder, f"{PY} -m shardsmith repair {build_copy / 'wds'}")
-    assert_message(r.returncode, r.stdout + r.stderr, f"{folder} cannot be written", "it has no --out",
-                   f"chmod -R u+w {folder}", f"cp -a {folder} COPY", "--dry-run")
+    blocked = f"{root / 'wds'}" if mounted == "wds" else f"{root / '.shardsmith'} and {root / 'wds'}"
+    assert_message(r.returncode, r.stdout + r.stderr, f"{blocked} cannot be written", "it has no --out",
+                   f"chmod -R u+w {folder}", f"cp -a {root} COPY; chmod -R u+w COPY; then shardsmith repair COPY/wds",
+                   f"shardsmith repair --dry-run {build_copy / 'wds'}")
     assert "(--out)" not in r.stderr and "ERROR" not in r.stdout
     assert tree_bytes(build_copy) == before
 
@@ -200,7 +203,7 @@ def test_repair_whose_lock_cannot_be_made_names_no_out_flag(build_copy, monkeypa
     _truncate(build_copy / "wds" / "00000.tar")
     monkeypatch.setattr(repair, "hold", refused)
     code, out = invoke("repair", build_copy / "wds")
-    assert_message(code, out, f"{build_copy.resolve()} cannot be written (Read-only file system",
+    assert_message(code, out, f"{build_copy.resolve() / '.shardsmith'} cannot be written (Read-only file system",
                    "it has no --out", "chmod -R u+w", "repair COPY/wds")
     assert "(--out)" not in out
 

@@ -3,6 +3,8 @@
 - ``register --replace`` fixes a broken entry of a data config; a data config's other broken entry is
   named as such (the file is not "not a data config"); YAML anchor holders are no entries;
 - ``report --output`` / ``decode --out`` in the project folder of a table source are written;
+- ``repair`` of a read-only dataset gives a fix that works (the copy made writable; a ``.precomputed/``
+  tree named in the copy); only what repair writes must be writable (not the build folder above);
 
 Tests run as root, which permissions do not stop: a user without access is simulated by ``os.stat`` /
 ``os.lstat`` / ``os.access`` refusing the paths below a folder, as the kernel does for that user.
@@ -152,3 +154,56 @@ def test_outputs_beside_a_table_are_fine_and_a_home_table_blocks_nothing_under_h
         refuse_around_sources(tmp_path / "captions.csv", found, "--output")
     with pytest.raises(OutAroundSourceError, match="lies inside source 'p'"):
         refuse_around_sources(tmp_path / "photos" / "dec", found)
+
+
+# -- 5, 6. repair of a read-only dataset: a fix that works ---------------------------------------------------
+
+def _precomputed_build(root: Path) -> Path:
+    """A finished build folder (its manifest) holding a ``.precomputed/`` tree with one unpaired file."""
+    pre = root / ".precomputed"
+    (pre / "latents").mkdir(parents=True)
+    (pre / "conditions").mkdir()
+    (pre / "latents" / "a.pt").write_bytes(b"not a tensor")
+    (root / "manifest.json").write_text(json.dumps({"counts": {}, "outputs": {}}))
+    return pre
+
+
+def test_repair_of_a_read_only_precomputed_tree_names_the_tree_in_the_copy(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    pre = _precomputed_build(root)
+    before = tree_bytes(root)
+    read_only(monkeypatch, pre / "latents", pre / "conditions")
+    code, said = invoke("repair", pre)
+    r = root.resolve()
+    assert_message(code, said, f"{r / '.precomputed/latents'} and {r / '.precomputed/conditions'} cannot be written",
+                   "moves unreadable and unpaired .pt files", "it has no --out",
+                   f"chmod -R u+w {r / '.precomputed'}",
+                   f"cp -a {r} COPY; chmod -R u+w COPY; then shardsmith repair COPY/.precomputed",
+                   f"shardsmith repair --dry-run {pre}")
+    assert "damaged shards" not in said and "index files" not in said
+    assert tree_bytes(root) == before
+
+
+def test_the_fixes_a_read_only_precomputed_repair_suggests_work(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    pre = _precomputed_build(root)
+    read_only(monkeypatch, pre / "latents", pre / "conditions")
+    code, said = invoke("repair", pre)
+    assert code == 2, said
+    code, said = invoke("repair", "--dry-run", pre)  # the dry run it names
+    assert code == 0 and "would move 1 file(s)" in said, said
+    copy = tmp_path / "COPY"  # the copy it names (cp -a; chmod -R u+w), then repair COPY/.precomputed
+    shutil.copytree(root, copy, symlinks=True)
+    code, said = invoke("repair", copy / ".precomputed")
+    assert code == 0 and "moved 1 file(s)" in said, said
+    assert not (copy / ".precomputed" / "latents" / "a.pt").exists() and (pre / "latents" / "a.pt").exists()
+
+
+# -- 7. only what repair writes must be writable ------------------------------------------------------------
+
+def test_repair_with_only_the_build_folder_read_only_repairs(build_copy, monkeypatch):
+    _truncate(build_copy / "wds" / "00000.tar")
+    read_only(monkeypatch, build_copy)  # the top folder: repair writes only .shardsmith/lock and wds/
+    code, said = invoke("repair", build_copy / "wds")
+    assert code == 0, said
+    assert (build_copy / "wds" / "00000.tar.orig").is_file() and (build_copy / "wds" / "repair.json").is_file()

@@ -9,7 +9,9 @@
 - :func:`repair_precomputed`: moves every unreadable and unpaired file (never deletes) into the
   quarantine folder below the tree's build state (``formats.precomputed.QUARANTINE_DIR``), with a
   ``repair.json`` there listing each move and why; ``dry_run`` reports the same moves and writes
-  nothing. The build folder's lock is held meanwhile, as for a WebDataset repair.
+  nothing. The build folder's lock is held meanwhile, as for a WebDataset repair; a tree whose
+  folders (or the build's state folder) cannot be written is refused before any change, as there
+  (``verify.repair``).
 """
 
 from __future__ import annotations
@@ -110,16 +112,22 @@ def quarantine_dir(root: Path) -> Path:
     return root / STATE_DIR / layout.QUARANTINE_DIR
 
 
+#: what a ``.precomputed/`` repair changes in place (said when it cannot)
+MOVES = ("moves unreadable and unpaired .pt files out of the tree's folders into the quarantine below the build's "
+         "state folder")
+
+
 def repair_precomputed(root: str | Path, *, dry_run: bool = False) -> dict[str, Any]:
     """Move every unreadable and unpaired file of the tree into the quarantine (module docstring).
     Report: ``{"folder", "dry_run", "quarantine" (the folder of this run), "moved": [{"file",
     "reason", "to"}], "inspect" (before), "after" (the inspect report after; None for a dry run),
     "errors"}``."""
-    from shardsmith.verify.repair import _locked
+    from shardsmith.verify.repair import repair_lock
 
     root = Path(root)
     build = enclosing_build(resolve_user_path(root))
-    with _locked(build.root if build else root, dry_run):
+    writes = [root / d for d in layout.present_dirs(root)]  # (its files move out of them)
+    with repair_lock(build.root if build else root, dry_run, root, writes, MOVES):
         before = inspect_precomputed(root)
         moves: list[tuple[str, str]] = []
         for e in before["dirs"].values():

@@ -20,6 +20,10 @@
   the samples dropped, ignored or restored, why, when); ``verify`` reads it to account for the loss.
 * The folder's lock (the build folder's, for a dataset a shardsmith build wrote) is held for the
   whole run: a build or another repair in progress refuses it at once.
+* A repair that cannot write what it changes (the dataset's folder; the state folder that holds the
+  lock) is refused before any change (:func:`repair_lock`), naming those folders and fixes that work:
+  make them writable, or repair a writable copy (``cp -a`` keeps read-only modes, so the copy is made
+  writable too, and the dataset is named inside the copy). The build folder above them may be read-only.
 * A dataset of an **unfinished build** (a ledger without ``manifest.json``, or one that does not mark
   the build complete: a build stopped or killed mid-way) is refused before anything is read or
   written (:func:`refuse_unfinished_build`). Repair is for a finished dataset damaged afterwards: an
@@ -59,7 +63,7 @@ from shardsmith.formats.wds import (
     repair_log_events,
 )
 from shardsmith.formats.wds import list_shards as wds_list_shards
-from shardsmith.safety.lock import FolderLockedError, FolderNotWritableError, hold, holder
+from shardsmith.safety.lock import FolderLockedError, FolderNotWritableError, hold, holder, lock_path
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import scan_folder
@@ -302,50 +306,84 @@ def _left_out_members(rep: dict[str, Any]) -> list[str]:
 # the repair
 
 
-def _not_writable(folder: Path, dataset: Path, exc: OSError | None) -> RepairError:
-    """The refusal of a repair that cannot write ``folder`` (the dataset ``dataset``, or the build folder
-    holding its lock): repair changes the dataset in place and has no ``--out``, so the fix is to make it
-    writable, or to repair a writable copy."""
-    why = f" ({exc.strerror or exc}: {exc.filename or folder})" if exc is not None else ""
+#: what a WebDataset repair writes in place (said when it cannot)
+WDS_REWRITES = "rewrites damaged shards and their index files"
+
+
+def _not_writable(blocked: list[Path], root: Path, dataset: Path, rewrites: str,
+                  exc: OSError | None = None) -> RepairError:
+    """The refusal of a repair that cannot write the folders ``blocked`` (the dataset's, or the state folder
+    that holds the lock of ``root``: the build folder, or the dataset itself outside a build): repair
+    ``rewrites`` (what it changes) in place and has no ``--out``, so the fix is to make them writable, or to
+    repair a writable copy of ``root`` (``cp -a`` keeps the read-only modes: the copy is made writable too),
+    naming the dataset ``dataset`` in that copy."""
+    why = f" ({exc.strerror or exc}: {exc.filename or blocked[0]})" if exc is not None else ""
+    names = " and ".join(str(b) for b in blocked)
     try:
-        inner = Path(dataset).resolve().relative_to(Path(folder).resolve()).as_posix()
+        inner = Path(dataset).resolve().relative_to(Path(root).resolve()).as_posix()
     except ValueError:
         inner = "."
-    copy = "the copy" if inner == "." else f"COPY/{inner}"
+    copy = "COPY" if inner == "." else f"COPY/{inner}"
     return RepairError(
-        f"{folder} cannot be written{why}: repair rewrites damaged shards and index files in place (it has no "
-        f"--out); make it writable for this user (e.g. chmod -R u+w {folder}, or remount its disk read-write), or "
-        f"copy it to a writable place (cp -a {folder} COPY) and repair {copy}; `shardsmith repair --dry-run "
+        f"{names} cannot be written{why}: repair {rewrites}, in place (it has no --out); make "
+        f"{'it' if len(blocked) == 1 else 'them'} writable for this user (e.g. chmod -R u+w "
+        f"{os.path.commonpath(blocked)}, or remount the disk read-write), or repair a writable copy "
+        f"(cp -a {root} COPY; chmod -R u+w COPY; then shardsmith repair {copy}); `shardsmith repair --dry-run "
         f"{dataset}` reports what would change without writing")
 
 
-def _check_writable(dataset: Path, lock_at: Path) -> None:
-    """Refuse (:func:`_not_writable`) before any change when the dataset folder, or the folder whose lock
-    the repair holds, cannot be written (a read-only disk or mount, no permission)."""
-    for folder in dict.fromkeys([lock_at, dataset]):
-        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-            raise _not_writable(folder, dataset, None)
+def _lock_folder(lock_at: Path) -> Path:
+    """The folder a repair must write to hold ``lock_at``'s lock: its state folder (its parent while there
+    is none yet: the state folder is made there)."""
+    state = lock_path(lock_at).parent
+    return state if state.is_dir() else Path(lock_at)
+
+
+def _check_writable(dataset: Path, lock_at: Path, writes: list[Path], rewrites: str) -> None:
+    """Refuse (:func:`_not_writable`) before any change when a folder the repair writes cannot be written (a
+    read-only disk or mount, no permission): the state folder of ``lock_at`` (its lock; the quarantine of a
+    ``.precomputed/`` tree) and ``writes`` (the dataset's folders). Only those: the build folder above them
+    may be read-only."""
+    def there(p: Path) -> bool:  # (never a PermissionError: a folder this user may not look into is blocked)
+        try:
+            os.stat(p)
+        except OSError:
+            return False
+        return True
+
+    lock = lock_path(lock_at)
+    needed = [(_lock_folder(lock_at), os.W_OK | os.X_OK), *((f, os.W_OK | os.X_OK) for f in writes)]
+    if there(lock):
+        needed.insert(1, (lock, os.W_OK))  # (opened for writing: its holder's text)
+    blocked = list(dict.fromkeys(f for f, mode in needed if there(f) and not os.access(f, mode)))
+    blocked = [f for f in blocked if f.parent not in blocked]  # (the lock of a state folder named already)
+    if blocked:
+        raise _not_writable(blocked, lock_at, dataset, rewrites)
 
 
 @contextlib.contextmanager
-def _locked(folder: Path, dry_run: bool, dataset: Path | None = None) -> Iterator[None]:
-    """Hold ``folder``'s lock (a dry run, which writes nothing, only checks that it is free); a folder where
-    the lock cannot be made is refused as :func:`_not_writable` (``dataset``: the one being repaired)."""
+def repair_lock(lock_at: Path, dry_run: bool, dataset: Path, writes: list[Path] | None = None,
+                rewrites: str = WDS_REWRITES) -> Iterator[None]:
+    """Hold ``lock_at``'s lock for a repair of ``dataset`` (a dry run, which writes nothing, only checks that
+    it is free). A repair that cannot write what it must (:func:`_check_writable`: the lock's state folder
+    and ``writes``, default the dataset folder) is refused as :func:`_not_writable` before any change, and so
+    is a lock the file system refuses after that check."""
     if not dry_run:
+        _check_writable(dataset, lock_at, [dataset] if writes is None else writes, rewrites)
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(hold(folder, "repair"))
+                stack.enter_context(hold(lock_at, "repair"))
             except FolderNotWritableError as exc:
                 cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
-                raise _not_writable(folder, dataset or folder, cause) from None
+                raise _not_writable([_lock_folder(lock_at)], lock_at, dataset, rewrites, cause) from None
             yield
         return
     try:
-        who = holder(folder)
+        who = holder(lock_at)
     except OSError:  # a read-only folder: its lock cannot be opened to ask, and nothing can write there
         who = None
     if who:
-        raise FolderLockedError(f"{folder} is in use by another shardsmith process ({who}); wait for it to finish "
+        raise FolderLockedError(f"{lock_at} is in use by another shardsmith process ({who}); wait for it to finish "
                                 "and re-run this command")
     yield
 
@@ -378,9 +416,7 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
         why = unfinished(build) if build is not None else None
         raise RepairError(f"{folder} holds no .tar shards; repair takes a WebDataset folder of NNNNN.tar shards"
                           + (f" ({why})" if why else ""))
-    if not dry_run:
-        _check_writable(folder, lock_at)
-    with _locked(lock_at, dry_run, folder):
+    with repair_lock(lock_at, dry_run, folder):
         restored = _restore(folder, build, dry_run) if from_source else {}
         report = _repair(folder, dry_run, restored, progress)
     report.update(from_source=from_source, build=str(build.root) if build else None)
