@@ -1,5 +1,9 @@
 """The tool commands (register, repair, report, decode, verify, inspect) after review of their refusals:
 
+- a build whose state folder this user may not read (another user's, ``chmod 700``) is registered,
+  verified and reported from its manifest; repair says what it cannot do;
+- a path this user may not read (``chmod 000`` on a folder above it) is one message naming the folder
+  and the fix, exit 2, never a ``PermissionError`` traceback;
 - ``register --replace`` fixes a broken entry of a data config; a data config's other broken entry is
   named as such (the file is not "not a data config"); YAML anchor holders are no entries;
 - ``report --output`` / ``decode --out`` in the project folder of a table source are written;
@@ -79,6 +83,82 @@ def deny(monkeypatch, folder: Path, write_only: tuple[Path, ...] = ()) -> None:
 def read_only(monkeypatch, *folders: Path) -> None:
     """This user may read ``folders`` but not write them (``os.access`` W_OK says no)."""
     deny(monkeypatch, Path("/nonexistent-shardsmith-test"), folders)
+
+
+# -- 1. another user's build (its .shardsmith/ closed): register and report as before ------------------------
+
+def test_register_and_report_a_build_whose_state_folder_this_user_cannot_read(build_copy, tmp_path, monkeypatch):
+    cfg = tmp_path / "data.yaml"
+    deny(monkeypatch, build_copy / ".shardsmith")
+    code, said = invoke("register", build_copy / "wds", "--preset", "image", "--name", "x", "--config", cfg)
+    assert code == 0 and "Traceback" not in said, said
+    assert "path: ${DATA_ROOT_DIR}/wds" in cfg.read_text()
+    code, said = invoke("report", build_copy, "--no-previews", "--output", tmp_path / "r.html")
+    assert code == 0 and (tmp_path / "r.html").is_file(), said
+    assert "state folder cannot be read by this user" in (tmp_path / "r.html").read_text()
+    code, said = invoke("repair", build_copy / "wds", "--dry-run")  # reads only: as before
+    assert code == 0, said
+    # repair writes its lock there: one message and the fix
+    assert_message(*invoke("repair", build_copy / "wds"), f"{build_copy.resolve() / '.shardsmith'}",
+                   "cannot be written", "repair a writable copy")
+    assert_message(*invoke("repair", build_copy / "wds", "--from-source"), "cannot read the ledger",
+                   "permission denied", "--from-source needs it")
+
+
+def test_an_unreadable_ledger_is_not_taken_for_an_unfinished_build(build_copy, monkeypatch):
+    from shardsmith.formats.detect import enclosing_build
+    from shardsmith.verify.owning_build import find_build
+    from shardsmith.verify.repair import unfinished_build
+
+    deny(monkeypatch, build_copy / ".shardsmith")
+    found = enclosing_build(build_copy / "wds")
+    assert found.root == build_copy.resolve() and found.has_manifest and not found.has_ledger
+    assert found.ledger_unreadable
+    assert unfinished_build(build_copy / "wds") is None
+    ref = find_build(build_copy / "wds")
+    assert ref is not None and ref.complete and ref.output == "wds"
+
+
+def test_verify_a_build_whose_state_folder_this_user_cannot_read(build_copy, monkeypatch):
+    deny(monkeypatch, build_copy / ".shardsmith")
+    code, said = invoke("verify", build_copy / "wds", "--world", "1", "--workers", "0")
+    assert code == 0 and "Traceback" not in said, said
+
+
+# -- 2. a path below a folder this user may not read ---------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["verify", "{p}", "--world", "1", "--workers", "0"],
+    ["decode", "{p}", "--out", "{tmp}/dec"],
+    ["register", "{p}", "--preset", "image", "--name", "x", "--config", "{tmp}/d.yaml"],
+    ["repair", "{p}"],
+    ["repair", "{p}", "--dry-run"],
+    ["report", "{p}"],
+    ["inspect", "{p}"],
+])
+def test_a_path_below_a_folder_this_user_cannot_read_is_one_message(tmp_path, monkeypatch, args):
+    locked = tmp_path / "locked"
+    (locked / "inner").mkdir(parents=True)
+    deny(monkeypatch, locked)
+    given = locked / "inner"
+    code, said = invoke(*[a.format(p=given, tmp=tmp_path) for a in args])
+    assert_message(code, said, f"{given}: permission denied on {locked}", "cannot read", "fix:",
+                   f"chmod u+rX {locked}")
+    assert not (tmp_path / "dec").exists() and not (tmp_path / "d.yaml").exists()
+
+
+def test_the_path_itself_unreadable_is_one_message(tmp_path, monkeypatch):
+    from shardsmith.report_html.gather import read_manifest
+    from shardsmith.user_paths import PathPermissionError, user_path_exists
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    deny(monkeypatch, locked)
+    with pytest.raises(PathPermissionError, match=f"cannot read {locked}: permission denied \\(fix: "):
+        user_path_exists(locked)
+    with pytest.raises(PathPermissionError, match="permission denied on"):
+        read_manifest(locked / "inner")  # (the API too)
+    assert user_path_exists(tmp_path / "missing") is False
 
 
 # -- 3. register --replace fixes a broken entry; anchors are no entries --------------------------------------

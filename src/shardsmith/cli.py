@@ -28,7 +28,7 @@ from shardsmith.errors import UserError
 from shardsmith.encode import diffusers_import
 from shardsmith.import_notices import quiet_import_notices
 from shardsmith.recipe import recipe_from_dict, set_key
-from shardsmith.user_paths import check_no_loop, resolve_user_path
+from shardsmith.user_paths import check_no_loop, resolve_user_path, user_path_exists
 
 quiet_import_notices()  # before any model library is imported
 diffusers_import.allow()  # a command: a VAE-only build imports diffusers without transformers
@@ -763,10 +763,11 @@ def verify(
 
 
 def _must_exist(path: Path, takes: str) -> None:
-    """Refuse a ``path`` argument that does not exist (``takes``: what the command takes instead) at once,
-    before the command imports its heavy modules (torch and the model libraries: seconds). A path that an
-    unfinished build has not written yet is left to the command, which says the build is not finished."""
-    if path.exists() or path.is_symlink():
+    """Refuse a ``path`` argument that does not exist (``takes``: what the command takes instead), or that this
+    user may not read (``cannot read PATH: permission denied``, :func:`~shardsmith.user_paths.user_path_exists`),
+    at once, before the command imports its heavy modules (torch and the model libraries: seconds). A path
+    that an unfinished build has not written yet is left to the command, which says the build is not finished."""
+    if user_path_exists(path):
         return
     from shardsmith.verify.repair import unfinished_build
 
@@ -849,6 +850,7 @@ def inspect(
 ):
     """Per shard: members by suffix, missing members, dotted keys, non-adjacent members, truncation, counts.
     A .precomputed/ tree: per folder file counts, unpaired and unreadable .pt files, shapes."""
+    user_path_exists(dataset)  # (a path this user may not read: one message, not a PermissionError)
     if _precomputed_tree(dataset):
         from shardsmith.progress import Progress
         from shardsmith.verify.precomputed_inspect import format_inspect_precomputed, inspect_precomputed
@@ -886,6 +888,7 @@ def repair(
     A .precomputed/ tree: move unreadable and unpaired .pt files into the build's quarantine folder."""
     from shardsmith.verify.repair import refuse_unfinished_build
 
+    user_path_exists(dataset)  # (a path this user may not read: one message, not a PermissionError)
     refuse_unfinished_build(dataset, f"repair {dataset} if it is still damaged (shardsmith verify {dataset} says)")
     if _precomputed_tree(dataset):
         if from_source:

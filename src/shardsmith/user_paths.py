@@ -10,12 +10,19 @@ Contract
 - :func:`check_no_loop` is the same check without the result.
 Every place that resolves a user's path calls it (pathlib's own ``resolve`` raises ``RuntimeError``
 on a loop before Python 3.13 and returns the unresolved path after it).
+
+:func:`user_path_exists` tells whether a path the user gave exists (a link to nothing counts, as
+``os.path.lexists``); a path this user may not read (a folder on its way without search permission, or
+the file or folder itself unreadable: ``chmod 000``, another user's ``chmod 700``) raises
+:class:`PathPermissionError` (exit code 2): ``cannot read PATH: permission denied``, naming the folder
+that denies it and the fix, where pathlib's ``Path.exists`` raises a bare ``PermissionError`` (Python 3.11).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from shardsmith.errors import UserError
@@ -23,6 +30,10 @@ from shardsmith.errors import UserError
 
 class SymlinkLoopError(UserError):
     """A path the user gave is, or runs through, a symlink loop."""
+
+
+class PathPermissionError(UserError):
+    """A path the user gave cannot be read by this user (permission denied on it or on a folder above it)."""
 
 
 def _loop_link(path: Path) -> Path | None:
@@ -68,3 +79,73 @@ def resolve_user_path(path: str | os.PathLike, what: str | None = None) -> Path:
         return Path(os.path.expanduser(os.fspath(path))).resolve()
     except RuntimeError:  # pathlib (< 3.13): "Symlink loop from ...", e.g. a loop made since the check
         raise SymlinkLoopError(_message(os.fspath(path), None, what)) from None
+
+
+def _denied_at(path: Path) -> Path | None:
+    """The folder of the absolute ``path`` whose permissions stop this user: the parent of the first component
+    that cannot be looked at (``EACCES``), else None (every component can be looked at)."""
+    cur = Path(path.anchor)
+    for part in path.parts[1:]:
+        nxt = cur / part
+        try:
+            os.lstat(nxt)
+        except PermissionError:
+            return cur
+        except OSError:
+            return None
+        cur = nxt
+    return None
+
+
+def _owner(path: Path) -> str:
+    """`` (it belongs to NAME)`` for a path another user owns, else ''."""
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return ""
+    if uid == os.geteuid():
+        return ""
+    try:
+        import pwd
+
+        name = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        name = f"user id {uid}"
+    return f" (it belongs to {name})"
+
+
+def permission_error(given: str | os.PathLike, blocked: str | os.PathLike | None = None,
+                     what: str | None = None) -> PathPermissionError:
+    """The :class:`PathPermissionError` for ``given`` that this user may not read, ``blocked`` being the
+    folder (or the path itself) whose permissions deny it (found when not given)."""
+    given = os.fspath(given)
+    absolute = Path(os.path.abspath(os.path.expanduser(given)))
+    where = Path(blocked) if blocked is not None else (_denied_at(absolute) or absolute)
+    name = f"{what} {given}" if what else given
+    on = "" if os.path.normpath(str(where)) == os.path.normpath(str(absolute)) else f" on {where}"
+    return PathPermissionError(
+        f"cannot read {name}: permission denied{on}{_owner(where)} (fix: give this user read access, e.g. "
+        f"chmod u+rX {where} if you own it, or ask its owner to; or run as a user who can read it)")
+
+
+def user_path_exists(path: str | os.PathLike, what: str | None = None) -> bool:
+    """Whether ``path`` exists (a link to nothing counts); a path this user may not read (see the module
+    doc) is a :class:`PathPermissionError`. Reads only metadata; writes nothing."""
+    p = Path(os.path.expanduser(os.fspath(path)))
+    try:
+        st = os.lstat(p)
+    except PermissionError:
+        raise permission_error(path, what=what) from None
+    except OSError:  # missing, a file where a folder is on its way, a loop (check_no_loop names that)
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(p)
+        except PermissionError:
+            raise permission_error(path, _denied_at(p.resolve()), what) from None
+        except OSError:
+            return True  # a link to nothing: the command says what it is
+    need = os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)
+    if not os.access(p, need):
+        raise permission_error(path, p, what)
+    return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -100,25 +102,46 @@ def datasets_in(build: Path, depth: int = 2) -> list[str]:
     return found
 
 
+def _is_file(path: Path) -> bool | None:
+    """Whether ``path`` is a file; None when this user may not look (its folder denies access: the state
+    folder of another user's build, ``chmod 700``), where pathlib's ``is_file`` raises ``PermissionError``."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except PermissionError:
+        return None
+    except (OSError, ValueError):
+        return False
+
+
 def is_build(folder: Path) -> bool:
-    """True for a folder holding a shardsmith ledger."""
-    return (Path(folder) / LEDGER_FILE).is_file()
+    """True for a folder holding a shardsmith ledger (that this user can see)."""
+    return bool(_is_file(Path(folder) / LEDGER_FILE))
 
 
 class BuildFolder(NamedTuple):
-    """A folder holding a ledger, a manifest or both."""
+    """A folder holding a ledger, a manifest or both. ``ledger_unreadable``: its state folder holds a ledger
+    this user may not look at (then ``has_ledger`` is False: whether the build is finished cannot be told
+    from it)."""
 
     root: Path
     has_ledger: bool
     has_manifest: bool
+    ledger_unreadable: bool = False
 
 
-def enclosing_build(dataset: Path) -> BuildFolder | None:
-    """The nearest folder at or above ``dataset`` (resolved) holding a ledger or a manifest."""
-    dataset = Path(dataset).resolve()
-    for root in ([dataset] if dataset.is_dir() else []) + list(dataset.parents):
-        has_ledger = (root / LEDGER_FILE).is_file()
-        has_manifest = (root / MANIFEST_FILE).is_file()
+def enclosing_build(path: Path) -> BuildFolder | None:
+    """The nearest folder at or above ``path`` (resolved) holding a ledger or a manifest: the one walk up the
+    parents that every command finding "the build this path belongs to" uses (for the folders strictly
+    above a path, pass its parent). A ledger this user may not look at counts as absent
+    (``ledger_unreadable``); never a ``PermissionError``."""
+    path = Path(path).resolve()
+    try:
+        here = [path] if path.is_dir() else []
+    except OSError:  # a folder above it denies access: start above
+        here = []
+    for root in here + list(path.parents):
+        has_ledger = _is_file(root / LEDGER_FILE)
+        has_manifest = bool(_is_file(root / MANIFEST_FILE))
         if has_ledger or has_manifest:
-            return BuildFolder(root, has_ledger, has_manifest)
+            return BuildFolder(root, bool(has_ledger), has_manifest, has_ledger is None)
     return None

@@ -15,6 +15,8 @@ from typing import Any
 
 from shardsmith.errors import UserError
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.formats.detect import enclosing_build, is_build
+from shardsmith.user_paths import user_path_exists
 
 MAX_SAMPLED = 20000  # item rows read for the histograms, at most
 VIDEO_META = ("frames", "fps", "duration")  # item meta keys plotted when present
@@ -96,7 +98,9 @@ def _refuse_inside_build(path: Path) -> None:
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
-    """The manifest of the finished build at ``root``, or :class:`ReportError` saying what it is."""
+    """The manifest of the finished build at ``root``, or :class:`ReportError` saying what it is (a path this
+    user may not read: a :class:`~shardsmith.user_paths.PathPermissionError`)."""
+    user_path_exists(root)
     if root.is_file():
         _refuse_inside_build(root)
     if not root.is_dir():
@@ -105,7 +109,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     mpath = root / MANIFEST_FILE
     ledger = root / LEDGER_FILE
     if not mpath.is_file():
-        if ledger.exists():
+        if is_build(root):
             raise ReportError(f"{root}: build not finished ({LEDGER_FILE} but no {MANIFEST_FILE}): resume it with "
                               "the same command, then run shardsmith report")
         _refuse_inside_build(root)
@@ -117,7 +121,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise ReportError(f"{mpath} cannot be read as a shardsmith manifest: {exc}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict) or "counts" not in manifest:
         raise ReportError(f"{mpath} is not a shardsmith manifest (no counts and outputs)")
-    if ledger.exists():
+    if is_build(root):  # (a ledger this user may not look at: another user's build, read from its manifest)
         from shardsmith.plan.ledger import Ledger
 
         try:
@@ -176,8 +180,17 @@ def gather(root: Path) -> BuildData:
 
     manifest = read_manifest(root)
     ledger = root / LEDGER_FILE
-    stats = item_stats(ledger) if ledger.exists() else None
-    data = BuildData(root, manifest, stats, latest(root), preview=read_preview(root))
-    if stats is None:
+    stats = item_stats(ledger) if is_build(root) else None
+    found = enclosing_build(root)
+    closed = found is not None and found.root == Path(root).resolve() and found.ledger_unreadable
+    try:
+        verified = latest(root)
+    except PermissionError:  # (another user's build whose state folder is closed to this user)
+        verified, closed = [], True
+    data = BuildData(root, manifest, stats, verified, preview=read_preview(root))
+    if closed:
+        data.notes.append("the build's state folder cannot be read by this user: no size histograms, no verify "
+                          "records")
+    elif stats is None:
         data.notes.append(f"no ledger ({LEDGER_FILE}): no size histograms")
     return data

@@ -179,7 +179,7 @@ def find_build(dataset: str | Path) -> BuildRef | None:
     found = enclosing_build(dataset)
     if found is None:
         return None
-    root, has_ledger, has_manifest = found
+    root, has_ledger, has_manifest = found.root, found.has_ledger, found.has_manifest
     rel = Path(dataset).resolve().relative_to(root).as_posix()
     if has_ledger:
         entry = _ledger_entry(root, rel)

@@ -63,6 +63,8 @@ from shardsmith.formats.wds import (
     repair_log_events,
 )
 from shardsmith.formats.wds import list_shards as wds_list_shards
+from shardsmith.formats.build_dir import STATE_DIR
+from shardsmith.formats.detect import enclosing_build
 from shardsmith.safety.lock import FolderLockedError, FolderNotWritableError, hold, holder, lock_path
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
@@ -409,9 +411,13 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
     except BuildUnreadable:  # a damaged ledger: the shards are repaired all the same (--from-source needs it)
         if from_source:
             raise
-        from shardsmith.formats.detect import enclosing_build
-
         build, lock_at = None, enclosing_build(folder).root
+    if from_source and build is not None and not build.has_ledger:
+        found = enclosing_build(folder)
+        if found is not None and found.ledger_unreadable:  # (another user's build: its state folder is closed)
+            raise RepairError(f"cannot read the ledger of the build {build.root}: permission denied on "
+                              f"{build.root / STATE_DIR}; --from-source needs it. Run it as a user who can read it, "
+                              f"or `shardsmith repair {folder}` without --from-source to keep every intact sample")
     if not from_source and not wds_list_shards(folder).names:  # nothing to repair: say why, write nothing
         why = unfinished(build) if build is not None else None
         raise RepairError(f"{folder} holds no .tar shards; repair takes a WebDataset folder of NNNNN.tar shards"
