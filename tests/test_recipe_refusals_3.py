@@ -1,14 +1,20 @@
-"""Recipes that would write nothing are one message naming the output and the fix, exit 2, before the plan: an
-output that takes no audio file over sources of audio files only, without ``audio.skip`` (was: exit 0 with every
-item skipped:unsupported_kind_audio), told from the sources' file names."""
+"""Recipes that wrote nothing are one message naming the output and the fix,
+exit 2: an output that takes no audio file over sources of audio files only, without ``audio.skip`` (was: exit 0
+with every item skipped:unsupported_kind_audio) -- told from the sources' file names before the plan; what the
+names cannot tell (a folder past the walk's bound, a WebDataset source) is refused once the plan is complete, with
+the same message, nothing written and nothing that blocks the corrected re-run, also where the first output ran
+ahead of the plan."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 import yaml
 
+from shardsmith.plan.ledger import Ledger
 from test_cli_mistakes import assert_message, invoke
 from test_recipe_refusals_2 import _wav
 
@@ -41,6 +47,18 @@ def _refused(tmp: Path, recipe: Path, *texts: str) -> None:
     code, output = invoke("build", recipe, "--out", tmp / "out")
     assert_message(code, output, *texts)
     assert not (tmp / "out").exists()
+
+
+def _left(out: Path) -> list[str]:
+    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+
+
+def _units(out: Path) -> int:
+    db = sqlite3.connect(out / ".shardsmith" / "ledger.sqlite")
+    try:
+        return db.execute("SELECT COUNT(*) FROM shards").fetchone()[0]
+    finally:
+        db.close()
 
 
 # ---------------------------------------------------------------- 1. audio-only sources, no output takes audio
@@ -108,3 +126,115 @@ def test_outputs_that_write_something_of_audio_sources_pass(tmp_path, files, out
     recipe = _write(tmp_path, [{"path": "src"}], outputs, models={"device": "cpu", **models},
                     geometry={"buckets": ["64x64x17"]}, audio={"durations": [0.25]})
     check_audio_only(load_recipe(recipe))
+
+
+# ---------------------------------------------------------------- 2. the same, told by the plan
+
+@pytest.fixture
+def no_walk(monkeypatch):
+    """The name walk gives up at once (as past 10,000 entries): only the plan can tell."""
+    import shardsmith.precheck as precheck
+
+    monkeypatch.setattr(precheck, "FOLDER_WALK_LIMIT", 1)
+
+
+def test_audio_files_past_the_walk_are_refused_once_planned_and_the_fix_then_builds(tmp_path, no_walk):
+    _sounds(tmp_path)
+    out = tmp_path / "out"
+    code, output = invoke("build", _write(tmp_path, [{"path": "sounds"}], [{"format": "wds"}]), "--out", out)
+    assert_message(code, output, "output 'wds' (outputs[0], wds) would write nothing",
+                   "(the plan found only audio files in source 'sounds')", "a wds output writes images",
+                   "add models.audio_vae")
+    assert _left(out) == [".shardsmith", ".shardsmith/ledger.sqlite", ".shardsmith/lock"]  # the plan only
+    code, output = invoke("build", _write(tmp_path, [{"path": "sounds"}], [{"format": "prompt_wds"}]), "--out", out,
+                          "--no-report", "-q")
+    assert code == 0, output
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 2
+
+
+def test_audio_skip_past_the_walk_is_refused_once_planned(tmp_path, no_walk):
+    _sounds(tmp_path)
+    out = tmp_path / "out"
+    recipe = _write(tmp_path, [{"path": "sounds"}], [{"format": "wds"}], audio={"skip": True})
+    code, output = invoke("build", recipe, "--out", out)
+    assert_message(code, output, "audio.skip is true", "every source item is audio-only (the plan found only audio "
+                   "files in source 'sounds')", "nothing would be written", "remove audio.skip")
+    assert not (out / "wds").exists()
+
+
+def test_a_media_output_over_a_webdataset_source_is_refused_once_planned(tmp_path):
+    """A WebDataset source gives captions (kind text), which the name walk does not read."""
+    import io
+    import tarfile
+
+    (tmp_path / "prompts").mkdir()
+    with tarfile.open(tmp_path / "prompts" / "00000.tar", "w") as t:
+        for key in ("a", "b"):
+            data = f"a prompt {key}".encode()
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    recipe = _write(tmp_path, [{"path": "prompts", "kind": "wds", "name": "captions"}], [{"format": "wds"}])
+    code, output = invoke("build", recipe, "--out", out)
+    assert_message(code, output, "output 'wds' (outputs[0], wds) would write nothing",
+                   "every item planned from source 'captions' is a caption without media, and it takes images",
+                   "(captions without media are written by prompt_wds)", "give outputs[0] sources of images",
+                   "remove it from the recipe")
+    assert not (out / "wds").exists()
+
+
+def test_images_for_a_video_output_are_refused_once_planned(tmp_path):
+    _photos(tmp_path / "photos")
+    out = tmp_path / "out"
+    recipe = _write(tmp_path, [{"path": "photos"}], [{"format": "video_wds"}], geometry={"buckets": ["64x64x17"]})
+    code, output = invoke("build", recipe, "--out", out)
+    assert_message(code, output, "output 'video_wds' (outputs[0], video_wds) would write nothing",
+                   "every item planned from source 'photos' is an image, and it takes video clips (images are written "
+                   "by wds, zip and latent outputs)", "give outputs[0] sources of video clips")
+    assert not (out / "videos").exists()
+
+
+def _ran_ahead(out: Path) -> None:
+    """The first output started before the plan completed (what it wrote is what must be gone)."""
+    assert Ledger.peek(out / ".shardsmith" / "ledger.sqlite", "written_ahead")[0] == ["latents"]
+
+
+@pytest.mark.slow  # (loads a VAE)
+def test_a_latent_output_that_ran_ahead_of_the_plan_leaves_nothing_that_blocks_the_fix(tmp_path, no_walk):
+    """Its units (each item skipped) and index files are removed with the refusal: before, the empty units made the
+    folder "a build of a different recipe" for the corrected recipe."""
+    _sounds(tmp_path)
+    out = tmp_path / "out"
+    recipe = _write(tmp_path, [{"path": "sounds"}], [{"format": "latent_wds"}], models=LATENT, geometry=BUCKETS)
+    for _ in range(2):  # the same recipe again: refused at once from the plan it left
+        code, output = invoke("build", recipe, "--out", out, "--no-report")
+        assert_message(code, output, "output 'latent_wds' (outputs[0], latent_wds) would write nothing",
+                       "(the plan found only audio files in source 'sounds')", "models.audio_vae is not set")
+        assert _left(out) == [".shardsmith", ".shardsmith/ledger.sqlite", ".shardsmith/lock"] and _units(out) == 0
+    _ran_ahead(out)
+    code, output = invoke("build", _write(tmp_path, [{"path": "sounds"}], [{"format": "prompt_wds"}], "fix.yaml"),
+                          "--out", out, "--no-report", "-q")
+    assert code == 0, output
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 2
+
+
+@pytest.mark.slow  # (loads a VAE)
+def test_images_without_a_frame_one_bucket_that_ran_ahead_leave_nothing_that_blocks_the_fix(tmp_path, no_walk):
+    """The image-bucket refusal from the plan, where the first output ran ahead of it (before: the output's empty
+    units, shard_count.json and neg_prompt_emb.npy stayed, and the corrected recipe was refused as "a build of a
+    different recipe")."""
+    _photos(tmp_path / "photos", 3)
+    out = tmp_path / "out"
+
+    def recipe(bucket: str, name: str) -> Path:
+        return _write(tmp_path, [{"path": "photos"}], [{"format": "latent_wds", "samples_per_shard": 1}], name,
+                      models={**LATENT, "text": {"family": "minilm"}}, geometry={"buckets": [bucket]})
+
+    code, output = invoke("build", recipe("64x64x17", "r.yaml"), "--out", out, "--no-report")
+    assert_message(code, output, "every input it takes is an image", "(64x64x17) has no bucket of 1 frame")
+    _ran_ahead(out)
+    assert _left(out) == [".shardsmith", ".shardsmith/ledger.sqlite", ".shardsmith/lock"] and _units(out) == 0
+    code, output = invoke("build", recipe("64x64x1", "fix.yaml"), "--out", out, "--no-report", "-q")
+    assert code == 0, output
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 3

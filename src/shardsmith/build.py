@@ -14,7 +14,12 @@ Contract
   A different recipe's build that committed no unit (it stopped on an error) is reset instead.
 - Once the plan is complete and before the outputs are written past it: a holdout that leaves
   an output no training item is refused with the counts, and a build whose estimated remaining
-  bytes exceed the free space of ``out`` is refused with a ``du``-style summary.
+  bytes exceed the free space of ``out`` is refused with a ``du``-style summary. Before both, an
+  output whose planned items are all of kinds it does not take (audio files where nothing encodes
+  audio, images without a bucket of 1 frame, captions for a media output) is refused with the message
+  of the check made from file names before the plan (:mod:`shardsmith.precheck`); what the first output
+  wrote ahead of the plan is removed with it, so the plan alone is left and the corrected recipe's
+  re-run starts afresh.
 - A full disk, quota or file-size limit mid-write ends in one :class:`~shardsmith.safety.space.
   OutOfSpaceError` naming the file; re-running the same command resumes.
 - Re-running after a crash (even ``kill -9``) resumes from the last committed unit and
@@ -463,13 +468,35 @@ def _check_plan(ctx: BuildContext) -> None:
     ctx.checked = True
     recipe, ledger = ctx.recipe, ctx.ledger
     _refuse_empty_sources(ctx.sources, ledger)
-    _refuse_images_without_image_bucket(recipe, ledger)
+    try:
+        _refuse_kinds_not_taken(recipe, ledger)
+    except RecipeError:
+        if ctx.plan_ahead:  # the first output ran ahead of the plan: it skipped what it read, and goes
+            _unwrite_ahead(ctx)
+        raise
     holdout.refuse_recipe_empty_train(recipe, ledger)
     ests = [_estimate(ctx, o) for o in recipe.outputs]
     known = [e.needed for e in ests if e.needed is not None]
     if known:
         ctx.need.needed = sum(known)
         space.check_fits(ctx.root, ctx.need.needed, [e.describe() for e in ests], show=ctx.need.out or ctx.root)
+
+
+def _unwrite_ahead(ctx: BuildContext) -> None:
+    """Before a refusal of the recipe once the plan is complete: remove what the output that started ahead of the
+    plan wrote (its folder's files this build wrote, the kept encoder results) and its records in the ledger, so
+    that the refused build leaves only its plan, as one refused before its outputs start: a re-run of the
+    corrected recipe then starts afresh (a build of another recipe that committed no unit is reset), where the
+    empty units it had committed made it "a build of a different recipe". What goes was never kept: the refusal
+    says the recipe can only be run corrected, under another fingerprint."""
+    root, ledger, first = ctx.root, ctx.ledger, ctx.recipe.outputs[0]
+    for rel in ledger.get_meta("written_ahead") or []:
+        if (root / rel).is_dir() and root.resolve() in (root / rel).resolve().parents:
+            outdir.remove_owned_under(root, rel)
+    shutil.rmtree(root / formats.ENCODED_DIR, ignore_errors=True)
+    with ledger.transaction():
+        for table in ("results", "shards", "unit_files", "claims"):
+            ledger.db.execute(f"DELETE FROM {table} WHERE output=?", (first.name,))
 
 
 def _refuse_empty_sources(infos: list[SourceInfo], ledger: Ledger) -> None:
@@ -487,20 +514,62 @@ def _refuse_empty_sources(infos: list[SourceInfo], ledger: Ledger) -> None:
                                 for i in empty) + ": check the path, or remove the source from the recipe")
 
 
-def _refuse_images_without_image_bucket(recipe: Recipe, ledger: Ledger) -> None:
-    """A latent output cut to ``geometry.buckets`` whose planned inputs are all images, while no bucket has 1
-    frame, would skip every one (``skipped:no_image_bucket``): refused once the plan is complete, before any
-    output is written (the models may be loading meanwhile)."""
+def _refuse_kinds_not_taken(recipe: Recipe, ledger: Ledger) -> None:
+    """An output whose planned inputs are all of kinds it does not take would skip every one and write nothing:
+    refused once the plan is complete, before any output is written past it (the models may be loading
+    meanwhile), with the message of the check made from file names before the plan
+    (:mod:`shardsmith.precheck`), which cannot see a WebDataset source nor a folder past its walk's bound: a latent
+    output cut to ``geometry.buckets`` of images only while no bucket has 1 frame (``skipped:no_image_bucket``);
+    audio files where nothing encodes audio (:func:`~shardsmith.precheck.audio_only_error`); any other kind the
+    output does not take (:func:`~shardsmith.precheck.kinds_taken`: ``skipped:unsupported_kind_<kind>``)."""
+    from shardsmith.precheck import audio_only_error, kinds_taken
     from shardsmith.recipe import BUCKETED_OUTPUTS
     from shardsmith.transform.buckets import parse_buckets
 
-    if recipe.mode or not recipe.geometry.buckets or any(b.frames == 1 for b in parse_buckets(recipe.geometry.buckets)):
-        return
-    for o in recipe.outputs:
-        if isinstance(o, BUCKETED_OUTPUTS) and ledger.planned_kinds(recipe.source_ids(o)) == {"image"}:
+    g = recipe.geometry
+    no_image_bucket = not recipe.mode and bool(g.buckets) and all(b.frames != 1 for b in parse_buckets(g.buckets))
+    for i, o in enumerate(recipe.outputs):
+        taken = kinds_taken(recipe, o)
+        ids = recipe.source_ids(o)
+        if taken is None or not ids:
+            continue
+        bucketed = isinstance(o, BUCKETED_OUTPUTS)
+        if bucketed and no_image_bucket:
+            taken = taken - {"image"}
+        kinds = ledger.planned_kinds(ids)
+        if not kinds or kinds & taken:
+            continue
+        if recipe.one_sample and not (kinds == {"image"} and bucketed):
+            continue  # (one item planned, the first usable: it tells nothing of the other kinds the sources hold)
+        names = ", ".join(repr(recipe.sources[j].name) for j in ids)
+        of = f"source {names}" if len(ids) == 1 else f"sources {names}"
+        if kinds == {"image"} and bucketed:
             raise RecipeError(f"output {o.name!r}: every input it takes is an image, and geometry.buckets "
-                              f"({';'.join(recipe.geometry.buckets)}) has no bucket of 1 frame, so each would be "
+                              f"({';'.join(g.buckets)}) has no bucket of 1 frame, so each would be "
                               "skipped; add one such as 512x512x1 to geometry.buckets (--resolution-buckets)")
+        if kinds == {"audio"}:
+            err = audio_only_error(recipe, i, f"the plan found only audio files in {of}")
+            if err is not None:
+                raise err
+        why = "; ".join(f"an image needs a bucket of 1 frame, and geometry.buckets ({';'.join(g.buckets)}) has none"
+                        if k == "image" and bucketed else _NOT_TAKEN.get(k, "no output takes them") for k in sorted(kinds))
+        takes = " and ".join(_KIND_WORDS[k] for k in sorted(taken))
+        raise RecipeError(f"output {o.name!r} (outputs[{i}], {o.format}) would write nothing: every item planned from "
+                          f"{of} is {' or '.join(_KIND_WORD.get(k, k) for k in sorted(kinds))}, and it takes "
+                          f"{takes or 'none of them'} ({why}), so each would be skipped; give outputs[{i}] sources "
+                          f"of {takes or 'other media'} (outputs[{i}].sources names them), or remove it from the recipe")
+
+
+#: an item's kind in the catch-all message of _refuse_kinds_not_taken: one item, several
+_KIND_WORD = {"image": "an image", "video": "a video clip", "audio": "an audio file", "text": "a caption without media",
+              "other": "a file of no media type"}
+_KIND_WORDS = {"image": "images", "video": "video clips", "audio": "audio files", "text": "captions without media",
+               "other": "files of no media type"}
+#: which outputs write an item of a kind this output does not take
+_NOT_TAKEN = {"image": "images are written by wds, zip and latent outputs", "video": "video clips are written by "
+              "video_wds and latent outputs", "audio": "audio files are written by precomputed and latent_wds outputs "
+              "with models.audio_vae", "text": "captions without media are written by prompt_wds",
+              "other": "no output takes files of no media type"}
 
 
 def _estimate(ctx: BuildContext, o) -> estimate.OutputEstimate:
