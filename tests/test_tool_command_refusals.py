@@ -119,15 +119,17 @@ def test_register_and_repair_refuse_a_build_stopped_mid_way(tmp_path, disk_full_
         shardsmith.build(recipe, out, quiet=True)
     assert (out / "wds" / "00000.tar").is_file() and not (out / "manifest.json").exists()
     before, cfg = tree_bytes(out), tmp_path / "data.yaml"
-    fix = f"finish it with `shardsmith build RECIPE --out {out}`"
+    fix = f"re-run the same `shardsmith build ... --out {out}` command (it resumes where it stopped)"
     code, said = invoke("register", out / "wds", "--preset", "image", "--name", "x", "--config", cfg)
     assert_message(code, said, f"{out / 'wds'} is an output of the unfinished build {out}", "no manifest.json", fix,
-                   "register it again")
+                   f"then register {out / 'wds'}")
+    # given the build folder itself: the dataset to pass once it is finished (a build folder is refused then)
     assert_message(*invoke("register", out, "--preset", "image", "--name", "x", "--config", cfg),
-                   f"{out} is an unfinished build", fix)
+                   f"{out} is an unfinished build", fix, f"then register {out / 'wds'}")
     for dry in ([], ["--dry-run"]):
         assert_message(*invoke("repair", out / "wds", *dry), "is an output of the unfinished build", fix,
-                       f"then repair {out / 'wds'} if it is still damaged")
+                       f"then repair {out / 'wds'} if shardsmith verify still finds it damaged")
+    assert_message(*invoke("repair", out), f"{out} is an unfinished build", fix, f"then repair {out / 'wds'} if")
     with pytest.raises(RepairError, match="unfinished build"):
         repair_wds(out / "wds")
     assert not cfg.exists() and tree_bytes(out) == before

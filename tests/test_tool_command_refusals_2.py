@@ -9,6 +9,8 @@
 - ``report --output`` / ``decode --out`` in the project folder of a table source are written;
 - ``repair`` of a read-only dataset gives a fix that works (the copy made writable; a ``.precomputed/``
   tree named in the copy); only what repair writes must be writable (not the build folder above);
+- an unfinished build folder names its datasets to pass; the command that resumes a build is the same
+  one; an output however deep in a build names the build.
 
 Tests run as root, which permissions do not stop: a user without access is simulated by ``os.stat`` /
 ``os.lstat`` / ``os.access`` refusing the paths below a folder, as the kernel does for that user.
@@ -20,6 +22,7 @@ import errno
 import json
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -107,8 +110,7 @@ def test_register_and_report_a_build_whose_state_folder_this_user_cannot_read(bu
 
 def test_an_unreadable_ledger_is_not_taken_for_an_unfinished_build(build_copy, monkeypatch):
     from shardsmith.formats.detect import enclosing_build
-    from shardsmith.verify.owning_build import find_build
-    from shardsmith.verify.repair import unfinished_build
+    from shardsmith.verify.owning_build import find_build, unfinished_build
 
     deny(monkeypatch, build_copy / ".shardsmith")
     found = enclosing_build(build_copy / "wds")
@@ -287,3 +289,54 @@ def test_repair_with_only_the_build_folder_read_only_repairs(build_copy, monkeyp
     code, said = invoke("repair", build_copy / "wds")
     assert code == 0, said
     assert (build_copy / "wds" / "00000.tar.orig").is_file() and (build_copy / "wds" / "repair.json").is_file()
+
+
+# -- 8. messages: the datasets to pass, the same command, a deep output ------------------------------------
+
+def test_an_unfinished_build_with_holdout_names_every_dataset_to_pass(tmp_path, disk_full_at):
+    import shardsmith
+
+    recipe = {**small_recipe(pictures(tmp_path / "src", 4)), "split": {"holdout": 1, "seed": 3}}
+    out = tmp_path / "out"
+    disk_full_at(0)
+    with pytest.raises(Exception):
+        shardsmith.build(recipe, out, quiet=True)
+    code, said = invoke("repair", out)
+    assert_message(code, said, f"{out} is an unfinished build",
+                   f"re-run the same `shardsmith build ... --out {out}` command (it resumes",
+                   f"then repair one of its datasets ({out / 'wds'}, {out / 'holdout' / 'wds'})")
+    assert "RECIPE" not in said
+
+
+def test_report_and_decode_of_a_deeply_nested_output_name_the_build(tmp_path):
+    root = tmp_path / "b"
+    deep = root / "holdout" / "deep" / "er" / "wds"
+    deep.mkdir(parents=True)
+    (root / "manifest.json").write_text(json.dumps({"counts": {}, "outputs": {}}))
+    r = root.resolve()
+    assert_message(*invoke("report", deep, "--no-previews"), f"inside the shardsmith build at {r}",
+                   f"pass {r} instead")
+    assert_message(*invoke("decode", deep, "--out", tmp_path / "dec"), f"lies inside the shardsmith build {r}",
+                   f"pass {r} instead")
+
+
+# -- 9. one unfinished-build check per repair --------------------------------------------------------------
+
+def test_repair_checks_for_an_unfinished_build_once(built, monkeypatch):
+    from shardsmith.verify import repair
+
+    calls = []
+    check = repair.refuse_unfinished_build
+    monkeypatch.setattr(repair, "refuse_unfinished_build", lambda *a, **k: calls.append(a) or check(*a, **k))
+    code, said = invoke("repair", built / "wds", "--dry-run")
+    assert code == 0, said
+    assert len(calls) == 1
+
+
+def test_a_ledger_not_marked_complete_still_refuses_register(build_copy, tmp_path):
+    db = sqlite3.connect(build_copy / ".shardsmith" / "ledger.sqlite")
+    db.execute("DELETE FROM meta WHERE key='complete'")
+    db.commit()
+    db.close()
+    code, said = invoke("register", build_copy, "--preset", "image", "--name", "x", "--config", tmp_path / "d.yaml")
+    assert_message(code, said, "unfinished build", f"then register {build_copy.resolve() / 'wds'}")

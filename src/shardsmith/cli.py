@@ -769,7 +769,7 @@ def _must_exist(path: Path, takes: str) -> None:
     that an unfinished build has not written yet is left to the command, which says the build is not finished."""
     if user_path_exists(path):
         return
-    from shardsmith.verify.repair import unfinished_build
+    from shardsmith.verify.owning_build import unfinished_build
 
     if unfinished_build(path) is None:
         _fail(f"{path} does not exist; {takes}")
@@ -886,11 +886,11 @@ def repair(
 ):
     """Rewrite truncated shards from intact samples (originals kept), ignore corrupt samples, rebuild counts.
     A .precomputed/ tree: move unreadable and unpaired .pt files into the build's quarantine folder."""
-    from shardsmith.verify.repair import refuse_unfinished_build
+    from shardsmith.formats.detect import build_folder_message
+    from shardsmith.verify.repair import REPAIR_THEN, refuse_unfinished_build
 
     user_path_exists(dataset)  # (a path this user may not read: one message, not a PermissionError)
-    refuse_unfinished_build(dataset, f"repair {dataset} if it is still damaged (shardsmith verify {dataset} says)")
-    if _precomputed_tree(dataset):
+    if _precomputed_tree(dataset):  # (repair_precomputed refuses a tree of an unfinished build)
         if from_source:
             _fail(f"--from-source rebuilds WebDataset shards; {dataset} is a .precomputed/ tree (repair it without "
                   "--from-source, then resume the build to re-encode what was moved)")
@@ -900,6 +900,10 @@ def repair(
         typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json
                    else format_repair_precomputed(rep))
         raise typer.Exit(1 if rep.get("errors") else 0)
+    if not dataset.is_dir() or build_folder_message(dataset) is not None:
+        # repair_wds, which refuses a dataset of an unfinished build, is not reached: an output not written yet,
+        # or the build folder itself, of such a build is refused here (once per run)
+        refuse_unfinished_build(dataset, REPAIR_THEN)
     _wds_folder(dataset, "repair")
     from shardsmith.verify.repair import format_repair, repair_wds
 
@@ -928,12 +932,12 @@ def register(
     (for a .precomputed/ tree: the LTX-2 trainer's data section)."""
     from shardsmith.loaders.registry import add_entry, check_config, check_env_name, config_path, portable_path
     from shardsmith.formats.detect import dataset_kind, refuse_unreadable
-    from shardsmith.verify.repair import refuse_unfinished_build
+    from shardsmith.verify.repair import REGISTER_THEN, refuse_unfinished_build
 
     # the cheap checks first: the preset and loader modules import torch (seconds)
     check_env_name(root_env, "--root-env")  # (exported and written as ${NAME}: a shell's variable name)
-    refuse_unfinished_build(dataset, "register it again", UsageError)  # (its files are not all written yet)
     _must_exist(dataset, "give an EDM .zip, a folder with .tar shards or a .precomputed/ tree")
+    refuse_unfinished_build(dataset, REGISTER_THEN, UsageError)  # (its files are not all written yet)
     # another program's YAML is refused before the dataset is read (the entry --replace rewrites may be broken)
     check_config(config_path(config), name if replace else None)
     if _precomputed_tree(dataset):
@@ -1027,14 +1031,14 @@ def _build_folder_arg(path: Path, command_name: str, takes: str) -> None:
     (or file) inside a build: naming the build folder to pass instead."""
     _must_exist(path, takes)
     from shardsmith.formats.build_dir import MANIFEST_FILE
-    from shardsmith.report_html.gather import build_above
+    from shardsmith.formats.detect import enclosing_build
 
     if path.is_dir() and (path / MANIFEST_FILE).is_file():
         return
-    above = build_above(resolve_user_path(path))
-    if above is not None and (above / MANIFEST_FILE).is_file():
-        _fail(f"{path} lies inside the shardsmith build {above} (one of its outputs), not a build folder; "
-              f"{command_name} takes the build folder: pass {above} instead")
+    found = enclosing_build(resolve_user_path(path).parent)  # (at any depth: holdout/deep/er/wds)
+    if found is not None and found.has_manifest:
+        _fail(f"{path} lies inside the shardsmith build {found.root} (one of its outputs), not a build folder; "
+              f"{command_name} takes the build folder: pass {found.root} instead")
 
 
 @command("decode")

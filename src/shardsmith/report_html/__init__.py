@@ -3,7 +3,7 @@
 Contract
 - In: a finished shardsmith build folder (its ``manifest.json``; its ledger, when there, must
   mark it complete), else :class:`ReportError` (a user error: exit 2); a path inside a build (one of
-  its output folders, a ZIP) is refused naming the build folder to pass instead (``gather.build_above``).
+  its output folders, a ZIP) is refused naming the build folder to pass instead (``gather._refuse_inside_build``).
 - An ``--output`` inside (or around) a source its manifest's recipe records is refused (exit 2),
   before anything is read or written.
 - Out: ``<build>/report.html`` (``formats.build_dir.REPORT_FILE``) or the given file, written

@@ -65,31 +65,18 @@ def read_preview(root: Path, limit: int = 16) -> dict[str, Any] | None:
     return info
 
 
-#: how many folders above a path :func:`build_above` looks for the build it belongs to (``holdout/<dir>``
-#: of a build is 2 below it; a bucket folder of a multi-bucket holdout output 3)
-BUILD_LEVELS = 3
-
-
-def build_above(path: Path, levels: int = BUILD_LEVELS) -> Path | None:
-    """The nearest folder at most ``levels`` above ``path`` holding a build's ``manifest.json`` or ledger
-    (``path`` is then one of its outputs, or a folder inside one), or None."""
-    for folder in list(Path(path).parents)[:levels]:
-        if (folder / MANIFEST_FILE).is_file() or (folder / LEDGER_FILE).is_file():
-            return folder
-    return None
-
-
 def _refuse_inside_build(path: Path) -> None:
-    """Refuse (:class:`ReportError`) ``path`` when it lies inside the build at :func:`build_above` it (one
-    of its output folders, a ZIP, a shard), naming that build folder to pass instead."""
-    above = build_above(path)
-    if above is None:
+    """Refuse (:class:`ReportError`) ``path`` when it lies inside a build (one of its output folders, a ZIP, a
+    shard, at any depth: ``holdout/deep/er/wds``), naming that build folder to pass instead."""
+    found = enclosing_build(path.parent)
+    if found is None:
         return
-    if path.is_dir() and path.parent == above:
+    above = found.root
+    if path.is_dir() and path.resolve().parent == above:
         what = f"an output folder of the shardsmith build at {above}"
     else:
         what = f"a {'folder' if path.is_dir() else 'file'} inside the shardsmith build at {above}"
-    if (above / MANIFEST_FILE).is_file():
+    if found.has_manifest:
         raise ReportError(f"{path} is {what}, not a build; the report is of the whole build: pass {above} "
                           f"instead (shardsmith report {above})")
     raise ReportError(f"{path} is {what}, not a build, and that build is not finished ({LEDGER_FILE} but no "

@@ -5,6 +5,10 @@ manifest records.
   (``formats.detect.enclosing_build``) whose recorded recipe (or manifest) has an output at the
   dataset, else None.
 - :func:`unfinished`: the message ``verify`` fails with for a build that is not finished, or None.
+- :func:`unfinished_build`: the :class:`UnfinishedBuild` a path is, or lies inside, when that build is not
+  finished (any path: the build folder, an output not written yet), or None; ``register`` and ``repair``
+  refuse it (``verify.repair.refuse_unfinished_build``). It and :func:`unfinished` share one reading of
+  the ledger (:func:`_not_finished_why`) and of the lock (:func:`running_on`).
 - :func:`manifest_count`: the ``written`` count the enclosing build's manifest records for the
   dataset, and where it was read, or ``(None, None)``.
 """
@@ -195,17 +199,86 @@ def find_build(dataset: str | Path) -> BuildRef | None:
     return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
 
 
-def unfinished(build: BuildRef) -> str | None:
-    """Why ``build`` is not finished (the message verify fails with), or None when it is."""
+def _not_finished_why(root: Path, has_manifest: bool, complete: bool, named: bool = True) -> str | None:
+    """Why the build at ``root`` (a ledger in it) is not finished, or None when it is: no manifest, or a
+    ledger that does not mark it complete (``named``: the text names ``root``, else says "it")."""
+    if has_manifest and complete:
+        return None
+    if not has_manifest:
+        return f"{root if named else 'it'} has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}"
+    return f"its ledger {root / LEDGER_FILE if named else LEDGER_FILE} does not mark it complete"
+
+
+def running_on(root: Path) -> str | None:
+    """The holder of the build folder ``root``'s lock (a build running there now), or None; a lock that
+    cannot be opened (a read-only build, another user's state folder) is None: nothing of ours runs there."""
     from shardsmith.safety.lock import holder
 
-    if build.complete:
-        return None
-    why = (f"{build.root} has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}"
-           if not build.has_manifest else f"its ledger {build.root / LEDGER_FILE} does not mark it complete")
     try:
-        running = holder(build.root)
-    except OSError:  # a read-only build: its lock cannot be opened to ask, and nothing can build there
-        running = None
+        return holder(root)
+    except OSError:
+        return None
+
+
+def unfinished(build: BuildRef) -> str | None:
+    """Why ``build`` is not finished (the message verify fails with), or None when it is."""
+    why = None if build.complete else _not_finished_why(build.root, build.has_manifest, False)
+    if why is None:
+        return None
+    running = running_on(build.root)
     now = f"; a build is running on it now ({running})" if running else ""
     return f"build not finished: resume it with the same command ({why}{now})"
+
+
+@dataclass(frozen=True)
+class UnfinishedBuild:
+    """A shardsmith build folder that is not finished: ``why`` (no manifest, or not marked complete),
+    ``command`` (``build``, or ``distill`` for a distillation build: the one that resumes it), ``datasets``
+    (the datasets its recorded recipe writes, relative to ``root``: what to pass once it is finished) and
+    ``running`` (the holder of its lock while a build runs there, else None)."""
+
+    root: Path
+    why: str
+    command: str
+    datasets: tuple[str, ...]
+    running: str | None
+
+
+def _recipe_datasets(recipe: dict) -> tuple[str, ...]:
+    """The datasets (relative paths) a recorded recipe writes: each output's ``dir`` (``path`` for a ZIP),
+    and below ``holdout/`` too when the recipe holds items out."""
+    from shardsmith.formats.zip import ZIP_FORMATS
+
+    targets = []
+    for o in recipe.get("outputs") or []:
+        target = o.get("path") if isinstance(o, dict) and o.get("format") in ZIP_FORMATS else \
+            o.get("dir") if isinstance(o, dict) else None
+        if isinstance(target, str) and target.strip():
+            targets.append(PurePosixPath(target).as_posix())
+    split = recipe.get("split")
+    held = isinstance(split, dict) and bool(split.get("holdout"))
+    return tuple(targets + ([f"{HOLDOUT_DIR}/{t}" for t in targets] if held else []))
+
+
+def unfinished_build(path: str | Path) -> UnfinishedBuild | None:
+    """The build ``path`` is, or lies inside, when that build is not finished (a ledger and no
+    ``manifest.json``, or a ledger that does not mark it complete); None otherwise (no build above it, a
+    finished one, or a ledger that cannot be read: the caller's own checks name that). Reads only."""
+    import sqlite3
+
+    from shardsmith.plan.ledger import Ledger
+
+    found = enclosing_build(path)
+    if found is None or not found.has_ledger:
+        return None
+    try:
+        complete, recipe = Ledger.peek(found.root / LEDGER_FILE, "complete", "recipe")
+    except (sqlite3.DatabaseError, ValueError, OSError):
+        return None
+    why = _not_finished_why(found.root, found.has_manifest, bool(complete), named=False)
+    if why is None:
+        return None
+    recipe = recipe if isinstance(recipe, dict) else {}
+    distill = any(isinstance(o, dict) and o.get("format") == "kd_wds" for o in recipe.get("outputs") or [])
+    return UnfinishedBuild(found.root, why, "distill" if distill else "build", _recipe_datasets(recipe),
+                           running_on(found.root))

@@ -9,9 +9,9 @@
 - :func:`repair_precomputed`: moves every unreadable and unpaired file (never deletes) into the
   quarantine folder below the tree's build state (``formats.precomputed.QUARANTINE_DIR``), with a
   ``repair.json`` there listing each move and why; ``dry_run`` reports the same moves and writes
-  nothing. The build folder's lock is held meanwhile, as for a WebDataset repair; a tree whose
-  folders (or the build's state folder) cannot be written is refused before any change, as there
-  (``verify.repair``).
+  nothing. The build folder's lock is held meanwhile, as for a WebDataset repair; a tree of an
+  unfinished build, or one whose folders (or the build's state folder) cannot be written, is refused
+  before any change, as there (``verify.repair``).
 """
 
 from __future__ import annotations
@@ -122,9 +122,10 @@ def repair_precomputed(root: str | Path, *, dry_run: bool = False) -> dict[str, 
     Report: ``{"folder", "dry_run", "quarantine" (the folder of this run), "moved": [{"file",
     "reason", "to"}], "inspect" (before), "after" (the inspect report after; None for a dry run),
     "errors"}``."""
-    from shardsmith.verify.repair import repair_lock
+    from shardsmith.verify.repair import REPAIR_THEN, refuse_unfinished_build, repair_lock
 
     root = Path(root)
+    refuse_unfinished_build(root, REPAIR_THEN)
     build = enclosing_build(resolve_user_path(root))
     writes = [root / d for d in layout.present_dirs(root)]  # (its files move out of them)
     with repair_lock(build.root if build else root, dry_run, root, writes, MOVES):

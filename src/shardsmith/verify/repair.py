@@ -69,7 +69,7 @@ from shardsmith.safety.lock import FolderLockedError, FolderNotWritableError, ho
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar
 from shardsmith.verify.inspect import scan_folder
-from shardsmith.verify.owning_build import BuildRef, BuildUnreadable, find_build, unfinished
+from shardsmith.verify.owning_build import BuildRef, BuildUnreadable, find_build, unfinished, unfinished_build
 from shardsmith.verify.shard_scan import LostSample, ShardScan, scan_shard
 
 CANDIDATE_SUFFIX = ".repaired"
@@ -85,65 +85,38 @@ class RepairError(UserError, RuntimeError):
 # an unfinished build
 
 
-@dataclass(frozen=True)
-class UnfinishedBuild:
-    """A shardsmith build folder that is not finished: ``why`` (no manifest, or not marked complete) and
-    ``command``, the one that resumes it (``build``, or ``distill`` for a distillation build)."""
-
-    root: Path
-    why: str
-    command: str
-
-
-def unfinished_build(dataset: str | Path) -> UnfinishedBuild | None:
-    """The build ``dataset`` is, or lies inside, when that build is not finished (a ledger and no
-    ``manifest.json``, or a ledger that does not mark it complete); None otherwise (no build above it, a
-    finished one, or a ledger that cannot be read: the caller's own checks name that). Reads only."""
-    import sqlite3
-
-    from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
-    from shardsmith.formats.detect import enclosing_build
-    from shardsmith.plan.ledger import Ledger
-
-    found = enclosing_build(dataset)
-    if found is None or not found.has_ledger:
-        return None
-    try:
-        complete, recipe = Ledger.peek(found.root / LEDGER_FILE, "complete", "recipe")
-    except (sqlite3.DatabaseError, ValueError):
-        return None
-    if found.has_manifest and complete:
-        return None
-    why = (f"it has a ledger ({LEDGER_FILE}) but no {MANIFEST_FILE}" if not found.has_manifest
-           else f"its ledger {LEDGER_FILE} does not mark it complete")
-    outs = recipe.get("outputs") if isinstance(recipe, dict) else None
-    distill = any(isinstance(o, dict) and o.get("format") == "kd_wds" for o in outs or [])
-    return UnfinishedBuild(found.root, why, "distill" if distill else "build")
-
-
 def refuse_unfinished_build(dataset: str | Path, then: str, error: type[UserError] | None = None) -> None:
     """Raise ``error`` (a :class:`RepairError` by default) when ``dataset`` belongs to an unfinished build
-    (:func:`unfinished_build`), naming it and the fix: finish the build (its own command resumes), then
-    ``then`` (e.g. ``"register it again"``)."""
+    (:func:`~shardsmith.verify.owning_build.unfinished_build`), naming it and the fix: finish the build
+    (re-running the same command resumes it), then ``then``, a text where ``{dataset}`` stands for the
+    dataset to pass: the given path, or, for the build folder itself, its datasets (a build folder is
+    refused by register, repair and verify, which take one of its datasets)."""
+    from shardsmith.user_paths import resolve_user_path
+
     found = unfinished_build(dataset)
     if found is None:
         return
-    root = found.root
-    given = Path(dataset)
-    what = (f"{given} is an unfinished build" if given.resolve() == root
-            else f"{given} is an output of the unfinished build {root}")
-    try:
-        from shardsmith.safety.lock import holder
-
-        running = holder(root)
-    except OSError:  # a read-only build: nothing can be building there
-        running = None
-    if running:
-        fix = f"a build is running on it now ({running}); wait for it to finish, then {then}"
+    root, given = found.root, Path(dataset)
+    if resolve_user_path(given) == root:
+        what = f"{given} is an unfinished build"
+        paths = [str(root / d) for d in found.datasets]
+        target = (paths[0] if len(paths) == 1 else f"one of its datasets ({', '.join(paths)})" if paths
+                  else "one of its datasets")
     else:
-        fix = (f"finish it with `shardsmith {found.command} RECIPE --out {root}` (the same recipe and --out: it resumes where "
-               f"it stopped), then {then}")
+        what, target = f"{given} is an output of the unfinished build {root}", str(given)
+    after = then.format(dataset=target)
+    if found.running:
+        fix = f"a build is running on it now ({found.running}); wait for it to finish, then {after}"
+    else:
+        fix = (f"finish it: re-run the same `shardsmith {found.command} ... --out {root}` command (it resumes where "
+               f"it stopped), then {after}")
     raise (error or RepairError)(f"{what} ({found.why}); {fix}")
+
+
+#: what ``repair`` and ``register`` say to do once an unfinished build is finished (``{dataset}``: see
+#: :func:`refuse_unfinished_build`)
+REPAIR_THEN = "repair {dataset} if shardsmith verify still finds it damaged"
+REGISTER_THEN = "register {dataset}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -404,7 +377,7 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
     folder = Path(folder)
     if not folder.is_dir():
         raise RepairError(f"{folder} is not a folder; repair takes a WebDataset folder (the one holding NNNNN.tar)")
-    refuse_unfinished_build(folder, f"repair {folder} if it is still damaged (shardsmith verify {folder} says)")
+    refuse_unfinished_build(folder, REPAIR_THEN)
     try:
         build = find_build(folder)
         lock_at = build.root if build else folder
