@@ -1,9 +1,9 @@
-"""Recipes that wrote nothing are one message naming the output and the fix,
+"""Recipes that wrote nothing, or wrote one output inside another, are one message naming the output and the fix,
 exit 2: an output that takes no audio file over sources of audio files only, without ``audio.skip`` (was: exit 0
 with every item skipped:unsupported_kind_audio) -- told from the sources' file names before the plan; what the
 names cannot tell (a folder past the walk's bound, a WebDataset source) is refused once the plan is complete, with
 the same message, nothing written and nothing that blocks the corrected re-run, also where the first output ran
-ahead of the plan."""
+ahead of the plan; and an output's dir or ZIP inside another output's folder (was: accepted)."""
 
 from __future__ import annotations
 
@@ -238,3 +238,39 @@ def test_images_without_a_frame_one_bucket_that_ran_ahead_leave_nothing_that_blo
     code, output = invoke("build", recipe("64x64x1", "fix.yaml"), "--out", out, "--no-report", "-q")
     assert code == 0, output
     assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 3
+
+
+# ---------------------------------------------------------------- 3. an output inside another output's folder
+
+@pytest.mark.parametrize("outputs, texts", [
+    ([{"format": "wds", "dir": "a"}, {"format": "wds", "dir": "a/b"}],
+     ["outputs[1].dir 'a/b' (output 'wds1') lies inside outputs[0].dir 'a' (output 'wds')",
+      "e.g. outputs[1].dir: b instead of a/b"]),
+    ([{"format": "wds", "dir": "a/b/"}, {"format": "prompt_wds", "dir": "./a"}],
+     ["outputs[0].dir 'a/b/' (output 'wds') lies inside outputs[1].dir './a' (output 'prompt_wds')"]),
+    ([{"format": "wds", "dir": "a"}, {"format": "zip", "path": "a/d.zip", "resolution": 32}],
+     ["outputs[1].path 'a/d.zip' (output 'zip') lies inside outputs[0].dir 'a' (output 'wds')",
+      "e.g. outputs[1].path: d.zip instead of a/d.zip"]),
+    ([{"format": "prompt_wds", "dir": ".precomputed/prompts"}, {"format": "wds", "dir": ".precomputed"}],
+     ["outputs[0].dir '.precomputed/prompts' (output 'prompt_wds') lies inside outputs[1].dir '.precomputed'"]),
+    ([{"format": "wds", "dir": "b"}, {"format": "prompt_wds", "dir": "b/b"}],
+     ["e.g. outputs[1].dir: b_b instead of b/b"]),  # (b itself is taken)
+])
+def test_an_output_inside_another_outputs_folder_is_refused_when_the_recipe_is_read(tmp_path, outputs, texts):
+    _photos(tmp_path / "photos")
+    _refused(tmp_path, _write(tmp_path, [{"path": "photos"}], outputs), *texts,
+             "its files would lie in the other output's dataset", "give it a place beside the other, not inside")
+
+
+def test_outputs_side_by_side_are_accepted():
+    """Siblings, whatever their names share, and the held-out split (holdout/<dir>, the same layout again)."""
+    from shardsmith.recipe import recipe_from_dict
+
+    recipe_from_dict({"sources": [{"path": "."}], "split": {"holdout": 0.5},
+                      "geometry": {"buckets": ["64x64x1"]},
+                      "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}},
+                      "outputs": [{"format": "precomputed"}, {"format": "latent_wds"}, {"format": "wds"},
+                                  {"format": "wds", "dir": "wds2"}, {"format": "wds", "dir": "x/a"},
+                                  {"format": "wds", "dir": "x/ab"}, {"format": "zip", "path": "x/a.zip",
+                                                                     "resolution": 32},
+                                  {"format": "zip", "path": "wds.zip", "resolution": 32}]})

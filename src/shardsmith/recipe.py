@@ -677,6 +677,28 @@ def _check_target(name: str, target: str) -> str:
     return norm
 
 
+def _refuse_nested(key: str, target: str, norm: str, name: str, targets: dict[str, str],
+                   keys: dict[str, tuple[str, str]]) -> None:
+    """An output's folder (``dir``) or ZIP (``path``) may not lie inside another output's folder, nor hold one:
+    one output's files would lie in the other's dataset, which its readers (the loaders' shard listing, verify,
+    inspect, repair, the build's own clean-up of an output's folder) take as theirs. Side by side is fine
+    (``dir: wds`` and ``dir: .precomputed``); the held-out split mirrors the same layout under ``holdout/``."""
+    parts = Path(norm).parts
+    for other, other_name in targets.items():
+        theirs = Path(other).parts
+        if parts[:len(theirs)] == theirs or theirs[:len(parts)] == parts:
+            (outer_key, outer), (inner_key, inner) = ((keys[other], (key, target)) if len(theirs) < len(parts)
+                                                      else ((key, target), keys[other]))
+            outer_name, inner_name = (other_name, name) if len(theirs) < len(parts) else (name, other_name)
+            beside = Path(os.path.normpath(inner)).name
+            if beside in targets or beside == norm:
+                beside = os.path.normpath(inner).replace("/", "_")
+            raise ValueError(f"{inner_key} {inner!r} (output {inner_name!r}) lies inside {outer_key} {outer!r} (output "
+                             f"{outer_name!r}): its files would lie in the other output's dataset, whose readers "
+                             "(loaders, verify, repair) take everything there as theirs; give it a place beside the "
+                             f"other, not inside, e.g. {inner_key}: {beside} instead of {inner}")
+
+
 class Recipe(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     mode: Literal["t2i", "t2v", "i2v", "v2v-ic", "a2v", "v2a", "t2a", "video-inpaint", "audio-inpaint", "av2av-ic",
@@ -771,20 +793,24 @@ class Recipe(_Strict):
             seen.add(s.name)
         out_names: set[str] = set()
         targets: dict[str, str] = {}  # normalised dir/path -> the output writing there
-        for o in self.outputs:
+        keys: dict[str, tuple[str, str]] = {}  # normalised dir/path -> (outputs[i].dir or .path, as written)
+        for i, o in enumerate(self.outputs):
             if o.name is None:
                 o.name = o.format if o.format not in out_names else f"{o.format}{len(out_names)}"
             if o.name in out_names:
                 raise ValueError(f"output name {o.name!r} is used twice; give each output a unique name")
             out_names.add(o.name)
-            target = o.path if isinstance(o, (ZipOutput, LatentZipOutput)) else o.dir
+            key = "path" if isinstance(o, (ZipOutput, LatentZipOutput)) else "dir"
+            target = getattr(o, key)
             if os.path.isabs(target) or ".." in Path(target).parts:
                 raise ValueError(f"output {o.name!r}: {target!r} must be a relative path inside --out")
             norm = _check_target(o.name, target)
             if norm in targets:
                 raise ValueError(f"output {o.name!r}: {target!r} is where output {targets[norm]!r} writes too (the "
                                  "same path); give each output its own dir/path")
+            _refuse_nested(f"outputs[{i}].{key}", target, norm, o.name, targets, keys)
             targets[norm] = o.name
+            keys[norm] = (f"outputs[{i}].{key}", target)
             for sname in o.sources or []:
                 if sname not in seen:
                     raise ValueError(f"output {o.name!r} names unknown source {sname!r} (known: {sorted(seen)})")
