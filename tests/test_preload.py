@@ -50,6 +50,7 @@ def test_warm_up_compiles_before_the_first_batch_and_books_nothing(tmp_path, mon
     assert len(st.batches) == 1 and st.describe()["warm_up"]["shapes"] == ["32x32x1"]
 
 
+@pytest.mark.slow  # (builds a VAE: diffusers' import, ~5 s alone)
 def test_warm_up_stops_after_the_shape_under_way_and_survives_a_failure():
     st = EncodeStage(load_vae("sd"), None, batch_size=2, device="cpu", compile="off")
     stop = threading.Event()
@@ -64,6 +65,7 @@ def test_warm_up_stops_after_the_shape_under_way_and_survives_a_failure():
     assert info["shapes"] == [] and "out of memory" in info["error"]  # logged, left to the real batches
 
 
+@pytest.mark.slow  # (imports diffusers and tries the VAE twice: ~6 s alone)
 def test_preload_reraises_the_load_error_after_the_plan(tmp_path):
     rec = recipe_from_dict({"sources": [{"path": str(tmp_path)}], "geometry": {"buckets": ["64x64x1"]},
                             "models": {"vae": {"family": "sd", "pretrained": str(tmp_path / "no-such-vae")}},
@@ -77,6 +79,7 @@ def test_preload_reraises_the_load_error_after_the_plan(tmp_path):
     assert str(via.value) == str(direct.value)
 
 
+@pytest.mark.slow  # (two LTX builds: the module's and a warmed one)
 def test_a_warmed_build_writes_the_same_bytes(clips, ltx_build, tmp_path, monkeypatch):  # noqa: F811
     """Warm-up forced on (the default does it on a GPU, or with compile=on): every output byte
     equals the unwarmed build's, and the manifest says which bucket shapes were warmed."""
@@ -217,6 +220,7 @@ def test_a_computing_thread_started_inside_a_one_thread_block_keeps_its_threads(
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow  # (a build with a VAE: ~5 s alone)
 def test_warm_up_and_every_batch_of_every_split_run_on_one_device_thread(tmp_path, monkeypatch):
     """torch keeps cuDNN's autotuned plans per thread: the warm-up must run where the batches will,
     and the train and holdout outputs must share that thread, or each tunes again at its first batch."""
