@@ -170,6 +170,7 @@ def test_a_build_killed_while_planning_ahead_resumes_over_changed_sources(photos
     assert ref["counts"] == m["counts"]
 
 
+@pytest.mark.slow  # (a build with models: ~5 s)
 def test_a_count_holdout_plans_first(photos, tmp_path):
     """With a holdout of N items the splits are known only once every item is planned."""
     m = build(_recipe(photos, holdout=2), tmp_path / "o", quiet=True, workers=1)
@@ -337,15 +338,29 @@ def test_items_decode_while_the_models_load(photos, tmp_path, monkeypatch, outpu
     assert m["timings"]["load_models_s"] < ready[0] - started[0]
 
 
-def test_an_output_written_into_the_build_root_plans_first(photos, tmp_path):
-    """What is written ahead of an unfinished plan is removed on resume, so only an output whose
-    folder lies strictly inside the build folder may start early; one written into the root itself
-    (``dir: .``) waits for the plan."""
-    rec = _recipe(photos, holdout=0).model_copy(deep=True)
-    rec.outputs[0].dir = "."
-    m = build(rec, tmp_path / "o", quiet=True, workers=1)
-    assert "plan_ahead" not in m["timings"] and m["counts"]["written"] == 11
-    assert (tmp_path / "o" / "00000.tar").exists()
+@pytest.mark.slow
+def test_an_output_folder_linked_out_of_the_build_folder_plans_first(photos, tmp_path, monkeypatch):
+    """What is written ahead of an unfinished plan is removed on resume, only strictly inside the build folder
+    (never through a link), so only an output whose folder lies strictly inside it may start early. ``dir: .`` is
+    refused when the recipe is read; what still leads out is a link the user put in the folder of a build that
+    stopped while planning (here its latents moved to another disk): the resume plans first, then writes there."""
+    out, disk = tmp_path / "o", tmp_path / "other_disk"
+
+    def stops(*a, **k):
+        raise RuntimeError("simulated crash while planning")
+
+    monkeypatch.setattr(ahead_mod, "make_plan", stops)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build(_recipe(photos, holdout=0), out, quiet=True, workers=1)
+    assert Ledger.peek(out / ".shardsmith" / "ledger.sqlite", "plan_complete") == (None,)
+    monkeypatch.undo()
+    shutil.rmtree(out / "lat", ignore_errors=True)
+    disk.mkdir()
+    (out / "lat").symlink_to(disk)
+    m = build(_recipe(photos, holdout=0), out, quiet=True, workers=1)
+    assert "plan_ahead" not in m["timings"] and m["timings"].get("plan_apart") is True  # planned first
+    assert m["counts"]["written"] == 11
+    assert sorted(p.name for p in disk.glob("*.tar")) == [f"{i:05d}.tar" for i in range(6)]
 
 
 @pytest.mark.slow

@@ -727,7 +727,10 @@ def _ahead_output(recipe: Recipe, root: Path):
     """The output whose train split may start before the plan is complete, or None: the first
     output, when it is a latent output that ``plans_ahead`` (the GPU would otherwise wait for the plan), the plan's
     rows are final when committed, and its folder lies strictly inside ``root`` (a crash before
-    the plan completes removes that folder)."""
+    the plan completes removes that folder, never through a link: :func:`_remove_written_ahead`). The recipe
+    keeps an output's folder inside ``root`` (``dir: .`` and ``..`` are refused when it is read); what still
+    leads out is a link the user put in its place in the folder of a build stopped while planning, whose
+    resume then plans first."""
     from shardsmith.plan.ahead import can_plan_ahead
 
     first = recipe.outputs[0] if recipe.outputs else None
