@@ -28,19 +28,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli_mistakes import assert_message, invoke
-from tests.test_tool_command_refusals import _truncate, small_build, small_recipe, pictures, tree_bytes
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    return small_build(tmp_path_factory.mktemp("tool_refusals_2"))
-
-
-@pytest.fixture
-def build_copy(built, tmp_path) -> Path:
-    dest = tmp_path / "out"
-    shutil.copytree(built, dest)
-    return dest
+from tests.test_tool_command_refusals import (  # noqa: F401 (built, build_copy: fixtures)
+    _truncate, build_copy, built, small_recipe, pictures, tree_bytes)
 
 
 def _below(path, folder: str) -> bool:
