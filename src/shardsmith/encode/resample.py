@@ -92,6 +92,8 @@ def resample(wave: "torch.Tensor", orig: int, new: int) -> "torch.Tensor":
     o, n = reduced(orig, new)
     if o == n:
         return wave
+    if wave.shape[-1] == 0:  # (no sample: none out; the cutter fails such an item first, audio_rate_too_low)
+        return wave.new_zeros(*wave.shape[:-1], 0)
     kernel, width = sinc_kernel(orig, new, str(wave.device), wave.dtype)
     shape = wave.shape
     x = wave.reshape(-1, shape[-1])

@@ -10,7 +10,10 @@ fix; no PyAV / FFmpeg exception escapes for a bad file. Reasons raised:
 - ``empty_file`` (0 bytes), ``unreadable`` (missing, no permission, or FFmpeg cannot open it);
 - ``no_audio_stream``: the file opens but holds no audio stream (a silent video, an image);
 - ``audio_decode_error``: FFmpeg fails while decoding (corrupt packets, a broken container, the
-  sample format / layout / rate changing mid-stream, or a stream with no decodable sample).
+  sample format / layout / rate changing mid-stream, or a stream with no decodable sample);
+- from :func:`check_decoded` (what the audio cutter asks of each window it cut): ``audio_rate_too_low``
+  (a source below :data:`MIN_AUDIO_RATE` Hz, or a window holding no sample) and ``audio_not_finite`` (NaN
+  or infinite samples).
 
 The audio timeline: time 0 is the first decoded sample of the stream and samples are taken as
 contiguous (what a decode of the whole stream gives, as LTX's ``torchaudio.load`` does).
@@ -75,6 +78,9 @@ _DECODER_PREROLL = 0.1
 _SEEKABLE = frozenset({"mov", "mp4", "m4a", "matroska", "webm", "wav", "flac", "ogg"})
 
 _AUDIO_FIX = "give the item an audio file (columns.audio) or set audio.required: false / --skip-audio"
+#: the lowest sample rate (Hz) taken from a source: telephone audio is 8,000 Hz, and below this a file is
+#: mislabelled or broken (a 1 Hz WAV holds no sample in a clip's 0.7 s window: :func:`check_decoded`)
+MIN_AUDIO_RATE = 1000
 _DECODE_FIX = "re-encode its audio (e.g. ffmpeg -i in -c:a pcm_s16le out.wav) or remove it"
 
 
@@ -655,6 +661,27 @@ def decode_audio(
     kept = channels == 2 or (keep_mono and channels == 1)  # (the window's own array: no copy)
     wave = np.ascontiguousarray(got if kept else to_stereo(got, layout), dtype=np.float32)
     return DecodedAudio(wave=wave, rate=int(rate), probe=probe, padded=max(0, short) / rate)
+
+
+def check_decoded(dec: DecodedAudio, who: str, duration: float) -> DecodedAudio:
+    """``dec`` (a window of ``duration`` seconds; ``who`` names the item and its audio file) when it is fit to
+    encode, else the item's :class:`ItemError`: ``audio_rate_too_low`` for a source below
+    :data:`MIN_AUDIO_RATE` Hz or a window that holds no sample, ``audio_not_finite`` for NaN or infinite
+    samples (a float WAV can hold them: the encoder would write latents of NaN). Cheap: one pass over the cut
+    samples, in the decode worker."""
+    src = int(dec.probe.rate)
+    if src < MIN_AUDIO_RATE or (duration > 0 and dec.wave.shape[-1] == 0):
+        raise ItemError("audio_rate_too_low",
+                        f"{who} is sampled at {src} Hz, below the {MIN_AUDIO_RATE} Hz shardsmith takes (its "
+                        f"{duration:.3f} s window holds {int(dec.wave.shape[-1])} sample(s)); resample the file "
+                        "(e.g. ffmpeg -i in -ar 16000 out.wav) or remove it")
+    finite = np.isfinite(dec.wave)
+    if not finite.all():
+        raise ItemError("audio_not_finite",
+                        f"{who} holds {int(finite.size - np.count_nonzero(finite))} NaN or infinite audio "
+                        "sample(s) in the window cut (a float WAV can); fix the file (e.g. numpy.nan_to_num its "
+                        "samples and write it again) or remove it")
+    return dec
 
 
 def pcm16(wave: np.ndarray) -> np.ndarray:

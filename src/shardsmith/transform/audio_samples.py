@@ -20,7 +20,10 @@ Contract of :class:`AudioCutter` (settings: the encoder's sample ``rate``, wheth
   bucket), or the whole file without buckets; cut from the start.
 - Without audio (no stream, an image, a decode error): with ``required`` the item fails
   (``failed:no_audio_stream`` / ``failed:audio_decode_error``, the detail names the file, FFmpeg's
-  message and the fix); without, the sample has no audio and ``info["status"]`` says why.
+  message and the fix); without, the sample has no audio and ``info["status"]`` says why. So does a window
+  that decoded but cannot be encoded (:func:`~shardsmith.transform.audio.check_decoded`):
+  ``audio_not_finite`` (NaN or infinite samples, which would give latents of NaN) and
+  ``audio_rate_too_low`` (a source below ``MIN_AUDIO_RATE`` Hz, or a window holding no sample).
 - ``info`` (``SampleResult.info["audio"]``): ``status`` (``written``, or the reason there is none),
   ``duration`` / ``start`` (seconds: the window), ``recorded_duration`` (what ``audio_latents/`` records:
   LTX-2's cut samples ÷ their rate with ``sinc``, the window with ``ffmpeg``), ``samples`` (what the encoder
@@ -36,8 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardsmith.records import TARGET, ItemError, MediaRef, PlannedItem, Waveform
-from shardsmith.transform.audio import (DecodedAudio, choose_duration, clip_window, decode_audio, probe_audio,
-                                        resampled_length)
+from shardsmith.transform.audio import (DecodedAudio, check_decoded, choose_duration, clip_window, decode_audio,
+                                        probe_audio, resampled_length)
 from shardsmith.transform.geometry import Geometry
 
 AUDIO_ROLE = "audio"
@@ -129,7 +132,8 @@ class AudioCutter:
             return None, {"status": "none"}
         name = f"{item.item_id} (its reference {ref.relpath})"
         try:
-            dec = self.decode(ref.path, name, target["start"], target["duration"], ref.audio)
+            dec = check_decoded(self.decode(ref.path, name, target["start"], target["duration"], ref.audio), name,
+                                target["duration"])
         except ItemError as err:
             return self._missing(item, ItemError(f"reference_{err.reason}", err.detail))
         return Waveform(dec.wave, dec.rate), self._info(dec, target["start"], target["duration"])
@@ -160,7 +164,8 @@ class AudioCutter:
         first = geom.frame_indices[0] if geom.frame_indices else 0
         start, duration = clip_window(first, source_fps, geom.bucket.frames, geom.fps)
         try:
-            dec = self.decode(path, name, start, duration, probed)
+            dec = check_decoded(self.decode(path, name, start, duration, probed),
+                                name if partner is not None else f"{name} ({item.relpath})", duration)
         except ItemError as err:
             return self._missing(item, err)
         info = self._info(dec, start, duration)
@@ -192,7 +197,8 @@ class AudioCutter:
                                 "audio.durations (--audio-durations) to keep it", skip=True)
             duration = chosen
         try:
-            dec = self.decode(item.path, item.item_id, 0.0, duration, _facts(item.media.get(TARGET)))
+            dec = check_decoded(self.decode(item.path, item.item_id, 0.0, duration, _facts(item.media.get(TARGET))),
+                                f"{item.item_id} ({item.relpath})", duration)
         except ItemError as err:
             return self._missing(item, err)
         return Waveform(dec.wave, dec.rate), self._info(dec, 0.0, duration)

@@ -1,0 +1,153 @@
+"""Values that were written as good samples or ended in a traceback (a tester's report) are now a failed item
+with its reason, or one message naming the key and the fix:
+
+- a float WAV holding NaN (an audio-only target, or a clip's audio partner) is ``failed:audio_not_finite``, and
+  a 1 Hz WAV as a clip's partner (its window cuts no sample) ``failed:audio_rate_too_low``, never latents of NaN
+  or a build (and every resume) dying in the encoder's resampler;
+- a distill teacher returning NaN stops the run (exit 2) naming the teacher before any shard holds it; one
+  returning None or a numpy array is a TeacherError, as a wrong shape is;
+- a ``models.vae.config`` / ``models.teacher.config`` dict with a key its diffusers class does not take, or a
+  value it cannot be built from, is refused before the plan naming the key (exit 2);
+- ``distill.rho`` far outside the sensible range (1e-300 divided by zero in the step allocation) is refused
+  before anything runs (exit 2).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from test_cli_mistakes import assert_message, invoke
+
+FPS = 24
+BUCKET = "64x64x17"  # 17 frames at 24 fps: a 0.708 s audio window per sample
+
+
+def _float_wav(path: Path, seconds: float = 1.5, rate: int = 16000, nan_at: slice | None = slice(100, 4000)) -> Path:
+    """A mono float32 WAV of a tone; ``nan_at``: those samples are NaN."""
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    x = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    if nan_at is not None:
+        x[nan_at] = np.nan
+    soundfile.write(str(path), x, rate, subtype="FLOAT")
+    return path
+
+
+def _one_hz_wav(path: Path, samples: int = 4) -> Path:
+    """A 16-bit PCM WAV at 1 Hz: a 0.708 s window holds no sample of it."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(1)
+        w.writeframes(np.array([0, 1000, -1000, 0][:samples], dtype="<i2").tobytes())
+    return path
+
+
+def _ledger_details(out: Path, output: str) -> dict[str, tuple[str, str]]:
+    from shardsmith import formats
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(out / formats.LEDGER_FILE)
+    return {item: (status, detail) for item, status, detail in led.result_details(output, "train", "%", limit=100)}
+
+
+# ----------------------------------------------------------------------------------------------- 1, 6: audio
+
+
+@pytest.mark.slow
+def test_a_nan_wav_as_an_audio_only_target_is_a_failed_item(tmp_path):
+    """Was written: ``audio_latents/nan.pt`` full of NaN. Now ``failed:audio_not_finite`` naming the file and
+    the fix; the good file beside it is written, with finite latents."""
+    import torch
+
+    from shardsmith.build import build
+    from shardsmith.recipe import recipe_from_dict
+    from video_factory import audio_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    audio_file(src / "good.wav", kind="speech", duration=1.5, rate=16000, layout="mono")
+    _float_wav(src / "nan.wav")
+    for stem in ("good", "nan"):
+        (src / f"{stem}.txt").write_text(f"{stem} speech")
+    rec = {"sources": [{"path": str(src)}], "models": {"text": {"family": "minilm"},
+                                                       "audio_vae": {"family": "ltx2_audio"}, "device": "cpu"},
+           "audio": {"durations": "1.0"}, "outputs": [{"format": "precomputed"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    block = m["outputs"]["precomputed"]
+    assert block["counts"]["failed"] == {"audio_not_finite": 1}
+    tree = tmp_path / "out" / ".precomputed" / "audio_latents"
+    assert sorted(p.name for p in tree.rglob("*.pt")) == ["good.pt"]
+    assert torch.isfinite(torch.load(tree / "good.pt", weights_only=True)["latents"]).all()
+    [(status, detail)] = [v for v in _ledger_details(tmp_path / "out", "precomputed").values()
+                          if v[0].startswith("failed")]
+    assert status == "failed:audio_not_finite"
+    assert "nan.wav" in detail and "NaN" in detail and "nan_to_num" in detail
+
+
+@pytest.mark.slow
+def test_nan_and_one_hz_audio_partners_fail_their_clips_only(tmp_path):
+    """A clip's ``columns: {audio: ...}`` partner: a float WAV with NaN gave ``audio_latent.pth`` of NaN, and a 1 Hz
+    WAV (its 17-frame window cuts 0 samples) killed the build in the resampler (``cannot reshape tensor of 0
+    elements``), every resume too. Now each is its clip's failure with the reason; the good clip is written."""
+    import torch
+
+    from shardsmith.build import build
+    from shardsmith.recipe import recipe_from_dict
+    from video_factory import audio_file, pan_video
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, name in enumerate(("a", "b", "c")):
+        pan_video(src / f"{name}.mp4", frames=30, fps=FPS, size=(96, 64), photo=("astronaut", "coffee", "rocket")[i])
+    audio_file(src / "good.wav", kind="speech", duration=1.5, rate=16000, layout="mono")
+    _float_wav(src / "nan.wav")
+    _one_hz_wav(src / "slow.wav")
+    (src / "rows.csv").write_text("video,voice,caption\na.mp4,good.wav,first\nb.mp4,nan.wav,second\n"
+                                  "c.mp4,slow.wav,third\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "video", "audio": "voice",
+                                                                   "caption": "caption"}}],
+           "geometry": {"buckets": [BUCKET]},
+           "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"},
+                      "device": "cpu"},
+           "outputs": [{"format": "latent_wds"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    counts = m["outputs"]["latent_wds"]["counts"]
+    assert counts["written"] == 1
+    assert counts["failed"] == {"audio_not_finite": 1, "audio_rate_too_low": 1}
+    details = {status: detail for status, detail in _ledger_details(tmp_path / "out", "latent_wds").values()}
+    assert "nan.wav" in details["failed:audio_not_finite"]
+    assert "slow.wav" in details["failed:audio_rate_too_low"] and "1 Hz" in details["failed:audio_rate_too_low"]
+    with tarfile.open(next((tmp_path / "out").rglob("*.tar"))) as tf:
+        audio = [torch.load(io.BytesIO(tf.extractfile(x).read()), weights_only=True)
+                 for x in tf.getmembers() if x.name.endswith(".audio_latent.pth")]
+    assert len(audio) == 1 and torch.isfinite(audio[0]).all()
+
+
+def test_the_cutter_refuses_non_finite_and_too_slow_audio(tmp_path):
+    """The check itself, in the decode worker's cutter (no model): each is an ItemError with its reason."""
+    from shardsmith.records import ItemError
+    from shardsmith.transform.audio import check_decoded, decode_audio
+
+    nan = _float_wav(tmp_path / "nan.wav")
+    with pytest.raises(ItemError) as err:
+        check_decoded(decode_audio(str(nan), "n", rate=None, start=0.0, duration=0.5, keep_mono=True), "n (nan.wav)",
+                      0.5)
+    assert err.value.reason == "audio_not_finite" and "nan.wav" in err.value.detail
+    slow = _one_hz_wav(tmp_path / "slow.wav")
+    with pytest.raises(ItemError) as err:
+        check_decoded(decode_audio(str(slow), "s", rate=None, start=0.0, duration=17 / FPS, keep_mono=True),
+                      "s (slow.wav)", 17 / FPS)
+    assert err.value.reason == "audio_rate_too_low" and "1 Hz" in err.value.detail
+    good = _float_wav(tmp_path / "good.wav", nan_at=None)
+    dec = decode_audio(str(good), "g", rate=None, start=0.0, duration=0.5, keep_mono=True)
+    assert check_decoded(dec, "g", 0.5) is dec
