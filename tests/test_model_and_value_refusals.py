@@ -151,3 +151,59 @@ def test_the_cutter_refuses_non_finite_and_too_slow_audio(tmp_path):
     good = _float_wav(tmp_path / "good.wav", nan_at=None)
     dec = decode_audio(str(good), "g", rate=None, start=0.0, duration=0.5, keep_mono=True)
     assert check_decoded(dec, "g", 0.5) is dec
+
+
+# ----------------------------------------------------------------------------------------------- 2, 4: teachers
+
+TEACHERS = '''
+import numpy as np
+import torch
+
+
+def nan(x, t, c):
+    return torch.full_like(x, float("nan"))
+
+
+def inf_late(x, t, c):
+    return torch.full_like(x, float("inf")) if float(t[0]) < 0.5 else torch.zeros_like(x)
+
+
+def none(x, t, c):
+    return None
+
+
+def array(x, t, c):
+    return np.zeros(tuple(x.shape), dtype=np.float32)
+'''
+
+
+@pytest.fixture
+def teachers(tmp_path, monkeypatch):
+    (tmp_path / "bad_teachers.py").write_text(TEACHERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "bad_teachers"
+
+
+def _kd_recipe(tmp: Path, teacher: dict, **distill) -> Path:
+    (tmp / "p.jsonl").write_text("".join(json.dumps({"prompt": f"a photo of thing {i}"}) + "\n" for i in range(6)))
+    r = {"sources": [{"path": "p.jsonl", "columns": {"caption": "prompt"}}], "outputs": [{"format": "kd_wds"}],
+         "models": {"teacher": teacher, "text": {"family": "minilm"}, "device": "cpu"},
+         "distill": {"shape": [4, 8, 8], "steps": 4, **distill}}
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump(r))
+    return path
+
+
+@pytest.mark.parametrize("fn, says", [("none", "returned None"), ("array", "numpy.ndarray")])
+def test_a_teacher_returning_no_tensor_is_a_teacher_error(teachers, fn, says):
+    """Was an AttributeError (``'NoneType' object has no attribute 'shape'``, ``'numpy.ndarray' object has no
+    attribute 'float'``); now a TeacherError (exit 2) naming the entry point, as a wrong shape is."""
+    import torch
+
+    from shardsmith.encode.teacher import TeacherError, load_teacher
+
+    teacher = load_teacher("callable", entry_point=f"{teachers}:{fn}", parameterisation="flow")
+    with pytest.raises(TeacherError) as err:
+        teacher.predict(torch.zeros(2, 4, 8, 8), 0.5, torch.zeros(2, 3, 384))
+    assert err.value.exit_code == 2
+    assert f"{teachers}:{fn}" in str(err.value) and says in str(err.value) and "torch.Tensor" in str(err.value)

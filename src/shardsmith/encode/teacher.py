@@ -15,7 +15,8 @@ Contract
   ``pretrained``, else the ``tiny`` / ``published`` config or a dict, with random weights.
 - ``teacher_settings(...)``: the latent channels and text width from the config alone (no model
   built), for the precheck; ``None`` for a pretrained config that is not on disk.
-- An entry point that cannot be imported or is not callable is a :class:`TeacherError` naming it.
+- An entry point that cannot be imported or is not callable is a :class:`TeacherError` naming it; so is a
+  ``predict`` whose model returns something other than a tensor (None, a numpy array) or another shape.
 """
 
 from __future__ import annotations
@@ -93,10 +94,20 @@ class Teacher:
     def __init__(self, spec: TeacherSpec, provenance: Provenance, fn: Callable, device: str):
         self.spec, self.provenance, self._fn, self.device = spec, provenance, fn, device
 
+    @property
+    def name(self) -> str:
+        """What messages call the teacher: its entry point or pretrained path, else its family."""
+        return self.provenance.path_or_repo or self.spec.family
+
     def predict(self, x: torch.Tensor, t: float, cond: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         out = self._fn(x, t, cond, mask)
+        if not torch.is_tensor(out):
+            what = "None (no return statement?)" if out is None else f"a {type(out).__module__}.{type(out).__name__}"
+            raise TeacherError(f"teacher {self.name} returned {what} for a state of shape {tuple(x.shape)}; it must "
+                               "return a torch.Tensor: the velocity (flow) or the denoised sample (edm), shaped like "
+                               "its input (e.g. torch.from_numpy(out) for a numpy array)")
         if out.shape != x.shape:
-            raise TeacherError(f"teacher {self.provenance.path_or_repo or self.spec.family} returned shape "
+            raise TeacherError(f"teacher {self.name} returned shape "
                                f"{tuple(out.shape)} for a state of shape {tuple(x.shape)}; it must return the "
                                "velocity (flow) or the denoised sample (edm), shaped like its input")
         return out.float()
