@@ -194,6 +194,31 @@ def _kd_recipe(tmp: Path, teacher: dict, **distill) -> Path:
     return path
 
 
+def _pth_members(out: Path):
+    import torch
+
+    for shard in out.rglob("*.tar"):
+        with tarfile.open(shard) as tf:
+            for x in tf.getmembers():
+                if x.name.endswith(".pth"):
+                    yield x.name, torch.load(io.BytesIO(tf.extractfile(x).read()), weights_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn, when", [("nan", "NaN or inf at t = 0.999 (its call 1 of 8"),
+                                      ("inf_late", "NaN or inf at t = 0 (its call 8 of 8")])
+def test_a_teacher_giving_nan_stops_the_run_before_any_shard_holds_it(tmp_path, teachers, fn, when):
+    """Was ``written 6`` with latent.pth / path.pth of NaN. Now exit 2 naming the teacher and when it did."""
+    out = tmp_path / "out"
+    code, output = invoke("distill", _kd_recipe(tmp_path, {"family": "callable", "entry_point": f"{teachers}:{fn}",
+                                                           "parameterisation": "flow"}), "--out", out)
+    assert_message(code, output, f"models.teacher ({teachers}:{fn})", when, "finite")
+    assert "done:" not in output and "Traceback" not in output
+    import torch
+
+    assert all(torch.isfinite(t).all() for _, t in _pth_members(out))
+
+
 @pytest.mark.parametrize("fn, says", [("none", "returned None"), ("array", "numpy.ndarray")])
 def test_a_teacher_returning_no_tensor_is_a_teacher_error(teachers, fn, says):
     """Was an AttributeError (``'NoneType' object has no attribute 'shape'``, ``'numpy.ndarray' object has no
@@ -207,3 +232,23 @@ def test_a_teacher_returning_no_tensor_is_a_teacher_error(teachers, fn, says):
         teacher.predict(torch.zeros(2, 4, 8, 8), 0.5, torch.zeros(2, 3, 384))
     assert err.value.exit_code == 2
     assert f"{teachers}:{fn}" in str(err.value) and says in str(err.value) and "torch.Tensor" in str(err.value)
+
+
+def test_a_teacher_nan_on_padding_rows_only_is_not_refused():
+    """The batch's padding rows (zero conditions, a zero mask) may give NaN in a real model's attention: only the
+    batch's own rows are checked."""
+    import torch
+
+    from shardsmith.distill.trajectories import Sampler
+    from shardsmith.encode.teacher import Teacher, TeacherSpec
+    from shardsmith.encode.spec import Provenance
+
+    def fn(x, t, cond, mask):
+        out = torch.zeros_like(x)
+        out[cond.abs().sum(dim=(1, 2)) == 0] = float("nan")  # the zero rows: the padding
+        return out
+
+    teacher = Teacher(TeacherSpec("callable", "flow"), Provenance(cls="t", weights="pretrained"), fn, "cpu")
+    s = Sampler("flow", "euler", 4, (0.999, 0.0), 1.0, 1.0, (4, 8, 8))
+    got = s.run(teacher, [1, 2], torch.ones(2, 3, 16), None, pad_to=4)
+    assert len(got) == 2 and all(torch.isfinite(t.latent).all() for t in got)

@@ -14,6 +14,9 @@ Contract
   predictions are made in one forward pass and combined as ``u + w (c - u)``. ``pad_to``: a
   shorter batch is padded with zero rows to that size (every forward pass has one shape on a GPU,
   so a sample's result does not depend on its batch-mates). The states are float32 on the CPU.
+- A teacher that gives NaN or inf on the batch's samples, or trajectories that hold them, is a
+  :class:`~shardsmith.encode.teacher.TeacherError` (exit code 2) naming the teacher and the first time it
+  did: nothing of the batch is returned, so no shard holds a non-finite target.
 """
 
 from __future__ import annotations
@@ -100,12 +103,17 @@ class Sampler:
             mask_in = None if mask is None or neg_mask is None else torch.cat(
                 [neg_mask.to(device).expand(rows, *neg_mask.shape).to(mask.dtype), mask])
         w = float(self.guidance)
+        # (t, whether the teacher's output on the batch's own rows was finite): device flags, read once at the end
+        finite: list[tuple[float, torch.Tensor]] = []
 
         def predict(x: torch.Tensor, t: float) -> torch.Tensor:
             if not guided:
-                return teacher.predict(x, t, cond, mask)
+                out = teacher.predict(x, t, cond, mask)
+                finite.append((t, torch.isfinite(out[:n]).all()))
+                return out
             both = teacher.predict(torch.cat([x, x]), t, cond_in, mask_in)
             u, c = both[:rows], both[rows:]
+            finite.append((t, torch.isfinite(u[:n]).all() & torch.isfinite(c[:n]).all()))
             return u + w * (c - u)
 
         deriv = flow_derivative(predict) if self.parameterisation == "flow" else edm_derivative(predict)
@@ -115,7 +123,30 @@ class Sampler:
                             euler_at_zero=self.parameterisation == "edm")
         path = torch.stack(kept, dim=1)[:n].float().cpu()
         final = final[:n].float().cpu()
+        _check_finite(teacher, finite, path, final, self.guidance)
         return [Trajectory(seed, noise[i].clone(), path[i].clone(), final[i].clone()) for i, seed in enumerate(seeds)]
+
+
+def _check_finite(teacher, finite: list[tuple[float, torch.Tensor]], path: torch.Tensor, final: torch.Tensor,
+                  guidance: float) -> None:
+    """A :class:`~shardsmith.encode.teacher.TeacherError` naming the teacher when it gave NaN or inf on the batch's
+    own rows (padding rows may: a zero mask) or its trajectories hold them: nothing of the batch is returned, so no
+    shard holds them (the flags are read after the states came to the CPU: no extra wait on a GPU)."""
+    from shardsmith.encode.teacher import TeacherError
+
+    flags = torch.stack([f for _, f in finite]).cpu() if finite else torch.ones(0, dtype=torch.bool)
+    if bool(flags.all()) and bool(torch.isfinite(path).all()) and bool(torch.isfinite(final).all()):
+        return
+    name = getattr(teacher, "name", None) or getattr(getattr(teacher, "spec", None), "family", "the teacher")
+    bad = [(i, t) for i, ((t, _), ok) in enumerate(zip(finite, flags.tolist())) if not ok]
+    if bad:
+        first = f"NaN or inf at t = {bad[0][1]:g} (its call {bad[0][0] + 1} of {len(finite)} on this batch)"
+    else:
+        first = (f"finite outputs, but the trajectory overflowed to NaN or inf (distill.guidance {guidance:g} "
+                 "amplifies them: u + w (c - u))")
+    raise TeacherError(f"models.teacher ({name}) gave {first}: a distillation target must be finite, so the run "
+                       "stops before this batch is written. Check the teacher: its weights, its dtype (float16 "
+                       "overflows: use bfloat16 or float32), and what it returns for these inputs; then build again")
 
 
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
