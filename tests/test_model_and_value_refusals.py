@@ -252,3 +252,62 @@ def test_a_teacher_nan_on_padding_rows_only_is_not_refused():
     s = Sampler("flow", "euler", 4, (0.999, 0.0), 1.0, 1.0, (4, 8, 8))
     got = s.run(teacher, [1, 2], torch.ones(2, 3, 16), None, pad_to=4)
     assert len(got) == 2 and all(torch.isfinite(t.latent).all() for t in got)
+
+
+# ----------------------------------------------------------------------------------------------- 3: model configs
+
+
+def _latent_recipe(tmp: Path, **over) -> Path:
+    from PIL import Image
+
+    (tmp / "src").mkdir(exist_ok=True)
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(tmp / "src" / "a.jpg")
+    r = {"sources": [{"path": "src"}], "geometry": {"buckets": ["64x64x17", "64x64x1"]},
+         "models": {"vae": {"family": "ltx2"}, "device": "cpu"}, "outputs": [{"format": "latent_wds"}], **over}
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump(r))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, texts", [
+    ("{nosuch: 1}", ["models.vae.config", "AutoencoderKLLTX2Video", "'nosuch'", "latent_channels"]),
+    ("{latnet_channels: 64}", ["models.vae.config", "'latnet_channels'", "did you mean 'latent_channels'"]),
+    ("{latent_channels: -1}", ["models.vae.config", "negative dimension", "cannot be built"]),
+    ("{block_out_channels: abc}", ["models.vae.config", "TypeError", "cannot be built"]),
+    ("{block_out_channels: 5}", ["models.vae.config", "TypeError"]),
+    ("{latent_channels: 0}", ["models.vae.config", "latent channels 0", "at least 1"]),
+])
+def test_a_vae_config_dict_the_class_refuses_is_one_message_before_the_plan(tmp_path, config, texts):
+    out = tmp_path / "out"
+    code, output = invoke("build", _latent_recipe(tmp_path), "--out", out, "--set", f"models.vae.config={config}")
+    assert_message(code, output, *texts)
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_teacher_config_dict_the_class_refuses_is_one_message_before_the_plan(tmp_path):
+    out = tmp_path / "out"
+    recipe = _kd_recipe(tmp_path, {"family": "unet", "config": {"cross_attention_dim": 384, "nosuch": 1}},
+                        t_list=[14.6, 1.0, 0.0])
+    code, output = invoke("distill", recipe, "--out", out)
+    assert_message(code, output, "models.teacher.config", "UNet2DConditionModel", "'nosuch'")
+    assert not out.exists()
+    code, output = invoke("distill", recipe, "--out", out, "--set",
+                          "models.teacher.config={cross_attention_dim: 384, block_out_channels: abc}")
+    assert_message(code, output, "models.teacher.config", "cannot be built")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_named_configs_given_as_dicts_pass():
+    """No false refusal: every named config of every VAE family and teacher, given as a dict, passes the check."""
+    from shardsmith.encode import teacher, vae
+    from shardsmith.encode.vae_config import CONFIGS
+
+    for family, configs in CONFIGS.items():
+        for cfg in configs.values():
+            vae.check_config(family, dict(cfg))
+    for family, configs in (("unet", teacher.UNET_CONFIGS), ("sana", teacher.SANA_CONFIGS)):
+        for cfg in configs.values():
+            teacher.check_config(family, dict(cfg))

@@ -17,6 +17,8 @@ Contract
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
     not on disk leaves the check to the loaded model;
   - ``models.vae.config`` names no config of the family;
+  - ``models.vae.config`` or ``models.teacher.config``, given as a dict, holds a key the model class does not take
+    or a value it cannot be built from (:func:`check_model_configs`);
   - a ``prompt_wds`` output sets ``negative_prompt`` without ``models.text``;
   - a ``latent_zip`` output's side is not a multiple of the VAE's spatial factor, or its VAE is
     a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
@@ -32,7 +34,9 @@ Contract
   - ``models.teacher`` names an entry point that does not import, a config its family lacks, or takes
     other channels or text widths than ``distill.shape`` and the text encoder give; ``distill.steps``
     is fewer than ``distill.t_list``'s segments.
-- Nothing is written, no model class is touched; torch is imported only for that last question.
+- Nothing is written, no model class is touched; torch is imported only for that last question, and for a
+  model ``config`` given as a dict, built on torch's meta device (no memory, no weights) to find what its class
+  refuses.
 - ``check_hub_cache(recipe)`` (as the models start to load: :class:`~shardsmith.encode.stage.EncodeStage`) and
   ``load_errors(key, model)`` (around each ``from_pretrained``) turn a hub repo id that is not cached while
   ``HF_HUB_OFFLINE`` is set, or any load that fails for a ``pretrained`` (``OSError``: not found, offline, no
@@ -288,6 +292,31 @@ def _vae_geometry(recipe: Recipe) -> dict | None:
                                    revision=v.revision)
     except ValueError as exc:  # a config name the family does not have
         raise RecipeError(f"models.vae.config: {exc}") from None
+    except (TypeError, KeyError, IndexError) as exc:  # a dict whose sizes are not numbers (scan's check, unchecked)
+        raise RecipeError(f"models.vae.config: its compression factors cannot be read from it ({type(exc).__name__}: "
+                          f"{exc}); fix the value, or use a named config (tiny, published)") from None
+
+
+def check_model_configs(recipe: Recipe) -> None:
+    """``models.vae.config`` and ``models.teacher.config`` given as dicts (random weights, no ``pretrained``):
+    every key is one the model class takes and the class builds from the values, on torch's meta device (no
+    memory, no weights); a :class:`~shardsmith.encode.vae.ModelConfigError` naming the key otherwise. Before
+    anything reads sizes from the dict (:func:`check_buckets`). Named configs are known good: nothing is imported
+    for them."""
+    m = recipe.models
+    vae = m.vae is not None and m.vae.pretrained is None and isinstance(m.vae.config, dict)
+    teacher = (m.teacher is not None and m.teacher.family != "callable" and m.teacher.pretrained is None
+               and isinstance(m.teacher.config, dict))
+    if vae:
+        from shardsmith.encode.vae import check_config
+
+        # diffusers imported as the build will (without transformers where it needs none: encode/stage.py)
+        check_config(m.vae.family, m.vae.config,
+                     lean=m.teacher is None and (m.text is None or m.text.quantize == "none"))
+    if teacher:
+        from shardsmith.encode.teacher import check_config as check_teacher_config
+
+        check_teacher_config(m.teacher.family, m.teacher.config)
 
 
 def check_buckets(recipe: Recipe) -> None:
@@ -861,7 +890,7 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_pretrained, check_buckets, check_image_buckets, check_audio_only, check_latent_zip, check_prompt_outputs, check_packages,
+CHECKS = (check_pretrained, check_model_configs, check_buckets, check_image_buckets, check_audio_only, check_latent_zip, check_prompt_outputs, check_packages,
           check_device, check_image_decoder,
           check_audio,
           check_text_config, check_text_max_length, check_reference_scale, check_teacher, check_text_quantize)

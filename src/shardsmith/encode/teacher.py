@@ -17,6 +17,9 @@ Contract
   built), for the precheck; ``None`` for a pretrained config that is not on disk.
 - An entry point that cannot be imported or is not callable is a :class:`TeacherError` naming it; so is a
   ``predict`` whose model returns something other than a tensor (None, a numpy array) or another shape.
+- ``check_config(family, config)``: a ``config`` dict, checked before the plan against the family's class (its
+  ``__init__``'s keywords, and a build on the meta device); a ``ModelConfigError`` (exit 2) naming
+  ``models.teacher.config`` otherwise. A random-weight teacher built from a dict is checked so too.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import torch
 from shardsmith.errors import UserError
 
 from .spec import Provenance, hash_pretrained, pretrained_kwargs
-from .vae import SEED, _torch_dtype, device_init_note, seeded_init
+from .vae import SEED, _torch_dtype, build_from_config, device_init_note, seeded_init
+
+CONFIG_KEY = "models.teacher.config"
 
 
 class TeacherError(UserError):
@@ -282,6 +287,16 @@ def check_pairing(spec: TeacherSpec, text_dim: int | None, shape: list[int]) -> 
                            f"takes {spec.latent_channels}; set distill.shape to [{spec.latent_channels}, ...]")
 
 
+def check_config(family: str, config: dict[str, Any]) -> None:
+    """``models.teacher.config`` given as a dict, checked before the plan: its keys are the family's class's and
+    the class builds from it (on the meta device); a :class:`~shardsmith.encode.vae.ModelConfigError` naming
+    ``models.teacher.config`` otherwise."""
+    from shardsmith.encode.diffusers_import import model_class
+
+    cls = model_class("SanaTransformer2DModel" if family == "sana" else "UNet2DConditionModel")
+    build_from_config(cls, named_config(family, config), CONFIG_KEY, meta=True)
+
+
 def _diffusers_model(cls, name: str, *, pretrained, subfolder, revision, config: dict | str, cfg: dict, dtype: str,
                      device: str):
     """A diffusers model ``from_pretrained`` or built from ``cfg`` with seeded random weights, and its provenance."""
@@ -294,6 +309,8 @@ def _diffusers_model(cls, name: str, *, pretrained, subfolder, revision, config:
                           notes=notes)
         model = model.to(device)
     else:
+        if isinstance(config, dict):  # a dict the class cannot take: one message naming the key, before any memory
+            build_from_config(cls, cfg, CONFIG_KEY, meta=True)
         with seeded_init(device):
             model = cls(**cfg)
         from diffusers.utils import logging as dlog

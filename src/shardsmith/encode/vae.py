@@ -30,11 +30,16 @@ ltx2    AutoencoderKLLTX2Video  video_vae   128      32        8x; (z-mean)*sf/s
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
+import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+
+from shardsmith.errors import UserError
 
 from . import vae_config
 from .spec import EncoderSpec, Provenance, check_pixel_shape, hash_pretrained, pretrained_kwargs
@@ -110,10 +115,80 @@ def device_init_note(device: str | torch.device) -> str | None:
             "a CPU build with the same seed")
 
 
-def _diffusers_class(family: str):
+def _diffusers_class(family: str, lean: bool = False):
     from shardsmith.encode.diffusers_import import model_class
 
-    return model_class(FAMILIES[family]["cls"])
+    return model_class(FAMILIES[family]["cls"], lean=lean)
+
+
+class ModelConfigError(UserError):
+    """A ``config`` dict that its diffusers model class cannot be built from (exit code 2)."""
+
+
+#: what a diffusers constructor raises for a config value it cannot take (a negative or fractional size: torch's
+#: RuntimeError / ValueError; a string or a number where a list goes: TypeError, IndexError ...)
+_BUILD_ERRORS = (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError, ArithmeticError,
+                 AssertionError)
+
+
+def config_keys(cls) -> list[str] | None:
+    """The keywords ``cls.__init__`` takes (its config keys), None when it takes any (``**kwargs``)."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def build_from_config(cls, cfg: dict, key: str, *, meta: bool = False):
+    """``cls(**cfg)`` for a ``config`` dict given as the recipe's ``key`` (``models.vae.config``, ...): a key
+    ``cls.__init__`` does not take, and any value its constructor refuses (a negative size, a string where
+    a list of sizes goes), is a :class:`ModelConfigError` naming ``key``, the class and the fix. ``meta``: built
+    on torch's meta device (no memory, no weights, milliseconds): the check made before the plan."""
+    known = config_keys(cls)
+    unknown = [] if known is None else [k for k in cfg if k not in known]
+    if unknown:
+        near = {k: difflib.get_close_matches(str(k), known, n=1) for k in unknown}
+        hints = "; ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in near.items() if m)
+        raise ModelConfigError(f"{key}: {cls.__name__} takes no key {', '.join(repr(k) for k in unknown)}"
+                               f"{f' ({hints})' if hints else ''}; its keys are {', '.join(known)}. Fix or remove "
+                               "the key, or use a named config (tiny, published)")
+    oom = getattr(torch, "OutOfMemoryError", None)
+    try:
+        if meta:
+            with warnings.catch_warnings():  # (torch's "zero-element tensors" note for a size 0: refused below)
+                warnings.simplefilter("ignore")
+                with torch.device("meta"):
+                    return cls(**cfg)
+        return cls(**cfg)
+    except _BUILD_ERRORS as exc:
+        if oom is not None and isinstance(exc, oom):
+            raise
+        shown = {k: cfg[k] for k in list(cfg)[:12]}
+        raise ModelConfigError(f"{key} {shown}{' ...' if len(cfg) > 12 else ''}: {cls.__name__} cannot be built "
+                               f"from it ({type(exc).__name__}: {exc}); give each key a value of the kind the class "
+                               "takes (positive whole sizes, lists of them where the named configs have lists), or "
+                               "use a named config (tiny, published)") from None
+
+
+def check_config(family: str, config: dict, *, lean: bool = False) -> None:
+    """``models.vae.config`` given as a dict, checked before the plan: its keys are ``family``'s class's, the
+    class builds from it (on the meta device: :func:`build_from_config`) and it gives a VAE of at least one
+    latent channel and compression factors of at least 1; a :class:`ModelConfigError` otherwise."""
+    key = "models.vae.config"
+    cfg, _ = resolve_config(family, config)
+    build_from_config(_diffusers_class(family, lean=lean), cfg, key, meta=True)
+    try:
+        spatial, temporal = _compression(family, cfg)
+        channels = _latent_channels(family, cfg)
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        raise ModelConfigError(f"{key}: its compression factors cannot be read from it ({type(exc).__name__}: "
+                               f"{exc}); fix the value, or use a named config (tiny, published)") from None
+    for what, value in (("latent channels", channels), ("spatial compression", spatial),
+                        ("temporal compression", temporal)):
+        if not (isinstance(value, (int, float)) and value >= 1):
+            raise ModelConfigError(f"{key}: it gives a VAE with {what} {value!r}; every size must be at least 1 (e.g. "
+                                   "latent_channels, patch_size); fix the value, or use a named config (tiny, "
+                                   "published)")
 
 
 def vae_geometry(family: str, config: str | dict = "published") -> dict:
@@ -368,6 +443,8 @@ def load_vae(
         )
     else:
         cfg_in, cfg_name = resolve_config(family, config)
+        if isinstance(config, dict):  # a dict the class cannot take: one message naming the key, before any memory
+            check_config(family, config)
         # Built (fp32, as the class initialises it) directly on the target device, then cast:
         # a published model never passes through host memory.
         with seeded_init(device):
