@@ -311,3 +311,26 @@ def test_the_named_configs_given_as_dicts_pass():
     for family, configs in (("unet", teacher.UNET_CONFIGS), ("sana", teacher.SANA_CONFIGS)):
         for cfg in configs.values():
             teacher.check_config(family, dict(cfg))
+
+
+# ----------------------------------------------------------------------------------------------- 5: distill.rho
+
+
+@pytest.mark.parametrize("rho", [1e-300, 1e-3, 1e5])
+def test_a_degenerate_rho_is_refused_before_anything_runs(tmp_path, rho):
+    """``distill.rho: 1e-300`` was a ZeroDivisionError in the step allocation (an OverflowError with an edm t_list)."""
+    out = tmp_path / "out"
+    code, output = invoke("distill", _kd_recipe(tmp_path, {"family": "callable", "entry_point":
+                                                           "shardsmith.distill.gaussian:velocity",
+                                                           "parameterisation": "flow"}, rho=rho), "--out", out)
+    assert_message(code, output, "distill.rho", f"rho {rho:g}", "[0.1, 100]")
+    assert not out.exists()
+
+
+def test_time_grid_refuses_what_leaves_float64():
+    from shardsmith.distill.schedule import time_grid
+
+    with pytest.raises(ValueError, match="not a finite float64"):
+        time_grid(8, [1e300, 0.0], 0.1)
+    with pytest.raises(ValueError, match=r"rho 1e-300 is outside"):
+        time_grid(8, [80.0, 10.0, 0.0], 1e-300)

@@ -875,10 +875,12 @@ def check_teacher(recipe: Recipe) -> None:
     from shardsmith.distill.schedule import time_grid
     from shardsmith.encode.teacher import TeacherSpec, check_pairing, resolve_entry_point, teacher_settings
 
+    rho = d.rho if d.rho is not None else (7.0 if tm.parameterisation == "edm" else 1.0)  # (the sampler's default)
     try:
-        time_grid(d.steps, d.t_list, d.rho or 1.0)
+        time_grid(d.steps, d.t_list, rho)
     except ValueError as exc:
-        raise RecipeError(f"distill.steps / distill.t_list: {exc}") from None
+        keys = "distill.rho" if str(exc).startswith("rho ") else "distill.steps / distill.t_list / distill.rho"
+        raise RecipeError(f"{keys}: {exc}") from None
     if tm.family == "callable":
         resolve_entry_point(tm.entry_point)
         return

@@ -13,10 +13,12 @@ Contract
   [1.0, 0.5, 0.0]``, ``rho = 1``, even ``steps``), the allocation is exact, doubling ``steps``
   doubles every segment's count and ``time_grid(2 * steps, ...)[0][::2] == time_grid(steps, ...)[0]``.
   Otherwise rounding may move a step between segments as ``steps`` grows.
+- ``check_t_list(t_list)``: the ``t_list`` rules alone (the first four below), for the recipe's own check.
 - Refused (``ValueError`` naming the numbers and the fix): ``t_list`` with fewer than 2 entries, a
   non-finite or negative entry, entries that are not strictly decreasing, a last entry other than
   0.0, ``steps`` not an integer, fewer than the ``len(t_list) - 1`` segments or more than
-  :data:`MAX_STEPS`, ``rho <= 0``. Every check is made before the grid is built, so a huge
+  :data:`MAX_STEPS`, ``rho`` outside [:data:`MIN_RHO`, :data:`MAX_RHO`] (or not finite), times whose
+  ``t ** (1 / rho)`` leaves float64. Every check is made before the grid is built, so a huge
   ``steps`` is refused at once rather than filling memory.
 """
 
@@ -29,9 +31,15 @@ from collections.abc import Sequence
 #: the most solver steps a trajectory takes: every step is one teacher call per sample (two with heun),
 #: and published teachers sample in tens of steps; beyond this the run would not finish in a lifetime
 MAX_STEPS = 10_000
+#: the range of rho taken: 1 spaces the steps evenly in t, 7 is Karras et al.'s spacing; far outside it the
+#: steps of a segment all crowd at one end, and t ** (1 / rho) leaves float64 (1e-300 divided by zero, 1e5
+#: put two grid points at 0.0)
+MIN_RHO, MAX_RHO = 0.1, 100.0
 
 
-def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
+def check_t_list(t_list: Sequence[float]) -> list[float]:
+    """``t_list`` as floats, or a ``ValueError`` saying which rule it breaks (the first of: at least 2 entries,
+    every one finite and >= 0, strictly decreasing, ending at 0.0) and how to fix it."""
     ts = [float(t) for t in t_list]
     if len(ts) < 2:
         raise ValueError(f"t_list {ts} has {len(ts)} entr{'y' if len(ts) == 1 else 'ies'}; it needs at least 2: "
@@ -50,6 +58,11 @@ def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
     if ts[-1] != 0.0:
         raise ValueError(f"t_list {ts} ends at {ts[-1]}, not 0.0; the trajectory ends at the clean sample: "
                          "append 0.0")
+    return ts
+
+
+def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
+    ts = check_t_list(t_list)
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
         raise ValueError(f"steps {steps!r} is not an integer; give a whole number of solver steps")
     if steps > MAX_STEPS:
@@ -62,7 +75,25 @@ def _check(steps: int, t_list: Sequence[float], rho: float) -> list[float]:
                          f"needs at least one step; set steps >= {segments}")
     if not (math.isfinite(rho) and rho > 0):
         raise ValueError(f"rho {rho} must be a finite number > 0 (1 for uniform steps in t, 7 for Karras spacing)")
+    if not MIN_RHO <= rho <= MAX_RHO:
+        raise ValueError(f"rho {rho:g} is outside [{MIN_RHO:g}, {MAX_RHO:g}]: the steps of a segment are spaced "
+                         f"evenly in t ** (1 / rho), and a rho that {'small' if rho < MIN_RHO else 'large'} crowds "
+                         "them all at one end of it (the grid leaves float64); use 1 for uniform steps in t or 7 "
+                         "for Karras spacing")
     return ts
+
+
+def _u(ts: list[float], rho: float) -> list[float]:
+    """``t ** (1 / rho)`` of each time; a ``ValueError`` where that leaves float64 or gives no length at all."""
+    try:
+        us = [t ** (1.0 / rho) for t in ts]
+    except OverflowError:
+        us = [math.inf]
+    if not all(math.isfinite(u) for u in us) or not us[0] > us[-1]:
+        raise ValueError(f"t_list {ts} with rho {rho:g}: t ** (1 / rho) of its times is "
+                         f"{'not a finite float64' if not all(math.isfinite(u) for u in us) else 'the same for all'}, "
+                         "so no grid can be spaced in it; use a rho nearer 1 (e.g. 1 or 7) or smaller times")
+    return us
 
 
 def _allocate(steps: int, lengths: list[float]) -> list[int]:
@@ -88,7 +119,7 @@ def time_grid(steps: int, t_list: Sequence[float], rho: float = 1.0) -> tuple[li
     ``t_list`` entry; returns ``(grid, where)`` with ``grid[where[i]] == t_list[i]``."""
     ts = _check(steps, t_list, float(rho))
     rho = float(rho)
-    us = [t ** (1.0 / rho) for t in ts]
+    us = _u(ts, rho)
     counts = _allocate(int(steps), [us[i] - us[i + 1] for i in range(len(us) - 1)])
     grid, where = [ts[0]], [0]
     for i, n in enumerate(counts):
