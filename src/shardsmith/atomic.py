@@ -1,7 +1,14 @@
-"""Atomic file writes: write to a temporary sibling, flush + fsync, rename into place.
+"""Atomic file writes: write to a temporary sibling, flush + fsync, rename into place; and the
+safe way to read a JSON file back (:func:`read_json`, :func:`loads_json`).
 
 Temporary names are ``<name>.tmp-<pid>``; :func:`remove_stale_tmp` deletes leftovers of a
 killed run (they were never committed to the ledger, so nothing is lost).
+
+Every JSON file a user can hand over or damage (a table source, ``manifest.json``, the index files
+beside shards, a camera file) is parsed with :func:`loads_json` / :func:`read_json`: arrays or
+objects nested deeper than Python's parser follows (``'[' * 100000``) raise :class:`JSONNestingError`,
+a :class:`json.JSONDecodeError` (so a ``ValueError``), instead of a ``RecursionError`` that no
+handler of bad JSON catches.
 """
 
 from __future__ import annotations
@@ -59,6 +66,35 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+class JSONNestingError(json.JSONDecodeError):
+    """JSON nested too deeply for Python's parser (it raised ``RecursionError``): bad JSON to us, caught
+    wherever a ``ValueError`` or ``json.JSONDecodeError`` of a user's file is."""
+
+    MESSAGE = "arrays or objects nested too deeply to read (more levels than Python's JSON parser follows)"
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE, "", 0)
+        self.args = (self.MESSAGE,)  # no "line 1 column 1": the position is not known
+
+    def __reduce__(self):
+        return self.__class__, ()
+
+
+def loads_json(text: str | bytes | bytearray) -> Any:
+    """``json.loads(text)``, except that too deep a nesting raises :class:`JSONNestingError`."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise JSONNestingError() from None
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON document in the UTF-8 file ``path``: ``OSError`` when it cannot be read,
+    ``ValueError`` (``UnicodeDecodeError``, ``json.JSONDecodeError``, :class:`JSONNestingError`) when
+    it is not UTF-8 JSON."""
+    return loads_json(Path(path).read_text(encoding="utf-8"))
 
 
 def remove_stale_tmp(root: Path) -> list[Path]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shutil
 import signal
@@ -60,7 +59,7 @@ from shardsmith.records import WRITTEN, SourceInfo
 from shardsmith.safety import estimate, holdout, outdir, space, swap
 from shardsmith.safety.existing import OutputExistsError, check_existing, refuse_foreign
 from shardsmith.safety.lock import cannot_write, hold
-from shardsmith.atomic import atomic_write_json, remove_stale_tmp
+from shardsmith.atomic import atomic_write_json, read_json, remove_stale_tmp
 from shardsmith.sources import open_sources, paths
 from shardsmith.sources.base import count_listed
 from shardsmith.split.assign import HOLDOUT, TRAIN
@@ -172,6 +171,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
         _say_carried(progress, swap.finish_interrupted(out))
         mode = check_existing(out, fp, recipe, overwrite)
         if mode == "done":
+            manifest = _finished_manifest(out)  # a damaged one is said before "nothing to do"
             # a run killed after its manifest (while writing the HTML report) leaves a temporary file
             if remove_stale_tmp(out):
                 progress.say("removed the temporary file(s) of a run killed after it finished")
@@ -179,7 +179,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
             _warn_if_sources_changed(out, recipe, f"{out} holds the build of the sources as they were then; pass "
                                      "--overwrite to rebuild from them as they are now (the old output stays until "
                                      "the new one is complete)")
-            return json.loads((out / formats.MANIFEST_FILE).read_text(encoding="utf-8"))
+            return manifest
         if mode == "reset":
             progress.say(f"{out} holds a build of another recipe that stopped before writing anything; starting afresh")
             outdir.remove_owned(out, keep_lock=True)
@@ -211,6 +211,24 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
         if root != out:
             _say_carried(progress, swap.swap_in(root, out))
             progress.say(f"swapped the new build into {out}")
+    return manifest
+
+
+def _finished_manifest(out: Path) -> dict[str, Any]:
+    """The manifest of the finished build in ``out``; a missing or damaged one is a :class:`UserError`
+    naming it (the build's files are complete: it is the manifest alone that must be restored)."""
+    mpath = out / formats.MANIFEST_FILE
+    try:
+        manifest = read_json(mpath)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror or str(exc) if isinstance(exc, OSError) else f"not valid JSON: {exc}"
+        raise UserError(f"{mpath} cannot be read ({why}); the build in {out} is complete but its manifest is "
+                        "damaged: restore manifest.json from a copy, or pass --overwrite to rebuild (the old output "
+                        "stays until the new one is complete)") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{mpath} holds a JSON {type(manifest).__name__}, not a shardsmith manifest; restore "
+                        "manifest.json from a copy, or pass --overwrite to rebuild (the old output stays until the "
+                        "new one is complete)")
     return manifest
 
 

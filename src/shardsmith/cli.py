@@ -785,8 +785,10 @@ def _check_out_json(path: Path, dataset: Path) -> None:
     if p.is_dir():
         _fail(f"--out-json {path} is a folder; give a file name, e.g. {path / 'verify.json'}")
     if p.exists() or p.is_symlink():
+        from shardsmith.atomic import read_json
+
         try:
-            old = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+            old = read_json(p) if p.is_file() else None
         except (OSError, UnicodeDecodeError, ValueError):
             old = None
         if not (isinstance(old, dict) and {"dataset", "checks", "ok"} <= set(old)):

@@ -16,10 +16,10 @@ Contract
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from shardsmith.atomic import read_json
 from shardsmith.formats.wds import KD_INDEX_FILE
 
 KD_FORMAT = "shardsmith-kd"
@@ -42,4 +42,4 @@ def read_kd_index(folder: str | Path) -> dict | None:
     f = Path(folder) / KD_INDEX_FILE
     if not f.is_file():
         return None
-    return json.loads(f.read_text(encoding="utf-8"))
+    return read_json(f)

@@ -12,13 +12,13 @@ latent outputs, ``neg_prompt_emb.npy``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from shardsmith.atomic import read_json
 from shardsmith.formats.tar import member_bytes
 
 SHARD_COUNT_FILE = "shard_count.json"
@@ -96,7 +96,7 @@ def read_buckets_index(folder: str | os.PathLike) -> dict[str, dict[str, Any]] |
     path = Path(folder) / BUCKETS_INDEX_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json(path)
 
 
 def shard_index(name: str) -> int:
@@ -249,7 +249,7 @@ def load_index_file(path: Path) -> tuple[Any, str | None]:
     if not path.exists():
         return None, None
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        return read_json(path), None
     except (OSError, ValueError) as e:
         return None, f"{path.name} is not valid JSON: {e}"
 

@@ -13,6 +13,8 @@ import json
 import zipfile
 from typing import Any
 
+from shardsmith.atomic import loads_json
+
 ZIP_LABELS_FILE = "dataset.json"
 ZIP_EXT = ".zip"
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -62,4 +64,4 @@ def read_labels(zf: zipfile.ZipFile) -> list[list[Any]] | None:
     """The ``labels`` rows of an open ZIP's ``dataset.json``; None without the file or labels."""
     if ZIP_LABELS_FILE not in zf.namelist():
         return None
-    return (json.loads(zf.read(ZIP_LABELS_FILE)) or {}).get("labels")
+    return (loads_json(zf.read(ZIP_LABELS_FILE)) or {}).get("labels")

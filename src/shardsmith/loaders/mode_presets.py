@@ -26,11 +26,11 @@ Imports ``formats`` only (no torch): ``verify`` and the CLI read it before any l
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardsmith.atomic import read_json
 from shardsmith.formats.build_dir import MANIFEST_FILE
 from shardsmith.formats.detect import enclosing_build
 from shardsmith.formats.wds import (AUDIO_LATENT, AUDIO_MASK, BUCKETS_INDEX_FILE, CAMERA, FIRST_FRAME_LATENT, JPG, LATENT, MASK,
@@ -232,8 +232,8 @@ def build_facts(dataset: str | Path) -> ModeFacts | None:
         return None
     mpath = found.root / MANIFEST_FILE
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        manifest = read_json(mpath)
+    except (OSError, ValueError):
         return None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("recipe") or {}, dict):
         return None  # not a manifest this reads (verify says what is wrong with it)

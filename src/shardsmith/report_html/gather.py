@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardsmith.atomic import read_json
 from shardsmith.errors import UserError
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
 from shardsmith.formats.detect import enclosing_build, is_build
@@ -103,9 +104,10 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise ReportError(f"{root} is not a shardsmith build (no {MANIFEST_FILE}); shardsmith report takes the "
                           "--out folder of a finished shardsmith build")
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        manifest = read_json(mpath)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReportError(f"{mpath} cannot be read as a shardsmith manifest: {exc}") from None
+        raise ReportError(f"{mpath} cannot be read as a shardsmith manifest: {exc}; restore it from a copy, or "
+                          "rebuild into a new --out") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict) or "counts" not in manifest:
         raise ReportError(f"{mpath} is not a shardsmith manifest (no counts and outputs)")
     if is_build(root):  # (a ledger this user may not look at: another user's build, read from its manifest)

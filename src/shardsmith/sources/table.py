@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shardsmith.atomic import loads_json
 from shardsmith.records import NO_CAPTION, TARGET, Item, MediaRef, SourceInfo
 from shardsmith.sources import paths
 from shardsmith.sources.base import SourceError, media_kind, resolve, shown, utf8_ok
@@ -73,6 +74,34 @@ def _unpaired(row: dict[str, Any]) -> str | None:
         if bad(v):
             return f"the value of column '{k}'"
     return None
+
+
+#: the deepest nesting of arrays / objects a JSON row may hold: a deeper value (which no caption table needs) would
+#: break the pickling and JSON writing of the item's metadata later on, so its row is refused with this number
+MAX_ROW_DEPTH = 100
+
+
+def _too_deep(row: dict[str, Any]) -> str | None:
+    """The column whose value nests arrays / objects more than :data:`MAX_ROW_DEPTH` levels deep, or None
+    (walked without recursion: the value may be nested nearly as deep as the parser follows)."""
+    for k, v in row.items():
+        stack = [(v, 1)]
+        while stack:
+            x, depth = stack.pop()
+            if isinstance(x, (dict, list)):
+                if depth > MAX_ROW_DEPTH:
+                    return k
+                stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return None
+
+
+def _row_error(where: str, row: dict[str, Any], line: str) -> ValueError | None:
+    """What makes the parsed JSON row ``row`` (of text ``line``) unusable, or None."""
+    if (col := _too_deep(row)) is not None:
+        return ValueError(f"{where}: the value of column '{shown(str(col))}' nests arrays or objects more than "
+                          f"{MAX_ROW_DEPTH} levels deep; flatten it (or drop that column)")
+    what = _unpaired(row) if "\\ud" in line.lower() else None
+    return None if what is None else _surrogate_error(where, what)
 
 
 def _surrogate_error(where: str, what: str) -> ValueError:
@@ -109,27 +138,27 @@ def _rows(path: Path, path_cols: frozenset[str] = frozenset()) -> Iterator[dict[
                     if not line.strip():
                         continue
                     try:
-                        row = json.loads(line)
+                        row = loads_json(line)
                     except json.JSONDecodeError as exc:
                         yield ValueError(f"line {n} is not valid JSON: {exc}")
                         continue
                     if not isinstance(row, dict):
                         yield ValueError(f"line {n} is not a JSON object")
                         continue
-                    what = _unpaired(row) if "\\ud" in line.lower() else None
-                    yield row if what is None else _surrogate_error(f"line {n}", what)
+                    err = _row_error(f"line {n}", row, line)
+                    yield row if err is None else err
         elif fmt == "json":
             text = path.read_text(encoding="utf-8-sig")
-            data = json.loads(text)
+            data = loads_json(text)
             if not isinstance(data, list):
                 raise SourceError(f"table {path} must hold a JSON list of objects, got {type(data).__name__}")
-            escapes = "\\ud" in text.lower()
+            escapes = "\\ud" if "\\ud" in text.lower() else ""
             for n, row in enumerate(data):
                 if not isinstance(row, dict):
                     yield ValueError(f"element {n} is not a JSON object")
                     continue
-                what = _unpaired(row) if escapes else None
-                yield row if what is None else _surrogate_error(f"element {n}", what)
+                err = _row_error(f"element {n}", row, escapes)
+                yield row if err is None else err
         elif fmt == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -145,7 +174,10 @@ def _rows(path: Path, path_cols: frozenset[str] = frozenset()) -> Iterator[dict[
             raise SourceError(f"table {path}: unknown format {fmt!r} (csv, json, jsonl, parquet)")
     except UnicodeDecodeError as exc:
         raise SourceError(f"table {path} is not UTF-8 ({exc}); re-save it as UTF-8") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"table {path} is not valid JSON ({exc}); fix it, or re-export it as a JSON list of "
+                          "objects or as JSONL (one object a line)") from None
+    except OSError as exc:
         raise SourceError(f"table {path} cannot be read: {exc}") from None
 
 

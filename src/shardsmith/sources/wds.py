@@ -22,11 +22,11 @@ Contract
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardsmith.atomic import loads_json
 from shardsmith.formats.wds import (BUCKETS_INDEX_FILE, JSON, LATENT, NEG_PROMPT_FILE, TEXT_EMB, TXT, bucket_folder,
                                     read_buckets_index, read_ignore_index)
 from shardsmith.records import NO_CAPTION, Item, SourceInfo
@@ -112,7 +112,7 @@ def _caption(raw: bytes, where: str, in_json: bool) -> tuple[str | None, tuple[s
         return None, ("caption_not_utf8", f"{where} is not UTF-8 (byte {exc.start})")
     if in_json:
         try:
-            meta = json.loads(text)
+            meta = loads_json(text)
         except ValueError:
             return None, (NO_CAPTION, f"{where} is not JSON, and the sample has no {TXT} member")
         text = meta.get("caption") if isinstance(meta, dict) else None

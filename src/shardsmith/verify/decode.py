@@ -54,7 +54,7 @@ from shardsmith.precheck import local_path, resolve_device
 from shardsmith.recipe import recipe_from_dict
 from shardsmith.safety.lock import hold
 from shardsmith.safety.outdir import recorded_sources, refuse_around_sources
-from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json
+from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json, read_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
 from shardsmith.user_paths import resolve_user_path
@@ -243,7 +243,15 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     if not mpath.is_file():
         raise DecodeError(f"{root} has no {MANIFEST_FILE}; decode reads the models a shardsmith "
                           "build recorded (point it at the build's --out folder)")
-    manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    try:
+        manifest = read_json(mpath)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror or str(exc) if isinstance(exc, OSError) else f"not valid JSON: {exc}"
+        raise DecodeError(f"{mpath} cannot be read ({why}); restore it from a copy, or rebuild into a new --out "
+                          "(decode reads the models and outputs the manifest records)") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict):
+        raise DecodeError(f"{mpath} is not a shardsmith manifest (no outputs object); restore it from a copy, or "
+                          "rebuild into a new --out")
     if not manifest.get("models"):
         raise DecodeError(f"{root} holds no latent outputs (no models in its manifest); decode turns cached latents "
                           "back into pictures")

@@ -15,11 +15,11 @@ manifest records.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from shardsmith.atomic import read_json
 from shardsmith.errors import UserError
 
 from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, MANIFEST_FILE
@@ -43,7 +43,7 @@ def manifest_problem(mpath: Path) -> str | None:
     fix = ("restore it from a copy, or rebuild into a new --out (shardsmith inspect checks the shards "
            "without it)")
     try:
-        m = json.loads(mpath.read_text(encoding="utf-8"))
+        m = read_json(mpath)
     except FileNotFoundError:
         return None
     except ValueError as exc:
@@ -80,7 +80,7 @@ def _manifest_entry(mpath: Path, rel: str) -> tuple[str, str, int] | None:
     (relative to the manifest's folder), or None (also for a manifest :func:`manifest_problem` refuses)."""
     if manifest_problem(mpath) is not None:
         return None
-    m = json.loads(mpath.read_text(encoding="utf-8"))
+    m = read_json(mpath)
     for name, out in m["outputs"].items():
         for split, info in (out.get("files") or {}).items():
             if rel in (info.get("dir"), info.get("path")):
@@ -101,7 +101,7 @@ def dataset_manifest_problem(dataset: Path) -> tuple[str | None, str | None]:
     if why is None:
         return None, None
     try:
-        ours = "shardsmith_version" in json.loads(mpath.read_text(encoding="utf-8"))
+        ours = "shardsmith_version" in read_json(mpath)
     except (OSError, ValueError, TypeError):
         ours = False
     if found.has_ledger or ours:

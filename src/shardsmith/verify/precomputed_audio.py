@@ -16,11 +16,11 @@ stores ``N // (4 * hop) + 1`` steps (51 for 2.0 s), one more than ``AudioLatentS
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from shardsmith.atomic import read_json
 from shardsmith.formats import precomputed as L
 
 EXAMPLES = 2
@@ -44,7 +44,7 @@ def _fix(d: str) -> str:
 def read_stamp(root: Path) -> dict[str, Any]:
     """The tree's ``shardsmith.json`` (``{}`` when absent or unreadable)."""
     try:
-        doc = json.loads((Path(root) / L.PRECOMPUTED_STAMP).read_text(encoding="utf-8"))
+        doc = read_json(Path(root) / L.PRECOMPUTED_STAMP)
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

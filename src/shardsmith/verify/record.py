@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardsmith.atomic import read_json
 from shardsmith.formats.build_dir import VERIFY_DIR, verify_record_name
 
 
@@ -51,7 +52,7 @@ def latest(root: str | Path) -> list[dict[str, Any]]:
     docs = []
     for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
+            doc = read_json(p)
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and isinstance(doc.get("report"), dict):

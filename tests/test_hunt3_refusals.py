@@ -1,0 +1,124 @@
+"""Hunt 3: damaged or degenerate inputs end in one clear message and the right exit code, never a traceback
+and never a silent success: JSON nested too deeply to parse, a build that writes nothing, a full disk taken for
+a damaged ledger, an audio-only precomputed build refused by decode, verify hints for masks shardsmith writes,
+a 1-frame clip beside a 1-frame bucket."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import shardsmith
+from tests.test_cli_mistakes import assert_message, invoke
+
+DEEP = "[" * 100_000 + "]" * 100_000  # nested past Python's JSON parser: RecursionError from json.loads
+
+
+def _images(folder: Path, n: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.new("RGB", (64, 64), (40 * i, 90, 10)).save(folder / f"{i}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def wds_build(tmp_path_factory) -> Path:
+    """A finished ``--to wds`` build of three small images (``out/wds/00000.tar``)."""
+    base = tmp_path_factory.mktemp("hunt3")
+    code, out = invoke("build", "--source", _images(base / "imgs"), "--to", "wds", "--out", base / "out")
+    assert code == 0, out
+    return base / "out"
+
+
+@pytest.fixture
+def build_copy(wds_build, tmp_path) -> Path:
+    dest = tmp_path / "b"
+    shutil.copytree(wds_build, dest)
+    return dest
+
+
+# -- 1: JSON nested too deeply ----------------------------------------------------------------------------------
+
+def test_loads_json_turns_too_deep_a_nesting_into_bad_json(tmp_path):
+    from shardsmith.atomic import JSONNestingError, loads_json, read_json
+
+    with pytest.raises(json.JSONDecodeError) as got:
+        loads_json(DEEP)
+    assert isinstance(got.value, JSONNestingError) and isinstance(got.value, ValueError)
+    assert "nested too deeply" in str(got.value) and "line 1 column" not in str(got.value)
+    (tmp_path / "d.json").write_text(DEEP)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_json(tmp_path / "d.json")
+    assert loads_json(b'{"a": [[1]]}') == {"a": [[1]]}
+
+
+@pytest.mark.parametrize("name", ["deep.json", "deep.jsonl"])
+def test_a_too_deeply_nested_table_is_refused_naming_it(tmp_path, name):
+    table = tmp_path / name
+    table.write_text(DEEP + "\n")
+    for args in (["build", "--source", table, "--to", "wds", "--out", tmp_path / "o"], ["scan", table]):
+        code, out = invoke(*args)
+        assert_message(code, out, name, "nested too deeply")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_jsonl_row_nested_too_deeply_is_that_rows_failure(tmp_path):
+    _images(tmp_path, 1)
+    table = tmp_path / "t.jsonl"
+    table.write_text(json.dumps({"media": "0.png"}) + "\n" + DEEP + "\n"
+                     + '{"media": "0.png", "x": ' + "[" * 500 + "]" * 500 + "}\n")
+    code, out = invoke("build", "--source", table, "--to", "wds", "--out", tmp_path / "o")
+    assert "Traceback" not in out, out
+    assert "failed:bad_row x2" in out, out
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"bad_row": 2}
+    assert "nested too deeply" in m["counts"]["examples"]["failed:bad_row"]["detail"]  # row 1, the first
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(tmp_path / "o" / ".shardsmith" / "ledger.sqlite")
+    details = [d for _, _, _, d in led.status_rows("wds", written=False) if d]
+    led.close()
+    assert any("more than 100 levels deep" in d for d in details), details
+    assert code == 0, out  # a build that wrote samples and failed others: done, the failures accounted
+
+
+def test_a_too_deeply_nested_manifest_is_one_message(build_copy, tmp_path):
+    (build_copy / "manifest.json").write_text(DEEP)
+    rep = shardsmith.verify(build_copy / "wds", world=1, workers=1).report
+    check = next(c for c in rep["checks"] if c["name"] == "manifest")
+    assert not check["ok"] and "manifest.json" in check["detail"] and "nested too deeply" in check["detail"]
+    code, out = invoke("verify", build_copy / "wds", "--world", 1, "--workers", 1)
+    assert code == 1 and "Traceback" not in out and "nested too deeply" in out, out
+    code, out = invoke("report", build_copy)
+    assert_message(code, out, "manifest.json", "nested too deeply", "restore it from a copy")
+    code, out = invoke("build", "--source", build_copy.parent.parent / "imgs", "--to", "wds", "--out", build_copy)
+    assert code != 0 and "Traceback" not in out, out  # (another recipe's folder, or this one's damaged manifest)
+    code, out = invoke("decode", build_copy, "--out", tmp_path / "dec")
+    assert_message(code, out, "manifest.json", "nested too deeply", "restore it from a copy")
+
+
+def test_resuming_a_finished_build_with_a_damaged_manifest_is_one_message(tmp_path):
+    src = _images(tmp_path / "imgs", 2)
+    args = ("build", "--source", src, "--to", "wds", "--out", tmp_path / "o")
+    code, out = invoke(*args)
+    assert code == 0, out
+    for text in (DEEP, "{"):
+        (tmp_path / "o" / "manifest.json").write_text(text)
+        code, out = invoke(*args)
+        assert_message(code, out, "manifest.json", "restore manifest.json from a copy", "--overwrite")
+        assert "nothing to do" not in out, out
+
+
+def test_a_too_deeply_nested_shard_count_is_one_message(build_copy):
+    wds = build_copy / "wds"
+    (wds / "shard_count.json").write_text(DEEP)
+    code, out = invoke("verify", wds, "--world", 1, "--workers", 1)
+    assert_message(code, out, "shard_count.json", "nested too deeply", "shardsmith repair")
+    code, out = invoke("inspect", wds)
+    assert code == 1 and "Traceback" not in out, out
+    assert "shard_count.json is not valid JSON" in out and "nested too deeply" in out, out
+
