@@ -122,3 +122,69 @@ def test_a_too_deeply_nested_shard_count_is_one_message(build_copy):
     assert code == 1 and "Traceback" not in out, out
     assert "shard_count.json is not valid JSON" in out and "nested too deeply" in out, out
 
+
+# -- 2: a build that writes nothing ends non-zero ---------------------------------------------------------------
+
+def _all_bad(folder: Path) -> Path:
+    """Two inputs that both fail: a .jpg that is no image, a PNG cut after 100 bytes."""
+    import numpy as np
+
+    folder.mkdir(parents=True)
+    (folder / "a.jpg").write_text("x\n")
+    noise = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(folder / "full.png")
+    (folder / "b.png").write_bytes((folder / "full.png").read_bytes()[:100])
+    (folder / "full.png").unlink()
+    return folder
+
+
+def test_a_build_that_writes_no_sample_exits_3_naming_the_reasons(tmp_path):
+    args = ("build", "--source", _all_bad(tmp_path / "allbad"), "--to", "wds", "--out", tmp_path / "o")
+    for _ in range(2):  # the run that failed them all, then the same command on the finished build
+        code, out = invoke(*args)
+        assert code == 3, out
+        assert "Traceback" not in out and "done:" not in out, out
+        assert "error: no sample was written to" in out and "all 2 inputs failed or were skipped" in out, out
+        assert "failed:not_an_image 1" in out and "failed:truncated 1" in out and "--overwrite" in out, out
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())  # the accounting is still written
+    assert m["counts"]["written"] == 0 and m["counts"]["failed"] == {"not_an_image": 1, "truncated": 1}
+
+
+def test_one_sample_that_fails_exits_3(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    import numpy as np
+
+    noise = np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "full.png")
+    (src / "b.png").write_bytes((tmp_path / "full.png").read_bytes()[:2000])  # probes, fails to decode
+    code, out = invoke("build", "--source", src, "--to", "wds", "--out", tmp_path / "o", "--one-sample")
+    assert code == 3 and "its one input failed or was skipped (failed:truncated 1" in out, out
+
+
+def test_a_resume_that_finds_everything_written_exits_0(tmp_path):
+    from shardsmith.plan.ledger import Ledger
+
+    src = _images(tmp_path / "imgs", 2)
+    args = ("build", "--source", src, "--to", "wds", "--out", tmp_path / "o")
+    code, out = invoke(*args)
+    assert code == 0, out
+    # as killed after its last unit and before its manifest: the resume writes nothing new
+    (tmp_path / "o" / "manifest.json").unlink()
+    led = Ledger(tmp_path / "o" / ".shardsmith" / "ledger.sqlite")
+    led.set_meta("complete", False)
+    led.close()
+    code, out = invoke(*args)
+    assert code == 0 and "done:" in out and "2 of 2 inputs written" in out, out
+
+
+def test_nothing_written_judges_the_totals():
+    from shardsmith.manifest import nothing_written
+
+    assert nothing_written({"counts": {"inputs": 3, "written": 1}}, "o") is None
+    assert nothing_written({"counts": {"inputs": 0, "written": 0}}, "o") is None
+    msg = nothing_written({"counts": {"inputs": 4, "written": 0, "skipped": {"too_small": 3},
+                                      "failed": {"truncated": 1},
+                                      "examples": {"skipped:too_small": {"detail": "x is 8x8; set upscale"}}}}, "o")
+    assert "skipped:too_small 3, failed:truncated 1; e.g. x is 8x8; set upscale" in msg
+

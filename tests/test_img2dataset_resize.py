@@ -19,11 +19,12 @@ from media_factory import real_photos
 from shardsmith import cli
 
 
-def build(src: Path, out: Path, *flags) -> list[dict]:
-    """Build a png wds output of ``src`` through the CLI; every sample's json with its decoded image."""
+def build(src: Path, out: Path, *flags, code: int = 0) -> list[dict]:
+    """Build a png wds output of ``src`` through the CLI; every sample's json with its decoded image. ``code``:
+    the exit code expected (3: a build that writes no sample)."""
     r = CliRunner().invoke(cli.app, ["build", "--source", str(src), "--to", "wds", "--image-format", "png",
                                      "--out", str(out), "--quiet", "--workers", "1", *map(str, flags)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == code, r.output
     got = []
     if not (out / "wds" / "00000.tar").exists():  # nothing written
         return got
@@ -81,8 +82,8 @@ def test_border_scales_the_longer_side_and_pads_with_the_background(photos, tmp_
 
 def test_nothing_is_enlarged_without_upscale(tmp_path):
     real_photos(tmp_path / "small", 2, seed=2, min_side=30, max_side=40)
-    cropped = build(tmp_path / "small", tmp_path / "c", "--image-size", 64)
-    assert cropped == []  # skipped:too_small, named in the manifest
+    cropped = build(tmp_path / "small", tmp_path / "c", "--image-size", 64, code=3)
+    assert cropped == []  # skipped:too_small, named in the manifest (and the build's last line: exit 3)
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert m["counts"]["skipped"] == {"too_small": 2}
     assert "images.upscale" in json.dumps(m["counts"]["examples"])

@@ -63,6 +63,11 @@ app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True
                   help="Compile raw media into training-ready datasets and prove they load.")
 
 
+#: the exit code of a build that ran to its end and holds no sample (every input failed or was skipped): the
+#: code of the audio gate's "the run lost all its audio" (:class:`~shardsmith.safety.audio.AudioGateError`), never 0
+NOTHING_WRITTEN_EXIT = 3
+
+
 class UsageError(UserError):
     """A flag or argument the command cannot take."""
 
@@ -559,6 +564,7 @@ def build(
 ):
     """Build every output of a recipe (or of flags) into --out, resumably and fully accounted."""
     from shardsmith.build import InvariantError, build as run_build
+    from shardsmith.manifest import nothing_written
 
     flags = dict(locals())
     if _dataset_file(recipe_path):  # `build DATASET.csv --out OUT`: the table is the source
@@ -577,12 +583,14 @@ def build(
     except InvariantError as exc:  # not the user's doing: a bug, exit code 3
         _exit(str(exc), 3)
     c = manifest["counts"]
+    process_exit.done()  # (complete on disk, whatever it holds)
+    if (empty := nothing_written(manifest, str(out))) is not None:  # a build that ran and holds nothing: exit 3
+        _exit(empty, NOTHING_WRITTEN_EXIT)
     if not quiet:
         from shardsmith.formats.build_dir import REPORT_FILE
 
         shown = f" and {out / REPORT_FILE}" if not no_report and (out / REPORT_FILE).is_file() else ""
         typer.echo(f"done: {out} ({c['written']} of {c['inputs']} inputs written; see {out}/manifest.json{shown})")
-    process_exit.done()
 
 
 @command()

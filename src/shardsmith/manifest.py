@@ -101,6 +101,25 @@ def overall_rows(ledger: Ledger, taken: list[int]):
         yield (*head, *report.worst(statuses))
 
 
+def nothing_written(manifest: dict[str, Any], out: str) -> str | None:
+    """The message of a finished build that holds no sample at all (its every input failed or was skipped,
+    in this run or an earlier one: the totals, not this run's), or None when it wrote something or had no
+    input. The counts by reason, an example and the fix; the manifest and the ledger stay for a re-run."""
+    c = manifest.get("counts") or {}
+    if c.get("written") or not c.get("inputs"):
+        return None
+    reasons = sorted([(n, f"failed:{r}") for r, n in (c.get("failed") or {}).items()]
+                     + [(n, f"skipped:{r}") for r, n in (c.get("skipped") or {}).items()], key=lambda x: (-x[0], x[1]))
+    by = ", ".join(f"{st} {n}" for n, st in reasons)
+    ex = (c.get("examples") or {}).get(reasons[0][1]) if reasons else None
+    eg = f"; e.g. {ex['detail']}" if isinstance(ex, dict) and ex.get("detail") else ""
+    n = c["inputs"]
+    every = "its one input failed or was skipped" if n == 1 else f"all {n} inputs failed or were skipped"
+    return (f"no sample was written to {out}: {every} ({by}{eg}). "
+            f"Each item's reason is in {out}/manifest.json and the report; fix or replace those inputs (or the "
+            "setting a skip names), then run the same command again with --overwrite, or into a new --out")
+
+
 def summary(manifest: dict[str, Any]) -> list[str]:
     lines = report.format_block("all outputs (per item)", manifest["counts"])
     for name, o in manifest["outputs"].items():

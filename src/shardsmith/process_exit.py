@@ -14,6 +14,8 @@ Contract
   loading on the build's preload thread: the interpreter's teardown would stop that thread inside torch
   and the process would abort ("terminate called without an active exception", exit 134) instead of
   ending with its own code. With no such thread, or a child or a non-daemon thread alive, it exits as usual.
+  A command that called ``done()`` and then ends with a code (a build complete on disk that holds no sample,
+  exit 3) leaves at once with that code too, as after exit 0.
 - ``in_command()``: whether this process runs a command through ``run`` (so a failed build need not wait for
   a model still loading: the process leaves at once, as above); False for a library caller.
 """
@@ -59,7 +61,7 @@ def run(app, **kw) -> None:
         if exc.code in (0, None):
             if not _done or not _quick_exit_safe():
                 raise
-        elif not isinstance(exc.code, int) or not _thread_alive(daemon=True) or not _quick_exit_safe():
+        elif not isinstance(exc.code, int) or not (_done or _thread_alive(daemon=True)) or not _quick_exit_safe():
             raise
         else:
             code = exc.code
