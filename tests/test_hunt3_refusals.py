@@ -5,8 +5,13 @@ a 1-frame clip beside a 1-frame bucket."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,4 +192,63 @@ def test_nothing_written_judges_the_totals():
                                       "failed": {"truncated": 1},
                                       "examples": {"skipped:too_small": {"detail": "x is 8x8; set upscale"}}}}, "o")
     assert "skipped:too_small 3, failed:truncated 1; e.g. x is 8x8; set upscale" in msg
+
+
+# -- 3: a full disk is not a damaged ledger ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("exc", [sqlite3.OperationalError("disk I/O error"),
+                                 sqlite3.OperationalError("database or disk is full"),
+                                 OSError(errno.ENOSPC, "No space left on device")])
+def test_a_full_disk_says_free_space_not_damaged(build_copy, monkeypatch, capsys, exc):
+    from shardsmith.build import report_after_build
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.report_html import ReportError, write_report
+
+    def full(cls, path, *keys):
+        raise exc
+
+    monkeypatch.setattr(Ledger, "peek", classmethod(full))
+    with pytest.raises(ReportError) as got:
+        write_report(build_copy, previews=False)
+    assert "Free space on" in str(got.value) and "run again" in str(got.value), got.value
+    assert "damaged;" not in str(got.value) and "rebuild into a new --out" not in str(got.value)
+    (build_copy / "report.html").unlink()
+    assert report_after_build(build_copy) is None  # the build's last line says the same
+    err = capsys.readouterr().err
+    assert "Free space on" in err and "rebuild" not in err, err
+    rep = shardsmith.verify(build_copy / "wds", world=1, workers=1).report
+    check = next(c for c in rep["checks"] if c["name"] == "ledger")
+    assert not check["ok"] and "Free space on" in check["detail"] and "damaged." not in check["detail"]
+
+
+def test_a_ledger_that_is_not_a_database_is_still_damaged(build_copy):
+    from shardsmith.report_html import ReportError, write_report
+    from shardsmith.verify.owning_build import no_room_to_read
+
+    (build_copy / ".shardsmith" / "ledger.sqlite").write_text("junk\n")
+    with pytest.raises(ReportError, match="the ledger is damaged"):
+        write_report(build_copy, previews=False)
+    for exc in (sqlite3.DatabaseError("file is not a database"),
+                sqlite3.DatabaseError("database disk image is malformed")):
+        assert no_room_to_read(build_copy / "x", exc) is None
+
+
+@pytest.mark.slow
+def test_report_on_a_really_full_disk(wds_build, tmp_path):
+    """A build copied onto a 3 MiB tmpfs that is then filled: report says to free space, then works."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    py = sys.executable
+    script = (f"mount -t tmpfs -o size=3m tmpfs {mnt} && cp -r {wds_build} {mnt}/b && rm -f {mnt}/b/report.html && "
+              f"(dd if=/dev/zero of={mnt}/fill bs=64k 2>/dev/null; true) && "
+              f"{py} -m shardsmith report {mnt}/b; echo rc=$?; rm {mnt}/fill; {py} -m shardsmith report {mnt}/b; "
+              "echo rc=$?")
+    r = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True, text=True)
+    if "mount:" in r.stderr and "rc=" not in r.stdout:
+        pytest.skip(f"no tmpfs mount here: {r.stderr.strip()[:200]}")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert f"Free space on {mnt}" in r.stderr and "damaged" not in r.stderr.replace("not the ledger damaged", "")
+    assert r.stdout.count("rc=") == 2 and "rc=2" in r.stdout and r.stdout.rstrip().endswith("rc=0"), r.stdout
 

@@ -115,7 +115,13 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
         try:
             complete = Ledger.peek(ledger, "complete")[0]
-        except (sqlite3.DatabaseError, ValueError) as exc:
+        except (sqlite3.DatabaseError, ValueError, OSError) as exc:
+            from shardsmith.verify.owning_build import no_room_to_read
+
+            if (full := no_room_to_read(ledger, exc)) is not None:
+                raise ReportError(full) from None
+            if isinstance(exc, OSError):
+                raise
             raise ReportError(f"{ledger} cannot be read ({exc}): the ledger is damaged; rebuild into a new --out "
                               "(shardsmith verify still checks the datasets themselves)") from None
         if not complete:

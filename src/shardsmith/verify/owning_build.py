@@ -15,6 +15,7 @@ manifest records.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -28,6 +29,51 @@ from shardsmith.formats.detect import enclosing_build
 
 class BuildUnreadable(UserError):
     """The build folder's ledger cannot be read (damaged, not a database): names it and the way on."""
+
+
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13  # SQLite's primary result codes (an extended code's low byte)
+
+
+def _mount_point(path: Path) -> Path:
+    p = path.resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def no_room_to_read(path: Path, exc: BaseException) -> str | None:
+    """The message for a ledger (or other file) at ``path`` that could not be opened because its disk is full
+    or failed to read or write (SQLite's "disk I/O error" / "database or disk is full", an ``OSError`` ENOSPC,
+    EDQUOT or EIO): not damage, so the fix is room on that filesystem, then the same command again. None for
+    any other error (a file that is not a database, a malformed one: damage)."""
+    import errno
+    import sqlite3
+
+    from shardsmith.safety.space import FULL_ERRNOS, free_bytes
+
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        text = str(exc)
+        io = (code is not None and (code & 0xFF) in (_SQLITE_IOERR, _SQLITE_FULL)) or "disk I/O error" in text \
+            or "disk is full" in text
+    elif isinstance(exc, OSError):
+        io = exc.errno in FULL_ERRNOS or exc.errno == errno.EIO
+    else:
+        io = False
+    if not io:
+        return None
+    from shardsmith.scan import human_bytes
+
+    mount = _mount_point(path.parent)
+    try:
+        free = f"{human_bytes(free_bytes(path.parent))} free there"
+    except OSError:
+        free = "its free space unknown"
+    return (f"{path} cannot be read ({exc}): the disk is full or failed to write, not the ledger damaged (SQLite "
+            f"writes beside a database to open it; {free}). Free space on {mount} (the filesystem holding "
+            f"{path.parent}) and run again")
 
 
 def _version(text: Any) -> tuple[int, ...] | None:
@@ -146,7 +192,11 @@ def _recorded_recipe(root: Path) -> dict:
     ledger = root / LEDGER_FILE
     try:
         recipe, _ = Ledger.peek(ledger, "recipe", "complete")
-    except (sqlite3.DatabaseError, ValueError) as exc:
+    except (sqlite3.DatabaseError, ValueError, OSError) as exc:
+        if (full := no_room_to_read(ledger, exc)) is not None:
+            raise BuildUnreadable(full) from None
+        if isinstance(exc, OSError):
+            raise
         raise BuildUnreadable(f"the ledger {ledger} cannot be read ({exc}): it is damaged. The datasets "
                               f"themselves are checked without it by shardsmith inspect; rebuild into a new --out "
                               "to get a ledger again") from None
@@ -194,8 +244,11 @@ def find_build(dataset: str | Path) -> BuildRef | None:
         return None
     try:
         done = has_manifest and (not has_ledger or bool(Ledger.peek(root / LEDGER_FILE, "complete")[0]))
-    except (sqlite3.DatabaseError, ValueError) as exc:
-        raise BuildUnreadable(f"the ledger {root / LEDGER_FILE} cannot be read ({exc})") from None
+    except (sqlite3.DatabaseError, ValueError, OSError) as exc:
+        full = no_room_to_read(root / LEDGER_FILE, exc)
+        if full is None and isinstance(exc, OSError):
+            raise
+        raise BuildUnreadable(full or f"the ledger {root / LEDGER_FILE} cannot be read ({exc})") from None
     return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
 
 
