@@ -231,7 +231,10 @@ def camera_for(track: CameraTrack, geom: Geometry, source_frames: int, item_id: 
     clip's frame count), else ``ItemError camera_length_mismatch`` naming both. The intrinsics' size
     must have the target's aspect ratio (``camera_geometry_mismatch`` otherwise: never stretched); they
     are moved onto the output pixels by :func:`adjust_intrinsics`; extrinsics are unchanged (a resize and
-    crop do not move the camera)."""
+    crop do not move the camera). The rows are checked after the float32 cast: a value finite in float64
+    but not in float32 (a translation of 1e300, an fx of 1e40 or one the resize takes past float32's
+    range) or an fx / fy that is no longer > 0 there (1e-300) is ``camera_bad_shape``, never written as
+    inf or 0."""
     if len(track) != source_frames:
         raise ItemError("camera_length_mismatch",
                         f"{item_id}: its camera track has {len(track)} frames but its clip has {source_frames}; "
@@ -244,4 +247,18 @@ def camera_for(track: CameraTrack, geom: Geometry, source_frames: int, item_id: 
                         "give one camera per frame of the clip")
     ext = track.extrinsics[idx].reshape(len(idx), 16)
     intr = adjust_intrinsics(track.intrinsics[idx], track.size, geom)
-    return np.concatenate([ext, intr], axis=1).astype(np.float32)
+    wide = np.concatenate([ext, intr], axis=1)  # float64
+    with np.errstate(over="ignore", under="ignore"):  # checked just below
+        rows = wide.astype(np.float32)
+    name = f"{item_id}: its camera track"
+    bad = ~np.isfinite(rows)
+    if bad.any():
+        r, c = (int(v) for v in np.argwhere(bad)[0])
+        raise _bad(name, f"frame {idx[r]}'s {LAYOUT[c]} is {wide[r, c]:g} on the output pixels, beyond float32's range "
+                   "(about 3.4e38), in which camera rows are stored; give values float32 can hold")
+    bad = rows[:, 16:18] <= 0
+    if bad.any():
+        r, c = (int(v) for v in np.argwhere(bad)[0])
+        raise _bad(name, f"frame {idx[r]}'s {LAYOUT[16 + c]} is {wide[r, 16 + c]:g} on the output pixels, which "
+                   "float32 (in which camera rows are stored) rounds to 0; fx and fy must stay > 0")
+    return rows
