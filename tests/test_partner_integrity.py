@@ -75,3 +75,26 @@ def test_camera_values_float32_cannot_hold_fail_the_item(tmp_path, fx, tx, what)
     assert e.value.reason == "camera_bad_shape" and what in e.value.detail and "float32" in e.value.detail
     ok = camera_for(load_camera(_camera_json(tmp_path / "ok.json", 3), "s/t"), geom, 3, "s/t")
     assert ok.dtype == np.float32 and np.isfinite(ok).all() and (ok[:, 16:18] > 0).all()
+
+
+def _float_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> Path:
+    """A mono IEEE-float (format 3) WAV of ``samples``, written byte by byte as a recorder writes one."""
+    data = np.asarray(samples, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE"
+                     + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+    return path
+
+
+def test_an_audio_mask_recording_with_nan_samples_fails_instead_of_masking_nothing(tmp_path):
+    from shardsmith.transform.masks import load_audio_mask
+
+    t = np.arange(16000) / 16000
+    loud = (0.9 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    got = load_audio_mask(_float_wav(tmp_path / "ok.wav", loud), "s/t", 26, rate=16000, duration=1.0)
+    assert got.shape == (26,) and got.sum() > 20  # a loud recording masks (almost) every step
+    nan = loud.copy()
+    nan[4000:12000] = np.nan
+    with pytest.raises(ItemError) as e:
+        load_audio_mask(_float_wav(tmp_path / "nan.wav", nan), "s/t", 26, rate=16000, duration=1.0)
+    assert e.value.reason == "mask_bad_values" and "NaN" in e.value.detail

@@ -370,7 +370,8 @@ def load_audio_mask(path: str | os.PathLike, item_id: str, steps: int, *, rate: 
     values as :func:`load_mask` takes them) -> :func:`audio_mask`. Anything else is decoded as audio
     (``decode_audio`` at ``rate``, the window ``[start, start + duration)`` the target's audio was cut
     to) -> :func:`audio_envelope` -> > 0.5. Reasons: ``mask_unreadable``, ``mask_bad_shape``,
-    ``mask_bad_values``.
+    ``mask_bad_values`` (also a recording whose decoded samples are NaN or infinite: a float WAV can hold them,
+    and every comparison with NaN is false, so its mask would come out all zeros).
     """
     path = os.fspath(path)
     name = _name(item_id, path)
@@ -390,4 +391,10 @@ def load_audio_mask(path: str | os.PathLike, item_id: str, steps: int, *, rate: 
         dec = decode_audio(path, item_id, rate=rate, start=start, duration=duration)
     except ItemError as e:
         raise ItemError("mask_unreadable", f"{name}: {e.detail} ({e.reason})") from None
-    return audio_mask(audio_envelope(dec.wave, steps), steps)
+    wave = np.asarray(dec.wave)
+    if not np.isfinite(wave).all():
+        bad = int(np.count_nonzero(~np.isfinite(wave)))
+        raise ItemError("mask_bad_values", f"{name} decodes to {bad} NaN or infinite sample(s) in the window its target "
+                        "takes; an audio mask's envelope needs finite samples: re-export the recording (or give the "
+                        "mask as an array of values in [0, 1])")
+    return audio_mask(audio_envelope(wave, steps), steps)
