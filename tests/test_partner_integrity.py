@@ -52,6 +52,54 @@ def _digest_name(stem: str, item_id: str) -> str:
     return f"{stem}{formats.unique_key('', item_id)}.pt"
 
 
+def _planned(path: Path, role: str, kind: str) -> MediaRef:
+    return MediaRef(str(path), path.name, kind, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def _item(target: Path, kind: str, **partners: MediaRef) -> PlannedItem:
+    media = {"target": _planned(target, "target", kind), **partners}
+    return PlannedItem(0, "s/t", "t", 0, str(target), target.name, "c", None, None, {}, None, None, kind, None,
+                       None, None, None, "train", "ok", media=media)
+
+
+def test_a_reference_clip_changed_or_gone_since_the_plan_fails_its_item(tmp_path):
+    target = pan_video(tmp_path / "t.mp4", frames=12, fps=FPS, size=(64, 64), photo="coffee")
+    ref = pan_video(tmp_path / "r.mp4", frames=12, fps=FPS, size=(64, 64), photo="coffee")
+    item = _item(target, "video", reference=_planned(ref, "reference", "video"))
+    geom = decide(64, 64, parse_buckets(["64x64x9"])[0], frame_indices=list(range(9)), fps=FPS)
+    px = np.zeros((9, 64, 64, 3), np.uint8)
+    cut = PartnerCutter(("reference",))
+    assert cut.cut(item, geom, px)["reference"].shape == (9, 64, 64, 3)  # as planned
+    pan_video(ref, frames=12, fps=FPS, size=(64, 64), photo="rocket")  # another clip under its name
+    with pytest.raises(ItemError) as e:
+        cut.cut(item, geom, px)
+    assert e.value.reason == "reference_changed_since_plan" and "s/t: its reference r.mp4" in e.value.detail
+    ref.unlink()
+    with pytest.raises(ItemError) as e:
+        cut.cut(item, geom, px)
+    assert e.value.reason == "reference_vanished"
+
+
+def test_an_edit_source_image_changed_or_gone_since_the_plan_fails_its_item(tmp_path):
+    target, source = tmp_path / "t.png", tmp_path / "s.png"
+    _photo("astronaut").save(target)
+    _photo("chelsea").save(source)
+    item = _item(target, "image", source=_planned(source, "source", "image"))
+    geom = decide(64, 64, parse_buckets(["64x64x1"])[0], fps=1.0)
+    px = np.zeros((1, 64, 64, 3), np.uint8)
+    cut = PartnerCutter(("source",))
+    got = cut.cut(item, geom, px)["source"]
+    assert np.array_equal(got[0], np.asarray(Image.open(source)))
+    _photo("coffee").save(source)
+    with pytest.raises(ItemError) as e:
+        cut.cut(item, geom, px)
+    assert e.value.reason == "source_changed_since_plan"
+    source.unlink()
+    with pytest.raises(ItemError) as e:  # was: FileNotFoundError out of the worker, on every resume
+        cut.cut(item, geom, px)
+    assert e.value.reason == "source_vanished" and "s.png" in e.value.detail
+
+
 def _camera_json(path: Path, frames: int, fx: float = 80.0, tx: float = 0.1) -> Path:
     track = []
     for k in range(frames):
@@ -60,6 +108,64 @@ def _camera_json(path: Path, frames: int, fx: float = 80.0, tx: float = 0.1) -> 
         track.append({"extrinsic": ext.tolist()})
     path.write_text(json.dumps({"width": 64, "height": 64, "intrinsic": [fx, 80.0, 32.0, 32.0], "frames": track}))
     return path
+
+
+def test_masks_and_cameras_changed_or_gone_since_the_plan_fail_their_item(tmp_path):
+    target = tmp_path / "t.png"
+    _photo("astronaut").save(target)
+    mask = tmp_path / "m.png"
+    m = np.zeros((64, 64), np.uint8)
+    m[:32] = 255
+    Image.fromarray(m).save(mask)
+    cam = _camera_json(tmp_path / "cam.json", 1)
+    geom = decide(64, 64, parse_buckets(["64x64x1"])[0], fps=1.0)
+    for role, path, changed in (("mask", mask, lambda: Image.fromarray(255 - m).save(mask)),
+                                ("camera", cam, lambda: _camera_json(cam, 1, fx=90.0))):
+        item = _item(target, "image", **{role: _planned(path, role, "image" if role == "mask" else "other")})
+        cutter = ConditionCutter((role,), spatial=8, temporal=1)
+        assert cutter.cut(item, geom, 1)[role].shape[0] == 1  # as planned
+        changed()
+        with pytest.raises(ItemError) as e:
+            cutter.cut(item, geom, 1)
+        assert e.value.reason == f"{role}_changed_since_plan", role
+        path.unlink()
+        with pytest.raises(ItemError) as e:
+            cutter.cut(item, geom, 1)
+        assert e.value.reason == f"{role}_vanished", role
+
+
+@pytest.mark.slow
+def test_a_reference_replaced_between_plan_and_write_fails_as_changed_never_another_clips_latents(
+        tmp_path, monkeypatch):
+    """The tester's repro: v2v-ic into latent_wds, r1.mp4 replaced by a copy of r0.mp4 once the plan is made
+    (the resume of a build killed after its plan sees the same): c1 fails as reference_changed_since_plan
+    (was: written 2, c1's ref_latent.pth the latents of c0's reference)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["clip,ref,caption"]
+    for i, photo in enumerate(("astronaut", "coffee")):
+        pan_video(src / f"c{i}.mp4", frames=12, fps=FPS, size=(64, 64), photo=photo)
+        pan_video(src / f"r{i}.mp4", frames=12, fps=FPS, size=(64, 64), photo=("chelsea", "rocket")[i])
+        rows.append(f"c{i}.mp4,r{i}.mp4,clip {i}")
+    (src / "rows.csv").write_text("\n".join(rows) + "\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "clip", "reference": "ref",
+                                                                  "caption": "caption"}}],
+           "mode": "v2v-ic", "geometry": {"buckets": ["64x64x9"]}, "models": {"vae": {"family": "ltx2"}},
+           "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 1}]}
+    real = build_mod.make_plan
+
+    def plan_then_replace(*a, **kw):
+        n = real(*a, **kw)
+        shutil.copyfile(src / "r0.mp4", src / "r1.mp4")
+        return n
+
+    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)  # the plan in this process, then the hook
+    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"reference_changed_since_plan": 1}
+    with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
+        assert {n.split(".", 1)[0] for n in tf.getnames()} == {"c0"}
+    assert not (tmp_path / "out" / "lat" / "00001.tar").exists()
 
 
 @pytest.mark.parametrize("fx, tx, what", [(80.0, 1e300, "e03"), (1e40, 0.1, "fx"), (3e38, 0.1, "fx"),

@@ -36,6 +36,7 @@ Output of :func:`camera_for` (``camera.npy``): float32 ``[F, 20]``, one row per 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -70,24 +71,26 @@ class CameraTrack:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_camera(path: str | os.PathLike, item_id: str) -> CameraTrack:
-    """The camera track in ``path`` (``.json``, ``.npz``, ``.npy``: see the module docstring).
+def load_camera(path: str | os.PathLike, item_id: str, *, data: bytes | None = None) -> CameraTrack:
+    """The camera track in ``path`` (``.json``, ``.npz``, ``.npy``: see the module docstring); ``data``: the
+    file's bytes, already read (and checked against the plan's sha256 by the caller), read instead of ``path``.
 
     Raises :class:`ItemError` ``camera_unreadable`` (missing, not parseable, another suffix) or
     ``camera_bad_shape`` (a field missing, a matrix of another shape, a 4x4 whose last row is not
     0 0 0 1, non-finite values, fx or fy <= 0, skew, a size that is not two positive integers)."""
     path = os.fspath(path)
     name = f"{item_id}: its camera {os.path.basename(path)}"
-    if not os.path.isfile(path):
+    if data is None and not os.path.isfile(path):
         raise ItemError("camera_unreadable", f"{name}: {path!r} does not exist or is not a file; check the "
                         "camera column")
     suffix = Path(path).suffix.lower()
+    src = io.BytesIO(data) if data is not None else path
     if suffix == ".json":
-        return _from_json(path, name)
+        return _from_json(src, name)
     if suffix == ".npz":
-        return _from_npz(path, name)
+        return _from_npz(src, name)
     if suffix == ".npy":
-        return _from_npy(path, name)
+        return _from_npy(src, name)
     raise ItemError("camera_unreadable", f"{name}: a camera track is a .json, .npz or .npy file, not "
                     f"{suffix or 'a file without suffix'}")
 
@@ -96,10 +99,13 @@ def _bad(name: str, what: str) -> ItemError:
     return ItemError("camera_bad_shape", f"{name}: {what}; see shardsmith.transform.camera for the accepted layout")
 
 
-def _from_json(path: str, name: str) -> CameraTrack:
+def _from_json(path: str | io.BytesIO, name: str) -> CameraTrack:
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        if isinstance(path, io.BytesIO):
+            doc = json.loads(path.getvalue().decode("utf-8"))
+        else:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ItemError("camera_unreadable", f"{name} is not readable JSON ({e}); fix or re-export it") from None
     if not isinstance(doc, dict):
@@ -133,7 +139,7 @@ def _array(v, name: str, what: str) -> np.ndarray:
     return a
 
 
-def _from_npz(path: str, name: str) -> CameraTrack:
+def _from_npz(path: str | io.BytesIO, name: str) -> CameraTrack:
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -151,7 +157,7 @@ def _from_npz(path: str, name: str) -> CameraTrack:
     return _track(ext, intr, (size[0].item(), size[1].item()), name)
 
 
-def _from_npy(path: str, name: str) -> CameraTrack:
+def _from_npy(path: str | io.BytesIO, name: str) -> CameraTrack:
     try:
         arr = np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001

@@ -58,7 +58,8 @@ def _name(item_id: str, path: str | os.PathLike) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_mask(path: str | os.PathLike, item_id: str, *, frames: Sequence[int] | None = None) -> np.ndarray:
+def load_mask(path: str | os.PathLike, item_id: str, *, frames: Sequence[int] | None = None,
+              data: bytes | None = None) -> np.ndarray:
     """The mask in ``path`` as float32 ``[F, H, W]`` in [0, 1], grayscale.
 
     - An image (:data:`IMAGE_SUFFIXES`): one frame, upright (EXIF orientation applied, as the
@@ -73,6 +74,8 @@ def load_mask(path: str | os.PathLike, item_id: str, *, frames: Sequence[int] | 
 
     ``frames``: the frame indices wanted from a moving mask (a video or an array with F > 1), in
     this order (repeats allowed): then ``F == len(frames)``. A still mask ignores it (F = 1).
+    ``data``: the file's bytes, already read (and checked against the plan's sha256 by the caller): an image
+    or an array is read from them, not from ``path`` again (a video is decoded from ``path``).
 
     Raises :class:`ItemError`: ``mask_unreadable`` (missing, empty, corrupt, not a mask format),
     ``mask_bad_shape`` (another layout than the above), ``mask_bad_values`` (NaN, negative, floats
@@ -80,13 +83,13 @@ def load_mask(path: str | os.PathLike, item_id: str, *, frames: Sequence[int] | 
     """
     path = os.fspath(path)
     name = _name(item_id, path)
-    if not os.path.isfile(path):
+    if data is None and not os.path.isfile(path):
         raise ItemError("mask_unreadable", f"{name}: {path!r} does not exist or is not a file; check the mask column")
     suffix = Path(path).suffix.lower()
     if suffix in IMAGE_SUFFIXES:
-        return _load_image(path, name)
+        return _load_image(path, name, data)
     if suffix in ARRAY_SUFFIXES:
-        arr = _values(_shape(_load_array(path, suffix, name), name), name)
+        arr = _values(_shape(_load_array(path, suffix, name, data), name), name)
         if frames is not None and arr.shape[0] > 1:
             idx = [int(i) for i in frames]
             if idx and (max(idx) >= arr.shape[0] or min(idx) < 0):
@@ -97,12 +100,13 @@ def load_mask(path: str | os.PathLike, item_id: str, *, frames: Sequence[int] | 
     return _load_video(path, name, frames)
 
 
-def _load_image(path: str, name: str) -> np.ndarray:
+def _load_image(path: str, name: str, data: bytes | None = None) -> np.ndarray:
     from shardsmith.transform.image import identify
 
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        if data is None:
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as e:
         raise ItemError("mask_unreadable", f"{name}: cannot read it ({e.strerror or e}); check the path") from None
     try:
@@ -133,10 +137,13 @@ def _load_image(path: str, name: str) -> np.ndarray:
     return _values(arr[None], name)
 
 
-def _load_array(path: str, suffix: str, name: str) -> np.ndarray:
+def _load_array(path: str, suffix: str, name: str, data: bytes | None = None) -> np.ndarray:
+    import io
+
+    src = io.BytesIO(data) if data is not None else path
     if suffix == ".npy":
         try:
-            arr = np.load(path, allow_pickle=False)
+            arr = np.load(src, allow_pickle=False)
         except Exception as e:  # noqa: BLE001
             raise ItemError("mask_unreadable", f"{name} is not a readable .npy array ({e}); save it with "
                             "numpy.save (no pickled objects)") from None
@@ -146,7 +153,7 @@ def _load_array(path: str, suffix: str, name: str) -> np.ndarray:
     import torch
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001
         raise ItemError("mask_unreadable", f"{name} is not a readable torch file ({e}); save a tensor, or a dict "
                         "{'mask': tensor}, with torch.save") from None
@@ -266,12 +273,13 @@ def _cut_frame(frame: np.ndarray, geom: Geometry) -> np.ndarray:
     return (np.asarray(img.crop(tuple(geom.crop)), dtype=np.float32) > THRESHOLD).astype(np.uint8)
 
 
-def target_mask(path: str | os.PathLike, geom: Geometry, item_id: str) -> np.ndarray:
+def target_mask(path: str | os.PathLike, geom: Geometry, item_id: str, *, data: bytes | None = None) -> np.ndarray:
     """The item's mask file on its target's pixels: :func:`load_mask` (only the frames the target
-    takes), :func:`~shardsmith.transform.geometry.for_partner` (``mask_geometry_mismatch`` for another
-    aspect ratio, never stretched), :func:`mask_to_target`. uint8 {0, 1} ``[F_out, H_b, W_b]``."""
+    takes; ``data``: its bytes, already read), :func:`~shardsmith.transform.geometry.for_partner`
+    (``mask_geometry_mismatch`` for another aspect ratio, never stretched), :func:`mask_to_target`. uint8
+    {0, 1} ``[F_out, H_b, W_b]``."""
     idx = list(geom.frame_indices) if geom.frame_indices is not None else [0]
-    m = load_mask(path, item_id, frames=idx)
+    m = load_mask(path, item_id, frames=idx, data=data)
     pg = for_partner(geom, "mask", m.shape[2], m.shape[1], name=item_id)
     if m.shape[0] > 1:  # a moving mask: its frames already are the target's, in order
         pg = replace(pg, frame_indices=tuple(range(len(idx))))
@@ -363,7 +371,7 @@ def audio_envelope(wave: np.ndarray, steps: int) -> np.ndarray:
 
 
 def load_audio_mask(path: str | os.PathLike, item_id: str, steps: int, *, rate: int = 16000, start: float = 0.0,
-                    duration: float | None = None) -> np.ndarray:
+                    duration: float | None = None, data: bytes | None = None) -> np.ndarray:
     """An audio mask file on ``steps`` latent steps: float32 0/1 ``[steps]``.
 
     ``.npy`` / ``.pt`` / ``.pth`` (a tensor or ``{'mask': tensor}``, shape ``[N]`` or ``[1, N]``, the
@@ -371,15 +379,16 @@ def load_audio_mask(path: str | os.PathLike, item_id: str, steps: int, *, rate: 
     (``decode_audio`` at ``rate``, the window ``[start, start + duration)`` the target's audio was cut
     to) -> :func:`audio_envelope` -> > 0.5. Reasons: ``mask_unreadable``, ``mask_bad_shape``,
     ``mask_bad_values`` (also a recording whose decoded samples are NaN or infinite: a float WAV can hold them,
-    and every comparison with NaN is false, so its mask would come out all zeros).
+    and every comparison with NaN is false, so its mask would come out all zeros). ``data``: an array file's
+    bytes, already read (a recording is decoded from ``path``).
     """
     path = os.fspath(path)
     name = _name(item_id, path)
-    if not os.path.isfile(path):
+    if data is None and not os.path.isfile(path):
         raise ItemError("mask_unreadable", f"{name}: {path!r} does not exist or is not a file; check the mask column")
     suffix = Path(path).suffix.lower()
     if suffix in ARRAY_SUFFIXES:
-        arr = _load_array(path, suffix, name)
+        arr = _load_array(path, suffix, name, data)
         if arr.ndim == 2 and arr.shape[0] == 1:
             arr = arr[0]
         if arr.ndim != 1 or arr.shape[0] < 1:

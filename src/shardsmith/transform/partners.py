@@ -16,6 +16,8 @@ Contract of :class:`PartnerCutter` (``names``: the partners the recipe's ``mode`
 - ``first_frame`` (``i2v``): the target's first frame after its crop (``pixels[:1]``), never decoded
   again from the file at another geometry; also given as JPEG bytes (``first_frame_jpeg``).
 - ``cut(item, geom, pixels)`` returns ``{name: frames}`` for the latent encoder.
+- Every partner file is read as the plan hashed it, as its target is (:func:`planned_bytes`): one changed
+  since the plan is ``failed:<role>_changed_since_plan``, one gone ``failed:<role>_vanished``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class PartnerCutter:
         if ref is None:
             raise ItemError(f"missing_{role}", f"{item.item_id} has no {role}; give it one (sources[*].columns.{role})")
         name = f"{item.item_id}: its {role} {ref.relpath}"
+        if ref.kind not in ("video", "image"):
+            raise ItemError(f"{role}_unsupported_kind_{ref.kind}",
+                            f"{name} is {ref.kind} media; a {role} is an image or a clip")
+        data = planned_bytes(item, role)  # the bytes the plan hashed, or failed:<role>_changed_since_plan ...
         if ref.kind == "video":
             from shardsmith.transform.video import decode_frames, probe_video, resize_crop_frames
 
@@ -89,14 +95,9 @@ class PartnerCutter:
             from shardsmith.transform.image import decode_image
             from shardsmith.transform.video import resize_crop_image
 
-            with open(ref.path, "rb") as f:
-                data = f.read()
             dec = _partner_error(role, lambda: decode_image(data, name=name, max_pixels=self.max_pixels))
             pg = for_partner(geom, role, *dec.image.size, name=item.item_id)
             out = resize_crop_image(dec.image, pg)[None]  # a still: one frame
-        else:
-            raise ItemError(f"{role}_unsupported_kind_{ref.kind}",
-                            f"{name} is {ref.kind} media; a {role} is an image or a clip")
         if out.shape[1:] != shape[1:]:
             raise ItemError(f"{role}_geometry_mismatch", f"{name} came out {out.shape[2]}x{out.shape[1]}, its target "
                             f"{shape[2]}x{shape[1]}; give a {role} of the target's shape")
@@ -114,6 +115,18 @@ def downscale_frames(frames: np.ndarray, k: int) -> np.ndarray:
     if h % k or w % k:
         raise ValueError(f"{w}x{h} does not divide by the reference downscale factor {k}")
     return np.stack([np.asarray(Image.fromarray(fr).resize((w // k, h // k), Image.BICUBIC)) for fr in frames])
+
+
+def planned_bytes(item: PlannedItem, role: str) -> bytes:
+    """The bytes of the item's ``role`` file as the plan hashed them, as a target's are read
+    (:func:`~shardsmith.transform.samples.read_verified`): a file gone since the plan is ``failed:<role>_vanished``,
+    one whose bytes are no longer the planned sha256 ``failed:<role>_changed_since_plan`` (never another file's
+    pixels under this item's name), one that cannot be read ``failed:<role>_unreadable`` (or
+    ``<role>_not_a_regular_file``, ``<role>_symlink_loop``)."""
+    from shardsmith.transform.samples import read_verified  # (samples imports the transform modules)
+
+    ref = item.media[role]
+    return read_verified(ref.path, ref.sha256, f"{item.item_id}: its {role} {ref.relpath}", prefix=f"{role}_")
 
 
 def _partner_error(role: str, fn):
@@ -141,7 +154,9 @@ class ConditionCutter:
       intrinsics moved onto the output pixels (:func:`~shardsmith.transform.camera.camera_for`): float32
       ``[F, 20]`` (16 world-to-camera extrinsic values row-major, then fx, fy, cx, cy).
     - ``audio_mask`` (``audio-inpaint``, audio-only samples): :meth:`cut_audio`.
-    Problems are the item's ``failed:<role>_<reason>`` / ``failed:camera_length_mismatch``."""
+    Each file is read as the plan hashed it (:func:`planned_bytes`: ``failed:<role>_changed_since_plan``,
+    ``failed:<role>_vanished``). Problems are the item's ``failed:<role>_<reason>`` /
+    ``failed:camera_length_mismatch``."""
 
     names: tuple[str, ...]
     spatial: int = 8
@@ -160,9 +175,10 @@ class ConditionCutter:
             ref = item.media.get("mask")
             if ref is None:
                 raise ItemError("missing_mask", f"{item.item_id} has no mask; give it one (sources[*].columns.mask)")
+            data = planned_bytes(item, "mask")
             steps = self.audio.latent_steps(int(info["samples"]))
             out["audio_mask"] = load_audio_mask(ref.path, item.item_id, steps, rate=info["rate"], start=info["start"],
-                                                duration=info["duration"])
+                                                duration=info["duration"], data=data)
         return out
 
     def cut(self, item: PlannedItem, geom: Geometry, source_frames: int) -> dict[str, np.ndarray]:
@@ -174,13 +190,15 @@ class ConditionCutter:
             if ref is None:
                 raise ItemError(f"missing_{name}", f"{item.item_id} has no {name}; give it one "
                                 f"(sources[*].columns.{name})")
+            data = planned_bytes(item, name)  # the file as planned (a video mask is then decoded from its path)
             if name == "mask":
                 from shardsmith.transform.masks import latent_mask, target_mask
 
-                pixel = target_mask(ref.path, geom, item.item_id)
+                pixel = target_mask(ref.path, geom, item.item_id, data=data)
                 out[name] = latent_mask(pixel, self.spatial, self.temporal)
             elif name == "camera":
                 from shardsmith.transform.camera import camera_for, load_camera
 
-                out[name] = camera_for(load_camera(ref.path, item.item_id), geom, source_frames, item.item_id)
+                out[name] = camera_for(load_camera(ref.path, item.item_id, data=data), geom, source_frames,
+                                       item.item_id)
         return out
