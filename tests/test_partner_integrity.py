@@ -52,6 +52,122 @@ def _digest_name(stem: str, item_id: str) -> str:
     return f"{stem}{formats.unique_key('', item_id)}.pt"
 
 
+# ------------------------------------------------------------------ .precomputed/ names are unique
+
+
+def _same_stem_folder(src: Path) -> None:
+    src.mkdir()
+    _photo("astronaut").save(src / "x.jpg", quality=95)
+    _photo("rocket").save(src / "x.png")
+    _photo("coffee").save(src / "y.jpg", quality=95)
+
+
+def _same_stem_recipe(src: Path, unit: int = 1):
+    return recipe_from_dict({"sources": [{"path": str(src)}], "geometry": {"buckets": ["64x64x1"]},
+                             "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}, "batch_size": 2},
+                             "outputs": [{"format": "precomputed", "unit": unit}]})
+
+
+@pytest.mark.slow
+def test_media_of_one_stem_get_their_own_precomputed_files_decided_by_the_plan(tmp_path, monkeypatch):
+    """x.jpg and x.png both mirror to x.pt: the item planned first keeps it, the other is x_<8 hex>.pt in every
+    folder; a build stopped after its first unit resumes to the very bytes of an uninterrupted one."""
+    src = tmp_path / "src"
+    _same_stem_folder(src)
+    m = build(_same_stem_recipe(src), tmp_path / "ref", quiet=True)
+    assert m["counts"]["written"] == 3 and m["counts"]["inputs"] == 3
+    tree = tmp_path / "ref" / ".precomputed"
+    want = sorted(["x.pt", _digest_name("x", "src/x.png"), "y.pt"])
+    assert _pt_names(tree, "latents") == _pt_names(tree, "conditions") == want
+    jpg = torch.load(tree / "latents" / "x.pt", weights_only=True)["latents"]
+    png = torch.load(tree / "latents" / want[1], weights_only=True)["latents"]
+    assert not torch.equal(jpg, png)  # two pictures, two latents (was: one overwrote the other)
+    assert m["outputs"]["precomputed"]["files"]["train"]["files"] == {"latents": 3, "conditions": 3}
+    from shardsmith.verify.runner import verify
+
+    rep = verify(tree)
+    assert rep["ok"], rep["checks"]
+
+    # stopped after the first unit: the resume writes the rest under the names the plan gave
+    commit, calls = Ledger.commit_unit, []
+
+    def stops(self, **kw):
+        commit(self, **kw)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Ledger, "commit_unit", stops)
+    with pytest.raises(KeyboardInterrupt):
+        build(_same_stem_recipe(src), tmp_path / "resumed", quiet=True)
+    assert not (tmp_path / "resumed" / "manifest.json").exists() and len(calls) == 1  # unfinished
+    monkeypatch.setattr(Ledger, "commit_unit", commit)
+    build(_same_stem_recipe(src), tmp_path / "resumed", quiet=True)
+    assert tree_bytes(tmp_path / "resumed") == tree_bytes(tmp_path / "ref")
+
+
+@pytest.mark.slow
+def test_table_rows_sharing_a_target_keep_every_partner_in_the_precomputed_tree(tmp_path):
+    """Two rows of one target with two edit sources (``split.dedup: false``): two samples, each with its own
+    latents, conditions and reference latents, under one name per row (was: written 2, one file kept)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    photo = _photo("astronaut", 96)
+    photo.save(src / "after.png")
+    _photo("chelsea", 96).save(src / "s0.png")
+    _photo("coffee", 48).save(src / "s1.png")
+    (src / "rows.csv").write_text("target,before,instruction\nafter.png,s0.png,from a cat\n"
+                                  "./after.png,s1.png,from a coffee cup\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "target", "source": "before",
+                                                                  "caption": "instruction"}}],
+           "mode": "image-edit", "split": {"dedup": False}, "geometry": {"buckets": ["64x64x1"]},
+           "images": {"upscale": True}, "models": {"vae": {"family": "sd"}, "text": {"family": "minilm"}},
+           "outputs": [{"format": "precomputed"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 2
+    tree = tmp_path / "out" / ".precomputed"
+    want = sorted(["after.pt", _digest_name("after", "rows/./after.png")])
+    for folder in ("latents", "conditions", "reference_latents"):
+        assert _pt_names(tree, folder) == want, folder
+    refs = [torch.load(tree / "reference_latents" / n, weights_only=True)["latents"] for n in want]
+    assert not torch.equal(refs[0], refs[1])  # each row's own source
+    caps = [torch.load(tree / "conditions" / n, weights_only=True)["video_prompt_embeds"] for n in want]
+    assert not torch.equal(caps[0], caps[1])  # and its own instruction
+
+
+def test_sample_names_follow_the_plans_keys():
+    """The name rule alone: the planner's key for the normalised path keeps the mirrored name; a key the
+    planner made unique, or one a differently spelt path of the same file got, takes the item id's digest."""
+    rel = formats.precomputed.sample_rel
+    assert rel("clips/a.mp4", None, key="clips_a", item_id="s/clips/a.mp4", key_source=None) == "clips/a.pt"
+    assert rel("./clips/a.mp4", None, key="clips_a", item_id="s/./clips/a.mp4", key_source=None) == "clips/a.pt"
+    moved = formats.unique_key("clips_a", "s/clips/a.mov")
+    assert rel("clips/a.mov", None, key=moved, item_id="s/clips/a.mov", key_source=None) == \
+        _digest_name("clips/a", "s/clips/a.mov")
+    # several sources: keys carry the source's name; a tree fed by several sources, folders of them
+    assert rel("a.mp4", "s", key="s_a", item_id="s/a.mp4", key_source="s") == "s/a.pt"
+    assert rel("a.mp4", None, key="s_a", item_id="s/a.mp4", key_source="s") == "a.pt"
+    # a//b.mp4 and a/b.mp4 are one file but two keys (a__b, a_b): only the normal spelling keeps b.pt
+    assert rel("a//b.mp4", None, key="a__b", item_id="s/a//b.mp4", key_source=None) == \
+        _digest_name("a/b", "s/a//b.mp4")
+    assert rel("a/b.mp4", None, key="a_b", item_id="s/a/b.mp4", key_source=None) == "a/b.pt"
+
+
+@pytest.mark.parametrize("name", [".", "..", "", " ", "a/b", "a/../b"])
+def test_a_source_name_that_is_no_folder_name_is_refused(tmp_path, name):
+    (tmp_path / "src").mkdir()
+    _photo("coffee").save(tmp_path / "src" / "p.jpg")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(json.dumps({"sources": [{"path": "src", "name": name}],
+                                  "geometry": {"buckets": ["64x64x1"]}, "outputs": [{"format": "wds"}]}))
+    code, out = invoke("build", recipe, "--out", tmp_path / "out")
+    assert_message(code, out, "sources[0].name", "not a plain folder name")
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ partners read as planned
+
+
 def _planned(path: Path, role: str, kind: str) -> MediaRef:
     return MediaRef(str(path), path.name, kind, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
 
@@ -166,6 +282,9 @@ def test_a_reference_replaced_between_plan_and_write_fails_as_changed_never_anot
     with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
         assert {n.split(".", 1)[0] for n in tf.getnames()} == {"c0"}
     assert not (tmp_path / "out" / "lat" / "00001.tar").exists()
+
+
+# ------------------------------------------------------------------ values float32 cannot hold, NaN masks
 
 
 @pytest.mark.parametrize("fx, tx, what", [(80.0, 1e300, "e03"), (1e40, 0.1, "fx"), (3e38, 0.1, "fx"),

@@ -158,6 +158,17 @@ class SourceSpec(_Strict):
             raise ValueError("the source path is empty; give the folder, table or shard folder to read")
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, v: str | None) -> str | None:
+        """A name is a folder of the outputs it feeds with other sources (``.precomputed/<name>/...``) and the
+        prefix of its item ids: one plain path component, so no two sources' files can land in one place."""
+        if v is not None and (not v.strip() or v in (".", "..") or "/" in v or "\0" in v):
+            raise ValueError(f"the source name {v!r} is not a plain folder name: it names the folder this source's "
+                             "files take in outputs fed by several sources, so it cannot be empty, '.' or '..', nor "
+                             "contain '/'; give a name such as 'clips' (or leave name out: the path's last name)")
+        return v
+
 
 class SplitSpec(_Strict):
     holdout: float = Field(0, ge=0, description="fraction in [0,1), a percentage such as 10%, or a whole count >= 1")
@@ -782,7 +793,9 @@ class Recipe(_Strict):
         seen: set[str] = set()
         for i, s in enumerate(self.sources):
             if s.name is None:
-                base = Path(s.path.rstrip("/")).stem or f"source{i}"
+                base = Path(s.path.rstrip("/")).stem
+                if not base.strip() or base in (".", ".."):  # (path ".", "..", "a/..": no folder name of its own)
+                    base = f"source{i}"
                 name, n = base, 1
                 while name in seen:
                     n += 1

@@ -1,7 +1,8 @@
 """The LTX-trainer ``.precomputed/`` tree (shared/reference/ltx-trainer.md §2.5).
 
 One sub-folder per kind of cache; a sample's file has the same relative path in every
-sub-folder, mirroring its media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``)::
+sub-folder, mirroring its media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``; a second item the same
+path would mirror to gets ``clips/a_<8 hex>.pt``: :func:`sample_rel`)::
 
     latents/clips/a.pt          {"latents": [C, F', H', W'], "num_frames": F', "height": H', "width": W', "fps": float}
     conditions/clips/a.pt       {"video_prompt_embeds": [L, D], "prompt_attention_mask": [L] int64
@@ -25,6 +26,8 @@ conditions of the modes with audio, :data:`AUDIO_MODES`).
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+
+from shardsmith.formats.wds import key_base, unique_key
 
 LATENTS = "latents"
 CONDITIONS = "conditions"
@@ -107,11 +110,32 @@ VIDEO_TEMPORAL_FACTOR = 8
 
 def mirrored(relpath: str, source_name: str | None) -> str:
     """``clips/a.mp4`` -> ``clips/a.pt`` (prefixed by the source name when several sources feed it);
-    refuses a path that would leave the tree."""
+    refuses a path that would leave the tree. Not unique by itself (``x.jpg`` and ``x.png``, two table rows
+    of one clip): a planned item's files are named by :func:`sample_rel`."""
     p = PurePosixPath(relpath).with_suffix(CACHE_EXT)
     if ".." in p.parts or p.is_absolute():
         raise ValueError(f"media path {relpath!r} cannot be mirrored inside .precomputed/")
     return str(PurePosixPath(source_name) / p) if source_name else str(p)
+
+
+def sample_rel(relpath: str, tree_source: str | None, *, key: str, item_id: str, key_source: str | None) -> str:
+    """The relative path of a planned item's file in every folder of its tree (``latents/``, ``conditions/``,
+    ``reference_latents/``, masks, cameras: the trainer pairs them by it), unique within the plan and decided
+    from it alone (the same on every run and resume, whatever the order items are written in).
+
+    The mirrored path (:func:`mirrored`; ``tree_source``: the source's name when several sources feed the
+    tree) when the item's sample ``key`` is the planner's key for its normalised path (``key_source``: the
+    source's name when the recipe has several, as the planner prefixes keys); else the mirrored path with
+    ``_<8 hex>`` before ``.pt`` (the digest :func:`~shardsmith.formats.wds.unique_key` appends: of the item
+    id): ``x.jpg`` -> ``x.pt``, ``x.png`` planned after it -> ``x_1a2b3c4d.pt``. Items whose mirrored paths
+    agree have the same normalised path, so the same planner key base, and the planner gives that key to at
+    most one item: at most one keeps the plain name; the others' item ids differ, so do their digests."""
+    plain = mirrored(relpath, tree_source)
+    norm = PurePosixPath(relpath).as_posix() if relpath else relpath
+    if key == key_base(key_source, norm, item_id):
+        return plain
+    p = PurePosixPath(plain)
+    return str(p.with_name(f"{p.stem}{unique_key('', item_id)}{CACHE_EXT}"))  # unique_key('', id) = "_<8 hex>"
 
 
 def cache_member(subdir: str, rel: str) -> str:

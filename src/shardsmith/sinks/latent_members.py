@@ -12,6 +12,9 @@ Members
 - partners (a ``mode`` with them, issue 18): ``latent_wds`` ``ref_latent.pth`` / ``src_latent.pth`` /
   ``first_frame_latent.pth`` and ``first_frame.jpg``; ``precomputed`` ``reference_latents/<mirrored
   path>.pt`` (the reference's, or an edit's source's, latents; named after the target).
+- ``<mirrored path>``: the media path with ``.pt`` for its suffix (prefixed by the source's name when several
+  sources feed the output), made unique from the plan (:meth:`LatentMembers.sample_rel`): two items it would
+  name alike (``x.jpg`` and ``x.png``, two table rows of one clip) never overwrite each other.
 - ``precomputed``: ``latents/<mirrored path>.pt``, ``conditions/<mirrored path>.pt`` (with
   ``audio_prompt_embeds`` when the text encoder makes them: LTX-2) and, with audio,
   ``audio_latents/<mirrored path>.pt`` as reference/ltx-trainer.md §2.5 describes; an audio-only
@@ -30,7 +33,7 @@ import torch
 
 from shardsmith.formats.precomputed import (AUDIO_LATENTS, AUDIO_MASKS, CAMERAS, CONDITIONS, LATENTS,
                                             REFERENCE_AUDIO_LATENTS, REFERENCE_LATENTS, VIDEO_MASKS, cache_member,
-                                            mirrored)
+                                            sample_rel)
 from shardsmith.formats.wds import (AUDIO_LATENT, AUDIO_MASK, CAMERA, JSON, LATENT, MASK, PARTNER_LATENTS,
                                     REF_AUDIO_LATENT, TEXT_EMB, TXT, media_suffix)
 from shardsmith.recipe import LatentWdsOutput
@@ -95,7 +98,7 @@ class LatentMembers:
                 res.members.update(made)
             else:
                 res.members = self._precomputed_members(item, res, latents[i], text, a)
-                rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
+                rel = self.sample_rel(item)
                 for folder, key, arr in precomputed_conditions(res.conditions):
                     res.members[cache_member(folder, rel)] = pt_bytes({key: torch.from_numpy(arr)})
                 if ra is not None:
@@ -124,9 +127,17 @@ class LatentMembers:
                 out[TXT] = item.caption.encode("utf-8")
         return out
 
+    def sample_rel(self, item: PlannedItem) -> str:
+        """The relative path of ``item``'s files in every folder of a ``.precomputed/`` tree: its media path
+        mirrored, made unique from the plan (:func:`~shardsmith.formats.precomputed.sample_rel`; the planner
+        prefixes keys with the source's name when the recipe has several sources)."""
+        name = self.sources[item.source].name
+        return sample_rel(item.relpath, name if self.multi else None, key=item.key, item_id=item.item_id,
+                          key_source=name if len(self.sources) > 1 else None)
+
     def _precomputed_members(self, item: PlannedItem, res: SampleResult, z: torch.Tensor | None, text,
                              audio: torch.Tensor | None = None) -> dict[str, bytes]:
-        rel = mirrored(item.relpath, self.sources[item.source].name if self.multi else None)
+        rel = self.sample_rel(item)
         out = {}
         if z is not None:
             out[cache_member(LATENTS, rel)] = pt_bytes(latent_record(z, res.info["fps"]))
