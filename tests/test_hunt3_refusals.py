@@ -252,3 +252,39 @@ def test_report_on_a_really_full_disk(wds_build, tmp_path):
     assert f"Free space on {mnt}" in r.stderr and "damaged" not in r.stderr.replace("not the ledger damaged", "")
     assert r.stdout.count("rc=") == 2 and "rc=2" in r.stdout and r.stdout.rstrip().endswith("rc=0"), r.stdout
 
+
+# -- 4: decode of an audio-only precomputed build ---------------------------------------------------------------
+
+def test_a_precomputed_block_recording_no_latents_needs_no_latents_folder(tmp_path):
+    from shardsmith.verify.decode import DecodeError, _check_present, _has_pictures
+
+    (tmp_path / ".precomputed" / "audio_latents").mkdir(parents=True)
+    block = {"format": "precomputed",
+             "files": {"train": {"dir": ".precomputed", "files": {"latents": 0, "conditions": 1, "audio_latents": 1}}}}
+    assert _has_pictures(block, "train", vae=True) is False
+    _check_present(tmp_path, "precomputed", block, "train", pictures=False)
+    block["files"]["train"]["files"]["latents"] = 2  # recorded: its folder must be there
+    assert _has_pictures(block, "train", vae=True) is True
+    with pytest.raises(DecodeError, match="latents .recorded in the manifest. is missing"):
+        _check_present(tmp_path, "precomputed", block, "train", pictures=True)
+
+
+@pytest.mark.slow
+def test_decode_of_an_audio_only_precomputed_build_with_a_vae_writes_wavs(tmp_path):
+    from shardsmith.build import build
+    from shardsmith.recipe import recipe_from_dict
+    from shardsmith.verify.decode import decode
+    from video_factory import audio_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    audio_file(src / "voice.wav", kind="speech", duration=1.3, rate=22050, layout="mono")
+    (src / "voice.txt").write_text("a voice", encoding="utf-8")
+    rec = {"sources": [{"path": str(src)}], "geometry": {"buckets": ["64x64x9"]},
+           "models": {"vae": {"family": "ltx"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"}},
+           "audio": {"durations": "1.0"}, "outputs": [{"format": "precomputed"}]}
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["outputs"]["precomputed"]["files"]["train"]["files"]["latents"] == 0
+    rep = decode(tmp_path / "out", tmp_path / "dec", device="cpu")
+    assert rep["samples"] == 0 and rep["audio"]["wavs"] == 1 and (tmp_path / "dec" / "voice.wav").is_file()
+

@@ -272,10 +272,22 @@ def _pick_output(root: Path, manifest: dict[str, Any], output: str | None) -> tu
     return name, latent_outs[name]
 
 
+def _has_pictures(block: dict[str, Any], split: str, vae: bool) -> bool:
+    """Whether ``split`` of the output holds latents to decode into pictures: a VAE is recorded (``vae``) and,
+    for a ``.precomputed/`` tree, the manifest does not record its ``latents/`` count as 0 (an audio-only
+    build: audio latents and conditions only, no ``latents/`` folder)."""
+    if not vae:
+        return False
+    if block["format"] != "precomputed":
+        return True
+    return ((block["files"][split].get("files") or {}).get(LATENTS)) != 0
+
+
 def _check_present(root: Path, name: str, block: dict[str, Any], split: str, pictures: bool) -> None:
     """:class:`DecodeError` (before any model loads) when the files the manifest records for ``split`` of
     output ``name`` are gone: a ``latent_wds`` shard, the ``.precomputed/`` tree, or (``pictures``: a VAE is
-    recorded) its ``latents/`` folder or some of its ``.pt`` files."""
+    recorded and the manifest does not record 0 latent files, :func:`_has_pictures`) its ``latents/`` folder
+    or some of its ``.pt`` files."""
     files = block["files"][split]
     base = root / files["dir"]
     fix = "restore it from a copy, or rebuild the output (shardsmith build with the build's recipe)"
@@ -380,8 +392,10 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
 def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, block: dict[str, Any], split: str,
                    limit: int | None, device: str, progress: Any) -> dict[str, Any]:
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
-    _check_present(root, name, block, split, pictures=recipe.models.vae is not None)
-    check_recorded_weights("models.vae", recipe.models.vae, DecodeError)
+    pictures = _has_pictures(block, split, recipe.models.vae is not None)
+    _check_present(root, name, block, split, pictures)
+    if pictures:
+        check_recorded_weights("models.vae", recipe.models.vae, DecodeError)
     if manifest["models"].get("audio_vae"):
         check_recorded_weights("models.audio_vae", recipe.models.audio_vae, DecodeError)
     audio = None  # the audio latents (first one peeked), when the output holds any
@@ -389,14 +403,14 @@ def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, b
         found = audio_latents(root, block, split)
         first = next(found, None)
         audio = None if first is None else itertools.chain([first], found)
-    if recipe.models.vae is None and audio is None:
+    if not pictures and audio is None:
         raise DecodeError(f"output {name!r} holds neither latents with a recorded VAE nor audio latents: nothing "
                           "to decode")
     rows, random = [], False
     if audio is not None:  # loaded first: a missing vocoder is refused before any file is written
         with progress.spin(f"load the recorded audio VAE on {device}"):
             avae, audio_random = recorded_audio_vae(manifest, recipe, device, DecodeError)
-    if recipe.models.vae is not None:
+    if pictures:
         with progress.spin(f"load the recorded VAE on {device}"):
             vae, random = _vae_from_manifest(manifest, recipe, device)
         maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
