@@ -288,3 +288,22 @@ def test_decode_of_an_audio_only_precomputed_build_with_a_vae_writes_wavs(tmp_pa
     rep = decode(tmp_path / "out", tmp_path / "dec", device="cpu")
     assert rep["samples"] == 0 and rep["audio"]["wavs"] == 1 and (tmp_path / "dec" / "voice.wav").is_file()
 
+
+# -- 5: verify's fix for a folder shardsmith writes --------------------------------------------------------------
+
+def test_verify_names_the_recipe_setting_that_writes_each_folder(tmp_path):
+    from shardsmith.formats import precomputed as layout
+    from shardsmith.verify.precomputed_audio import _fix
+    from tests.test_verify_precomputed_audio import make_tree
+
+    for d in layout.WRITTEN_DIRS:
+        assert "does not write" not in _fix(d) and "process_dataset" not in _fix(d), (d, _fix(d))
+    assert "mode: video-inpaint" in _fix(layout.VIDEO_MASKS) and "columns.mask" in _fix(layout.VIDEO_MASKS)
+    assert "mode: audio-inpaint" in _fix(layout.AUDIO_MASKS)
+    assert "mode: v2v-ic" in _fix(layout.REFERENCE_LATENTS) and "columns.reference" in _fix(layout.REFERENCE_LATENTS)
+    tree = make_tree(tmp_path / "v", audio=False, audio_embeds=False)
+    rep = shardsmith.verify(tree, mode="video-inpaint", world=1, workers=1).report
+    detail = next(c for c in rep["checks"] if c["name"] == "folders:video-inpaint")["detail"]
+    assert "video_masks/ is missing" in detail and "mode: video-inpaint" in detail, detail
+    assert "does not write" not in detail and "process_dataset" not in detail, detail
+

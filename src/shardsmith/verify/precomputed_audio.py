@@ -33,7 +33,19 @@ FIX = {L.LATENTS: "build with models.vae set (it writes latents/)",
        L.CONDITIONS: "build with models.text set (it writes conditions/ for every sample)",
        L.AUDIO_LATENTS: "build with models.audio_vae set (it writes audio_latents/); clips without an audio track "
                         "get none: give them one, move them out (shardsmith repair quarantines unpaired files) or "
-                        "verify a video-only --mode"}
+                        "verify a video-only --mode",
+       L.REFERENCE_LATENTS: "build with mode: v2v-ic (or av2av-ic) and a reference clip for every item "
+                            "(sources[*].columns.reference; mode: image-edit's columns.source too), with models.vae "
+                            "set (it writes reference_latents/)",
+       L.REFERENCE_AUDIO_LATENTS: "build with mode: a2a-ic (or av2av-ic) and a reference for every item "
+                                  "(sources[*].columns.reference), with models.audio_vae set (it writes "
+                                  "reference_audio_latents/)",
+       L.VIDEO_MASKS: "build with mode: video-inpaint and a mask for every clip (sources[*].columns.mask), with "
+                      "models.vae set (it writes video_masks/)",
+       L.AUDIO_MASKS: "build with mode: audio-inpaint and a mask for every item (sources[*].columns.mask), with "
+                      "models.audio_vae set (it writes audio_masks/)",
+       L.CAMERAS: "build with mode: camera-video and camera data for every clip (sources[*].columns.camera; it "
+                  "writes cameras/)"}
 
 
 def _fix(d: str) -> str:
