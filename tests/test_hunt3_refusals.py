@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
@@ -307,3 +308,46 @@ def test_verify_names_the_recipe_setting_that_writes_each_folder(tmp_path):
     assert "video_masks/ is missing" in detail and "mode: video-inpaint" in detail, detail
     assert "does not write" not in detail and "process_dataset" not in detail, detail
 
+
+# -- 6: a 1-frame clip and a 1-frame bucket ---------------------------------------------------------------------
+
+def _geometry(buckets: str, frames: int, target_fps=None):
+    from shardsmith.recipe import ImageRules
+    from shardsmith.transform.buckets import parse_buckets
+    from shardsmith.transform.latent_pixels import LatentPixelMaker
+
+    maker = LatentPixelMaker(parse_buckets(buckets), ImageRules(), target_fps)
+    pr = SimpleNamespace(width=96, height=64, frames=frames, fps=24.0)
+    return maker.video_geometry(SimpleNamespace(item_id="v/clip.mp4"), pr)
+
+
+def test_a_one_frame_clip_takes_the_one_frame_bucket():
+    from shardsmith.records import ItemError
+
+    geom = _geometry("64x64x9;64x64x1", 1)
+    assert str(geom.bucket) == "64x64x1" and list(geom.frame_indices) == [0]
+    assert str(_geometry("64x64x9;64x64x1", 2, target_fps=12.0).bucket) == "64x64x1"  # 1 frame at 12 fps
+    assert str(_geometry("64x64x9;64x64x1", 12).bucket) == "64x64x9"  # a clip still prefers a clip bucket
+    with pytest.raises(ItemError) as got:  # a clip of 5 frames is not cut to a still
+        _geometry("64x64x9;64x64x1", 5)
+    detail = got.value.detail
+    assert got.value.status == "skipped:too_short" and "smallest bucket's" not in detail, detail
+    assert "fewer than the 9 of the shortest clip bucket" in detail and "64x64x1 would keep 1 of its 5" in detail
+    with pytest.raises(ItemError, match="fewer than the smallest bucket's 9; add a shorter bucket"):
+        _geometry("64x64x9", 1)  # no 1-frame bucket: the old words are right
+
+
+@pytest.mark.slow
+def test_scan_fits_a_one_frame_clip_into_the_one_frame_bucket(tmp_path):
+    from video_factory import pan_video
+
+    src = tmp_path / "v"
+    src.mkdir()
+    pan_video(src / "one.mp4", frames=1, fps=24, size=(96, 64))
+    pan_video(src / "twelve.mp4", frames=12, fps=24, size=(96, 64))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"sources: [{{path: {src}}}]\ngeometry: {{buckets: [64x64x9, 64x64x1]}}\n"
+                      "models: {vae: {family: ltx}, text: {family: minilm}}\noutputs: [{format: precomputed}]\n")
+    code, out = invoke("scan", "--recipe", recipe)
+    assert code == 0 and "too_short" not in out, out
+    assert "2 item(s) fit" in out, out

@@ -2,8 +2,10 @@
 
 Runs in worker processes, like the image sample makers. Images use buckets with F = 1;
 videos take the bucket with the closest aspect ratio, then the most frames the clip has
-(at the native or the target fps), then the largest area. Outcomes:
-- no bucket has few enough frames -> ``skipped:too_short`` (with the clip's frame count);
+(at the native or the target fps), then the largest area, among the buckets with F > 1 (all of them
+when none has); a clip of one usable frame (a still) takes a 1-frame bucket. Outcomes:
+- no bucket has few enough frames -> ``skipped:too_short`` (with the clip's frame count; where 1-frame
+  buckets exist, why they do not take a clip of several frames);
 - metadata over-stated the frames -> ``skipped:too_short`` at decode, never a crash;
 - an image with no ``WxHx1`` bucket -> ``skipped:no_image_bucket``; a source smaller than
   its bucket -> ``skipped:too_small`` unless ``images.upscale``.
@@ -166,16 +168,16 @@ class LatentPixelMaker:
 
     def video_geometry(self, item: PlannedItem, pr: VideoProbe) -> Geometry:
         """The clip's one geometry decision from its probe: the bucket (of those with F > 1, or
-        all when none has), the source frames it takes at the target fps, resize and crop.
+        all when none has; a clip of one usable frame, a still, takes a 1-frame bucket as LTX's rule
+        gives it), the source frames it takes at the target fps, resize and crop.
         Raises :class:`ItemError` ``skipped:too_short`` / ``skipped:too_small`` (see the module)."""
         n_avail = available_frames(pr.frames, pr.fps, self.target_fps)
         video_buckets = [b for b in self.buckets if b.frames > 1] or self.buckets
         bucket = choose_bucket(pr.width, pr.height, n_avail, video_buckets)
+        if bucket is None and n_avail == 1:  # all of it fits a 1-frame bucket: nothing of the clip is dropped
+            bucket = choose_bucket(pr.width, pr.height, 1, self.buckets)
         if bucket is None:
-            shortest = min(b.frames for b in video_buckets)
-            raise ItemError("too_short", f"{item.item_id} has {pr.frames} frames at {pr.fps:g} fps "
-                            f"({n_avail} usable{' at %g fps' % self.target_fps if self.target_fps else ''}), fewer "
-                            f"than the smallest bucket's {shortest}; add a shorter bucket to keep it", skip=True)
+            raise ItemError("too_short", self._too_short(item, pr, n_avail, video_buckets), skip=True)
         idx = frame_indices(pr.frames, pr.fps, bucket.frames, self.target_fps)
         fps = effective_fps(pr.fps, self.target_fps)
         geom = decide(pr.width, pr.height, bucket, frame_indices=idx, fps=fps)
@@ -183,6 +185,21 @@ class LatentPixelMaker:
         if idx is None:
             raise ItemError("too_short", f"{item.item_id}: {pr.frames} frames cannot fill {bucket}", skip=True)
         return geom
+
+    def _too_short(self, item: PlannedItem, pr: VideoProbe, n_avail: int, video_buckets: list[Bucket]) -> str:
+        """Why no bucket takes the clip: fewer usable frames than the shortest clip bucket. Where 1-frame buckets
+        exist too, says why they do not take it (a clip of more than one frame would lose all but its first)."""
+        shortest = min(b.frames for b in video_buckets)
+        has = (f"{pr.frames} frames at {pr.fps:g} fps ({n_avail} usable"
+               f"{' at %g fps' % self.target_fps if self.target_fps else ''})")
+        stills = [str(b) for b in self.buckets if b.frames == 1]
+        if not stills or n_avail < 1:
+            return (f"{item.item_id} has {has}, fewer than the smallest bucket's {shortest}; add a shorter bucket to "
+                    "keep it")
+        return (f"{item.item_id} has {has}, fewer than the {shortest} of the shortest clip bucket; a clip of more "
+                f"than one frame takes only buckets of more than 1 frame (the 1-frame "
+                f"bucket{'s' if len(stills) > 1 else ''} {', '.join(stills)} would keep 1 of its {n_avail} frames); a bucket of 2 to {n_avail} frames keeps it where the VAE "
+                "can represent one (a VAE of 1 + 8k frames, as LTX's, has none under 9)")
 
     def video_frames(self, item: PlannedItem, geom: Geometry) -> tuple[np.ndarray, Geometry]:
         """The clip's chosen frames cut to its bucket, uint8 ``[F, H, W, 3]``, and the geometry
