@@ -334,3 +334,18 @@ def test_time_grid_refuses_what_leaves_float64():
         time_grid(8, [1e300, 0.0], 0.1)
     with pytest.raises(ValueError, match=r"rho 1e-300 is outside"):
         time_grid(8, [80.0, 10.0, 0.0], 1e-300)
+
+
+# ----------------------------------------------------------------------------------------------- 7: distill.t_list
+
+
+@pytest.mark.parametrize("t_list, says", [([0.0], "needs at least 2"), ([0.5, 0.5, 0.0], "not strictly decreasing"),
+                                          ([1.0, 0.5], "append 0.0"), ([0.999, -0.1, 0.0], "negative time -0.1")])
+def test_a_t_list_names_the_rule_it_breaks(tmp_path, t_list, says):
+    """``distill.t_list: [0.0]`` was refused as 'must be strictly decreasing and end at 0.0', which it is."""
+    out = tmp_path / "out"
+    code, output = invoke("distill", _kd_recipe(tmp_path, {"family": "callable", "entry_point":
+                                                           "shardsmith.distill.gaussian:velocity",
+                                                           "parameterisation": "flow"}, t_list=t_list), "--out", out)
+    assert_message(code, output, "distill.t_list", says)
+    assert not out.exists()

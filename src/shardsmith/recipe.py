@@ -663,9 +663,12 @@ class DistillSpec(_Strict):
     @field_validator("t_list")
     @classmethod
     def _t_list(cls, v: list[float]) -> list[float]:
-        if len(v) < 2 or v[-1] != 0.0 or any(b >= a for a, b in zip(v, v[1:])) or v[-1] < 0:
-            raise ValueError(f"distill.t_list {v} must be strictly decreasing and end at 0.0, e.g. "
-                             f"{list(FASTGEN_T_LIST)}")
+        from shardsmith.distill.schedule import check_t_list
+
+        try:
+            check_t_list(v)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None  # (pydantic prefixes distill.t_list)
         return v
 
 
