@@ -323,3 +323,18 @@ def test_an_audio_mask_recording_with_nan_samples_fails_instead_of_masking_nothi
     with pytest.raises(ItemError) as e:
         load_audio_mask(_float_wav(tmp_path / "nan.wav", nan), "s/t", 26, rate=16000, duration=1.0)
     assert e.value.reason == "mask_bad_values" and "NaN" in e.value.detail
+
+
+@pytest.mark.slow
+def test_decode_finds_the_source_of_every_uniquely_named_precomputed_file(tmp_path):
+    """decode matched a ``.precomputed/`` file to its ledger item by the mirrored path alone, so ``x_<8 hex>.pt``
+    had no source (no PSNR in its row): it now names items as the sink does (``formats.precomputed.sample_rel``)."""
+    from shardsmith.verify.decode import decode
+
+    src = tmp_path / "src"
+    _same_stem_folder(src)
+    build(_same_stem_recipe(src), tmp_path / "b", quiet=True)
+    decode(tmp_path / "b", tmp_path / "dec", device="cpu")
+    rows = json.loads((tmp_path / "dec" / "decode_report.json").read_text())["rows"]
+    assert sorted(r["path"] for r in rows) == sorted(["x.pt", _digest_name("x", "src/x.png"), "y.pt"])
+    assert all("psnr_db" in r for r in rows), rows

@@ -47,7 +47,7 @@ from shardsmith.encode.vae import load_vae
 from shardsmith.errors import UserError
 from shardsmith.formats import wds as wds_layout
 from shardsmith.formats.build_dir import LEDGER_FILE, LOCK_FILE, MANIFEST_FILE
-from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, mirrored
+from shardsmith.formats.precomputed import CACHE_EXT, LATENTS, sample_rel
 from shardsmith.verify.latent_records import latent_records
 from shardsmith.plan.ledger import Ledger
 from shardsmith.precheck import local_path, resolve_device
@@ -318,7 +318,8 @@ def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> d
     multi = len(recipe.outputs[[o.name for o in recipe.outputs].index(name)].sources or names) > 1
     by_path = {}
     for it in ledger.items(split=split, status="ok"):
-        by_path[mirrored(it.relpath, names[it.source] if multi else None)] = it
+        by_path[sample_rel(it.relpath, names[it.source] if multi else None, key=it.key, item_id=it.item_id,
+                           key_source=names[it.source] if len(names) > 1 else None)] = it
         if fmt == "latent_wds":
             by_path[PurePosixPath(it.relpath).with_suffix(CACHE_EXT).as_posix()] = it
     return by_path
