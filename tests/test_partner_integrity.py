@@ -338,3 +338,15 @@ def test_decode_finds_the_source_of_every_uniquely_named_precomputed_file(tmp_pa
     rows = json.loads((tmp_path / "dec" / "decode_report.json").read_text())["rows"]
     assert sorted(r["path"] for r in rows) == sorted(["x.pt", _digest_name("x", "src/x.png"), "y.pt"])
     assert all("psnr_db" in r for r in rows), rows
+
+
+def test_a_camera_json_nested_too_deep_is_an_unreadable_camera(tmp_path):
+    """json.load of ``[[[...]]]`` 100,000 deep raised RecursionError out of the worker pool, ending the build."""
+    from shardsmith.records import ItemError
+    from shardsmith.transform.camera import load_camera
+
+    deep = tmp_path / "cam.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ItemError) as e:
+        load_camera(str(deep), "clip0")
+    assert e.value.reason == "camera_unreadable" and "nested too deeply" in str(e.value)

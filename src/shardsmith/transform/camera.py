@@ -37,13 +37,13 @@ Output of :func:`camera_for` (``camera.npy``): float32 ``[F, 20]``, one row per 
 from __future__ import annotations
 
 import io
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from shardsmith.atomic import loads_json, read_json
 from shardsmith.records import ItemError
 from shardsmith.transform.geometry import Geometry, for_partner
 
@@ -101,11 +101,7 @@ def _bad(name: str, what: str) -> ItemError:
 
 def _from_json(path: str | io.BytesIO, name: str) -> CameraTrack:
     try:
-        if isinstance(path, io.BytesIO):
-            doc = json.loads(path.getvalue().decode("utf-8"))
-        else:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
+        doc = loads_json(path.getvalue().decode("utf-8")) if isinstance(path, io.BytesIO) else read_json(path)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ItemError("camera_unreadable", f"{name} is not readable JSON ({e}); fix or re-export it") from None
     if not isinstance(doc, dict):
