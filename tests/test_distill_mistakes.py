@@ -47,7 +47,7 @@ def _recipe(tmp: Path, **over) -> Path:
     ({"models": {"teacher": {"family": "unet", "config": "tiny", "parameterisation": "flow"}}},
      ["unet is sampled as edm"]),
     ({"distill": {"steps": 2}}, ["distill.steps"]),
-    ({"distill": {"t_list": [0.9, 0.5]}}, ["distill.t_list", "end at 0.0"]),
+    ({"distill": {"t_list": [0.9, 0.5]}}, ["distill.t_list", "ends at 0.5, not 0.0", "append 0.0"]),
     ({"distill": {"shape": [4, 0, 8]}}, ["distill.shape"]),
     ({"distill": {"preview": 2}}, ["distill.preview", "models.vae"]),
     ({"models": {"text": None}}, ["models.text"]),
