@@ -349,3 +349,13 @@ def test_a_t_list_names_the_rule_it_breaks(tmp_path, t_list, says):
                                                            "parameterisation": "flow"}, t_list=t_list), "--out", out)
     assert_message(code, output, "distill.t_list", says)
     assert not out.exists()
+
+
+def test_a_config_dict_pasted_from_a_config_json_passes_with_its_bookkeeping_keys():
+    """``_class_name`` / ``_diffusers_version`` (in every HF config.json; diffusers drops them) were refused as
+    keys the class does not take; the class builds from such a dict."""
+    from shardsmith.encode.vae import check_config
+    from shardsmith.encode.vae_config import CONFIGS
+
+    cfg = {**CONFIGS["sd"]["tiny"], "_class_name": "AutoencoderKL", "_diffusers_version": "0.30.0"}
+    check_config("sd", cfg)  # no ModelConfigError

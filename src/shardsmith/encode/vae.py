@@ -145,7 +145,9 @@ def build_from_config(cls, cfg: dict, key: str, *, meta: bool = False):
     a list of sizes goes), is a :class:`ModelConfigError` naming ``key``, the class and the fix. ``meta``: built
     on torch's meta device (no memory, no weights, milliseconds): the check made before the plan."""
     known = config_keys(cls)
-    unknown = [] if known is None else [k for k in cfg if k not in known]
+    # (keys starting with "_", as _class_name and _diffusers_version in every HF config.json, are the config's
+    # bookkeeping: diffusers' register_to_config drops them)
+    unknown = [] if known is None else [k for k in cfg if k not in known and not str(k).startswith("_")]
     if unknown:
         near = {k: difflib.get_close_matches(str(k), known, n=1) for k in unknown}
         hints = "; ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in near.items() if m)
