@@ -184,6 +184,25 @@ def test_a_resume_that_finds_everything_written_exits_0(tmp_path):
     assert code == 0 and "done:" in out and "2 of 2 inputs written" in out, out
 
 
+def test_a_build_where_one_output_wrote_samples_exits_0(tmp_path):
+    """The totals count an item written only where every output taking it wrote it: a second output that skips
+    everything (max_aspect 1.0 over pictures that are not square) left them at 0, and the build exited 3."""
+    import yaml
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        Image.new("RGB", (48 + 8 * i, 32), (40 * i, 90, 200)).save(src / f"p{i}.png")
+    recipe = {"sources": [{"path": str(src)}],
+              "outputs": [{"format": "wds", "name": "all"},
+                          {"format": "wds", "name": "squares", "dir": "sq", "image": {"max_aspect": 1.0}}]}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    code, out = invoke("build", tmp_path / "r.yaml", "--out", tmp_path / "o")
+    assert code == 0 and "no sample was written" not in out, out
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["outputs"]["all"]["splits"]["train"]["written"] == 3 and m["counts"]["written"] == 0
+
+
 def test_nothing_written_judges_the_totals():
     from shardsmith.manifest import nothing_written
 

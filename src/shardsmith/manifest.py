@@ -101,12 +101,22 @@ def overall_rows(ledger: Ledger, taken: list[int]):
         yield (*head, *report.worst(statuses))
 
 
+def _an_output_wrote(manifest: dict[str, Any]) -> bool:
+    """Whether any output holds a sample: the totals count an item written only where every output that
+    takes it wrote it (one output skipping everything, e.g. by ``max_aspect``, leaves them at 0)."""
+    for o in (manifest.get("outputs") or {}).values():
+        for split in ((o or {}).get("splits") or {}).values():
+            if isinstance(split, dict) and split.get("written"):
+                return True
+    return False
+
+
 def nothing_written(manifest: dict[str, Any], out: str) -> str | None:
     """The message of a finished build that holds no sample at all (its every input failed or was skipped,
     in this run or an earlier one: the totals, not this run's), or None when it wrote something or had no
     input. The counts by reason, an example and the fix; the manifest and the ledger stay for a re-run."""
     c = manifest.get("counts") or {}
-    if c.get("written") or not c.get("inputs"):
+    if c.get("written") or not c.get("inputs") or _an_output_wrote(manifest):
         return None
     reasons = sorted([(n, f"failed:{r}") for r, n in (c.get("failed") or {}).items()]
                      + [(n, f"skipped:{r}") for r, n in (c.get("skipped") or {}).items()], key=lambda x: (-x[0], x[1]))
