@@ -95,9 +95,15 @@ def _too_deep(row: dict[str, Any]) -> str | None:
     return None
 
 
-def _row_error(where: str, row: dict[str, Any], line: str) -> ValueError | None:
-    """What makes the parsed JSON row ``row`` (of text ``line``) unusable, or None."""
-    if (col := _too_deep(row)) is not None:
+def _may_nest_too_deep(text: str) -> bool:
+    """Whether JSON ``text`` has brackets enough to nest past :data:`MAX_ROW_DEPTH` (most rows have not: no walk)."""
+    return text.count("[") + text.count("{") > MAX_ROW_DEPTH
+
+
+def _row_error(where: str, row: dict[str, Any], line: str, deep: bool = True) -> ValueError | None:
+    """What makes the parsed JSON row ``row`` (of text ``line``) unusable, or None; ``deep``: whether its text
+    may nest too deep (:func:`_may_nest_too_deep`), else the walk is skipped."""
+    if deep and (col := _too_deep(row)) is not None:
         return ValueError(f"{where}: the value of column '{shown(str(col))}' nests arrays or objects more than "
                           f"{MAX_ROW_DEPTH} levels deep; flatten it (or drop that column)")
     what = _unpaired(row) if "\\ud" in line.lower() else None
@@ -145,7 +151,7 @@ def _rows(path: Path, path_cols: frozenset[str] = frozenset()) -> Iterator[dict[
                     if not isinstance(row, dict):
                         yield ValueError(f"line {n} is not a JSON object")
                         continue
-                    err = _row_error(f"line {n}", row, line)
+                    err = _row_error(f"line {n}", row, line, _may_nest_too_deep(line))
                     yield row if err is None else err
         elif fmt == "json":
             text = path.read_text(encoding="utf-8-sig")
@@ -153,11 +159,12 @@ def _rows(path: Path, path_cols: frozenset[str] = frozenset()) -> Iterator[dict[
             if not isinstance(data, list):
                 raise SourceError(f"table {path} must hold a JSON list of objects, got {type(data).__name__}")
             escapes = "\\ud" if "\\ud" in text.lower() else ""
+            deep = _may_nest_too_deep(text)
             for n, row in enumerate(data):
                 if not isinstance(row, dict):
                     yield ValueError(f"element {n} is not a JSON object")
                     continue
-                err = _row_error(f"element {n}", row, escapes)
+                err = _row_error(f"element {n}", row, escapes, deep)
                 yield row if err is None else err
         elif fmt == "parquet":
             import pyarrow as pa
