@@ -176,3 +176,38 @@ def test_audio_defaults_to_none_and_refuses_other_values(tmp_path):
     assert r.outputs[0].audio == "none"
     with pytest.raises(Exception, match="audio"):
         recipe_from_dict({**base, "outputs": [{"format": "video_wds", "audio": "mp3"}]})
+
+
+def _nan_audio_mov(path: Path, frames: int = 20) -> Path:
+    """A clip whose float (pcm_f32le) track holds NaN samples from its first 0.2 s on."""
+    with av.open(str(path), "w", format="mov") as c:
+        v = c.add_stream("mpeg4", rate=FPS)
+        v.width = v.height = 128
+        v.pix_fmt = "yuv420p"
+        a = c.add_stream("pcm_f32le", rate=16000)
+        a.layout = "mono"
+        for i in range(frames):
+            for p in v.encode(av.VideoFrame.from_ndarray(np.full((128, 128, 3), 10 * i, np.uint8), format="rgb24")):
+                c.mux(p)
+        samples = np.sin(np.arange(16000 * frames // FPS) / 10).astype(np.float32)
+        samples[100:2000] = np.nan
+        fr = av.AudioFrame.from_ndarray(samples[None], format="flt", layout="mono")
+        fr.sample_rate, fr.pts = 16000, 0
+        for p in [*a.encode(fr), *a.encode(None), *v.encode(None)]:
+            c.mux(p)
+    return path
+
+
+def test_a_clip_whose_audio_holds_nan_fails_as_audio_not_finite(tmp_path):
+    """A float track with NaN reached wav_bytes' ValueError in the decode worker: a traceback that ended the build."""
+    src = tmp_path / "src"
+    src.mkdir()
+    _nan_audio_mov(src / "nan.mov")
+    pan_video(src / "good.mp4", frames=20, fps=FPS, size=(128, 128), photo="astronaut", audio="speech")
+    for p in (src / "nan.mov", src / "good.mp4"):
+        p.with_suffix(".txt").write_text(f"the {p.stem} clip", encoding="utf-8")
+    m = build(recipe_from_dict({"sources": [{"path": str(src)}], "geometry": {"buckets": [BUCKET], "fps": FPS},
+                                "outputs": [{"format": "video_wds", "dir": "w", "audio": "wav"}]}),
+              tmp_path / "out", quiet=True, workers=1)
+    assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"audio_not_finite": 1}, m["counts"]
+    assert "NaN or infinite audio" in m["counts"]["examples"]["failed:audio_not_finite"]["detail"]

@@ -50,7 +50,7 @@ import numpy as np
 from shardsmith.formats.wds import FLAC, JSON, MP4, TXT, WAV
 from shardsmith.recipe import ImageRules, VideoWdsOutput
 from shardsmith.records import NO_CAPTION, WRITTEN, ItemError, PlannedItem, SampleResult, SourceInfo
-from shardsmith.transform.audio import clip_window, decode_audio, pcm16, probe_audio, wav_bytes
+from shardsmith.transform.audio import check_decoded, clip_window, decode_audio, pcm16, probe_audio, wav_bytes
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.geometry import Geometry
 from shardsmith.transform.latent_pixels import LatentPixelMaker
@@ -201,7 +201,8 @@ class VideoSampleMaker:
         rate = pr.audio_rate or probe_audio(item.path, item.item_id).rate
         first = geom.frame_indices[0] if geom.frame_indices else 0
         start, duration = clip_window(first, pr.fps, geom.bucket.frames, geom.fps)
-        dec = decode_audio(item.path, item.item_id, rate=rate, start=start, duration=duration)
+        dec = check_decoded(decode_audio(item.path, item.item_id, rate=rate, start=start, duration=duration),
+                            f"{item.item_id} ({item.relpath})", duration)  # (NaN in a float track: no member)
         if self.o.audio == "wav":
             data = wav_bytes(dec.wave, dec.rate)
         else:
