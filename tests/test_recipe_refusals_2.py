@@ -191,13 +191,13 @@ def test_audio_skip_names_the_output_whose_sources_are_all_audio(tmp_path):
     (["a.wav"], [{"format": "prompt_wds"}]),  # captions are what prompt_wds writes: the audio is not needed
 ])
 def test_audio_skip_with_clips_or_images_or_captions_passes_the_precheck(tmp_path, files, outputs):
-    from shardsmith.precheck import check_audio_skip
+    from shardsmith.precheck import check_audio_only
     from shardsmith.recipe import load_recipe
 
     for f in files:
         (tmp_path / "src").mkdir(exist_ok=True)
         (tmp_path / "src" / f).write_bytes(b"")  # (the precheck reads names only)
-    check_audio_skip(load_recipe(_audio_recipe(tmp_path, [{"path": "src"}], outputs)))
+    check_audio_only(load_recipe(_audio_recipe(tmp_path, [{"path": "src"}], outputs)))
 
 
 @pytest.mark.slow

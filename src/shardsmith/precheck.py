@@ -477,12 +477,6 @@ def check_audio_only(recipe: Recipe) -> None:
                 raise err
 
 
-def check_audio_skip(recipe: Recipe) -> None:
-    """:func:`check_audio_only` where ``audio.skip`` turns audio off (its message names audio.skip)."""
-    if recipe.audio.skip:
-        check_audio_only(recipe)
-
-
 FOLDER_WALK_LIMIT = 10_000  # entries a folder source's listing looks at before the check gives up (no refusal)
 
 
