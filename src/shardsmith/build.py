@@ -508,9 +508,7 @@ def _unwrite_ahead(ctx: BuildContext) -> None:
     empty units it had committed made it "a build of a different recipe". What goes was never kept: the refusal
     says the recipe can only be run corrected, under another fingerprint."""
     root, ledger, first = ctx.root, ctx.ledger, ctx.recipe.outputs[0]
-    for rel in ledger.get_meta("written_ahead") or []:
-        if (root / rel).is_dir() and root.resolve() in (root / rel).resolve().parents:
-            outdir.remove_owned_under(root, rel)
+    _remove_ahead_files(root, ledger)
     shutil.rmtree(root / formats.ENCODED_DIR, ignore_errors=True)
     with ledger.transaction():
         for table in ("results", "shards", "unit_files", "claims"):
@@ -773,12 +771,20 @@ def _remove_written_ahead(root: Path, ledger: Ledger, progress: Progress) -> Non
     """Before an unfinished plan is redone: remove what was written ahead of it (the files of
     the output that started early), which the redone plan rebuilds. Only the build's own files
     strictly inside ``root``, below a folder the ledger recorded before writing to it, go."""
+    for rel, n in _remove_ahead_files(root, ledger):
+        progress.say(f"resuming: the plan was unfinished; removed {rel}/ ({n} file(s) written ahead of it, "
+                     "rebuilt from the redone plan)")
+
+
+def _remove_ahead_files(root: Path, ledger: Ledger) -> list[tuple[str, int]]:
+    """Remove the build's own files below each folder the ledger recorded before writing ahead of the plan (only
+    folders strictly inside ``root``, never through a link): each such folder with the count of files removed."""
+    removed = []
     for rel in ledger.get_meta("written_ahead") or []:
         path = (root / rel).resolve()
         if root.resolve() in path.parents and path.is_dir():
-            n = outdir.remove_owned_under(root, rel)
-            progress.say(f"resuming: the plan was unfinished; removed {rel}/ ({n} file(s) written ahead of it, "
-                         "rebuilt from the redone plan)")
+            removed.append((rel, outdir.remove_owned_under(root, rel)))
+    return removed
 
 
 def _devices(ctx: BuildContext) -> list[str]:
