@@ -350,3 +350,34 @@ def test_a_camera_json_nested_too_deep_is_an_unreadable_camera(tmp_path):
     with pytest.raises(ItemError) as e:
         load_camera(str(deep), "clip0")
     assert e.value.reason == "camera_unreadable" and "nested too deeply" in str(e.value)
+
+
+@pytest.mark.slow
+def test_an_audio_partner_replaced_between_plan_and_write_fails_as_changed(tmp_path, monkeypatch):
+    """A clip's ``columns: {audio: ...}`` file was decoded from its path unchecked: replaced by another clip's
+    recording after the plan, it gave that recording's audio latents under this clip."""
+    from video_factory import audio_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, photo in enumerate(("astronaut", "coffee")):
+        pan_video(src / f"c{i}.mp4", frames=30, fps=FPS, size=(64, 64), photo=photo)
+        audio_file(src / f"a{i}.wav", kind=("speech", "tone")[i], duration=1.5, rate=16000, layout="mono")
+    (src / "rows.csv").write_text("video,voice,caption\nc0.mp4,a0.wav,first\nc1.mp4,a1.wav,second\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "video", "audio": "voice",
+                                                                   "caption": "caption"}}],
+           "geometry": {"buckets": ["64x64x9"]},
+           "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"},
+                      "device": "cpu"},
+           "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 1}]}
+    real = build_mod.make_plan
+
+    def plan_then_replace(*a, **kw):
+        n = real(*a, **kw)
+        shutil.copyfile(src / "a0.wav", src / "a1.wav")
+        return n
+
+    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)  # the plan in this process, then the hook
+    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"audio_changed_since_plan": 1}, m["counts"]

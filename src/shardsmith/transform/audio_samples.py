@@ -163,6 +163,10 @@ class AudioCutter:
         name = f"{item.item_id} (its audio {partner.relpath})" if partner is not None else item.item_id
         first = geom.frame_indices[0] if geom.frame_indices else 0
         start, duration = clip_window(first, source_fps, geom.bucket.frames, geom.fps)
+        if partner is not None:  # its bytes as planned (as every partner's), whatever audio.required says: never
+            from shardsmith.transform.partners import planned_bytes  # another file's sound under this clip
+
+            planned_bytes(item, AUDIO_ROLE)  # failed:audio_changed_since_plan, audio_vanished ...
         try:
             dec = check_decoded(self.decode(path, name, start, duration, probed),
                                 name if partner is not None else f"{name} ({item.relpath})", duration)
