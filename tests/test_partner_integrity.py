@@ -381,3 +381,32 @@ def test_an_audio_partner_replaced_between_plan_and_write_fails_as_changed(tmp_p
     monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"audio_changed_since_plan": 1}, m["counts"]
+
+
+@pytest.mark.slow
+def test_an_audio_reference_replaced_between_plan_and_write_fails_as_changed(tmp_path, monkeypatch):
+    """a2a-ic: an audio reference file was decoded from its path unchecked (no pixels read it as a clip's are)."""
+    from video_factory import audio_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(2):
+        audio_file(src / f"t{i}.wav", kind="speech", duration=2.2 + 0.1 * i, rate=16000, layout="mono")
+        audio_file(src / f"r{i}.flac", kind=("tone", "speech")[i], duration=2.4, rate=44100, layout="stereo")
+    (src / "rows.csv").write_text("audio,ref,caption\nt0.wav,r0.flac,one\nt1.wav,r1.flac,two\n")
+    rec = {"sources": [{"path": str(src / "rows.csv"), "columns": {"media": "audio", "reference": "ref",
+                                                                   "caption": "caption"}}],
+           "mode": "a2a-ic", "audio": {"durations": [2.0]},
+           "models": {"text": {"family": "ltx2"}, "audio_vae": {"family": "ltx2_audio"}},
+           "outputs": [{"format": "precomputed"}]}
+    real = build_mod.make_plan
+
+    def plan_then_replace(*a, **kw):
+        n = real(*a, **kw)
+        shutil.copyfile(src / "r0.flac", src / "r1.flac")
+        return n
+
+    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)
+    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+    m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
+    assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"reference_changed_since_plan": 1}, m["counts"]

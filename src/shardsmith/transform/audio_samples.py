@@ -131,6 +131,10 @@ class AudioCutter:
         if ref is None or target.get("status") != "written":
             return None, {"status": "none"}
         name = f"{item.item_id} (its reference {ref.relpath})"
+        if ref.kind == "audio":  # (a clip's bytes were checked with its pixels: transform.partners)
+            from shardsmith.transform.partners import planned_bytes
+
+            planned_bytes(item, "reference")  # failed:reference_changed_since_plan, reference_vanished ...
         try:
             dec = check_decoded(self.decode(ref.path, name, target["start"], target["duration"], ref.audio), name,
                                 target["duration"])
