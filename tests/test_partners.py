@@ -189,6 +189,32 @@ def test_reference_scale_factors_the_vae_cannot_encode_are_refused(tmp_path):
         precheck(recipe_from_dict(rec))
 
 
+def _units(out) -> int:
+    """The units a build's ledger records (rows of its ``shards`` table)."""
+    import sqlite3
+
+    db = sqlite3.connect(out / ".shardsmith" / "ledger.sqlite")
+    try:
+        return db.execute("SELECT COUNT(*) FROM shards").fetchone()[0]
+    finally:
+        db.close()
+
+
+def _wait_for_units(out, n: int, proc, timeout: float) -> None:
+    """Until the running build ``proc`` into ``out`` has recorded ``n`` units, or it ended, or ``timeout``."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if (out / ".shardsmith" / "ledger.sqlite").exists() and _units(out) >= n:
+                return
+        except sqlite3.Error:  # (being made)
+            pass
+        time.sleep(0.02)
+
+
 def test_sigkill_mid_build_resumes_partners_byte_identical(tmp_path):
     """kill -9 of a build with IC-LoRA references and first frames, then a resume: every file equals an
     uninterrupted build's (same keys, same partner latents, same first frames)."""
@@ -230,9 +256,11 @@ def test_sigkill_mid_build_resumes_partners_byte_identical(tmp_path):
     assert sum(k.endswith("ref_latent.pth") for k in want) == 0  # (members live inside the tars)
     assert len([k for k in want if k.startswith(".precomputed/reference_latents/")]) == 8
     out, kills = tmp_path / "crashy", 0
-    for frac in (0.55, 0.7, 0.8):
-        p = start(out)
-        time.sleep(full * frac)
+    step = max(1, _units(tmp_path / "ref") // 4)
+    for _ in range(3):  # each run killed once it has recorded a quarter of the units more (not after a time: a
+        before = _units(out) if (out / ".shardsmith" / "ledger.sqlite").exists() else 0  # loaded machine may
+        p = start(out)  # finish first)
+        _wait_for_units(out, before + step, p, timeout=full * 20)
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
