@@ -359,3 +359,15 @@ def test_a_config_dict_pasted_from_a_config_json_passes_with_its_bookkeeping_key
 
     cfg = {**CONFIGS["sd"]["tiny"], "_class_name": "AutoencoderKL", "_diffusers_version": "0.30.0"}
     check_config("sd", cfg)  # no ModelConfigError
+
+
+@pytest.mark.slow
+def test_a_distill_that_samples_no_prompt_exits_3_naming_the_reasons(tmp_path):
+    """Every prompt failed (empty captions): distill said 'done' and exited 0 with nothing sampled; now it ends
+    as a build that writes nothing does (exit 3, the counts by reason), its manifest still written."""
+    recipe = _kd_recipe(tmp_path, {"family": "callable", "entry_point": "shardsmith.distill.gaussian:velocity",
+                                   "parameterisation": "flow"})
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": ""}) + "\n" for _ in range(3)))
+    code, output = invoke("distill", recipe, "--out", tmp_path / "out")
+    assert code == 3 and "no sample was written to" in output and "done:" not in output, output
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]["written"] == 0

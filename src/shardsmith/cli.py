@@ -617,6 +617,7 @@ def distill(
     (FastGen's kd_pair / kd_path), resumably and fully accounted."""
     from shardsmith.build import InvariantError
     from shardsmith.distill.run import distill as run_distill
+    from shardsmith.manifest import nothing_written
 
     sets = [f"distill.{k}={v}" for k, v in (("solver", solver), ("steps", steps), ("guidance", guidance),
                                             ("seed", seed), ("preview", preview)) if v is not None]
@@ -631,9 +632,11 @@ def distill(
     except InvariantError as exc:  # not the user's doing: a bug, exit code 3
         _exit(str(exc), 3)
     c = manifest["counts"]
+    process_exit.done()  # (complete on disk, whatever it holds)
+    if (empty := nothing_written(manifest, str(out))) is not None:  # no prompt sampled: exit 3, as build's
+        _exit(empty, NOTHING_WRITTEN_EXIT)
     if not quiet:
         typer.echo(f"done: {out} ({c['written']} of {c['inputs']} prompts sampled; see {out}/manifest.json)")
-    process_exit.done()
 
 
 @command()
