@@ -10,7 +10,6 @@ cannot hold and audio masks decoded from NaN samples fail their item instead of 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import struct
@@ -251,6 +250,20 @@ def test_masks_and_cameras_changed_or_gone_since_the_plan_fail_their_item(tmp_pa
 
 
 @pytest.mark.slow
+def _copy_over_after_plan(monkeypatch, source: Path, dest: Path) -> None:
+    """The next build plans in this process, then ``dest`` is replaced by a copy of ``source`` (as a resume
+    of a build killed after its plan would find it)."""
+    real = build_mod.make_plan
+
+    def plan_then_replace(*a, **kw):
+        n = real(*a, **kw)
+        shutil.copyfile(source, dest)
+        return n
+
+    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)  # the plan in this process, then the hook
+    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+
+
 def test_a_reference_replaced_between_plan_and_write_fails_as_changed_never_another_clips_latents(
         tmp_path, monkeypatch):
     """The tester's repro: v2v-ic into latent_wds, r1.mp4 replaced by a copy of r0.mp4 once the plan is made
@@ -268,15 +281,7 @@ def test_a_reference_replaced_between_plan_and_write_fails_as_changed_never_anot
                                                                   "caption": "caption"}}],
            "mode": "v2v-ic", "geometry": {"buckets": ["64x64x9"]}, "models": {"vae": {"family": "ltx2"}},
            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 1}]}
-    real = build_mod.make_plan
-
-    def plan_then_replace(*a, **kw):
-        n = real(*a, **kw)
-        shutil.copyfile(src / "r0.mp4", src / "r1.mp4")
-        return n
-
-    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)  # the plan in this process, then the hook
-    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+    _copy_over_after_plan(monkeypatch, src / "r0.mp4", src / "r1.mp4")
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"reference_changed_since_plan": 1}
     with tarfile.open(tmp_path / "out" / "lat" / "00000.tar") as tf:
@@ -370,15 +375,7 @@ def test_an_audio_partner_replaced_between_plan_and_write_fails_as_changed(tmp_p
            "models": {"vae": {"family": "ltx2"}, "text": {"family": "minilm"}, "audio_vae": {"family": "ltx2_audio"},
                       "device": "cpu"},
            "outputs": [{"format": "latent_wds", "dir": "lat", "samples_per_shard": 1}]}
-    real = build_mod.make_plan
-
-    def plan_then_replace(*a, **kw):
-        n = real(*a, **kw)
-        shutil.copyfile(src / "a0.wav", src / "a1.wav")
-        return n
-
-    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)  # the plan in this process, then the hook
-    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+    _copy_over_after_plan(monkeypatch, src / "a0.wav", src / "a1.wav")
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"audio_changed_since_plan": 1}, m["counts"]
 
@@ -399,14 +396,6 @@ def test_an_audio_reference_replaced_between_plan_and_write_fails_as_changed(tmp
            "mode": "a2a-ic", "audio": {"durations": [2.0]},
            "models": {"text": {"family": "ltx2"}, "audio_vae": {"family": "ltx2_audio"}},
            "outputs": [{"format": "precomputed"}]}
-    real = build_mod.make_plan
-
-    def plan_then_replace(*a, **kw):
-        n = real(*a, **kw)
-        shutil.copyfile(src / "r0.flac", src / "r1.flac")
-        return n
-
-    monkeypatch.setattr(build_mod, "PLAN_AHEAD", False)
-    monkeypatch.setattr(build_mod, "make_plan", plan_then_replace)
+    _copy_over_after_plan(monkeypatch, src / "r0.flac", src / "r1.flac")
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["counts"]["written"] == 1 and m["counts"]["failed"] == {"reference_changed_since_plan": 1}, m["counts"]
