@@ -17,8 +17,8 @@ Contract
     model's ``config.json`` on disk), never from a loaded model; a pretrained config that is
     not on disk leaves the check to the loaded model;
   - ``models.vae.config`` names no config of the family;
-  - ``models.vae.config`` or ``models.teacher.config``, given as a dict, holds a key the model class does not take
-    or a value it cannot be built from (:func:`check_model_configs`);
+  - ``models.vae.config``, ``models.audio_vae.config`` or ``models.teacher.config``, given as a dict, holds a key
+    the model class does not take or a value it cannot be built from (:func:`check_model_configs`);
   - a ``prompt_wds`` output sets ``negative_prompt`` without ``models.text``;
   - a ``latent_zip`` output's side is not a multiple of the VAE's spatial factor, or its VAE is
     a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
@@ -298,21 +298,27 @@ def _vae_geometry(recipe: Recipe) -> dict | None:
 
 
 def check_model_configs(recipe: Recipe) -> None:
-    """``models.vae.config`` and ``models.teacher.config`` given as dicts (random weights, no ``pretrained``):
-    every key is one the model class takes and the class builds from the values, on torch's meta device (no
-    memory, no weights); a :class:`~shardsmith.encode.vae.ModelConfigError` naming the key otherwise. Before
-    anything reads sizes from the dict (:func:`check_buckets`). Named configs are known good: nothing is imported
-    for them."""
+    """``models.vae.config``, ``models.audio_vae.config`` (where an output writes audio latents) and
+    ``models.teacher.config`` given as dicts (random weights, no ``pretrained``): every key is one the model class
+    takes (keys starting with ``_`` are a config's bookkeeping) and the class builds from the values, on torch's
+    meta device (no memory, no weights); a :class:`~shardsmith.encode.vae.ModelConfigError` naming the key
+    otherwise. Before anything reads sizes from the dict (:func:`check_buckets`, :func:`check_audio`). Named configs
+    are known good: nothing is imported for them."""
     m = recipe.models
     vae = m.vae is not None and m.vae.pretrained is None and isinstance(m.vae.config, dict)
+    audio = bool(recipe.audio_outputs()) and m.audio_vae.pretrained is None and isinstance(m.audio_vae.config, dict)
     teacher = (m.teacher is not None and m.teacher.family != "callable" and m.teacher.pretrained is None
                and isinstance(m.teacher.config, dict))
+    # diffusers imported as the build will (without transformers where it needs none: encode/stage.py)
+    lean = m.teacher is None and (m.text is None or m.text.quantize == "none")
     if vae:
         from shardsmith.encode.vae import check_config
 
-        # diffusers imported as the build will (without transformers where it needs none: encode/stage.py)
-        check_config(m.vae.family, m.vae.config,
-                     lean=m.teacher is None and (m.text is None or m.text.quantize == "none"))
+        check_config(m.vae.family, m.vae.config, lean=lean)
+    if audio:
+        from shardsmith.encode.audio_vae import check_config as check_audio_config
+
+        check_audio_config(m.audio_vae.family, m.audio_vae.config, lean=lean)
     if teacher:
         from shardsmith.encode.teacher import check_config as check_teacher_config
 

@@ -230,6 +230,53 @@ def _pretrained_config(pretrained: str, subfolder: str | None, revision: str | N
                         "models.audio_vae.pretrained / subfolder") from exc
 
 
+CONFIG_KEY = "models.audio_vae.config"
+
+
+def check_config(family: str, config: dict, *, lean: bool = False) -> None:
+    """``models.audio_vae.config`` given as a dict, checked before the plan: its keys are
+    ``AutoencoderKLLTX2Audio``'s (and ours: ``n_fft``, ``vocoder``; keys starting with ``_`` are the config's
+    bookkeeping), the class builds from it on torch's meta device (no memory, no weights:
+    :func:`~shardsmith.encode.vae.build_from_config`), its settings read (:func:`audio_vae_settings`: every size at
+    least 1) and its per-channel statistics match its patchified latents, as :func:`load_audio_vae` requires; a
+    ``vocoder`` dict builds ``LTX2Vocoder`` the same way. A :class:`~shardsmith.encode.vae.ModelConfigError`
+    naming the key otherwise."""
+    from .vae import ModelConfigError, build_from_config
+
+    key, fix = CONFIG_KEY, "fix the value, or use a named config (tiny, published)"
+    cfg, _, voc = _config(family, config)
+    model_cfg = {k: v for k, v in cfg.items() if k != "n_fft"}
+    model = build_from_config(model_class(CLS, lean=lean), model_cfg, key, meta=True)
+    try:
+        s = _settings(family, cfg, "custom")
+    except (TypeError, ValueError, KeyError, IndexError, ArithmeticError) as exc:
+        raise ModelConfigError(f"{key}: the audio settings cannot be read from it ({type(exc).__name__}: {exc}); "
+                               f"{fix}") from None
+    for what, value in (("sample_rate", s.sample_rate), ("mel_hop_length", s.hop_length), ("n_fft", s.n_fft),
+                        ("mel_bins", s.mel_bins), ("latent_channels", s.latent_channels),
+                        ("latent frequency bins (from mel_bins)", s.frequency_bins)):
+        if value < 1:
+            raise ModelConfigError(f"{key}: it gives an audio VAE with {what} {value}; every size must be at least 1; "
+                                   f"{fix}")
+    patched = s.latent_channels * s.frequency_bins
+    if model.latents_mean.numel() != patched:
+        raise ModelConfigError(f"{key}: the audio VAE's per-channel statistics have {model.latents_mean.numel()} "
+                               f"entries (base_channels), but its latents patchify to {s.latent_channels} x "
+                               f"{s.frequency_bins} = {patched} channels, which LTX-2 normalises with them; set "
+                               f"base_channels to {patched} (latent_channels * mel_bins / 4), or use a named config "
+                               "(tiny, published)")
+    if voc is None:
+        return
+    if not isinstance(voc, dict):
+        raise ModelConfigError(f"{key}.vocoder: {voc!r} is not a dict; give LTX2Vocoder's config as a dict, null "
+                               "for no vocoder, or leave vocoder out for the tiny one")
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    full = _full(model_cfg)
+    build_from_config(LTX2Vocoder, {"in_channels": int(full["output_channels"]) * int(full["mel_bins"]), **voc},
+                      f"{key}.vocoder", meta=True)
+
+
 def audio_vae_settings(family: str = "ltx2_audio", *, pretrained: str | None = None, subfolder: str | None = None,
                        revision: str | None = None, config: str | dict = "tiny",
                        cache_dir: str | None = None) -> AudioSettings:
