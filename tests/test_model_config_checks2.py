@@ -91,3 +91,68 @@ def test_an_audio_vae_config_dict_is_one_message_before_the_plan(tmp_path):
     code, output = invoke("build", recipe, "--out", out)
     assert_message(code, output, AUDIO, "'nosuch'", "named config")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- a missing package comes first
+
+def _latent_args(tmp: Path, *more: str) -> list[str]:
+    from PIL import Image
+
+    (tmp / "src").mkdir(exist_ok=True)
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(tmp / "src" / "a.jpg")
+    return ["build", "--source", str(tmp / "src"), "--to", "latent_wds", "--set", "geometry.buckets=[64x64x1]",
+            "--set", "models.vae.family=sd", "--set", "models.device=cpu", *more, "--out", str(tmp / "out")]
+
+
+def _run_without(module: str, args: list[str]) -> subprocess.CompletedProcess:
+    """``shardsmith ARGS`` in a process where ``module`` cannot be imported, as if it were not installed
+    (``sys.modules`` maps it to None: its import raises ImportError and find_spec finds nothing)."""
+    prelude = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['shardsmith', *sys.argv[1:]]; "
+               "from shardsmith.cli import main; main()")
+    return subprocess.run([sys.executable, "-c", prelude, *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def test_a_missing_diffusers_is_said_before_a_config_dict_is_checked(tmp_path):
+    """The VAE's config dict is checked by building its diffusers class: without diffusers that was an
+    ImportError traceback from the check; now the missing package, its install line, exit 2, no output folder.
+    The dict is a bad one too: the package is said first."""
+    r = _run_without("diffusers", _latent_args(tmp_path, "--set", "models.vae.config={nosuch: 1}"))
+    assert_message(r.returncode, r.stdout + r.stderr, "models.vae (sd)", "needs the diffusers package",
+                   "is not installed", "pip install diffusers")
+    assert "nosuch" not in r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_transformers_is_said_before_the_plan(tmp_path):
+    """A text encoder needs transformers: its absence was an ImportError traceback once the plan was made and
+    the text model loaded (the VAE's dict check imports diffusers without it); now one message first."""
+    r = _run_without("transformers", _latent_args(tmp_path, "--set", "models.vae.config={latent_channels: 4}",
+                                                  "--set", "models.text.family=minilm"))
+    assert_message(r.returncode, r.stdout + r.stderr, "models.text (minilm) needs the transformers package",
+                   "pip install transformers")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_package_whose_import_fails_in_the_config_check_is_a_message(tmp_path, monkeypatch):
+    """Installed (find_spec finds it) but its import fails while the config dict is checked: the package and its
+    install line, naming the key, not an ImportError."""
+    from shardsmith.encode import audio_vae
+    from shardsmith.precheck import MissingPackageError, check_model_configs, check_packages
+    from shardsmith.recipe import recipe_from_dict
+
+    def fails(name, lean=False):
+        raise ImportError("No module named 'diffusers'", name="diffusers")
+
+    monkeypatch.setattr(audio_vae, "model_class", fails)
+    rec = recipe_from_dict(_audio_recipe(tmp_path, {"nosuch": 1}))
+    check_packages(rec)  # (installed)
+    with pytest.raises(MissingPackageError) as got:
+        check_model_configs(rec)
+    assert "models.audio_vae.config" in str(got.value) and "pip install diffusers" in str(got.value)
+
+
+def test_check_packages_runs_before_the_config_check():
+    from shardsmith.precheck import CHECKS, check_model_configs, check_packages
+
+    assert CHECKS.index(check_packages) < CHECKS.index(check_model_configs)

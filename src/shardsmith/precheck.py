@@ -22,8 +22,10 @@ Contract
   - a ``prompt_wds`` output sets ``negative_prompt`` without ``models.text``;
   - a ``latent_zip`` output's side is not a multiple of the VAE's spatial factor, or its VAE is
     a video VAE (the ZIP holds image latents ``[2C, H/f, W/f]``);
-  - a package a model needs is not installed (the MiniLM package for text models without
-    ``pretrained``: their tokenizer, or the model itself);
+  - a package a model needs is not installed (diffusers for any model, transformers for a text encoder or a
+    teacher, the MiniLM package for text models without ``pretrained``: their tokenizer, or the model itself),
+    said before any other model check (:func:`check_packages`), so that it is not an ImportError of a check that
+    imports the package;
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
   - ``distribute.gpus`` (``--gpus``) asks for more GPUs than torch sees, with or without a model to load;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,18 +314,28 @@ def check_model_configs(recipe: Recipe) -> None:
                and isinstance(m.teacher.config, dict))
     # diffusers imported as the build will (without transformers where it needs none: encode/stage.py)
     lean = m.teacher is None and (m.text is None or m.text.quantize == "none")
-    if vae:
-        from shardsmith.encode.vae import check_config
+    for key, due in (("vae", vae), ("audio_vae", audio), ("teacher", teacher)):
+        if not due:
+            continue
+        try:
+            if key == "vae":
+                from shardsmith.encode.vae import check_config
 
-        check_config(m.vae.family, m.vae.config, lean=lean)
-    if audio:
-        from shardsmith.encode.audio_vae import check_config as check_audio_config
+                check_config(m.vae.family, m.vae.config, lean=lean)
+            elif key == "audio_vae":
+                from shardsmith.encode.audio_vae import check_config as check_audio_config
 
-        check_audio_config(m.audio_vae.family, m.audio_vae.config, lean=lean)
-    if teacher:
-        from shardsmith.encode.teacher import check_config as check_teacher_config
+                check_audio_config(m.audio_vae.family, m.audio_vae.config, lean=lean)
+            else:
+                from shardsmith.encode.teacher import check_config as check_teacher_config
 
-        check_teacher_config(m.teacher.family, m.teacher.config)
+                check_teacher_config(m.teacher.family, m.teacher.config)
+        except MissingPackageError:
+            raise
+        except ImportError as exc:  # (installed, as check_packages found, but its import fails)
+            module = (exc.name or "diffusers").split(".")[0]
+            raise missing_package(module, f"models.{key}.config (a dict, checked by building its class)",
+                                  exc) from None
 
 
 def check_buckets(recipe: Recipe) -> None:
@@ -583,10 +596,70 @@ def check_prompt_outputs(recipe: Recipe) -> None:
                               "txt_emb.pth and neg_prompt_emb.npy, or remove negative_prompt for text-only shards")
 
 
+def _pinned(dist: str) -> str:
+    """``dist`` as shardsmith's own requirements pin it (``diffusers==0.42.1``), else its bare name."""
+    import importlib.metadata
+    import re
+
+    try:
+        reqs = importlib.metadata.requires("shardsmith") or []
+    except importlib.metadata.PackageNotFoundError:  # (run from a source tree, not installed)
+        reqs = []
+    for r in reqs:
+        if "extra ==" not in r and re.match(rf"{re.escape(dist)}\s*(==|>=|~=|<|!=|$)", r, re.IGNORECASE):
+            return r.split(";")[0].strip()
+    return dist
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be found (its spec; nothing is imported): False when it is not installed or
+    ``sys.modules`` maps it to None."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _built(recipe: Recipe) -> list[str]:
+    """``models.<key> (<family>)`` of each model the build builds or loads."""
+    m, d = recipe.models, recipe.distill
+    keys = [k for k, used in (
+        ("vae", m.vae is not None and (any(isinstance(o, LATENT_OUTPUTS) for o in recipe.outputs)
+                                       or (d is not None and d.preview))),
+        ("audio_vae", bool(recipe.audio_outputs())), ("text", m.text is not None),
+        ("teacher", m.teacher is not None and d is not None)) if used]
+    return [f"models.{k} ({getattr(m, k).family})" for k in keys]
+
+
+def missing_package(module: str, needed_for: str | list[str],
+                    exc: BaseException | None = None) -> MissingPackageError:
+    """The :class:`MissingPackageError` of ``module`` (not installed, or ``exc``: its import failed), which
+    ``needed_for`` (what, or a list of recipe keys) needs, with the ``pip install`` line of its pinned version."""
+    why = f"cannot be imported ({exc})" if exc is not None else "is not installed"
+    who = needed_for if isinstance(needed_for, str) else (
+        f"{', '.join(needed_for[:-1])} and {needed_for[-1]} need" if len(needed_for) > 1
+        else needed_for[0] if needed_for else "the build's models")
+    verb = "" if who.endswith(" need") else " needs"
+    return MissingPackageError(f"{who}{verb} the {module} package, which {why}; install it with: "
+                               f"pip install {_pinned(module)}")
+
+
 def check_packages(recipe: Recipe) -> None:
-    """The MiniLM package is importable when a text model is built without ``pretrained``."""
-    text = recipe.models.text
-    if _builds_models(recipe) and text is not None and text.pretrained is None:
+    """The packages the build's models need can be found, asked before anything imports them
+    (:func:`check_model_configs` builds a dict config's class): diffusers whenever a model is loaded (the VAEs and
+    the teacher are its classes, and the encode stage imports it for every model), transformers for a text
+    encoder or a teacher; then the MiniLM package when a text model is built without ``pretrained``. Nothing is
+    imported for the first two: a package whose import fails is said where it is imported."""
+    if not _builds_models(recipe):
+        return
+    m, built = recipe.models, _built(recipe)
+    if not _installed("diffusers"):
+        raise missing_package("diffusers", built)
+    needs = [b for b in built if b.startswith(("models.text ", "models.teacher "))]
+    if needs and not _installed("transformers"):
+        raise missing_package("transformers", needs)
+    text = m.text
+    if text is not None and text.pretrained is None:
         what = ("the minilm text encoder" if text.family == "minilm"
                 else f"the {text.family} text encoder's stand-in tokenizer")
         import_optional(*MINILM, f"models.text ({what}, no pretrained set)")
@@ -892,7 +965,9 @@ def check_teacher(recipe: Recipe) -> None:
                               text_dim=got["text_dim"]), text_dim, d.shape)
 
 
-CHECKS = (check_pretrained, check_model_configs, check_buckets, check_image_buckets, check_audio_only, check_latent_zip, check_prompt_outputs, check_packages,
+# (check_packages before check_model_configs, which imports the model classes of a dict config)
+CHECKS = (check_pretrained, check_packages, check_model_configs, check_buckets, check_image_buckets, check_audio_only,
+          check_latent_zip, check_prompt_outputs,
           check_device, check_image_decoder,
           check_audio,
           check_text_config, check_text_max_length, check_reference_scale, check_teacher, check_text_quantize)
