@@ -6,6 +6,12 @@ Contract
 - Out: one PNG (1 latent frame) or MP4 (at the stored fps) per sample, mirroring the sample's
   path, plus ``decode_report.json``: per sample its PSNR against the source media after the
   same bucket resize/crop the build applied, and the mean.
+- Each latent is paired with its own planned item exactly (:class:`Samples`): a ``.precomputed/`` file by
+  its path (the item's ``sample_rel``), a ``latent_wds`` sample by the item id its json records (else its
+  sample key); both are unique in the plan, where a media path with its suffix swapped is not (``x.jpg``
+  and ``x.png`` are both ``x.pt``). A sample is named by its item's ``sample_rel`` in both formats
+  (``x.png`` planned after ``x.jpg``: ``x_<8 hex>.png``), so no decoded file replaces another; its report
+  row gives the item id it was compared with (``id``, None for a sample the ledger does not hold).
 - The VAE is rebuilt from the manifest's provenance: ``from_pretrained`` for real weights,
   the same seeded architecture for random weights — then the report says the pictures are
   meaningless and PSNR only checks plumbing.
@@ -38,7 +44,7 @@ import itertools
 import json
 import math
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -124,10 +130,13 @@ def _vae_from_manifest(manifest: dict[str, Any], recipe, device: str) -> Any:
                     config=v.config, dtype=v.dtype, device=device, store=v.store), prov["weights"] == "random-weights"
 
 
-def _latents(root: Path, output: dict[str, Any], split: str) -> Iterator[tuple[str, torch.Tensor, float]]:
-    """(sample path, latents [C, F', H', W'] or [C, H', W'], fps) in the output's order."""
-    for rel, z, facts in latent_records(root, output, split, LATENTS, wds_layout.LATENT):
-        yield rel, z, float(facts["fps"])
+def _latents(root: Path, output: dict[str, Any], split: str,
+             samples: "Samples") -> Iterator[tuple[str, Any, torch.Tensor, float]]:
+    """(sample path, its planned item or None, latents [C, F', H', W'] or [C, H', W'], fps) in the output's
+    order (``samples``: see :class:`Samples`)."""
+    for rel, z, facts, key in latent_records(root, output, split, LATENTS, wds_layout.LATENT):
+        rel, item = samples.find(rel, facts, key)
+        yield rel, item, z, float(facts["fps"])
 
 
 def _decoded_before(out: Path) -> set[str]:
@@ -312,17 +321,55 @@ def _check_present(root: Path, name: str, block: dict[str, Any], split: str, pic
                           f"(shardsmith verify {base} names what is wrong)")
 
 
-def _items_by_path(ledger: Ledger, recipe, name: str, fmt: str, split: str) -> dict[str, Any]:
-    """The ledger's written items of ``split`` by the sample path their latents are stored under."""
-    names = [s.name for s in recipe.sources]
-    multi = len(recipe.outputs[[o.name for o in recipe.outputs].index(name)].sources or names) > 1
-    by_path = {}
-    for it in ledger.items(split=split, status="ok"):
-        by_path[sample_rel(it.relpath, names[it.source] if multi else None, key=it.key, item_id=it.item_id,
-                           key_source=names[it.source] if len(names) > 1 else None)] = it
-        if fmt == "latent_wds":
-            by_path[PurePosixPath(it.relpath).with_suffix(CACHE_EXT).as_posix()] = it
-    return by_path
+class Samples:
+    """The planned items (``items``: the ledger's of one split) of output ``name``, found exactly for each latent record
+    (:func:`~shardsmith.verify.latent_records.latent_records`), with the path its decoded files take.
+
+    A ``.precomputed/`` file (``key`` None) is its item's by its path: the item's ``sample_rel``, unique in the
+    plan. A ``latent_wds`` sample is the item whose id its json records, else the item of its sample key (both
+    unique in the plan), and takes that item's ``sample_rel``, as in a tree; never the item of its media path
+    with the suffix swapped, which ``x.jpg`` and ``x.png`` share. A sample the ledger does not hold keeps its
+    media path (with its key added when another sample has that path): decoded, compared with nothing."""
+
+    def __init__(self, items: Iterable[Any], recipe, name: str):
+        names = [s.name for s in recipe.sources]
+        multi = len(recipe.outputs[[o.name for o in recipe.outputs].index(name)].sources or names) > 1
+        self.by_rel: dict[str, Any] = {}
+        self.by_id: dict[str, tuple[str, Any]] = {}
+        self.by_key: dict[str, tuple[str, Any]] = {}
+        for it in items:
+            rel = sample_rel(it.relpath, names[it.source] if multi else None, key=it.key, item_id=it.item_id,
+                             key_source=names[it.source] if len(names) > 1 else None)
+            self.by_rel[rel] = it
+            self.by_id[it.item_id] = self.by_key[it.key] = (rel, it)
+        self._unknown: dict[str, str] = {}  # sample key -> path, of the samples the ledger does not hold
+
+    def find(self, rel: str, facts: Any, key: str | None) -> tuple[str, Any]:
+        """(the sample's path, its planned item or None) of the record ``(rel, _, facts, key)``."""
+        if key is None:
+            return rel, self.by_rel.get(rel)
+        ident = facts.get("id") if isinstance(facts, dict) else None
+        found = (self.by_id.get(ident) if isinstance(ident, str) else None) or self.by_key.get(key)
+        if found is not None:
+            return found
+        if key not in self._unknown:  # (asked again for the sample's audio: the same path)
+            if rel in self.by_rel or rel in self._unknown.values():
+                p = PurePosixPath(rel)
+                rel = p.with_name(f"{p.stem}_{key}{CACHE_EXT}").as_posix()
+            self._unknown[key] = rel
+        return self._unknown[key], None
+
+
+def _samples(root: Path, recipe, name: str, split: str) -> Samples:
+    """The :class:`Samples` of ``split`` from the build's ledger (none without one: decode creates nothing in
+    the build folder)."""
+    if not (root / LEDGER_FILE).is_file():
+        return Samples((), recipe, name)
+    ledger = Ledger(root / LEDGER_FILE)
+    try:
+        return Samples(ledger.items(split=split, status="ok"), recipe, name)
+    finally:
+        ledger.close()
 
 
 def _for_vae(z: torch.Tensor, vae, rel: str) -> torch.Tensor:
@@ -338,15 +385,14 @@ def _for_vae(z: torch.Tensor, vae, rel: str) -> torch.Tensor:
     return z
 
 
-def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any],
-                 latents: Iterator[tuple[str, torch.Tensor, float]], limit: int | None,
-                 tick=lambda: None) -> list[dict[str, Any]]:
+def _decode_into(out: Path, vae, maker: LatentPixelMaker, latents: Iterator[tuple[str, Any, torch.Tensor, float]],
+                 limit: int | None, tick=lambda: None) -> list[dict[str, Any]]:
     """Decode up to ``limit`` latents into ``out`` (each file journalled before it is written); one
-    report row per sample, with its PSNR against the bucketed source when the source is known."""
+    report row per sample, with its PSNR against its own item's bucketed source when the ledger holds it."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with open(out / JOURNAL_FILE, "a", encoding="utf-8") as journal:
-        for i, (rel, z, fps) in enumerate(latents):
+        for i, (rel, item, z, fps) in enumerate(latents):
             if limit is not None and i >= limit:
                 break
             z = _for_vae(z, vae, rel)
@@ -356,8 +402,7 @@ def _decode_into(out: Path, vae, maker: LatentPixelMaker, sources: dict[str, Any
             journal.flush()  # recorded before the file exists: an interrupted decode's files stay ours
             written = write_media(frames, fps, out / rel)
             row: dict[str, Any] = {"path": rel, "file": written.relative_to(out).as_posix(),
-                                   "shape": list(frames.shape)}
-            item = sources.get(rel)
+                                   "shape": list(frames.shape), "id": item.item_id if item is not None else None}
             if item is not None:
                 src = maker(item)
                 if src.pixels is not None and src.pixels.shape == frames.shape:
@@ -399,9 +444,10 @@ def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, b
         check_recorded_weights("models.vae", recipe.models.vae, DecodeError)
     if manifest["models"].get("audio_vae"):
         check_recorded_weights("models.audio_vae", recipe.models.audio_vae, DecodeError)
+    samples = _samples(root, recipe, name, split)  # (each latent's own item, and the path its files take)
     audio = None  # the audio latents (first one peeked), when the output holds any
     if recipe.models.audio_vae is not None and manifest["models"].get("audio_vae"):
-        found = audio_latents(root, block, split)
+        found = audio_latents(root, block, split, samples.find)
         first = next(found, None)
         audio = None if first is None else itertools.chain([first], found)
     if not pictures and audio is None:
@@ -415,15 +461,10 @@ def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, b
         with progress.spin(f"load the recorded VAE on {device}"):
             vae, random = _vae_from_manifest(manifest, recipe, device)
         maker = LatentPixelMaker(parse_buckets(recipe.geometry.buckets), recipe.images, recipe.geometry.fps)
-        ledger = Ledger(root / LEDGER_FILE)
-        try:
-            sources = _items_by_path(ledger, recipe, name, block["format"], split)
-        finally:
-            ledger.close()
         written = block.get("splits", {}).get(split, {}).get("written")
         total = written if limit is None or written is None else min(limit, written)
         with progress.task(f"decode {name}/{split}", total=total) as tick:
-            rows = _decode_into(out, vae, maker, sources, _latents(root, block, split), limit, tick)
+            rows = _decode_into(out, vae, maker, _latents(root, block, split, samples), limit, tick)
     vals = [r["psnr_db"] for r in rows if "psnr_db" in r and math.isfinite(r["psnr_db"])]
     report = {"build": str(root), "output": name, "split": split, "samples": len(rows),
               "random_weights": random, "mean_psnr_db": round(sum(vals) / len(vals), 3) if vals else None,
