@@ -8,7 +8,9 @@ here, so a link is judged by where it lands, not by its name:
   source sets ``allow_outside_paths`` (else ``failed:path_outside_table_dir``);
 - a folder source's entry (file or folder link) must resolve inside the source folder unless the
   source sets ``follow_symlinks`` (else ``skipped:symlink_outside_source``);
-- a folder link that resolves to one of the folders it sits in is a loop (``failed:symlink_loop``).
+- a folder link that resolves to one of the folders it sits in is a loop (``failed:symlink_loop``);
+- a table's media path has one name however it is spelled (:func:`table_name`): ``a//b.mp4``,
+  ``./a/b.mp4``, ``a/../a/b.mp4`` and its absolute path are ``a/b.mp4``, as a folder source names it.
 
 Reasons that leave no bytes to read are listed in :data:`NO_BYTES`: the probe and ``scan``
 never open such an item, so no detail can quote a refused file's content.
@@ -50,6 +52,49 @@ def table_target(raw: str, table_dir: str) -> str:
     """Where a table's media path points before symlinks are resolved: an absolute path as
     written, a relative one joined to the table's folder."""
     return raw if raw.startswith("/") else f"{table_dir.rstrip('/')}/{raw}"
+
+
+def clean(path: str, parents: bool = True) -> str:
+    """``path`` (``/``-separated) spelled once, by its components alone (no filesystem access): repeated
+    slashes and ``.`` components dropped (``a//b.mp4``, ``./a/b.mp4``, ``a/./b.mp4/`` -> ``a/b.mp4``); with
+    ``parents``, ``x/..`` removed as well (``a/../a/b.mp4`` -> ``a/b.mp4``; ``/..`` is ``/``), a leading ``..``
+    of a relative path kept (``../x.mp4``). An absolute path stays absolute (one leading slash); a path that
+    names its start is ``.`` (or ``/``). Without ``parents`` every ``..`` stays where it is: that spelling
+    names the same file as ``path`` even where a symbolic link comes before a ``..``."""
+    absolute = path.startswith("/")
+    kept: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == ".." and parents:
+            if kept and kept[-1] != "..":
+                kept.pop()
+                continue
+            if absolute:
+                continue
+        kept.append(part)
+    text = "/".join(kept)
+    return f"/{text}" if absolute else text or "."
+
+
+def table_name(raw: str, table_dirs: Collection[str], parents: bool = True) -> str:
+    """The one spelling of a table's media path ``raw`` that every row naming the same file shares, so that
+    a file listed twice (``a/b.mp4``, ``a//b.mp4``, ``./a/b.mp4``, ``a/../a/b.mp4``, its absolute path) is
+    one name, the one a folder source at the table's folder gives it: ``raw`` :func:`clean` (``parents`` as
+    there), then, where it lies under one of ``table_dirs`` (the table's folder, absolute and normalised: as
+    written and with links resolved), relative to that folder (a relative ``raw`` is taken from the first
+    of ``table_dirs``, so ``../<table folder>/a/b.mp4`` is ``a/b.mp4`` too). A path outside them stays as
+    written, cleaned (``../x.mp4``, ``/elsewhere/x.mp4``): the path rules refuse it unless the source allows
+    outside paths. Pure: a caller that may meet a symbolic link before a ``..`` (or in ``table_dirs``) checks
+    that the name resolves where ``raw`` does, else uses ``clean(raw, parents=False)``."""
+    if not table_dirs:
+        return clean(raw, parents)
+    dirs = list(table_dirs)
+    full = clean(raw if raw.startswith("/") else f"{dirs[0].rstrip('/')}/{raw}", parents)
+    for d in dirs:
+        if within(full, d):
+            return full[len(d):].lstrip("/") or "."
+    return clean(raw, parents)
 
 
 def special_file(path: str) -> str | None:

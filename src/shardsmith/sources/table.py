@@ -14,6 +14,14 @@ spells a number is kept as that number; a partner that is missing or empty is
 ``failed:missing_<role>``, one the path rules refuse ``failed:<role>_<reason>``; rows are never
 shifted onto each other.
 
+A media path (target and partners) is named by its one spelling (:func:`paths.table_name`), the name a
+folder source at the table's folder gives the file: ``a//b.mp4``, ``./a/b.mp4``, ``a/../a/b.mp4`` and the
+absolute path of the table's ``a/b.mp4`` are all ``a/b.mp4`` (item ``<source>/a/b.mp4``, key ``a_b``); the
+file is read where the path as written resolves (a ``..`` after a symbolic link keeps its place in the
+name). A row naming a file an earlier row named, in any spelling, is the item ``<source>/<name>#row<n>``
+exactly as a repeated row is: the plan skips it as ``skipped:duplicate`` (the same bytes), or, with
+``split.dedup: false``, writes it under its own key.
+
 A CSV that does not parse is refused (:class:`SourceError`, naming the line and the fix) before
 anything is planned, never read as fewer rows: a quote (``"``) that is never closed, a cell over
 :data:`CSV_FIELD_LIMIT` characters (what a stray quote makes of the lines after it), a media path
@@ -304,6 +312,8 @@ class TableSource:
     def __init__(self, index: int, spec, exclude: list[Path]):
         self.path = Path(spec.path)
         self.root = self.path.parent.resolve()
+        #: the table's folder with links resolved and as written: a media path under either is named relative to it
+        self.dirs = tuple(dict.fromkeys((str(self.root), os.path.abspath(self.path.parent))))
         self.spec = spec
         for what, where in (("path", str(self.path)), ("folder", str(self.root))):
             if not utf8_ok(where):
@@ -358,34 +368,47 @@ class TableSource:
         self.info = SourceInfo(index=index, name=spec.name, path=str(self.path), kind="table",
                                origin=spec.origin, license=spec.license, label_names=names)
 
-    def _locate(self, rel: str, where: str) -> tuple[str, tuple[str, str] | None]:
-        """``(resolved path, error)`` of a row's media path. Absolute and relative paths follow one
-        rule: after symlinks are resolved the file must lie inside the table's folder unless the
-        source sets ``allow_outside_paths``; a refused path is never opened."""
+    def _name(self, rel: str, real: str) -> str:
+        """The one spelling of the row's media path ``rel`` (:func:`paths.table_name`), which resolves to
+        ``real``; where a symbolic link before a ``..`` makes that name another file, only repeated slashes and
+        ``.`` are dropped (:func:`paths.clean` without ``parents``)."""
+        name = paths.table_name(rel, self.dirs)
+        if name != rel and resolve(paths.table_target(name, str(self.root)))[0] != real:
+            return paths.clean(rel, parents=False)
+        return name
+
+    def _locate(self, rel: str, where: str) -> tuple[str, str, tuple[str, str] | None]:
+        """``(name, resolved path, error)`` of a row's media path ``rel`` as written; ``name`` is its one
+        spelling (:meth:`_name`: ``a//b.mp4``, ``./a/b.mp4``, ``a/../a/b.mp4`` and the absolute path of the
+        table's ``a/b.mp4`` are all ``a/b.mp4``). Absolute and relative paths follow one rule: after
+        symlinks are resolved the file must lie inside the table's folder unless the source sets
+        ``allow_outside_paths``; a refused path is never opened."""
         root = str(self.root)
         real, problem = resolve(paths.table_target(rel, root))
+        name = self._name(rel, real)
         if not paths.within(real, root) and not self.spec.allow_outside_paths:
-            return shown(real), ("path_outside_table_dir",
-                                 f"{where} names {rel!r}, which resolves outside {root}; move the file into the "
-                                 "table's folder or set allow_outside_paths: true on this source")
+            return name, shown(real), ("path_outside_table_dir",
+                                       f"{where} names {rel!r}, which resolves outside {root}; move the file "
+                                       "into the table's folder or set allow_outside_paths: true on this source")
         if not utf8_ok(real):  # a link to a file whose name is not UTF-8: no output could hold it
-            return shown(real), (paths.NAME_NOT_UTF8, f"{where} names {rel!r}, which resolves to {shown(real)}, a "
-                                 "name that is not valid UTF-8 (\\xNN marks each byte that is not) and that no "
-                                 "dataset format, manifest or ledger can hold; rename that file to UTF-8")
+            return name, shown(real), (paths.NAME_NOT_UTF8, f"{where} names {rel!r}, which resolves to "
+                                       f"{shown(real)}, a name that is not valid UTF-8 (\\xNN marks each byte "
+                                       "that is not) and that no dataset format, manifest or ledger can hold; "
+                                       "rename that file to UTF-8")
         if problem == "symlink_loop":
-            return real, ("symlink_loop", f"{where} names {rel!r}, which is a symbolic link loop; fix the link "
-                          "or delete the row")
+            return name, real, ("symlink_loop", f"{where} names {rel!r}, which is a symbolic link loop; fix the "
+                                "link or delete the row")
         if problem == "missing":
-            return real, ("missing_file", f"{where} names {rel!r}, but {real} does not exist; fix the path "
-                          "(relative to the table's folder) or delete the row")
+            return name, real, ("missing_file", f"{where} names {rel!r}, but {real} does not exist; fix the "
+                                "path (relative to the table's folder) or delete the row")
         if problem is None and not os.path.isfile(real):  # a folder, a pipe, a device: never opened
             folder = os.path.isdir(real)
             what = "a folder" if folder else paths.special_file(real)
             fix = ("name a media file inside it" if folder else
                    "opening it could wait forever or read without end; name a regular media file")
-            return real, (paths.NOT_REGULAR, f"{where} names {rel!r}, but {real} is "
-                          f"{what + ', not' if what else 'not'} a regular file; {fix}, or delete the row")
-        return real, None  # an unreadable file fails when the probe reads it
+            return name, real, (paths.NOT_REGULAR, f"{where} names {rel!r}, but {real} is "
+                                f"{what + ', not' if what else 'not'} a regular file; {fix}, or delete the row")
+        return name, real, None  # an unreadable file fails when the probe reads it
 
     def _partners(self, row: dict[str, Any], where: str) -> tuple[dict[str, MediaRef], tuple[str, str] | None]:
         """The row's partner files by role and the first problem among them: an empty cell or a
@@ -397,11 +420,11 @@ class TableSource:
             if not rel:
                 return media, (f"missing_{role}", f"{where} has an empty {col!r} (its {role}); fill it in or "
                                "delete the row")
-            path, error = self._locate(rel, f"{where}, column {col!r} ({role}),")
+            name, path, error = self._locate(rel, f"{where}, column {col!r} ({role}),")
             if error is not None:
                 reason = f"missing_{role}" if error[0] == "missing_file" else f"{role}_{error[0]}"
                 return media, (reason, error[1])
-            media[role] = MediaRef(path, rel.replace("\\", "/"))
+            media[role] = MediaRef(path, name.replace("\\", "/"))
         return media, None
 
     def count(self) -> int:
@@ -425,8 +448,10 @@ class TableSource:
                 continue
             raw = _plain(row.get(self.media_col)) if self.media_col else None
             rel = str(raw).strip() if raw is not None else ""
-            item_id = f"{self.spec.name}/{rel}" if rel and rel not in seen else f"{self.spec.name}/{rel}#row{n}"
-            seen.add(rel)
+            name, path, error = self._locate(rel, where) if self.media_col is not None and rel else ("", "", None)
+            # a file named again (in any spelling: the same name) is a row of its own, as a repeated row is
+            item_id = f"{self.spec.name}/{name}" if name and name not in seen else f"{self.spec.name}/{name}#row{n}"
+            seen.add(name)
             caption = _plain(row.get(self.caption_col)) if self.caption_col else None
             label_raw = _plain(row.get(self.label_col)) if self.label_col else None
             label = self.labels.get(label_raw) if self.labels is not None and label_raw not in (None, "") else None
@@ -434,8 +459,6 @@ class TableSource:
             meta = {k: typed(_plain(v)) for k, v in row.items()
                     if k not in (self.media_col, self.caption_col, self.label_col) and k not in role_cols}
             meta = json.loads(json.dumps(meta, default=str))
-            error = None
-            path = ""
             partners: dict[str, MediaRef] = {}
             if self.media_col is None:  # a captions-only table: the caption is the item
                 if caption is None or not str(caption).strip():
@@ -444,10 +467,10 @@ class TableSource:
             elif not rel:
                 error = ("no_media_path", f"{where} has an empty {self.media_col!r}; fill it in or delete the row")
             else:
-                path, error = self._locate(rel, where)
                 partners, partner_error = self._partners(row, where)
                 error = error or partner_error
-            media = {TARGET: MediaRef(path, rel.replace("\\", "/"))} if path else {}
-            yield Item(item_id=item_id, source=self.info.index, path=path, relpath=rel.replace("\\", "/"),
+            relpath = name.replace("\\", "/")
+            media = {TARGET: MediaRef(path, relpath)} if path else {}
+            yield Item(item_id=item_id, source=self.info.index, path=path, relpath=relpath,
                        caption=None if caption is None else str(caption), label=label, label_name=label_name,
                        meta=meta, error=error, media={**media, **partners})
