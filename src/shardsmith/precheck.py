@@ -29,6 +29,10 @@ Contract
   - ``models.device`` is ``cuda`` and torch sees no CUDA device, or ``cuda:N`` and torch sees no GPU N;
   - ``distribute.gpus`` (``--gpus``) asks for more GPUs than torch sees, with or without a model to load;
   - ``models.audio_vae`` names no config of its family, or a pretrained folder without a readable config;
+  - a local ``pretrained`` folder's config file (``config.json``, ltx2's ``text_encoder/`` and ``connectors/``
+    ones, a unet teacher's ``scheduler/scheduler_config.json``), or one in the Hugging Face cache that a check
+    reads, is not a JSON object: not UTF-8, not JSON, nested too deeply to read, or another JSON value
+    (:class:`~shardsmith.encode.vae_config.ConfigFileError` naming ``models.<key>.pretrained`` and the file);
   - ``models.text.config`` names no config of its family (random weights, no ``pretrained``);
   - ``models.text.max_length`` is more than the text encoder's token positions, as its config tells
     (:func:`text_positions`; the cap :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` is the recipe's own check);
@@ -59,6 +63,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from shardsmith.atomic import loads_json
 from shardsmith.encode import vae_config
 from shardsmith.errors import UserError
 from shardsmith.recipe import (BUCKETED_OUTPUTS, KdWdsOutput, LATENT_OUTPUTS, LatentZipOutput, PromptWdsOutput, Recipe,
@@ -198,6 +203,14 @@ def check_pretrained(recipe: Recipe) -> None:
                 f"out when the model's config.json lies directly in {value}")
         missing = next((f for f in files if not (folder / f).exists()), None)
         if missing is None:
+            for f in files:  # (its config files read as from_pretrained will: a JSON object each)
+                if f.endswith(".json") and (folder / f).is_file():
+                    try:
+                        vae_config.read_config_file(folder / f, f"models.{key}")
+                    except OSError as exc:
+                        raise ModelPathError(f"models.{key}.pretrained: {folder / f} cannot be read "
+                                             f"({exc.strerror or exc}); make it readable, or point pretrained at "
+                                             "another model") from None
             continue
         where = f"{shown}" + (f", subfolder {sub!r}," if sub else "")
         if key == "text" and model.family == "ltx2":
@@ -842,11 +855,16 @@ def check_text_config(recipe: Recipe) -> None:
                           "models.text.pretrained for real weights")
 
 
-def _json(path: Path | str | None) -> dict | None:
-    import json
-
+def _json(path: Path | str | None, key: str | None = None) -> dict | None:
+    """The JSON object in ``path``; None where it is not there (or, without ``key``, not a JSON object). With
+    ``key`` (``models.text``: a user's pretrained model) a file that is not a JSON object is a
+    :class:`~shardsmith.encode.vae_config.ConfigFileError` naming it."""
+    if path is None:
+        return None
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8")) if path is not None else None
+        if key is not None:
+            return vae_config.read_config_file(path, key)
+        data = loads_json(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -857,14 +875,14 @@ def _pretrained_text_config(text) -> dict | None:
     hub repo id, from the local Hugging Face cache (never the network); None where it is not there."""
     name = "text_encoder/config.json" if text.family == "ltx2" else "config.json"
     if looks_local(text.pretrained):
-        return _json(Path(local_path(text.pretrained)) / name)
+        return _json(Path(local_path(text.pretrained)) / name, "models.text")
     try:
         from huggingface_hub import try_to_load_from_cache
 
         hit = try_to_load_from_cache(text.pretrained, name)
     except Exception:  # noqa: BLE001 - the load says what is wrong
         return None
-    return _json(hit) if isinstance(hit, str) else None
+    return _json(hit, "models.text") if isinstance(hit, str) else None
 
 
 def text_positions(text) -> tuple[int, str] | None:
@@ -957,6 +975,10 @@ def check_teacher(recipe: Recipe) -> None:
     if tm.family == "callable":
         resolve_entry_point(tm.entry_point)
         return
+    if tm.family == "unet" and tm.pretrained is not None and looks_local(tm.pretrained):
+        from shardsmith.encode.teacher import _schedule
+
+        _schedule(local_path(tm.pretrained), tm.subfolder)  # (its scheduler_config.json, read as the load will)
     got = teacher_settings(tm.family, config=tm.config, pretrained=local_path(tm.pretrained), subfolder=tm.subfolder)
     if got is None:
         return

@@ -208,7 +208,7 @@ def _pretrained_config(pretrained: str, subfolder: str | None, revision: str | N
     ``load_config`` (which may ask the hub)."""
     from .vae_config import pretrained_config
 
-    cfg = pretrained_config(pretrained, subfolder, revision, cache_dir)
+    cfg = pretrained_config(pretrained, subfolder, revision, cache_dir, key="models.audio_vae")
     if cfg is not None:
         return cfg
     AutoencoderKLLTX2Audio = model_class(CLS)
@@ -592,7 +592,7 @@ def _load_pretrained_vocoder(pretrained: str, subfolder: str | None, revision: s
     from .vae_config import pretrained_config
 
     sub = _vocoder_subfolder(subfolder)
-    cfg = pretrained_config(pretrained, sub, revision, cache_dir)
+    cfg = pretrained_config(pretrained, sub, revision, cache_dir, key="models.audio_vae")  # (vocoder/)
     if cfg is None:
         notes.append(f"no vocoder: {sub}/config.json not found in {pretrained} (decode needs one)")
         return None

@@ -267,13 +267,14 @@ def feature_dims(config: str | dict = "tiny") -> tuple[int, int | None]:
 def pretrained_feature_dims(pretrained: str, revision: str | None = None,
                             cache_dir: str | None = None) -> tuple[int, int | None] | None:
     """``(D_v, D_a)`` from a diffusers LTX-2 folder's ``connectors/config.json`` (None if not on disk).
-    Diffusers' connectors always make audio features."""
-    import json
+    Diffusers' connectors always make audio features; a config there that is not a JSON object is a
+    :class:`~shardsmith.encode.vae_config.ConfigFileError` naming it."""
+    from .vae_config import read_config_file
 
     folder, _, _ = resolve_model_folder(str(pretrained), "connectors", revision, cache_dir)
     if folder is None or not (folder / "config.json").is_file():
         return None
-    c = json.loads((folder / "config.json").read_text())
+    c = read_config_file(folder / "config.json", "models.text")
     if c.get("per_modality_projections"):
         return int(c.get("video_hidden_dim", V2_DEFAULT_DIMS[0])), int(c.get("audio_hidden_dim", V2_DEFAULT_DIMS[1]))
     d = int(c.get("caption_channels", 3840))

@@ -162,13 +162,14 @@ def teacher_settings(family: str, *, config: str | dict[str, Any] = "tiny", pret
     if family == "callable":
         return {"latent_channels": None, "text_dim": None}
     if pretrained is not None:
-        import json
         from pathlib import Path
+
+        from .vae_config import read_config_file
 
         cfg_file = Path(pretrained, subfolder or "", "config.json")
         if not cfg_file.is_file():
             return None
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        cfg = read_config_file(cfg_file, "models.teacher")
     else:
         cfg = named_config(family, config)
     if family == "unet":
@@ -221,14 +222,16 @@ def vp_denoiser(eps_model: Callable, schedule: dict[str, Any]) -> Callable:
 
 def _schedule(pretrained: str | None, subfolder: str | None) -> tuple[dict[str, Any], str]:
     """The VP schedule of a pretrained pipeline (its ``scheduler/scheduler_config.json`` beside the
-    UNet's folder), else Stable Diffusion's; and where it came from."""
-    import json
+    UNet's folder), else Stable Diffusion's; and where it came from. A scheduler config that is not a JSON object
+    is a :class:`~shardsmith.encode.vae_config.ConfigFileError` naming it (the precheck asks first)."""
     from pathlib import Path
+
+    from .vae_config import read_config_file
 
     if pretrained is not None and subfolder:
         f = Path(pretrained) / "scheduler" / "scheduler_config.json"
         if f.is_file():
-            cfg = json.loads(f.read_text(encoding="utf-8"))
+            cfg = read_config_file(f, "models.teacher")
             return {k: cfg.get(k, v) for k, v in SD_SCHEDULE.items()}, str(f)
     return dict(SD_SCHEDULE), "Stable Diffusion's DDPM schedule (scaled_linear 0.00085-0.012, 1000 steps, epsilon)"
 

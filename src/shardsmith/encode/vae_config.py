@@ -10,9 +10,11 @@ same tables, so the check and the loaded model cannot disagree.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
+
+from shardsmith.atomic import read_json
+from shardsmith.errors import UserError
 
 _KL_DOWN = "DownEncoderBlock2D"
 _KL_UP = "UpDecoderBlock2D"
@@ -157,10 +159,34 @@ def latent_channels(family: str, cfg: dict) -> int:
     return int(cfg.get("latent_channels", 4 if FAMILIES[family]["cls"] == "AutoencoderKL" else 128))
 
 
+class ConfigFileError(UserError):
+    """A pretrained model's config file (``config.json``, ``scheduler_config.json``) that is not a JSON object:
+    not UTF-8, not JSON, JSON nested too deeply to read, or another JSON value."""
+
+
+def read_config_file(path: str | Path, key: str) -> dict:
+    """The JSON object in ``path``, a config file of the pretrained model of the recipe's ``key``
+    (``models.vae``, ...); a :class:`ConfigFileError` naming ``<key>.pretrained``, the file, what is wrong and the
+    fix when it is not one. ``OSError`` (not there, unreadable) passes on."""
+    try:
+        cfg = read_json(path)
+    except ValueError as exc:  # (UnicodeDecodeError, JSONDecodeError, JSONNestingError)
+        why = f"is not valid JSON ({exc})"
+    else:
+        if isinstance(cfg, dict):
+            return cfg
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(cfg), "a number")
+        why = f"holds {kind}, not a JSON object"
+    raise ConfigFileError(f"{key}.pretrained: {path} {why}; it must be the model's config as save_pretrained writes "
+                          "it (a JSON object of the model's settings): fix or replace the file (save or download the "
+                          f"model again), or point {key}.pretrained at another model")
+
+
 def pretrained_config(pretrained: str, subfolder: str | None = None, revision: str | None = None,
-                      cache_dir: str | None = None) -> dict | None:
+                      cache_dir: str | None = None, *, key: str = "models.vae") -> dict | None:
     """The ``config.json`` of a pretrained VAE as found on disk: in a local folder or in the
-    Hugging Face cache (never the network, never the weights). None when it is not there."""
+    Hugging Face cache (never the network, never the weights). None when it is not there; a file there that is
+    not a JSON object is a :class:`ConfigFileError` naming ``<key>.pretrained`` and the file."""
     local = Path(pretrained).expanduser()
     if local.exists():
         path = local / (subfolder or "") / "config.json"
@@ -176,10 +202,9 @@ def pretrained_config(pretrained: str, subfolder: str | None = None, revision: s
             return None
         path = Path(hit)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_config_file(path, key)
+    except OSError:
         return None
-    return cfg if isinstance(cfg, dict) else None
 
 
 def geometry(family: str, config: str | dict = "published", *, pretrained: str | None = None,
