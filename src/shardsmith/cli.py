@@ -1074,7 +1074,7 @@ def decode_cmd(
     _build_folder_arg(build_dir, "decode", "decode takes a shardsmith build folder (the --out of a build with "
                       "latents)")
     from shardsmith.progress import Progress
-    from shardsmith.verify.decode import decode  # (torch and the VAE code: after the cheap checks)
+    from shardsmith.verify.decode import decode, format_damaged  # (torch and the VAE code: after the cheap checks)
 
     rep = decode(build_dir, out, output=output, split=split, limit=limit, overwrite=overwrite, device=device,
                  progress=Progress(quiet=quiet))
@@ -1089,6 +1089,10 @@ def decode_cmd(
                    f"(stereo, 16-bit) into {out}")
         if audio["note"]:
             typer.echo(f"note: {audio['note']}")
+    damaged = format_damaged(rep)
+    if damaged:  # (what could be read is decoded; the damage is said, and the exit code is 1, as verify's)
+        typer.echo(damaged, err=True)
+        raise typer.Exit(1)
 
 
 @command("report")

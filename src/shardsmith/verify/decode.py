@@ -32,6 +32,9 @@ Contract
   ``.precomputed/`` tree or its ``latents/``, fewer ``.pt`` files than recorded —, recorded
   ``pretrained`` weights not on this machine, looked up on disk only, never downloaded) is a
   :class:`DecodeError` or :class:`~shardsmith.precheck.DeviceError` raised before the VAE loads.
+- A record that cannot be read (a shard's ``json`` member that is not valid JSON, a latent that does not
+  load: :mod:`shardsmith.verify.latent_records`) is skipped and listed in the report's ``damaged``
+  (``{"file", "member", "error"}``), never a traceback; the CLI names them and exits 1.
 - ``.precomputed/`` keeps every latent as ``[C, F', H', W']``; an image VAE's (``F' = 1``) are decoded
   without that frame axis, as ``latent_wds`` stores them.
 """
@@ -130,11 +133,11 @@ def _vae_from_manifest(manifest: dict[str, Any], recipe, device: str) -> Any:
                     config=v.config, dtype=v.dtype, device=device, store=v.store), prov["weights"] == "random-weights"
 
 
-def _latents(root: Path, output: dict[str, Any], split: str,
-             samples: "Samples") -> Iterator[tuple[str, Any, torch.Tensor, float]]:
+def _latents(root: Path, output: dict[str, Any], split: str, samples: "Samples",
+             damaged: list[dict[str, Any]]) -> Iterator[tuple[str, Any, torch.Tensor, float]]:
     """(sample path, its planned item or None, latents [C, F', H', W'] or [C, H', W'], fps) in the output's
-    order (``samples``: see :class:`Samples`)."""
-    for rel, z, facts, key in latent_records(root, output, split, LATENTS, wds_layout.LATENT):
+    order (``samples``: see :class:`Samples`); the records that cannot be read are added to ``damaged``."""
+    for rel, z, facts, key in latent_records(root, output, split, LATENTS, wds_layout.LATENT, damaged, ("fps",)):
         rel, item = samples.find(rel, facts, key)
         yield rel, item, z, float(facts["fps"])
 
@@ -435,6 +438,25 @@ def decode(build_dir: str | Path, out: str | Path, *, output: str | None = None,
         return _decode_locked(root, out, manifest, name, block, split, limit, device, progress)
 
 
+def format_damaged(report: dict[str, Any]) -> str | None:
+    """The lines that name the report's damaged records and the way on, or None when there are none."""
+    damaged = report.get("damaged") or []
+    if not damaged:
+        return None
+    from shardsmith.verify.latent_records import damage_text
+
+    shown = 10
+    lines = [f"damaged: {len(damaged)} record(s) of {report['output']}/{report['split']} could not be read and were "
+             "not decoded:"] + [f"  {damage_text(d)}" for d in damaged[:shown]]
+    if len(damaged) > shown:
+        lines.append(f"  ... and {len(damaged) - shown} more (decode_report.json lists them all)")
+    folder = Path(damaged[0]["file"]).parent
+    lines.append(f"fix: shardsmith verify {folder} names every damaged record; to restore them, re-run the build's "
+                 "command with --overwrite (the output is rebuilt from its sources beside the old one and swapped "
+                 "in when complete)")
+    return "\n".join(lines)
+
+
 def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, block: dict[str, Any], split: str,
                    limit: int | None, device: str, progress: Any) -> dict[str, Any]:
     recipe = recipe_from_dict(manifest["recipe"], base_dir="/")
@@ -445,9 +467,10 @@ def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, b
     if manifest["models"].get("audio_vae"):
         check_recorded_weights("models.audio_vae", recipe.models.audio_vae, DecodeError)
     samples = _samples(root, recipe, name, split)  # (each latent's own item, and the path its files take)
+    damaged: list[dict[str, Any]] = []  # the records that cannot be read, skipped
     audio = None  # the audio latents (first one peeked), when the output holds any
     if recipe.models.audio_vae is not None and manifest["models"].get("audio_vae"):
-        found = audio_latents(root, block, split, samples.find)
+        found = audio_latents(root, block, split, samples.find, damaged)
         first = next(found, None)
         audio = None if first is None else itertools.chain([first], found)
     if not pictures and audio is None:
@@ -464,7 +487,7 @@ def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, b
         written = block.get("splits", {}).get(split, {}).get("written")
         total = written if limit is None or written is None else min(limit, written)
         with progress.task(f"decode {name}/{split}", total=total) as tick:
-            rows = _decode_into(out, vae, maker, _latents(root, block, split, samples), limit, tick)
+            rows = _decode_into(out, vae, maker, _latents(root, block, split, samples, damaged), limit, tick)
     vals = [r["psnr_db"] for r in rows if "psnr_db" in r and math.isfinite(r["psnr_db"])]
     report = {"build": str(root), "output": name, "split": split, "samples": len(rows),
               "random_weights": random, "mean_psnr_db": round(sum(vals) / len(vals), 3) if vals else None,
@@ -478,5 +501,6 @@ def _decode_locked(root: Path, out: Path, manifest: dict[str, Any], name: str, b
                 open(out / JOURNAL_FILE, "a", encoding="utf-8") as journal:
             report["audio"] = audio_report(decode_audio_into(out, avae, audio, limit, journal, tick), avae,
                                            audio_random)
+    report["damaged"] = damaged
     atomic_write_json(out / REPORT_FILE, report)
     return report

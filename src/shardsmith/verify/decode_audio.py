@@ -40,16 +40,18 @@ RANDOM_NOTE = ("the audio VAE has RANDOM WEIGHTS: the sounds are meaningless and
 
 def audio_latents(root: Path, output: dict[str, Any], split: str,
                   find: Callable[[str, Any, str | None], tuple[str, Any]] | None = None,
-                  ) -> Iterator[tuple[str, torch.Tensor, float | None]]:
+                  damaged: list[dict[str, Any]] | None = None) -> Iterator[tuple[str, torch.Tensor, float | None]]:
     """(sample path, audio latents [C, T, F], duration in seconds or None) in the output's order; ``find``
     (``decode.Samples.find``): the sample's path from its record ``(rel, facts, key)``, as its pictures take
-    (a ``latent_wds`` sample's media path with ``.pt`` is not unique: ``x.mp4`` and ``x.mov``)."""
-    for rel, z, facts, key in latent_records(root, output, split, AUDIO_LATENTS, wds_layout.AUDIO_LATENT):
+    (a ``latent_wds`` sample's media path with ``.pt`` is not unique: ``x.mp4`` and ``x.mov``); ``damaged``:
+    where the records that cannot be read are listed (``latent_records``)."""
+    for rel, z, facts, key in latent_records(root, output, split, AUDIO_LATENTS, wds_layout.AUDIO_LATENT, damaged):
         if find is not None:
             rel = find(rel, facts, key)[0]
         audio = facts.get("audio") if isinstance(facts.get("audio"), dict) else facts  # a sample's json: its audio
         duration = audio.get("duration")
-        yield rel, z, None if duration is None else float(duration)
+        number = isinstance(duration, (int, float)) and not isinstance(duration, bool)
+        yield rel, z, float(duration) if number else None
 
 
 def check_recorded_weights(key: str, spec, error: type[UserError] = UserError) -> None:

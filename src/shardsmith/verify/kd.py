@@ -28,12 +28,12 @@ Contract
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from shardsmith.atomic import loads_json
 from shardsmith.formats.kd import KD_FORMAT, read_kd_index
 from shardsmith.formats.wds import JSON, KD_INDEX_FILE, LATENT, NOISE, PATH
 
@@ -139,12 +139,18 @@ def _check_sample(fd: int, sid: str, members: dict, expected: int, need_path: bo
         if JSON not in members:
             problems["kd_seeds"].append(f"{sid}: no json member (index.json says seed {seed})")
         else:
+            member = f"{sid.rpartition('/')[2]}.{JSON}"
             try:
-                got = json.loads(bytes(read_member(fd, members[JSON], sid))).get("seed")
-            except (ValueError, AttributeError) as exc:
-                got = f"unreadable json ({exc})"
-            if got != seed:
-                problems["kd_seeds"].append(f"{sid}: json seed {got}, index.json says {seed}")
+                meta = loads_json(bytes(read_member(fd, members[JSON], sid)))
+            except ValueError as exc:  # (not UTF-8, not JSON, nested too deep: a damaged record, not a traceback)
+                problems["kd_seeds"].append(f"{sid}: member {member} is not valid JSON ({exc}), so its seed cannot "
+                                            f"be checked (index.json says {seed})"[:300])
+            else:
+                if not isinstance(meta, dict):
+                    problems["kd_seeds"].append(f"{sid}: member {member} holds a JSON {type(meta).__name__}, not an "
+                                                f"object with a seed (index.json says {seed})")
+                elif meta.get("seed") != seed:
+                    problems["kd_seeds"].append(f"{sid}: json seed {meta.get('seed')}, index.json says {seed}")
     tensors: dict[str, Any] = {}
     for suffix in (NOISE, LATENT, PATH):
         if suffix not in members:
