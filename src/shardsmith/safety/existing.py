@@ -67,7 +67,7 @@ def check_existing(out: Path, fp: str, recipe: Recipe, overwrite: bool) -> str:
     if old_fp is None and Ledger.never_started(ledger_path):
         return "resume"  # killed between creating its ledger and recording its recipe: nothing to keep
     if old_fp == fp:
-        if done and overwrite:
+        if overwrite:  # complete or not: from the sources as they are now (a resume keeps the plan it made)
             return "sibling"
         return "done" if done else "resume"
     if old_fp is not None and not done and not _has_units(ledger_path):
