@@ -754,8 +754,6 @@ def _ahead_output(recipe: Recipe, root: Path):
         return None
     if recipe.distribute.gpus != 1 and recipe.distribute.engine != "local":  # Ray's driver plans units first
         return None
-    if recipe.audio_outputs():  # the audio preflight decodes planned items before the first one is made; planning
-        return None  # ahead was tried and measured slower for audio builds (BENCHMARKS.md §7)
     if recipe.models.offload == "text-first":  # the text pass reads every caption before the VAE loads
         return None
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
@@ -816,6 +814,15 @@ def _maker(ctx: BuildContext, o):
     return ctx.makers[o.name]
 
 
+def _committed(ctx: BuildContext, ahead, srcs: list[int]):
+    """The train split's planned ``ok`` rows of ``srcs`` as a plan running ahead commits them (waiting for
+    them; a failed model load stops the wait), or None where the plan is complete."""
+    if ahead is None:
+        return None
+    check = ctx.preload.raise_if_failed if ctx.preload is not None else None
+    return ahead.items(ctx.ledger, split=TRAIN, sources=srcs, check=check)
+
+
 def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[str, Any]:
     """Write every split of ``output``; with ``ahead`` (a plan still running) the train split
     takes the plan's rows as they are committed, and the rest waits for the whole plan."""
@@ -830,7 +837,8 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
 
         result["audio"] = {"required": recipe.audio_required, "rate": cutter.rate,
                            "resampler": describe(cutter.resampler),
-                           "preflight": audio_safety.preflight(ledger, recipe, output, cutter), "splits": {}}
+                           "preflight": audio_safety.preflight(ledger, recipe, output, cutter,
+                                                               _committed(ctx, ahead, srcs)), "splits": {}}
     elif recipe.audio.skip:
         result["audio"] = {"skipped": True, "why": "--skip-audio (audio.skip): no audio latents were written"}
     splits = kind.splits(output, recipe) or _splits(recipe)

@@ -1,9 +1,10 @@
 """Audio is never lost quietly: a preflight before an output with audio starts, and a gate after it.
 
 Contract
-- ``preflight(ledger, recipe, output, cutter)``: before any item of ``output`` is made, the first items
-  of its train split that carry audio (an ``audio`` partner, an audio file, or a clip whose container
-  has an audio stream, as the plan's probe recorded: ``MediaRef.audio``) are decoded in this process
+- ``preflight(ledger, recipe, output, cutter, items=None)``: before any item of ``output`` is made, the first
+  items of its train split (as a plan running ahead commits them, when ``items`` are given) that carry
+  audio (an ``audio`` partner, an audio file, or a clip whose container has an audio stream, as the
+  plan's probe recorded: ``MediaRef.audio``) are decoded in this process
   through the exact path the workers use
   (:meth:`~shardsmith.transform.audio_samples.AudioCutter.decode`). The first one that decodes passes.
   When :data:`PREFLIGHT_DECODES` in a row fail to decode, the decoder is broken: :class:`AudioGateError`
@@ -46,15 +47,18 @@ def _audio_source(item):
     return None
 
 
-def preflight(ledger, recipe, output, cutter) -> dict[str, Any]:
-    """See the module contract; returns what was tried (for the manifest)."""
+def preflight(ledger, recipe, output, cutter, items=None) -> dict[str, Any]:
+    """See the module contract; returns what was tried (for the manifest). ``items``: the train split's
+    planned rows of the output's sources as a plan running ahead commits them (they are waited for);
+    default: the complete plan's, from ``ledger``."""
     from shardsmith.split.assign import TRAIN
     from shardsmith.transform.audio import probe_audio
 
-    srcs = recipe.source_ids(output)
+    if items is None:
+        items = ledger.items(split=TRAIN, sources=recipe.source_ids(output), status="ok")
     seen = with_stream = 0
     failures: list[str] = []
-    for item in ledger.items(split=TRAIN, sources=srcs, status="ok"):
+    for item in items:
         seen += 1
         src = _audio_source(item)
         if src is None:
