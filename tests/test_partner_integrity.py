@@ -125,7 +125,7 @@ def test_table_rows_sharing_a_target_keep_every_partner_in_the_precomputed_tree(
     m = build(recipe_from_dict(rec), tmp_path / "out", quiet=True)
     assert m["counts"]["written"] == 2
     tree = tmp_path / "out" / ".precomputed"
-    want = sorted(["after.pt", _digest_name("after", "rows/./after.png")])
+    want = sorted(["after.pt", _digest_name("after", "rows/after.png#row1")])  # ./after.png: a repeated row
     for folder in ("latents", "conditions", "reference_latents"):
         assert _pt_names(tree, folder) == want, folder
     refs = [torch.load(tree / "reference_latents" / n, weights_only=True)["latents"] for n in want]
