@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
@@ -28,7 +29,7 @@ from shardsmith.errors import UserError
 from shardsmith.encode import diffusers_import
 from shardsmith.import_notices import quiet_import_notices
 from shardsmith.recipe import recipe_from_dict, set_key
-from shardsmith.user_paths import check_no_loop, resolve_user_path, user_path_exists
+from shardsmith.user_paths import check_no_loop, check_writable, nearest_folder, resolve_user_path, user_path_exists
 
 quiet_import_notices()  # before any model library is imported
 diffusers_import.allow()  # a command: a VAE-only build imports diffusers without transformers
@@ -787,15 +788,19 @@ def _must_exist(path: Path, takes: str) -> None:
 
 
 def _check_out_json(path: Path, dataset: Path) -> None:
-    """``verify --out-json``, checked before the run: a file outside the dataset, in a folder that exists,
-    and either new or a verify report written before (verify never overwrites another file)."""
+    """``verify --out-json``, checked before the run: a file outside the dataset, in a folder that exists and
+    this user can write in (a folder on the way that it may not look into, or a file on the way, is said too:
+    :mod:`shardsmith.user_paths`), and either new or a verify report written before (verify never overwrites
+    another file)."""
     p, d = resolve_user_path(path, "--out-json"), resolve_user_path(dataset)
     if p == d or d in p.parents:
         _fail(f"--out-json {path} lies inside the dataset {dataset}, which verify only reads; give a path outside "
               "it, e.g. verify.json")
+    if nearest_folder(p.parent, path, "--out-json") != p.parent:
+        _fail(f"--out-json {path}: the folder {p.parent} does not exist (it is not created); create it first")
     if p.is_dir():
         _fail(f"--out-json {path} is a folder; give a file name, e.g. {path / 'verify.json'}")
-    if p.exists() or p.is_symlink():
+    if user_path_exists(p, "--out-json"):
         from shardsmith.atomic import read_json
 
         try:
@@ -805,8 +810,7 @@ def _check_out_json(path: Path, dataset: Path) -> None:
         if not (isinstance(old, dict) and {"dataset", "checks", "ok"} <= set(old)):
             _fail(f"--out-json {path} exists and is not a verify report (verify never overwrites another file): "
                   "pick a new file name, or delete that file yourself first")
-    if not p.parent.is_dir():
-        _fail(f"--out-json {path}: the folder {p.parent} does not exist (it is not created); create it first")
+    check_writable(p.parent, path, "--out-json")  # (written after the whole run: refused now, not then)
 
 
 def _loader_overrides(sets: Optional[list[str]], dataset: Path, preset: Optional[str]) -> dict[str, Any]:
@@ -1054,6 +1058,19 @@ def _build_folder_arg(path: Path, command_name: str, takes: str) -> None:
               f"{command_name} takes the build folder: pass {found.root} instead")
 
 
+def _check_decode_out(out: Path) -> None:
+    """``decode --out`` under a file, or in a folder this user may not look into or write in: refused before torch
+    is imported (:mod:`shardsmith.user_paths`; decode checks it again). An ``--out`` that is a file is left to
+    decode, which says what it is (a source of the build, or a file where a folder is needed)."""
+    where = Path(os.path.abspath(os.path.expanduser(out)))
+    folder = nearest_folder(where.parent, out, "--out")
+    if folder == where.parent and os.path.lexists(where):
+        if not where.is_dir():
+            return
+        folder = nearest_folder(where, out, "--out")
+    check_writable(folder, out, "--out")
+
+
 @command("decode")
 def decode_cmd(
     build_dir: Path = typer.Argument(..., help="A shardsmith build folder (the --out of a build with latents)."),
@@ -1073,6 +1090,7 @@ def decode_cmd(
         _fail(f"--device {device!r}: use auto, cuda or cpu")
     _build_folder_arg(build_dir, "decode", "decode takes a shardsmith build folder (the --out of a build with "
                       "latents)")
+    _check_decode_out(out)
     from shardsmith.progress import Progress
     from shardsmith.verify.decode import decode, format_damaged  # (torch and the VAE code: after the cheap checks)
 

@@ -16,6 +16,17 @@ on a loop before Python 3.13 and returns the unresolved path after it).
 the file or folder itself unreadable: ``chmod 000``, another user's ``chmod 700``) raises
 :class:`PathPermissionError` (exit code 2): ``cannot read PATH: permission denied``, naming the folder
 that denies it and the fix, where pathlib's ``Path.exists`` raises a bare ``PermissionError`` (Python 3.11).
+
+Where a command will write (``verify --out-json``, ``decode --out``), checked before any slow work and writing
+nothing that stays:
+- :func:`nearest_folder`: the nearest existing folder at or above a path, where what is missing would be
+  created. A folder on the way that this user may not look into is a :class:`PathNotWritableError`
+  (``PATH cannot be written (permission denied on FOLDER ...)``, with the fix); a file on the way
+  (``file.txt/out.json``) is a :class:`PathNotWritableError` naming that file (``... is a file, not a folder``).
+- :func:`check_writable`: a folder this user cannot create a file in (no write permission, a read-only disk) is
+  a :class:`PathNotWritableError` (``PATH cannot be written (Permission denied in FOLDER)``, with the fix),
+  found by creating and removing a temporary file there (permission bits tell neither a read-only disk nor
+  ACLs).
 """
 
 from __future__ import annotations
@@ -34,6 +45,10 @@ class SymlinkLoopError(UserError):
 
 class PathPermissionError(UserError):
     """A path the user gave cannot be read by this user (permission denied on it or on a folder above it)."""
+
+
+class PathNotWritableError(UserError):
+    """A path the user gave for a command to write cannot be written by this user (see the module doc)."""
 
 
 def _loop_link(path: Path) -> Path | None:
@@ -149,3 +164,61 @@ def user_path_exists(path: str | os.PathLike, what: str | None = None) -> bool:
     if not os.access(p, need):
         raise permission_error(path, p, what)
     return True
+
+
+def _named(given: str, what: str | None) -> str:
+    return f"{what} {given}" if what else given
+
+
+def nearest_folder(start: str | os.PathLike, given: str | os.PathLike | None = None, what: str | None = None) -> Path:
+    """The nearest existing folder at or above ``start`` (absolute, links followed), where a command writing at
+    ``given`` (default: ``start``; ``what``: its flag, e.g. ``"--out"``) creates what is missing; a
+    :class:`PathNotWritableError` when a folder on the way may not be looked into, or an entry on the way (or
+    ``start`` itself) is a file. Reads only metadata."""
+    given = os.fspath(start if given is None else given)
+    name = _named(given, what)
+    first = Path(os.path.abspath(os.path.expanduser(os.fspath(start))))
+    def denied(where: Path) -> PathNotWritableError:
+        return PathNotWritableError(
+            f"{name} cannot be written (permission denied on {where}{_owner(where)}: this user may not look into "
+            f"it); give this user access, e.g. chmod u+rwx {where} if you own it, or ask its owner to; or pick a "
+            "folder you can write to")
+
+    for q in (first, *first.parents):
+        try:
+            st = os.stat(q)
+        except PermissionError:
+            raise denied(_denied_at(q) or q.parent) from None
+        except OSError:  # missing (created), or a file on the way (found as the loop goes up), a loop
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                os.stat(os.path.join(q, "."))  # (looking into it: the search permission the write needs)
+            except PermissionError:
+                raise denied(q) from None
+            except OSError:
+                pass
+            return q
+        if os.path.normpath(str(q)) == os.path.normpath(os.path.abspath(os.path.expanduser(given))):
+            raise PathNotWritableError(f"{name} is a file; give a folder (it is created)")
+        raise PathNotWritableError(f"{name}: {q} is a file, not a folder; give a path inside a folder")
+    raise PathNotWritableError(f"{name}: no folder above it exists")  # (not reached: / exists)
+
+
+def check_writable(folder: str | os.PathLike, given: str | os.PathLike, what: str | None = None) -> None:
+    """A :class:`PathNotWritableError` when this user cannot create a file in the existing ``folder`` (where the
+    command will write ``given``; ``what``: its flag): a temporary file is made there and removed at once."""
+    import tempfile  # noqa: PLC0415
+
+    name, folder = _named(os.fspath(given), what), Path(folder)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise PathNotWritableError(
+                f"{name} cannot be written ({why} in {folder}{_owner(folder)}); give this user write access, e.g. "
+                f"chmod u+w {folder} if you own it, or pick a folder you can write to") from None
+        raise PathNotWritableError(f"{name} cannot be written ({why} in {folder}); pick a folder you can write "
+                                   "to") from None  # (a read-only disk, no space, ...)

@@ -66,7 +66,7 @@ from shardsmith.safety.outdir import recorded_sources, refuse_around_sources
 from shardsmith.atomic import TMP_MARK, atomic_write_bytes, atomic_write_json, read_json
 from shardsmith.transform.buckets import parse_buckets
 from shardsmith.transform.latent_pixels import LatentPixelMaker
-from shardsmith.user_paths import resolve_user_path
+from shardsmith.user_paths import PathNotWritableError, check_writable, nearest_folder, resolve_user_path
 from shardsmith.verify.decode_audio import (audio_latents, audio_report, check_recorded_weights, decode_audio_into,
                                             recorded_audio_vae)
 
@@ -198,13 +198,15 @@ def _clear_earlier_decode(out: Path, owned: set[str]) -> None:
 
 
 def check_place(out: Path, root: Path) -> None:
-    """Refuse an ``out`` inside the build, a file, or a folder that cannot be written (:class:`DecodeError`)."""
+    """Refuse an ``out`` inside the build, a file, under a file, or that cannot be written: in a folder this user
+    may not look into or write in (:class:`DecodeError`, before anything is written)."""
     if out == root or out.is_relative_to(root):
         raise DecodeError(f"--out {out} lies inside the build folder {root}; decode never writes into a build: "
                           "pick a folder outside it")
-    if out.exists() and not out.is_dir():
-        raise DecodeError(f"--out {out} is a file; give a folder (it is created)")
-    _check_writable(out)
+    try:  # (a file is made and removed in ``out``, or in its nearest existing folder when it is not there yet)
+        check_writable(nearest_folder(out, out, "--out"), out, "--out")
+    except PathNotWritableError as exc:
+        raise DecodeError(str(exc)) from None
 
 
 def prepare_out(out: Path, root: Path, overwrite: bool) -> None:
@@ -232,22 +234,6 @@ def check_out(out: Path, root: Path, overwrite: bool) -> list[str]:
         raise DecodeError(f"--out {out} holds an earlier decode ({len(present)} files); pass --overwrite to replace "
                           "it, or pick an empty folder")
     return present
-
-
-def _check_writable(out: Path) -> None:
-    """Refuse (:class:`DecodeError`) an ``out`` that cannot be written, before any model loads: a file is made
-    and removed in ``out``, or in its nearest existing folder when it is not there yet (nothing is left)."""
-    import tempfile  # noqa: PLC0415
-
-    where = next((p for p in (out, *out.parents) if p.exists()), None)
-    try:
-        if where is None or not where.is_dir():
-            raise NotADirectoryError(f"{where} is not a folder")
-        with tempfile.TemporaryFile(dir=where):
-            pass
-    except OSError as exc:
-        raise DecodeError(f"--out {out} cannot be written ({exc.strerror or exc} in {where}); pick a folder you "
-                          "can write to") from None
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
