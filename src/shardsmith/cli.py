@@ -908,10 +908,11 @@ def repair(
 
     user_path_exists(dataset)  # (a path this user may not read: one message, not a PermissionError)
     if _precomputed_tree(dataset):  # (repair_precomputed refuses a tree of an unfinished build)
+        from shardsmith.verify.precomputed_inspect import (format_repair_precomputed, from_source_refusal,
+                                                           repair_precomputed)
+
         if from_source:
-            _fail(f"--from-source rebuilds WebDataset shards; {dataset} is a .precomputed/ tree (repair it without "
-                  "--from-source, then resume the build to re-encode what was moved)")
-        from shardsmith.verify.precomputed_inspect import format_repair_precomputed, repair_precomputed
+            _fail(from_source_refusal(dataset))
 
         rep = repair_precomputed(dataset, dry_run=dry_run)
         typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json

@@ -12,6 +12,12 @@
   nothing. The build folder's lock is held meanwhile, as for a WebDataset repair; a tree of an
   unfinished build, or one whose folders (or the build's state folder) cannot be written, is refused
   before any change, as there (``verify.repair``).
+- :func:`from_source_refusal`: what ``repair --from-source`` of a tree says (it rebuilds WebDataset shards
+  only): repair it without the flag, then what truly puts the moved files back. For a tree of a shardsmith
+  build that is the build's command again with ``--overwrite`` (a finished build re-run as it was is
+  "complete; nothing to do": a resume re-encodes nothing), which rebuilds the tree from the sources beside
+  the old one and swaps it in, leaving no quarantine (copy it out first to keep the moved files); for any
+  other tree, the tool that wrote it.
 """
 
 from __future__ import annotations
@@ -164,6 +170,21 @@ def repair_precomputed(root: str | Path, *, dry_run: bool = False) -> dict[str, 
         tmp.replace(dest / "repair.json")
         report["after"] = inspect_precomputed(root)
     return report
+
+
+def from_source_refusal(tree: str | Path) -> str:
+    """The message of ``repair --from-source`` on the ``.precomputed/`` tree ``tree`` (see the module doc)."""
+    build = enclosing_build(resolve_user_path(tree))
+    head = (f"--from-source rebuilds WebDataset shards; {tree} is a .precomputed/ tree. Run shardsmith repair {tree} "
+            "without it (it moves unreadable and unpaired .pt files out of the tree, into a quarantine folder)")
+    if build is None or not build.has_manifest:
+        return (f"{head}, then make the moved files again with the tool that wrote the tree (no shardsmith build "
+                "holds it, so shardsmith has no sources to rebuild them from)")
+    quarantine = quarantine_dir(tree)
+    return (f"{head}, then rebuild them from the sources: re-run the build's command with --overwrite "
+            f"(shardsmith build ... --out {build.root} --overwrite: the tree is built again beside the old one and "
+            "swapped in when complete). Without --overwrite the re-run finds the build complete and puts nothing "
+            f"back. The rebuilt folder keeps no quarantine: copy {quarantine} elsewhere first to keep the moved files")
 
 
 def format_repair_precomputed(report: dict[str, Any]) -> str:
