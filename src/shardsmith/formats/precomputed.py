@@ -2,7 +2,10 @@
 
 One sub-folder per kind of cache; a sample's file has the same relative path in every
 sub-folder, mirroring its media path (``clips/a.mp4`` -> ``<subdir>/clips/a.pt``; a second item the same
-path would mirror to gets ``clips/a_<8 hex>.pt``: :func:`sample_rel`)::
+path would mirror to gets ``clips/a_<8 hex>.pt``: :func:`sample_rel`). A media path that leaves the source's
+folder (a table row ``../shared/y.jpg`` or ``/data/y.jpg`` with ``allow_outside_paths: true``) is mirrored
+inside the tree too, never beside it: each ``..`` becomes a ``__`` folder and the root of an absolute path a
+``_`` folder (``latents/__/shared/y.pt``, ``latents/_/data/y.pt``: :func:`tree_path`)::
 
     latents/clips/a.pt          {"latents": [C, F', H', W'], "num_frames": F', "height": H', "width": W', "fps": float}
     conditions/clips/a.pt       {"video_prompt_embeds": [L, D], "prompt_attention_mask": [L] int64
@@ -118,21 +121,51 @@ def mirrored(relpath: str, source_name: str | None) -> str:
     return str(PurePosixPath(source_name) / p) if source_name else str(p)
 
 
+#: the folder a ``..`` of a media path becomes in the tree, and the one the root of an absolute path becomes:
+#: only ``_`` (a WebDataset key drops both, as it drops ``..`` and a leading ``/``: :func:`tree_path`)
+PARENT_FOLDER = "__"
+ROOT_FOLDER = "_"
+
+
+def tree_path(relpath: str) -> str:
+    """``relpath`` as a path inside the tree that :func:`mirrored` takes: itself when it stays in the source's
+    folder; else every ``..`` component is a :data:`PARENT_FOLDER` folder and an absolute path's root a
+    :data:`ROOT_FOLDER` folder (``../shared/y.jpg`` -> ``__/shared/y.jpg``, ``/data/y.jpg`` -> ``_/data/y.jpg``,
+    ``lnk/../y.jpg`` -> ``lnk/__/y.jpg``), so a file the user allowed from outside has a well-defined name that
+    cannot leave the tree. Such a name is the spelling of a file inside the folder too (a real ``__/shared/
+    y.jpg``), but both have the same planner key base (:func:`~shardsmith.formats.wds.key_base` turns ``.``
+    and ``/`` into ``_`` and strips ``_`` at the ends), so the planner gives the plain key to at most one of
+    them and :func:`sample_rel` names the other with its digest: the names stay unique (a ``..`` after the
+    start, whose key base the ``__`` changes, always takes the digest)."""
+    if not relpath:
+        return relpath
+    p = PurePosixPath(relpath)
+    if ".." not in p.parts and not p.is_absolute():
+        return relpath
+    parts = [PARENT_FOLDER if part == ".." else part for part in p.parts]
+    if p.is_absolute():
+        parts[0] = ROOT_FOLDER
+    return str(PurePosixPath(*parts))
+
+
 def sample_rel(relpath: str, tree_source: str | None, *, key: str, item_id: str, key_source: str | None) -> str:
     """The relative path of a planned item's file in every folder of its tree (``latents/``, ``conditions/``,
     ``reference_latents/``, masks, cameras: the trainer pairs them by it), unique within the plan and decided
     from it alone (the same on every run and resume, whatever the order items are written in).
 
-    The mirrored path (:func:`mirrored`; ``tree_source``: the source's name when several sources feed the
-    tree) when the item's sample ``key`` is the planner's key for its normalised path (``key_source``: the
-    source's name when the recipe has several, as the planner prefixes keys); else the mirrored path with
-    ``_<8 hex>`` before ``.pt`` (the digest :func:`~shardsmith.formats.wds.unique_key` appends: of the item
-    id): ``x.jpg`` -> ``x.pt``, ``x.png`` planned after it -> ``x_1a2b3c4d.pt``. Items whose mirrored paths
-    agree have the same normalised path, so the same planner key base, and the planner gives that key to at
-    most one item: at most one keeps the plain name; the others' item ids differ, so do their digests."""
-    plain = mirrored(relpath, tree_source)
+    The mirrored path (:func:`mirrored` of :func:`tree_path`; ``tree_source``: the source's name when several
+    sources feed the tree) when the item's sample ``key`` is the planner's key for its normalised path
+    (``key_source``: the source's name when the recipe has several, as the planner prefixes keys); else the
+    mirrored path with ``_<8 hex>`` before ``.pt`` (the digest :func:`~shardsmith.formats.wds.unique_key`
+    appends: of the item id): ``x.jpg`` -> ``x.pt``, ``x.png`` planned after it -> ``x_1a2b3c4d.pt``. Items
+    whose mirrored paths agree have the same planner key base (the same normalised path, or one spelled with
+    ``..`` and one with ``__``: :func:`tree_path`; a path whose key base :func:`tree_path` changes never keeps
+    the plain name), and the planner gives that key to at most one item: at most one keeps the plain name; the
+    others' item ids differ, so do their digests."""
+    plain = mirrored(tree_path(relpath), tree_source)  # a path from outside the source's folder: inside the tree
     norm = PurePosixPath(relpath).as_posix() if relpath else relpath
-    if key == key_base(key_source, norm, item_id):
+    # (a ``..`` after a link, ``lnk/../y.jpg``, keys as ``lnk_y`` but lies at ``lnk/__/y``: never the plain name)
+    if key == key_base(key_source, norm, item_id) == key_base(key_source, tree_path(norm), item_id):
         return plain
     p = PurePosixPath(plain)
     return str(p.with_name(f"{p.stem}{unique_key('', item_id)}{CACHE_EXT}"))  # unique_key('', id) = "_<8 hex>"

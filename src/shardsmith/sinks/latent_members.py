@@ -14,7 +14,9 @@ Members
   path>.pt`` (the reference's, or an edit's source's, latents; named after the target).
 - ``<mirrored path>``: the media path with ``.pt`` for its suffix (prefixed by the source's name when several
   sources feed the output), made unique from the plan (:meth:`LatentMembers.sample_rel`): two items it would
-  name alike (``x.jpg`` and ``x.png``, two table rows of one clip) never overwrite each other.
+  name alike (``x.jpg`` and ``x.png``, two table rows of one clip) never overwrite each other. A file from
+  outside the source's folder (a table with ``allow_outside_paths: true``) stays inside the tree: each ``..``
+  is a ``__`` folder, an absolute path's root a ``_`` folder (:func:`~shardsmith.formats.precomputed.tree_path`).
 - ``precomputed``: ``latents/<mirrored path>.pt``, ``conditions/<mirrored path>.pt`` (with
   ``audio_prompt_embeds`` when the text encoder makes them: LTX-2) and, with audio,
   ``audio_latents/<mirrored path>.pt`` as reference/ltx-trainer.md §2.5 describes; an audio-only
