@@ -77,6 +77,12 @@ def test_the_advice_is_true_overwrite_puts_the_moved_files_back_and_a_plain_reru
     assert r.returncode == 0, r.stderr
     assert not (pre / "latents" / victim.name).exists()
 
+    quarantine = out / ".shardsmith" / "quarantine"
+    kept = {p.relative_to(quarantine).as_posix(): p.read_bytes() for p in sorted(quarantine.rglob("*")) if p.is_file()}
+    assert sum(k.endswith(".pt") for k in kept) == 2 and built[f"latents/{victim.name}"][:100] in kept.values()
     r = run("build", tmp_path / "r.yaml", "--out", out, "--overwrite", "-q")  # what the message says
     assert r.returncode == 0, r.stderr
     assert {p.relative_to(pre).as_posix(): p.read_bytes() for p in sorted(pre.rglob("*.pt"))} == built
+    # the files repair moved are the user's: carried into the rebuilt folder, byte for byte (were deleted)
+    assert {p.relative_to(quarantine).as_posix(): p.read_bytes() for p in sorted(quarantine.rglob("*"))
+            if p.is_file()} == kept

@@ -10,7 +10,8 @@ Contract
   may lie; the folders its rows point into are not recorded in the manifest).
 - :func:`is_build` is True only for a folder holding a shardsmith ledger.
 - :func:`owned_files` lists the files a build's ledger accounts for, relative to its folder: its
-  ``manifest.json``, its ``report.html`` and ``.shardsmith/``; in the folders of the outputs its recorded recipe names
+  ``manifest.json``, its ``report.html`` and ``.shardsmith/`` (not ``.shardsmith/quarantine/``: the files
+  ``repair`` moved out of a ``.precomputed/`` tree are the user's, carried into a rebuilt folder); in the folders of the outputs its recorded recipe names
   (train and ``holdout/``): the recorded units (and ``NNNNN.tar`` shards a kill left between
   their rename and their record), the index files (``shard_count.json``, ``ignore_index.json``,
   ``repair.json``, ``neg_prompt_emb.npy``), the ZIP, the ``.precomputed/`` stamp and its
@@ -34,7 +35,7 @@ from typing import Iterable, NamedTuple
 from shardsmith.errors import UserError
 from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, LOCK_FILE, MANIFEST_FILE, REPORT_FILE, STATE_DIR
 from shardsmith.formats.detect import is_build
-from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
+from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, QUARANTINE_DIR, WRITTEN_DIRS
 from shardsmith.formats.wds import BACKUP_SUFFIX, INDEX_FILES, is_bucket_folder, is_numbered_shard
 from shardsmith.formats.zip import ZIP_FORMATS
 from shardsmith.atomic import TMP_MARK
@@ -142,7 +143,9 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
     if not is_build(folder):
         return set()
     layouts, units = recorded_layout(folder)
-    found: list[Path] = [p for p in (folder / STATE_DIR).rglob("*") if not p.is_dir() or p.is_symlink()]
+    kept = folder / STATE_DIR / QUARANTINE_DIR  # the files repair moved out of a tree: never the build's to delete
+    found: list[Path] = [p for p in (folder / STATE_DIR).rglob("*") if (not p.is_dir() or p.is_symlink())
+                         and kept not in p.parents]
     found += [p for p in _files_in(folder) if _base_name(p.name) in (MANIFEST_FILE, REPORT_FILE)]
     for lay in layouts:
         if not _inside(lay.target):

@@ -16,7 +16,7 @@
   only): repair it without the flag, then what truly puts the moved files back. For a tree of a shardsmith
   build that is the build's command again with ``--overwrite`` (a finished build re-run as it was is
   "complete; nothing to do": a resume re-encodes nothing), which rebuilds the tree from the sources beside
-  the old one and swaps it in, leaving no quarantine (copy it out first to keep the moved files); for any
+  the old one and swaps it in, keeping the quarantine (carried into the rebuilt folder); for any
   other tree, the tool that wrote it.
 """
 
@@ -184,7 +184,7 @@ def from_source_refusal(tree: str | Path) -> str:
     return (f"{head}, then rebuild them from the sources: re-run the build's command with --overwrite "
             f"(shardsmith build ... --out {build.root} --overwrite: the tree is built again beside the old one and "
             "swapped in when complete). Without --overwrite the re-run finds the build complete and puts nothing "
-            f"back. The rebuilt folder keeps no quarantine: copy {quarantine} elsewhere first to keep the moved files")
+            f"back. The moved files stay in {quarantine}, carried into the rebuilt folder")
 
 
 def format_repair_precomputed(report: dict[str, Any]) -> str:
