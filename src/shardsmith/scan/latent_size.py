@@ -57,9 +57,11 @@ def text_shape(t: TextModel) -> tuple[int, int] | str:
     length = int(t.max_length or FAMILIES[t.family]["max_length"])
     if t.family == "ltx2":  # Gemma through LTX-2's feature extractor: the projection's width
         from shardsmith.encode.ltx2_text import feature_dims, pretrained_feature_dims
+        from shardsmith.precheck import local_path
 
-        try:
-            dims = pretrained_feature_dims(t.pretrained) if t.pretrained is not None else feature_dims(t.config)
+        try:  # ~/models/x is a folder, as the build loads it (local_path), not a hub id
+            dims = (pretrained_feature_dims(local_path(t.pretrained)) if t.pretrained is not None
+                    else feature_dims(t.config))
         except ValueError as exc:
             return f"the ltx2 text encoder's config: {exc}"
         if dims is None:
