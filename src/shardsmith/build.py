@@ -849,35 +849,35 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
         dest = output_dest(ctx.root, output, split)
         (dest.parent if dest.suffix else dest).mkdir(parents=True, exist_ok=True)
         sink = kind.sink(output, octx, dest, split)
+        devs = _devices(ctx)  # (--gpus refused here comes before the finisher's threads are made)
         finisher = None
         renderer = kind.renderer(output, octx)
         if renderer is not None:
             from shardsmith.encode.finisher import LatentFinisher
 
             finisher = LatentFinisher(renderer, lambda: _encoding_stage(ctx), memo=_memo(ctx))
-        run = local.SplitRun(output, split, srcs, ledger, _maker(ctx, output), sink, kind.per_unit(output),
-                             kind.byte_bounded(output), ctx.progress, finisher,
-                             ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {})
-        check = ctx.preload.raise_if_failed if ctx.preload is not None else None
-        devs = _devices(ctx)
-        if devs and finisher is not None and not run.byte_bounded:  # --gpus N: a worker per GPU claims units
-            from shardsmith.distribute.ray_engine import run_ray
+        try:  # closed however the split ends: a refusal of the complete plan below, a worker's error
+            run = local.SplitRun(output, split, srcs, ledger, _maker(ctx, output), sink, kind.per_unit(output),
+                                 kind.byte_bounded(output), ctx.progress, finisher,
+                                 ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {})
+            check = ctx.preload.raise_if_failed if ctx.preload is not None else None
+            if devs and finisher is not None and not run.byte_bounded:  # --gpus N: a worker per GPU claims units
+                from shardsmith.distribute.ray_engine import run_ray
 
-            d = recipe.distribute
-            if d.engine == "ray":
-                if ahead is not None:
-                    ahead.wait()
-                    _check_plan(ctx)
-                block = run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address, ctx.progress)
-            else:  # the workers take the plan's units as they become final
-                block = ctx.gpu_workers.run_split(output, split, ledger, ctx.progress,
-                                                  ahead if split == TRAIN else None)
-                if ahead is not None:
-                    ahead.wait()
-                    _check_plan(ctx)
-            result.setdefault("distribute", {})[split] = block
-            ahead = None  # (the plan is complete) and what a stopped worker left is written below
-        try:
+                d = recipe.distribute
+                if d.engine == "ray":
+                    if ahead is not None:
+                        ahead.wait()
+                        _check_plan(ctx)
+                    block = run_ray(recipe, ctx.root, output, split, devs, pool.n, ledger, d.address, ctx.progress)
+                else:  # the workers take the plan's units as they become final
+                    block = ctx.gpu_workers.run_split(output, split, ledger, ctx.progress,
+                                                      ahead if split == TRAIN else None)
+                    if ahead is not None:
+                        ahead.wait()
+                        _check_plan(ctx)  # a refusal of the complete plan: the finisher is closed below
+                result.setdefault("distribute", {})[split] = block
+                ahead = None  # (the plan is complete) and what a stopped worker left is written below
             local.run_split(run, pool, ahead if split == TRAIN else None, check=check)
         finally:
             if finisher is not None:
