@@ -28,6 +28,9 @@ Contract
 - A model's ``pretrained`` that cannot be loaded (not cached while offline, an unknown id, no network, a folder
   ``from_pretrained`` cannot read) is a :class:`~shardsmith.precheck.ModelLoadError` naming
   ``models.<key>.pretrained`` and the fix (exit code 2), never the libraries' traceback; ``~`` is expanded.
+- diffusers or transformers installed but failing on import (a broken dependency: a shared library that cannot be
+  opened) is a :class:`BrokenPackageError` (exit code 2) naming the package, the models that need it, the import
+  error's last line and the reinstall of the version shardsmith pins (:func:`import_libraries`).
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from shardsmith.encode.text_memory import encode_halving
 from shardsmith.encode.throughput import BatchRecord, LaunchRecord, Throughput
 from shardsmith.encode.vae import load_vae
 from shardsmith.encode.vae_config import FAMILIES
-from shardsmith.precheck import check_hub_cache, load_errors, local_path, resolve_device
+from shardsmith.errors import UserError
+from shardsmith.precheck import MissingPackageError, check_hub_cache, load_errors, local_path, resolve_device
 from shardsmith.recipe import LATENT_OUTPUTS
 from shardsmith.transform.buckets import parse_buckets, validate_buckets
 
@@ -98,28 +102,96 @@ def _lean_text(recipe) -> bool:
     return m.text is not None and m.teacher is None and m.text.quantize == "none"
 
 
+class BrokenPackageError(MissingPackageError):
+    """A package the build's models need is installed, but its import fails (a broken or half-installed
+    dependency: a shared library that is not there, a module of another version)."""
+
+
+#: the packages :func:`import_libraries` imports (the frames of their own code name the one that broke)
+_LIBRARIES = ("diffusers", "transformers")
+
+
+def _import_failure(exc: BaseException) -> BaseException | None:
+    """The error that made an import fail, if ``exc`` is one: an ``ImportError`` or ``OSError`` (a shared library
+    that cannot be opened), itself or behind it (diffusers' lazy module raises ``RuntimeError("Failed to import
+    diffusers.<module> ...")`` from the error); None for anything else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ImportError, OSError)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _culprit(root: BaseException, importing: str) -> str:
+    """The package whose import broke: the last of :data:`_LIBRARIES` whose own code the failure passed through
+    (diffusers imports transformers where it is installed), else ``importing``."""
+    name, tb = importing, root.__traceback__
+    while tb is not None:
+        top = str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0]
+        if top in _LIBRARIES:
+            name = top
+        tb = tb.tb_next
+    return name
+
+
+def broken_package(recipe, importing: str, exc: BaseException) -> BrokenPackageError | None:
+    """The :class:`BrokenPackageError` of ``exc``, raised while ``importing`` (diffusers or transformers) was
+    imported for ``recipe``'s models, when ``exc`` is an import failure (:func:`_import_failure`): naming the
+    package, the models that need it, the error's last line and the fix (the version shardsmith pins,
+    reinstalled); None otherwise (the caller raises ``exc`` as it is)."""
+    root = _import_failure(exc)
+    if root is None or isinstance(exc, UserError):
+        return None
+    from shardsmith.precheck import _built, _pinned
+
+    package = _culprit(root, importing)
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    last = f"{type(root).__name__}: {lines[-1]}" if lines else type(root).__name__
+    last = last if len(last) <= 300 else last[:297] + "..."
+    built = [b for b in _built(recipe) if package == "diffusers" or b.startswith(("models.text ", "models.teacher "))]
+    who = (" and ".join([", ".join(built[:-1]), built[-1]] if len(built) > 1 else built)
+           or "the build's models")
+    return BrokenPackageError(
+        f"{who} need{'s' if len(built) <= 1 else ''} the {package} package, which is installed but cannot be "
+        f"imported ({last}): it, or a package it depends on, is broken or half-installed; reinstall the version "
+        f"shardsmith pins with: pip install --force-reinstall {_pinned(package)} "
+        f"(python -c 'import {package}' shows the whole error)")
+
+
 def import_libraries(recipe) -> None:
     """diffusers and transformers imported as the build's models need them, before any model is built (the load,
     and ``models.offload: auto``'s estimate, which builds them on the meta device first): the VAEs' classes
     first, without transformers where the build needs none or only a text encoder's, then transformers' core
-    (encode/diffusers_import.py). Their per-load progress bars are turned off: our own say what is happening."""
+    (encode/diffusers_import.py). Their per-load progress bars are turned off: our own say what is happening.
+    An installed package whose import fails (a broken dependency) is a :class:`BrokenPackageError` naming it,
+    the error's last line and the reinstall (exit code 2), not the import's traceback."""
     from shardsmith.encode import diffusers_import
 
-    lean = not _needs_transformers(recipe) or _lean_text(recipe)
-    if _needs_vae(recipe):
-        diffusers_import.model_class(FAMILIES[recipe.models.vae.family]["cls"], lean=lean)
-    if recipe.audio_outputs():
-        from shardsmith.encode.audio_vae import CLS
+    importing = "diffusers"
+    try:
+        lean = not _needs_transformers(recipe) or _lean_text(recipe)
+        if _needs_vae(recipe):
+            diffusers_import.model_class(FAMILIES[recipe.models.vae.family]["cls"], lean=lean)
+        if recipe.audio_outputs():
+            from shardsmith.encode.audio_vae import CLS
 
-        diffusers_import.model_class(CLS, lean=lean)
-    from diffusers.utils import logging as dlog
+            diffusers_import.model_class(CLS, lean=lean)
+        from diffusers.utils import logging as dlog
 
-    dlog.disable_progress_bar()
-    if _needs_transformers(recipe):
-        diffusers_import.transformers_core(lean=_lean_text(recipe))
-        from transformers.utils import logging as tlog
+        dlog.disable_progress_bar()
+        if _needs_transformers(recipe):
+            importing = "transformers"
+            diffusers_import.transformers_core(lean=_lean_text(recipe))
+            from transformers.utils import logging as tlog
 
-        tlog.disable_progress_bar()
+            tlog.disable_progress_bar()
+    except Exception as exc:
+        broken = broken_package(recipe, importing, exc)
+        if broken is None:
+            raise
+        raise broken from exc
 
 
 def _load_vae(recipe, place: str):
