@@ -17,9 +17,10 @@ Contract
   bytes exceed the free space of ``out`` is refused with a ``du``-style summary. Before both, an
   output whose planned items are all of kinds it does not take (audio files where nothing encodes
   audio, images without a bucket of 1 frame, captions for a media output) is refused with the message
-  of the check made from file names before the plan (:mod:`shardsmith.precheck`); what the first output
-  wrote ahead of the plan is removed with it, so the plan alone is left and the corrected recipe's
-  re-run starts afresh.
+  of the check made from file names before the plan (:mod:`shardsmith.precheck`). With each of these refusals (and
+  a source of which the plan found nothing) what the first output wrote ahead of the plan is removed and the plan
+  is left unfinished: the corrected recipe's re-run starts afresh, and the same command re-run once the sources
+  are fixed plans them again.
 - A full disk, quota or file-size limit mid-write ends in one :class:`~shardsmith.safety.space.
   OutOfSpaceError` naming the file; re-running the same command resumes.
 - Re-running after a crash (even ``kill -9``) resumes from the last committed unit and
@@ -485,19 +486,31 @@ def _check_plan(ctx: BuildContext) -> None:
         return
     ctx.checked = True
     recipe, ledger = ctx.recipe, ctx.ledger
-    _refuse_empty_sources(ctx.sources, ledger)
     try:
+        _refuse_empty_sources(ctx.sources, ledger)
         _refuse_kinds_not_taken(recipe, ledger)
-    except RecipeError:
-        if ctx.plan_ahead:  # the first output ran ahead of the plan: it skipped what it read, and goes
-            _unwrite_ahead(ctx)
+        holdout.refuse_recipe_empty_train(recipe, ledger)
+    except UserError:
+        _unplan(ctx)
         raise
-    holdout.refuse_recipe_empty_train(recipe, ledger)
     ests = [_estimate(ctx, o) for o in recipe.outputs]
     known = [e.needed for e in ests if e.needed is not None]
     if known:
         ctx.need.needed = sum(known)
         space.check_fits(ctx.root, ctx.need.needed, [e.describe() for e in ests], show=ctx.need.out or ctx.root)
+
+
+def _unplan(ctx: BuildContext) -> None:
+    """Before a refusal of the complete plan (an empty source, inputs of kinds an output does not take, a holdout
+    that takes every item): leave nothing that blocks the user's fix in the same ``--out``. What the first output
+    wrote ahead of the plan goes (:func:`_unwrite_ahead`), and the plan is marked unfinished, so that a re-run
+    plans the sources again as they are then (files added to an empty folder are seen), where it stood complete and
+    refused the fixed sources from the old plan; a corrected recipe's re-run finds a build that committed no unit,
+    and starts afresh."""
+    if ctx.plan_ahead:  # the first output ran ahead of the plan: it skipped what it read, and goes
+        _unwrite_ahead(ctx)
+    with ctx.ledger.transaction():
+        ctx.ledger.db.execute("DELETE FROM meta WHERE key='plan_complete'")
 
 
 def _unwrite_ahead(ctx: BuildContext) -> None:
