@@ -27,6 +27,9 @@ Contract
   yields byte-identical files. Re-running a finished build is a no-op.
 - Every planned item ends with a terminal status in every output that takes its source;
   the reconciliation invariant is checked before the manifest is written.
+- An output that writes no sample while another output writes some is one warning on stderr (``--quiet`` too; again
+  when the finished build is re-run) naming it, its counts by reason and the fix, and its manifest block's ``empty``
+  (inputs, counts by reason); the build succeeds. Where no output writes a sample the CLI exits 3 instead.
 - With ``report=True`` (the CLI's default) ``out/report.html`` (``report_html``) is written last;
   a report that fails is one warning on stderr, never the build's failure.
 """
@@ -180,6 +183,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
             _warn_if_sources_changed(out, recipe, f"{out} holds the build of the sources as they were then; pass "
                                      "--overwrite to rebuild from them as they are now (the old output stays until "
                                      "the new one is complete)")
+            _warn_empty_outputs(_empty_outputs(manifest))  # said again, as the CLI says a build that wrote nothing
             return manifest
         if mode == "reset":
             progress.say(f"{out} holds a build of another recipe that stopped before writing anything; starting afresh")
@@ -466,6 +470,10 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
         _stage(ctx)  # (the manifest describes the models even when no batch needed them)
     timings["total_s"] = round(time.perf_counter() - t0, 3)  # this run: a resumed build counts its own part
     manifest = make_manifest(ctx, _octx(ctx), fp, blocks)
+    empty = _empty_outputs(manifest)
+    for name, (block, warning) in empty.items():  # the manifest says so for that output, and among its warnings
+        manifest["outputs"][name]["empty"] = block
+        manifest["warnings"].append(warning)
     atomic_write_json(root / formats.MANIFEST_FILE, manifest)
     ledger.set_meta("complete", True)
     if ctx.memo is not None:  # every output is written: the kept encoder results are not needed
@@ -474,9 +482,55 @@ def _plan_and_write(recipe: Recipe, root: Path, fp: str, progress: Progress, led
         from shardsmith.encode.text_cache import remove_cache
 
         remove_cache(root, ctx.stage)  # nor the text pass's embeddings (models.offload text-first)
+    said_below = {f"warning: {w}" for _, w in empty.values()}
     for line in summary(manifest):
-        progress.say(line)
+        if line not in said_below:
+            progress.say(line)
+    _warn_empty_outputs(empty)
     return manifest
+
+
+def _empty_outputs(manifest: dict[str, Any]) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each output of a finished build that holds no sample while another output holds some: its name -> (the
+    manifest's ``empty`` block of it: inputs and counts by reason, the warning). A build of which no output holds
+    a sample is not listed: the CLI ends it with exit 3 (:func:`shardsmith.manifest.nothing_written`)."""
+    outputs = manifest.get("outputs") or {}
+
+    def written(o) -> int:
+        return sum(s.get("written") or 0 for s in ((o or {}).get("splits") or {}).values() if isinstance(s, dict))
+
+    if not any(written(o) for o in outputs.values()):
+        return {}
+    empty = {}
+    for name, o in outputs.items():
+        if written(o):
+            continue
+        c = (o or {}).get("counts") or {}
+        by_reason = dict(sorted({**{f"failed:{r}": n for r, n in (c.get("failed") or {}).items()},
+                                 **{f"skipped:{r}": n for r, n in (c.get("skipped") or {}).items()}}.items(),
+                                key=lambda kv: (-kv[1], kv[0])))
+        n = c.get("inputs") or 0
+        if n:
+            ex = (c.get("examples") or {}).get(next(iter(by_reason), ""))
+            eg = f"; e.g. {ex['detail']}" if isinstance(ex, dict) and ex.get("detail") else ""
+            every = "its one input failed or was skipped" if n == 1 else f"all {n} of its inputs failed or were skipped"
+            why = f"{every} ({', '.join(f'{st} {k}' for st, k in by_reason.items())}{eg})"
+        else:
+            why = "no input was planned from its sources"
+        warning = (f"output {name!r} wrote no sample, while the other output(s) did: {why}. Each item's reason is in "
+                   "manifest.json and the report; fix or replace those inputs (or the setting a skip names) and run "
+                   "the same command again with --overwrite, or remove the output from the recipe")
+        empty[name] = ({"inputs": n, "by_reason": by_reason}, warning)
+    return empty
+
+
+def _warn_empty_outputs(empty: dict[str, tuple[dict[str, Any], str]]) -> None:
+    """One warning line on stderr (shown with ``--quiet`` too) for each output that wrote no sample while
+    another did (:func:`_empty_outputs`); the build still succeeds: what the other outputs wrote is usable."""
+    import sys
+
+    for _, warning in empty.values():
+        sys.stderr.write(f"warning: {warning}\n")
 
 
 def _check_plan(ctx: BuildContext) -> None:
