@@ -15,7 +15,10 @@ Contract
   ``failed`` (status -> count of items that failed for their audio).
 - ``gate(ledger, recipe, output, blocks)``: with audio required, a run in which no item of ``output``
   decoded audio raises :class:`AudioGateError` listing the first items without audio and their
-  reasons (an output with no item at all passes: nothing was lost).
+  reasons (an output with no item at all passes: nothing was lost). Items that failed or were skipped before
+  the audio decoder (``changed_since_plan``, ``unreadable`` ...) are counted by reason apart from those that
+  failed for their audio; where every item did, the message says so and lists them, and does not offer
+  ``--skip-audio`` (it would not write them either).
 - ``records.NO_AUDIO`` starts the detail of a sample written without audio (audio not required).
 """
 
@@ -105,6 +108,17 @@ def audio_counts(ledger, output, split: str) -> dict[str, Any]:
     return {"with_audio": written - without, "without_audio": without, "failed": failed}
 
 
+#: a file that could not be read as planned (:func:`~shardsmith.transform.samples.read_verified`): with an ``audio_``
+#: prefix the audio partner's reason, which fails the item before its audio is decoded, as for any other file
+_READ_FAILURES = ("changed_since_plan", "vanished", "unreadable", "symlink_loop", "not_a_regular_file")
+
+
+def _for_its_audio(status: str) -> bool:
+    """Whether an item of ``status`` failed for its audio (the decoder found none or could not decode it)."""
+    kind, _, reason = status.partition(":")
+    return kind == "failed" and "audio" in reason and not reason.endswith(_READ_FAILURES)
+
+
 def gate(ledger, recipe, output, blocks: dict[str, dict[str, Any]]) -> None:
     """Raise :class:`AudioGateError` when audio is required and no item of ``output`` decoded audio
     (``blocks``: split -> :func:`audio_counts`)."""
@@ -113,13 +127,42 @@ def gate(ledger, recipe, output, blocks: dict[str, dict[str, Any]]) -> None:
     if not any(b["without_audio"] or b["failed"] for b in blocks.values()) and not any(
             ledger.result_details(output.name, split, "%", limit=1) for split in blocks):
         return  # no item at all: nothing was lost (the summary says the output is empty)
-    lost = []
+    n_audio = sum(b["without_audio"] for b in blocks.values())  # written without audio, or failed for it
+    before: dict[str, int] = {}  # status -> items that failed or were skipped before the audio decoder
     for split in blocks:
-        lost += ledger.result_details(output.name, split, "failed:%audio%", limit=10 - len(lost))
-        lost += ledger.result_details(output.name, split, "written", NO_AUDIO + "%", limit=max(0, 10 - len(lost)))
-    n = sum(sum(b["failed"].values()) + b["without_audio"] for b in blocks.values())
-    lines = "\n".join(f"  {item_id}: {status}: {detail}" for item_id, status, detail in lost)
+        for pattern in ("failed:%", "skipped:%"):
+            for status, n in ledger.status_counts(output.name, split, pattern).items():
+                if _for_its_audio(status):
+                    n_audio += n
+                else:
+                    before[status] = before.get(status, 0) + n
+    lost: list = []  # (item_id, status, detail): the first without audio, else the first stopped before
+    for split in blocks:
+        lost += [r for r in ledger.result_details(output.name, split, "failed:%audio%", limit=10)
+                 if _for_its_audio(r[1])]
+        lost += ledger.result_details(output.name, split, "written", NO_AUDIO + "%", limit=10)
+    n_before = sum(before.values())
+    skips = any(st.startswith("skipped:") for st in before)
+    reasons = ", ".join(f"{st if skips else st.split(':', 1)[1]} {n}"
+                        for st, n in sorted(before.items(), key=lambda x: (-x[1], x[0])))
+    stopped = f"{'failed or were skipped' if skips else 'failed'} before the audio decoder: {reasons}"
+    if not n_audio and n_before:  # not one item reached the decoder: its audio is not what failed
+        for split in blocks:
+            for pattern in ("failed:%", "skipped:%"):
+                lost += [r for r in ledger.result_details(output.name, split, pattern, limit=10) if r[1] in before]
+        raise AudioGateError(
+            f"output {output.name!r}: audio is required, but no item decoded audio: {n_before} item(s) {stopped}, so "
+            f"none was left to decode; the first:\n{_lines(lost)}\ndo what each item's reason says (its detail above; a "
+            "file changed since the plan is planned again by a re-run with --overwrite); their audio was never read, so "
+            "--skip-audio or audio.required: false would not write these items either")
+    more = f"; {n_before} more {stopped}" if n_before else ""
     raise AudioGateError(
-        f"output {output.name!r}: audio is required, but no item decoded audio ({n} item(s) without it); the first:\n"
-        f"{lines or '  (no item reached the audio decoder)'}\n"
-        "fix the files (or the audio column), pass --skip-audio to build without audio, or set audio.required: false")
+        f"output {output.name!r}: audio is required, but no item decoded audio ({n_audio} item(s) without it{more}); "
+        f"the first:\n{_lines(lost) or '  (no item reached the audio decoder)'}\n"
+        "fix the files (or the audio column), pass --skip-audio to build without audio, or set audio.required: false"
+        + ("; for the others, do what their reasons say" if n_before else ""))
+
+
+def _lines(rows: list, most: int = 10) -> str:
+    """The first ``most`` (item_id, status, detail) rows, one indented line each."""
+    return "\n".join(f"  {item_id}: {status}: {detail}" for item_id, status, detail in rows[:most])
