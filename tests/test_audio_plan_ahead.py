@@ -1,7 +1,8 @@
-"""An audio build's first output starts on the plan's committed rows while the plan goes on, as a
-pixel build's does (BENCHMARKS.md §7: on a host whose plan outlasts the model load, the plan was the
-fixed cost): the same bytes as planning first, the audio preflight waits for committed rows that carry
-audio, and a broken decoder still stops the run before any sample."""
+"""An audio build's first output starts on the plan's committed rows while the plan goes on where a GPU
+encodes, as a pixel build's does (BENCHMARKS.md §7: on a host whose plan outlasts the model load, the plan
+was the fixed cost); on a CPU it plans first. Planning ahead writes the same bytes as planning first, the
+audio preflight waits for committed rows that carry audio, and a broken decoder still stops the run before
+any sample."""
 
 from __future__ import annotations
 
@@ -17,6 +18,22 @@ from test_build import tree_bytes
 from video_factory import audio_file, broken_audio_video, pan_video
 
 pytestmark = pytest.mark.slow  # whole builds with the audio VAE: 5-15 s each
+
+
+@pytest.fixture(autouse=True)
+def ahead_on_this_cpu(monkeypatch):
+    """Audio outputs plan ahead where a GPU encodes; these tests take that order on the CPU."""
+    monkeypatch.setattr(build_mod, "AUDIO_AHEAD_ON_CPU", True)
+
+
+def test_an_audio_build_on_a_cpu_plans_first(tmp_path, monkeypatch):
+    """On a CPU the plan's probes would take the cores the audio encoder runs on (measured slower)."""
+    monkeypatch.setattr(build_mod, "AUDIO_AHEAD_ON_CPU", False)
+    src = tmp_path / "src"
+    src.mkdir()
+    audio_file(src / "a.wav", duration=1.2, rate=16000, layout="mono")
+    m = build(_audio_only(src), tmp_path / "out", quiet=True, workers=1)
+    assert "plan_ahead" not in m["timings"] and m["counts"]["written"] == 1
 
 
 def _audio_only(src, out_dir="lat"):

@@ -206,7 +206,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
         need = SpaceNeed(out=out)
         try:
             manifest = _build_in(recipe, root, fp, progress, n_workers, exclude=[out, root], t_enter=t_enter,
-                                 need=need)
+                                 need=need, rebuild_of=out if root != out else None)
         except (OSError, sqlite3.OperationalError) as exc:
             if not space.is_full(exc):
                 if _unwritable_in(exc, root):
@@ -239,8 +239,12 @@ def _finished_manifest(out: Path) -> dict[str, Any]:
 
 def _say_carried(progress: Progress, carried: list[str]) -> None:
     if carried:
+        more = f" and {len(carried) - CARRIED_SHOWN} more" if len(carried) > CARRIED_SHOWN else ""
         progress.say(f"kept {len(carried)} file(s) of yours that the replaced build did not write (moved into "
-                     f"the new build, never deleted): {', '.join(carried)}")
+                     f"the new build, never deleted): {', '.join(carried[:CARRIED_SHOWN])}{more}")
+
+
+CARRIED_SHOWN = 10  # the carried files named in that line (a repair quarantine may hold thousands)
 
 
 def _unmake(out: Path, exc: BaseException | None) -> bool:
@@ -308,7 +312,9 @@ def default_workers() -> int:
 
 
 def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers: int,
-              exclude: list[Path], t_enter: float, need: SpaceNeed) -> dict[str, Any]:
+              exclude: list[Path], t_enter: float, need: SpaceNeed, rebuild_of: Path | None = None) -> dict[str, Any]:
+    """Plan (or resume) and write ``recipe``'s build in ``root``; ``rebuild_of``: the folder an ``--overwrite``
+    rebuild in ``root`` (its sibling) replaces once complete."""
     root.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(root / formats.LEDGER_FILE)
     try:
@@ -341,8 +347,13 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         plan_needed = not ledger.get_meta("plan_complete")
         if not plan_needed:  # a resume: the plan stands, whatever the folders hold now
             _warn_if_sources_changed(root, recipe, "this build goes on with the files as planned (a changed one "
-                                     "fails as changed_since_plan, a new one is not in it); pass --overwrite to "
-                                     "start again from the sources as they are now")
+                                     "fails as changed_since_plan, a new one is not in it); " + (
+                                         "pass --overwrite to start again from the sources as they are now"
+                                         if rebuild_of is None else
+                                         f"this --overwrite resumes the rebuild an earlier --overwrite began in "
+                                         f"{root} (it holds only that unfinished rebuild; {rebuild_of} stays as it "
+                                         f"is until a rebuild completes): remove {root} and re-run with "
+                                         "--overwrite to plan again from the sources as they are now"))
         if plan_needed:
             _remove_written_ahead(root, ledger, progress)
             shutil.rmtree(root / formats.ENCODED_DIR, ignore_errors=True)  # kept by plan position
@@ -823,6 +834,8 @@ def _ahead_output(recipe: Recipe, root: Path):
         return None
     if recipe.models.offload == "text-first":  # the text pass reads every caption before the VAE loads
         return None
+    if recipe.audio_outputs() and not (AUDIO_AHEAD_ON_CPU or _gpu_encodes(recipe)):
+        return None  # on a CPU the plan's probes take the audio encoder's cores: measured slower (BENCHMARKS.md §7)
     if not kind_of(first).plans_ahead:  # (a latent_zip: class-conditional or not needs the whole plan)
         return None
     dest = output_dest(root, first, TRAIN).resolve()
@@ -830,6 +843,16 @@ def _ahead_output(recipe: Recipe, root: Path):
 
 
 PLAN_AHEAD = True  # tests switch it off to compare with the plan-first order
+AUDIO_AHEAD_ON_CPU = False  # an output with audio plans ahead where a GPU encodes (tests switch it on for a CPU)
+
+
+def _gpu_encodes(recipe: Recipe) -> bool:
+    """Whether the models run on a GPU, asked of NVML without importing torch (no answer: taken as no)."""
+    if recipe.models.device == "cpu":
+        return False
+    from shardsmith.encode.nvml_count import device_count
+
+    return (device_count() or 0) > 0
 
 
 def _remove_written_ahead(root: Path, ledger: Ledger, progress: Progress) -> None:
