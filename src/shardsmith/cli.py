@@ -990,21 +990,27 @@ def register(
     typer.echo(f"registered {name!r} in {cfg_file}: preset {preset}, path {path}")
     if picked is not None:
         typer.echo(f"preset {preset}: mode {picked[1].mode} of the build that wrote it ({picked[1].where})")
-    import os
-
-    if root_env not in os.environ:
-        typer.echo(f"note: ${root_env} is not set; export {root_env}={root} before loading it")
+    if not root:
+        _absolute_note(dataset, path, root_env)
     typer.echo(f"\n# Python: from shardsmith.loaders import from_config; loader = from_config({name!r})")
     typer.echo("# FastGen (configs/data.py) override to paste:")
     typer.echo(fastgen_snippet(name, p, path, dataset, root_env, overrides))
+
+
+def _absolute_note(dataset: Path, path: str, root_env: str) -> None:
+    """``register``'s note where ``$ROOT_ENV`` is unset: the entry holds the dataset's absolute path (it names
+    that dataset and no other, but does not move with it), and how to get a portable one."""
+    from shardsmith.loaders.registry import suggested_root
+
+    typer.echo(f"note: ${root_env} is not set, so the entry holds the absolute path {path}; for an entry "
+               f"that moves between machines, export {root_env}={suggested_root(dataset)} and run this register "
+               f"again with --replace (it writes ${{{root_env}}}/...)")
 
 
 def _register_precomputed(dataset: Path, preset: Optional[str], name: str, config: Optional[Path], root_env: str,
                           sets: Optional[list[str]], replace: bool) -> None:
     """``register`` of a ``.precomputed/`` tree: a ``kind: precomputed`` entry (``from_config``
     gives the shardsmith ``PrecomputedDataset``) and the LTX-2 trainer's data section to paste."""
-    import os
-
     from shardsmith.formats.precomputed import present_dirs
     from shardsmith.loaders.ltx import ltx_data_section
     from shardsmith.loaders.registry import add_entry, config_path, portable_path
@@ -1036,8 +1042,8 @@ def _register_precomputed(dataset: Path, preset: Optional[str], name: str, confi
     cfg_file = config_path(config)
     add_entry(cfg_file, name, {"kind": "precomputed", "path": path, "dirs": dirs}, replace=replace)
     typer.echo(f"registered {name!r} in {cfg_file}: .precomputed/ tree {path} ({', '.join(dirs)})")
-    if root_env not in os.environ:
-        typer.echo(f"note: ${root_env} is not set; export {root_env}={root} before loading it")
+    if not root:
+        _absolute_note(dataset, path, root_env)
     for line in rep["problems"]:
         typer.echo(f"warning: {line} (shardsmith inspect {dataset})")
     typer.echo(f"\n# Python: from shardsmith.loaders import from_config; dataset = from_config({name!r})")

@@ -16,6 +16,10 @@ from shardsmith.loaders.decoders import size_hw
 
 
 def _expr(portable: str, root_env: str, tail: str = "") -> str:
+    """Python for the path ``portable`` (``${ROOT_ENV}/rel``, or an absolute path where the variable was not
+    set at register time) joined with ``tail``."""
+    if not portable.startswith(f"${{{root_env}}}"):
+        return repr(f"{portable.rstrip('/')}/{tail}" if tail else portable)
     rel = portable.removeprefix(f"${{{root_env}}}").lstrip("/")
     parts = ", ".join(repr(x) for x in ([rel] if rel else []) + ([tail] if tail else []))
     return f'os.path.join(os.environ["{root_env}"]{", " + parts if parts else ""})'

@@ -183,20 +183,47 @@ def check_env_name(root_env: str, flag: str = "root_env") -> None:
 
 
 def portable_path(dataset: Path, root_env: str = DEFAULT_ENV) -> tuple[str, str]:
-    """(path written in the config, root value): ``${ENV}/rel`` under the env root.
-
-    When the variable is unset, the dataset's parent folder becomes the root and the caller
-    should tell the user to export it. A ``root_env`` that is no variable name is a :class:`RegistryError`.
-    """
+    """(path written in the config, root): ``${ENV}/rel`` when the variable ``root_env`` is set and the
+    dataset (resolved through its symlinks) lies under it (root: the variable's folder); when it is unset,
+    the dataset's resolved absolute path (root: ''), which names that dataset and no other: a root guessed
+    from the dataset's own folder would write ``${ENV}/wds`` for every build's ``wds`` output, and one
+    name would load another build's data. A dataset outside a set root, or a ``root_env`` that is no
+    variable name, is a :class:`RegistryError`. :func:`suggested_root` is the root to export for a
+    portable entry."""
     check_env_name(root_env)
     dataset = resolve_user_path(dataset)
     root = os.environ.get(root_env)
-    root_path = resolve_user_path(root, f"${root_env}") if root else dataset.parent
+    if not root:
+        return dataset.as_posix(), ""
+    root_path = resolve_user_path(root, f"${root_env}")
     if not dataset.is_relative_to(root_path):
         raise RegistryError(f"{dataset} is not under ${root_env}={root_path}; move it there or set {root_env} "
                             "to a folder that contains it")
     rel = dataset.relative_to(root_path).as_posix()
     return (f"${{{root_env}}}/{rel}" if rel != "." else f"${{{root_env}}}"), str(root_path)
+
+
+def suggested_root(dataset: Path) -> Path:
+    """A root to export for a portable entry of ``dataset``: the folder that holds the shardsmith build
+    it belongs to (the entry then reads ``${ENV}/<build>/<output>``, naming the build), else the
+    dataset's parent folder."""
+    from shardsmith.formats.detect import enclosing_build
+
+    dataset = resolve_user_path(dataset)
+    found = enclosing_build(dataset.parent)
+    return found.root.parent if found is not None else dataset.parent
+
+
+def entry_target(entry: Any) -> Path | None:
+    """The absolute folder an entry's ``path`` names now (its variables expanded), or None when it
+    cannot be told (a variable that is not set, no path)."""
+    path = entry.get("path") if isinstance(entry, dict) else None
+    if not isinstance(path, str):
+        return None
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    if "$" in expanded:
+        return None
+    return Path(os.path.abspath(expanded))
 
 
 def resolve(path: str) -> Path:
@@ -248,8 +275,8 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
     data = {} if text is None else _parse(path, text)
     _check_entries(path, data, text or "", name if replace else None)  # someone else's YAML is never appended to
     if name in data and data[name] != entry and not replace:
-        raise RegistryError(f"{path} already has a different entry {name!r}: {data[name]}; "
-                            "choose another --name or pass --replace")
+        raise RegistryError(f"{path} already has a different entry {name!r}: {data[name]}{_leads_to(data[name])}; "
+                            f"this one is {entry}{_leads_to(entry)}; choose another --name or pass --replace")
     if name in data and data[name] == entry:
         return  # already registered as asked: the file is not touched
     want = {**data, name: entry}
@@ -272,6 +299,15 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
     except OSError as exc:
         raise RegistryError(f"cannot write data config {real}: {exc.strerror or exc}; pass a --config you can "
                             "write (or make that folder writable)") from None
+
+
+def _leads_to(entry: Any) -> str:
+    """`` (the folder X)`` where an entry's path is written through a variable, else ''."""
+    where = entry_target(entry)
+    path = entry.get("path") if isinstance(entry, dict) else None
+    if isinstance(path, str) and "$" in path:
+        return f" (the folder {where})" if where is not None else " (its variable is not set now)"
+    return ""
 
 
 def get_entry(name: str, path: Path) -> dict[str, Any]:
