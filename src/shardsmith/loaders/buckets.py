@@ -33,7 +33,7 @@ from typing import Any
 
 from shardsmith.formats.wds import read_buckets_index
 from shardsmith.loaders.wds import WdsLoader
-from shardsmith.loaders.wds_config import WdsLoaderConfig
+from shardsmith.loaders.wds_config import WdsLoaderConfig, validated
 
 
 def is_bucketed(folder: str | Path) -> bool:
@@ -45,7 +45,7 @@ class BucketedWdsLoader:
     """Iterable over one-bucket batches of a multi-bucket output (see the module contract)."""
 
     def __init__(self, config: WdsLoaderConfig):
-        self.config = cfg = config.model_copy(deep=True)
+        self.config = cfg = validated(config)  # (a model_copy(update=...) skipped the checks: run them here)
         self.folder = Path(cfg.shards)
         index = read_buckets_index(self.folder)
         if index is None:

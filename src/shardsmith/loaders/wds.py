@@ -85,7 +85,7 @@ from shardsmith.loaders import decoders as dec
 from shardsmith.loaders.collate import attach_constant_views
 from shardsmith.loaders.shard_reader import list_shards, read_shard_counts, shard_samples
 from shardsmith.loaders.slots import Slot, empty_slots, slot_sample_counts
-from shardsmith.loaders.wds_config import PRESETS, WdsLoaderConfig, fastgen_files_root, files_ref
+from shardsmith.loaders.wds_config import PRESETS, WdsLoaderConfig, fastgen_files_root, files_ref, validated
 from shardsmith.loaders.wds_dataset import MAX_EXAMPLES, WdsDataset, new_delta
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class WdsLoader:
     """
 
     def __init__(self, config: WdsLoaderConfig):
-        self.config = cfg = config.model_copy(deep=True)
+        self.config = cfg = validated(config)  # (a model_copy(update=...) skipped the checks: run them here)
         self.folder = Path(cfg.shards)
         self.shards = list_shards(self.folder)
         self.ignore = {k: v for k, v in read_ignore_index(self.folder).items() if k in self.shards}

@@ -194,6 +194,17 @@ class WdsLoaderConfig(BaseModel):
         return self
 
 
+def validated(config: "WdsLoaderConfig") -> "WdsLoaderConfig":
+    """A validated copy of ``config``, however it was made: ``config.model_copy(update={...})`` (the pattern
+    the README shows) does not run the validators, so a loader re-validates its config where it is built,
+    and ``rank=2, world_size=2`` or ``batch_size=0`` gives the same ``ValidationError`` (a ``ValueError``)
+    as ``preset_config(name, path, rank=2, world_size=2)``, instead of a misleading message later, a
+    ``KeyError`` or an endless first ``next()``."""
+    if not isinstance(config, WdsLoaderConfig):
+        raise TypeError(f"a WdsLoaderConfig is needed (e.g. preset_config(name, path)), got {type(config).__name__}")
+    return type(config).model_validate(config.model_dump())
+
+
 def video_keys(key_map: dict[str, str]) -> list[str]:
     """Batch keys whose member is a video (decoded with ``num_frames`` / ``video_size``)."""
     return [k for k, s in key_map.items() if dec.last_ext(s) in dec.VIDEO_EXTS]

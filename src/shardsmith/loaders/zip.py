@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shardsmith.errors import UserError
 from shardsmith.formats.zip import ZIP_LABELS_FILE, is_sample_member, read_labels
@@ -173,8 +173,15 @@ class ZipLoaderConfig(BaseModel):
     use_labels: bool = True
     xflip: bool = False
 
+    @model_validator(mode="after")
+    def _ranks(self):
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world_size}")
+        return self
+
     def build(self) -> torch.utils.data.DataLoader:
-        return zip_loader(**self.model_dump())
+        # validated again: a model_copy(update=...) of this config skipped the checks
+        return zip_loader(**type(self).model_validate(self.model_dump()).model_dump())
 
 
 def zip_loader(path: str | os.PathLike, *, batch_size: int, rank: int = 0, world_size: int = 1,
