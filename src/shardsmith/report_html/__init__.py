@@ -30,7 +30,7 @@ from pathlib import Path
 from shardsmith.formats.build_dir import REPORT_FILE
 from shardsmith.report_html.gather import ReportError, gather
 from shardsmith.safety.outdir import recorded_sources, refuse_around_sources
-from shardsmith.user_paths import resolve_user_path
+from shardsmith.user_paths import check_no_loop, resolve_user_path
 
 __all__ = ["REPORT_FILE", "ReportError", "render_report", "write_report"]
 
@@ -106,16 +106,29 @@ def check_output(root: Path, dest: Path) -> None:
         raise ReportError(f"--output {dest}: the folder {dest.parent} cannot be written; pick another --output")
 
 
+def _output_path(output: str | os.PathLike) -> Path:
+    """``--output`` made absolute through the symlinks of its folder, its own name kept: a symlink there is
+    replaced by the page (``atomic_write_bytes`` renames onto the link, as ``verify --out-json`` does), never
+    written through, so a link into another build cannot overwrite that build's ``report.html``; the checks
+    look at where the page will really be."""
+    check_no_loop(output, "--output")  # (a link that leads back to itself: one message naming it)
+    given = Path(os.path.expanduser(os.fspath(output)))
+    if given.name in ("", ".", ".."):
+        return resolve_user_path(given, "--output")
+    return resolve_user_path(given.parent, "--output") / given.name
+
+
 def write_report(build_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, previews: bool = True,
                  device: str = "auto") -> Path:
     """Write the report of the build at ``build_dir`` to ``output`` (default
-    ``<build_dir>/report.html``) atomically; the file written. An ``output`` that :func:`check_output`
+    ``<build_dir>/report.html``) atomically; the file written (an ``output`` that is a symlink is replaced
+    by the page, its target left alone: :func:`_output_path`). An ``output`` that :func:`check_output`
     refuses is a :class:`ReportError`, raised before anything is read or written."""
     from shardsmith.atomic import atomic_write_bytes
     from shardsmith.report_html.gather import read_manifest
 
     root = resolve_user_path(build_dir)
-    dest = resolve_user_path(output, "--output") if output is not None else root / REPORT_FILE
+    dest = _output_path(output) if output is not None else root / REPORT_FILE
     manifest = read_manifest(root)  # a folder that is no finished build is said first
     # a page among the sources would be read by the next build
     refuse_around_sources(dest, recorded_sources(manifest), "--output",
