@@ -553,7 +553,7 @@ def _one_shard(ds: Path, members) -> Path:
 def test_register_writes_through_a_valid_config_link_and_refuses_a_dangling_one(tmp_path, monkeypatch):
     """A symlinked data config keeps its link (the target gets the entry); a link whose target folder is
     missing is refused, creating nothing."""
-    ds = _one_shard(tmp_path / "ds", (("a.txt", b"a cat"), ("a.json", b"{}")))
+    ds = _one_shard(tmp_path / "ds", (("a.jpg", b"jpg"), ("a.txt", b"a cat"), ("a.json", b"{}")))  # (what image reads)
     real = tmp_path / "real.yaml"
     real.write_text("# mine\n")
     link = tmp_path / "link.yaml"

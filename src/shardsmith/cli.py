@@ -962,39 +962,86 @@ def register(
         _register_precomputed(dataset, preset, name, config, root_env, set_, replace)
         return
     kind = dataset_kind(dataset)
-    picked = None
-    if preset is None and kind in ("wds", "wds_buckets"):
-        from shardsmith.loaders.mode_presets import mode_preset_for
+    picked = None  # (preset, where it was read): what verify picks for the folder by itself
+    if kind in ("wds", "wds_buckets"):
+        from shardsmith.loaders.mode_presets import kd_preset_for, mode_preset_for
 
-        picked = mode_preset_for(dataset)  # a build's recipe mode: that mode's preset
+        kd = kd_preset_for(dataset)  # a knowledge-distillation dataset: kd_path, or kd_pair without path.pth
+        mode = mode_preset_for(dataset) if kd is None else None  # a build's recipe mode: that mode's preset
+        picked = kd or (mode and (mode[0], f"mode {mode[1].mode} of the build that wrote it ({mode[1].where})"))
     if preset is None and picked is None:
-        _fail(f"--preset is required for {dataset} (a {kind} dataset): e.g. --preset image")
-    if picked is not None:
+        from shardsmith.loaders.presets import fitting_presets
+
+        fits = ["class_zip"] if kind == "zip" else fitting_presets(dataset)
+        _fail(f"--preset is required for {dataset} (a {kind} dataset): "
+              + (f"its samples fit --preset {fits[0]}" + (f" (also: {', '.join(fits[1:])})" if fits[1:] else "")
+                 if fits else f"no preset reads its samples as they are; {_key_map_fix(dataset)}"))
+    from_folder = preset is None
+    if from_folder:
         preset = picked[0]
     from shardsmith.loaders.fastgen import fastgen_snippet
-    from shardsmith.loaders.presets import get_preset, preset_config
+    from shardsmith.loaders.presets import fitting_presets, get_preset, held_key_map, preset_config, preset_lacks
 
     p = get_preset(preset)
     if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
-        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset")
+        _fail(f"preset {preset!r} reads {p.kind} datasets, but {dataset} is a {kind} dataset"
+              + ("; register it with --preset class_zip" if kind == "zip" else ""))
     try:
         refuse_unreadable(dataset, kind)  # (bytes that only look like a dataset by their name)
     except ValueError as exc:
         _fail(str(exc))
     overrides = dict(_setting("--set", s) for s in set_ or [])
     preset_config(preset, dataset, **overrides)  # validates the overrides now, not at training time
+    # the loader would drop every sample (missing:<member>) or fail at start: a preset for another kind of
+    # dataset is refused now, naming the one that fits; one that only lacks a member its samples could go
+    # without (images without captions: condition) is said, with the key_map that reads them
+    lacks = preset_lacks(preset, dataset, **overrides) if p.kind == "wds" else {}
+    held = held_key_map(preset, dataset, **overrides) if lacks else None
+    fits = [f for f in fitting_presets(dataset, picked[0] if picked else None) if f != preset] if lacks else []
+    if lacks and (held is None or fits):
+        what = f" ({picked[0]} reads it: {picked[1]})" if picked else ""
+        fix = (f"register it with --preset {fits[0]}" + (f" (also fits: {', '.join(fits[1:])})" if fits[1:] else "")
+               if fits else f"rebuild the dataset with those members, or {_key_map_fix(dataset)}")
+        _fail(f"preset {preset} does not fit {dataset}{what}: the preset reads {', '.join(lacks.values())}, which "
+              f"the dataset lacks, so its loader would load no sample; {fix}")
+    if lacks:
+        typer.echo(f"warning: preset {preset} reads {', '.join(lacks.values())}, which the samples of {dataset} "
+                   "lack: its loader would drop every sample; to read them without it, "
+                   f"register again with --replace --set 'key_map={_flow(held)}'", err=True)
     path, root = portable_path(dataset, root_env)
     entry = {"preset": preset, "path": path, **({"overrides": overrides} if overrides else {})}
     cfg_file = config_path(config)
     add_entry(cfg_file, name, entry, replace=replace)
     typer.echo(f"registered {name!r} in {cfg_file}: preset {preset}, path {path}")
-    if picked is not None:
-        typer.echo(f"preset {preset}: mode {picked[1].mode} of the build that wrote it ({picked[1].where})")
+    if from_folder:
+        typer.echo(f"preset {preset}: {picked[1]}")
     if not root:
         _absolute_note(dataset, path, root_env)
     typer.echo(f"\n# Python: from shardsmith.loaders import from_config; loader = from_config({name!r})")
     typer.echo("# FastGen (configs/data.py) override to paste:")
     typer.echo(fastgen_snippet(name, p, path, dataset, root_env, overrides))
+
+
+def _flow(value: Any) -> str:
+    """``value`` as a one-line YAML flow value (what ``--set key=VALUE`` reads)."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip()
+
+
+def _key_map_fix(dataset: Path) -> str:
+    """The ``--set key_map=...`` advice for a dataset no preset reads as it is: a preset whose ``real`` member
+    its samples hold, with the key_map of the members they hold (images without captions: ``{real: jpg}``)."""
+    from shardsmith.loaders.presets import held_key_map
+
+    for name in ("image", "image_latent", "video", "video_latent"):
+        try:
+            held = held_key_map(name, dataset)
+        except (ValueError, KeyError):
+            continue
+        if held:
+            return f"register it with --preset {name} --set 'key_map={_flow(held)}' (the members its samples hold)"
+    return "give a preset a key_map of the members its samples hold with --set key_map=..."
 
 
 def _absolute_note(dataset: Path, path: str, root_env: str) -> None:

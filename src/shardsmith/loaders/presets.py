@@ -139,3 +139,93 @@ def from_config(name: str, config_file: str | Path | None = None, **overrides: A
 
         return PrecomputedDataset(path, entry["dirs"])
     return build_loader(preset_config(entry["preset"], path, **{**entry.get("overrides", {}), **overrides}))
+
+
+# -- what a preset needs of a dataset's samples (register refuses a preset that would load no sample) ---------
+
+def _sample_folder(path: Path) -> Path:
+    """The folder whose shards stand for the dataset at ``path``: a multi-bucket output's first bucket with
+    samples, else ``path`` itself."""
+    from shardsmith.formats.wds import read_buckets_index
+
+    index = read_buckets_index(path) if (path / BUCKETS_INDEX_FILE).is_file() else None
+    if index:
+        full = sorted(b for b, e in index.items() if isinstance(e, dict) and e.get("samples", 0) > 0 and e.get("dir"))
+        if full:
+            return path / index[full[0]]["dir"]
+    return path
+
+
+def sample_members(path: str | Path) -> set[str] | None:
+    """The member suffixes (``jpg``, ``latent.pth`` ...) the samples of the first shard of the WebDataset at
+    ``path`` hold (any of them), or None when that cannot be told (no shard, an unreadable one: the
+    dataset's own checks say that)."""
+    from shardsmith.formats.wds import is_shard_file_name
+    from shardsmith.loaders.shard_reader import shard_samples
+
+    folder = _sample_folder(Path(path))
+    try:
+        shards = sorted(p for p in folder.iterdir() if is_shard_file_name(p.name) and p.is_file())
+        if not shards:
+            return None
+        samples = shard_samples(shards[0], remember=False)
+    except (OSError, ValueError):
+        return None
+    held = {suffix for _, members in samples for suffix in members}
+    return held or None
+
+
+def preset_lacks(name: str, path: str | Path, members: set[str] | None = None, **overrides: Any) -> dict[str, str]:
+    """What the samples of the WebDataset at ``path`` lack for preset ``name`` (with ``overrides``), as
+    ``{batch key: what}``: each ``key_map`` member no ``files_map`` / ``presets_map`` constant stands in for
+    that no sample of the first shard holds (the loader would drop every sample, ``missing:<suffix>``), and
+    each ``files_map`` file that is not there (the loader would fail at start); {} when it fits (or the
+    members cannot be read)."""
+    members = sample_members(path) if members is None else members
+    if members is None:
+        return {}
+    cfg = preset_config(name, path, **overrides)
+    if not isinstance(cfg, WdsLoaderConfig):
+        return {}
+    constants = set(cfg.files_map) | set(cfg.presets_map)
+    lacks = {key: f"{suffix} ({key})" for key, suffix in cfg.key_map.items()
+             if key not in constants and suffix not in members}
+    bucketed = _bucketed(path)
+    for key, rel in cfg.files_map.items():
+        where = Path(rel) if Path(rel).is_absolute() else (Path(path) / rel if bucketed else cfg.constant_path(rel))
+        if not where.is_file():
+            lacks[key] = f"{Path(rel).name} beside the shards ({key})"
+    return lacks
+
+
+def held_key_map(name: str, path: str | Path, **overrides: Any) -> dict[str, str] | None:
+    """Preset ``name``'s ``key_map`` less the members the samples of ``path`` lack, when what stays still has
+    ``real`` and the preset needs no missing constant file: the ``--set key_map=...`` that lets it read
+    them (images without captions: ``{real: jpg}``); else None."""
+    lacks = preset_lacks(name, path, **overrides)
+    cfg = preset_config(name, path, **overrides)
+    if not lacks or not isinstance(cfg, WdsLoaderConfig) or "real" in lacks or set(lacks) & set(cfg.files_map):
+        return None
+    return {k: v for k, v in cfg.key_map.items() if k not in lacks}
+
+
+#: the presets suggested by what a dataset's samples hold (a mode preset is picked from the build's manifest)
+_GENERIC = ("kd_path", "kd_pair", "image_latent", "video_latent", "image", "video", "prompt")
+
+
+def fitting_presets(path: str | Path, first: str | None = None) -> list[str]:
+    """The presets whose members the samples of the WebDataset at ``path`` hold (:func:`preset_lacks`), the
+    one that reads the most of them first (``first``, e.g. the preset ``verify`` picks, leads when it fits)."""
+    members = sample_members(path)
+    if members is None:
+        return []
+    names = list(dict.fromkeys(([first] if first else []) + list(_GENERIC)))
+    fit = []
+    for name in names:
+        try:
+            if not preset_lacks(name, path, members):
+                fit.append(name)
+        except (ValueError, KeyError):
+            continue
+    used = {n: len(get_preset(n).defaults_for(path).get("key_map", {})) for n in fit}
+    return sorted(fit, key=lambda n: (n != first, -used[n]))
