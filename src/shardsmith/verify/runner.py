@@ -342,9 +342,20 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         if count_file:
             n_ignored = sum(len(set(v)) for k, v in ignore.items() if k in count_file)
             total = sum(count_file.values()) - n_ignored
-            check("shard_count", total == len(expected),
-                  f"shard_count.json says {sum(count_file.values())} - {n_ignored} ignored = {total}; "
-                  f"the tars hold {len(expected)}")
+            # the same shards, not only the same total: FastGen's fast-forward looks each shard up (KeyError)
+            listed_only = sorted(set(count_file) - set(shards))
+            unlisted = [s for s in shards if s not in count_file]
+            detail = (f"shard_count.json says {sum(count_file.values())} - {n_ignored} ignored = {total}; "
+                      f"the tars hold {len(expected)}")
+            if listed_only or unlisted:
+                detail += "".join([
+                    f"; it lists {len(listed_only)} shard(s) not in the folder: {', '.join(listed_only[:5])}"
+                    if listed_only else "",
+                    f"; it has no entry for {len(unlisted)} shard(s) here: {', '.join(unlisted[:5])} (FastGen's "
+                    "deterministic resume raises KeyError on them)" if unlisted else ""])
+                detail += (f"; if a shard was renamed, give it back its name, else rebuild the file with "
+                           f"`shardsmith repair {dataset}`")
+            check("shard_count", total == len(expected) and not listed_only and not unlisted, detail)
         else:
             check("shard_count", False, f"no {SHARD_COUNT_FILE}: deterministic resume in FastGen needs it "
                   "(shardsmith repair writes it)")
