@@ -175,7 +175,7 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
         _say_carried(progress, swap.finish_interrupted(out))
         mode = check_existing(out, fp, recipe, overwrite)
         if mode == "done":
-            manifest = _finished_manifest(out)  # a damaged one is said before "nothing to do"
+            manifest = _finished_manifest(out, recipe)  # a damaged one is said before "nothing to do"
             # a run killed after its manifest (while writing the HTML report) leaves a temporary file
             if remove_stale_tmp(out):
                 progress.say("removed the temporary file(s) of a run killed after it finished")
@@ -219,21 +219,40 @@ def _build_locked(recipe: Recipe, out: str | os.PathLike, *, overwrite: bool = F
     return manifest
 
 
-def _finished_manifest(out: Path) -> dict[str, Any]:
+_MANIFEST_FIX = ("restore manifest.json from a copy, or pass --overwrite to rebuild (the old output stays until the "
+                 "new one is complete)")
+
+
+def _finished_manifest(out: Path, recipe: Recipe | None = None) -> dict[str, Any]:
     """The manifest of the finished build in ``out``; a missing or damaged one is a :class:`UserError`
-    naming it (the build's files are complete: it is the manifest alone that must be restored)."""
+    naming it (the build's files are complete: it is the manifest alone that must be restored). Damaged:
+    not JSON, not an object, not the shape the CLI, the API, ``report`` and ``verify`` read
+    (:func:`~shardsmith.verify.owning_build.manifest_shape_problem`: ``counts.written`` lost, ``outputs``
+    lost ...), or, given the ``recipe`` of the build, without an entry for each of its outputs (or with
+    one of another output)."""
+    from shardsmith.verify.owning_build import manifest_shape_problem
+
     mpath = out / formats.MANIFEST_FILE
     try:
         manifest = read_json(mpath)
     except (OSError, ValueError) as exc:
         why = exc.strerror or str(exc) if isinstance(exc, OSError) else f"not valid JSON: {exc}"
         raise UserError(f"{mpath} cannot be read ({why}); the build in {out} is complete but its manifest is "
-                        "damaged: restore manifest.json from a copy, or pass --overwrite to rebuild (the old output "
-                        "stays until the new one is complete)") from None
+                        f"damaged: {_MANIFEST_FIX}") from None
     if not isinstance(manifest, dict):
-        raise UserError(f"{mpath} holds a JSON {type(manifest).__name__}, not a shardsmith manifest; restore "
-                        "manifest.json from a copy, or pass --overwrite to rebuild (the old output stays until the "
-                        "new one is complete)")
+        raise UserError(f"{mpath} holds a JSON {type(manifest).__name__}, not a shardsmith manifest; {_MANIFEST_FIX}")
+    why = manifest_shape_problem(manifest)
+    if why is None and recipe is not None:
+        want = [o.name for o in recipe.outputs]
+        lacks = [n for n in want if n not in manifest["outputs"]]
+        extra = [n for n in manifest["outputs"] if n not in want]
+        if lacks or extra:
+            why = "; ".join(x for x in (f"no entry for output(s) {', '.join(lacks)} of the recipe" if lacks else "",
+                                        f"entries for output(s) {', '.join(extra)} the recipe does not have"
+                                        if extra else "") if x)
+    if why is not None:
+        raise UserError(f"{mpath} is damaged ({why}); the build in {out} is complete but its manifest is not what "
+                        f"the build wrote: {_MANIFEST_FIX}")
     return manifest
 
 

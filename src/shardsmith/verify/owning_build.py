@@ -102,22 +102,79 @@ def manifest_problem(mpath: Path) -> str | None:
     if theirs is not None and ours is not None and theirs > ours:
         return (f"{mpath} was written by shardsmith {m.get('shardsmith_version')}, newer than this one "
                 f"({__version__}); verify it with that version (pip install -U shardsmith)")
+    why = manifest_shape_problem(m)
+    if why is None:
+        return None
+    return f"{mpath} is not a shardsmith manifest this version reads ({why}); {fix}"
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def manifest_shape_problem(m: dict[str, Any]) -> str | None:
+    """What of a parsed manifest (a dict) is not the shape this version reads, or None: the keys ``build``
+    (a re-run of a finished build), the CLI, the API, ``report`` and ``verify`` read: ``outputs`` an
+    object of entries, each with ``format``, ``counts``, ``files`` and ``splits`` (a split whose files
+    name a folder or file has a ``written`` count), and the totals ``counts.inputs`` / ``counts.written``.
+    The text names the key (``outputs.wds.splits.train.written is missing or not a count``)."""
     outs = m.get("outputs")
     if not isinstance(outs, dict):
-        return f"{mpath} is not a shardsmith manifest this version reads (outputs is not an object); {fix}"
+        return "outputs is not an object" if "outputs" in m else "outputs is missing"
     for name, out in outs.items():
         files = out.get("files", {}) if isinstance(out, dict) else None
         splits = out.get("splits", {}) if isinstance(out, dict) else None
         if not isinstance(files, dict) or not isinstance(splits, dict):
-            return f"{mpath}: outputs.{name} is not a shardsmith manifest entry (no files / splits objects); {fix}"
+            return f"outputs.{name} is not a shardsmith manifest entry (no files / splits objects)"
         for split, info in files.items():
             if not isinstance(info, dict):
-                return f"{mpath}: outputs.{name}.files.{split} is not an object; {fix}"
+                return f"outputs.{name}.files.{split} is not an object"
             if info.get("dir") is None and info.get("path") is None:
                 continue
             written = (splits.get(split) or {}).get("written") if isinstance(splits.get(split, {}), dict) else None
-            if not isinstance(written, int) or isinstance(written, bool):
-                return f"{mpath}: outputs.{name}.splits.{split}.written is missing or not a count; {fix}"
+            if not _is_count(written):
+                return f"outputs.{name}.splits.{split}.written is missing or not a count"
+        if not isinstance(out.get("format"), str):
+            return f"outputs.{name}.format is missing"
+        if not isinstance(out.get("counts"), dict):
+            return f"outputs.{name}.counts is missing or not an object"
+    counts = m.get("counts")
+    if not isinstance(counts, dict):
+        return "counts is missing or not an object"
+    for key in ("inputs", "written"):
+        if not _is_count(counts.get(key)):
+            return f"counts.{key} is missing or not a count"
+    return None
+
+
+def manifest_recipe_problem(build: BuildRef, dataset: Path) -> str | None:
+    """What the manifest of ``build`` (a ledger and a manifest beside it) lacks of the recipe its ledger
+    recorded: an output of the recipe it has no entry for, an entry of no output of the recipe, or no entry
+    for ``dataset`` itself (its folder or file under ``files``); None when they match (or either cannot be
+    read: other checks say that)."""
+    mpath = build.root / MANIFEST_FILE
+    try:
+        m = read_json(mpath)
+        recipe = _recorded_recipe(build.root)
+    except (OSError, ValueError, BuildUnreadable):
+        return None
+    if not isinstance(m, dict) or not isinstance(m.get("outputs"), dict):
+        return None
+    want = [o["name"] for o in recipe.get("outputs") or [] if isinstance(o, dict) and isinstance(o.get("name"), str)]
+    fix = ("restore manifest.json from a copy, or rebuild with the same command and --overwrite (shardsmith "
+           "inspect checks the shards without it)")
+    lacks = [n for n in want if n not in m["outputs"]]
+    extra = [n for n in m["outputs"] if n not in want]
+    if lacks or extra:
+        said = "; ".join(x for x in (f"no entry for output(s) {', '.join(lacks)}" if lacks else "",
+                                     f"entries for output(s) {', '.join(extra)} the recipe does not have"
+                                     if extra else "") if x)
+        return (f"{mpath} does not match the recipe the build's ledger recorded "
+                f"(outputs {', '.join(want) or 'none'}): {said}; {fix}")
+    rel = Path(dataset).resolve().relative_to(build.root).as_posix()
+    if _manifest_entry(mpath, rel) is None:
+        return (f"{mpath}: outputs.{build.output}.files.{build.split} does not name {rel}, which the build wrote "
+                f"(output {build.output}, split {build.split}); {fix}")
     return None
 
 

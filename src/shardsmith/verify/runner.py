@@ -47,7 +47,8 @@ from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, load_shard_cou
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
 from shardsmith.verify.contract import ContractRecorder
-from shardsmith.verify.owning_build import BuildUnreadable, dataset_manifest_problem, find_build, unfinished
+from shardsmith.verify.owning_build import (BuildUnreadable, dataset_manifest_problem, find_build,
+                                            manifest_recipe_problem, unfinished)
 from shardsmith.verify.precomputed_check import verify_precomputed
 from shardsmith.verify.record import recorded
 from shardsmith.verify.ranks import Ranks
@@ -190,6 +191,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if not_done:
         return _unfinished_report(dataset, not_done, world, workers, batch_size, batches)
     bad_manifest, manifest_note = dataset_manifest_problem(dataset)
+    if not bad_manifest and build is not None and build.has_ledger and build.has_manifest:
+        bad_manifest = manifest_recipe_problem(build, dataset)  # an entry lost or added (outputs: {})
     if bad_manifest:  # a broken or unexpected manifest.json: check manifest fails, naming it
         return _unfinished_report(dataset, bad_manifest, world, workers, batch_size, batches, name="manifest")
     kind = dataset_kind(dataset)
