@@ -44,6 +44,7 @@ class Unit:
     seq: int
     count: int
     sha256: str
+    bytes: int | None = None  # the file's size, where recorded
 
 
 @dataclass
@@ -85,18 +86,47 @@ def _open(folder: Path, build: BuildRef | None) -> tuple[Ledger, Recipe, WdsOutp
     return ledger, recipe, output
 
 
-def _sha256_file(path: Path) -> str:
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of the file at ``path`` (read in 1 MiB chunks into one reused buffer)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
+
+
+_sha256_file = sha256_file
+
+
+def recorded_units(ledger: Ledger, output: str, split: str) -> list[Unit]:
+    """The shards of ``output``/``split`` the ledger recorded as committed (a named unit), in order."""
+    return [Unit(u["name"], u["seq"], u["count"], u["sha256"], u.get("bytes"))
+            for u in ledger.units(output, split) if u["name"]]
+
+
+MISSING, DIFFERS = "missing", "sha256 differs"
+
+
+def unit_damage(folder: Path, unit: Unit, sha256: str | None = None) -> str | None:
+    """How the file of ``unit`` in ``folder`` differs from the bytes the build committed: :data:`MISSING`,
+    :data:`DIFFERS` (it hashes to another sha256 than ``sha256``, default the unit's; a file whose size is
+    not the unit's recorded size differs without being read), or None when it holds those bytes."""
+    path = folder / unit.name
+    if not path.is_file():
+        return MISSING
+    if sha256 is None and unit.bytes is not None and path.stat().st_size != unit.bytes:
+        return DIFFERS
+    return DIFFERS if sha256_file(path) != (sha256 or unit.sha256) else None
 
 
 def damaged_units(folder: Path, ledger: Ledger, output: str, split: str) -> list[Unit]:
     """The committed shards of ``output``/``split`` whose file is missing or differs from the ledger's sha256."""
-    units = [Unit(u["name"], u["seq"], u["count"], u["sha256"]) for u in ledger.units(output, split) if u["name"]]
-    return [u for u in units if not (folder / u.name).is_file() or _sha256_file(folder / u.name) != u.sha256]
+    return [u for u in recorded_units(ledger, output, split) if unit_damage(folder, u) is not None]
 
 
 def unit_items(ledger: Ledger, output: str, split: str, unit: Unit) -> list[PlannedItem]:

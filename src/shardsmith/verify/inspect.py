@@ -269,8 +269,38 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     ``unsafe_members`` ([{member, key, reason}]), ``damaged_samples`` ([{key, reason}]: what a
     rewrite would drop), ``dotted_members``, ``minority_suffixes``, ``count_file``,
     ``count_status``, ``ignored`` and ``problems``.
+
+    For a folder a shardsmith build wrote, also ``integrity`` (verify's check ``integrity``,
+    :mod:`shardsmith.verify.integrity`: the shards against the sha256 the
+    build recorded, hashed in a thread while the shards are scanned; a failure is a problem).
     """
-    return scan_folder(folder, key_map)
+    from shardsmith.verify.integrity import shard_integrity
+    from shardsmith.verify.owning_build import BuildUnreadable, find_build, unfinished_build
+
+    folder = Path(folder)
+    chk = None
+    if unfinished_build(folder) is None:  # (an unfinished build's shards are not all there yet)
+        try:
+            build = find_build(folder)
+        except BuildUnreadable:
+            build = None
+        chk, _ = shard_integrity(folder, build)
+    checked: list[dict[str, Any]] = []
+    try:
+        if chk is not None:
+            chk.start()
+        report = scan_folder(folder, key_map)
+        if chk is not None:
+            chk.finish(lambda name, ok, detail: checked.append({"name": name, "ok": ok, "detail": detail}))
+    finally:
+        if chk is not None:
+            chk.close()
+    if checked:
+        report["integrity"] = checked[0]
+        if not checked[0]["ok"]:
+            report["problems"].append(f"integrity: {checked[0]['detail']}")
+    report["ok"] = not report["problems"]
+    return report
 
 
 def format_inspect(report: dict[str, Any]) -> str:

@@ -75,6 +75,7 @@ from shardsmith.verify.shard_scan import LostSample, ShardScan, scan_shard
 CANDIDATE_SUFFIX = ".repaired"
 
 REWRITTEN, IGNORED, RESTORED = "rewritten", "ignored_keys", "restored_from_source"
+MISSING_SHARD = "missing_shard"  # a shard the build wrote, gone from the folder: its samples recorded as lost
 
 
 class RepairError(UserError, RuntimeError):
@@ -130,7 +131,10 @@ class RepairEvent:
     ``dropped``: samples no longer in the shard; ``ignored``: samples added to
     ``ignore_index.json``; ``restored``: keys rebuilt from the sources (a restore puts the shard
     back as the build wrote it, so it cancels every earlier loss of that shard);
-    ``dropped_members``: members left out of a rewrite that were no sample (unsafe, unkeyed)."""
+    ``dropped_members``: members left out of a rewrite that were no sample (unsafe, unkeyed);
+    ``sha256``: the rewritten shard's (``verify``'s check ``integrity`` compares the file with it).
+    Action ``missing_shard``: a shard the build wrote was gone; ``dropped`` lists the samples the build
+    wrote into it (keys from its ledger; None without one)."""
 
     time: str
     shard: str
@@ -142,6 +146,7 @@ class RepairEvent:
     restored: list[str] = field(default_factory=list)
     dropped_members: list[str] = field(default_factory=list)
     backup: str | None = None
+    sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -423,7 +428,7 @@ def _restore(folder: Path, build: BuildRef | None, dry_run: bool) -> dict[str, R
 def _shard_entry(rep: dict[str, Any]) -> dict[str, Any]:
     return {"action": "unchanged", "samples_before": rep["samples"], "samples_after": rep["samples"],
             "dropped": [], "dropped_keys": [], "dropped_members": [], "ignored_keys": [], "restored": [],
-            "backup": None, "notes": []}
+            "backup": None, "notes": [], "sha256": None}
 
 
 def _needs_rewrite(rep: dict[str, Any]) -> bool:
@@ -477,6 +482,9 @@ def _rewrite_entry(path: Path, rep: dict[str, Any], entry: dict[str, Any], dry_r
         return kept
     try:
         entry["backup"] = _rewrite(sc)
+        from shardsmith.verify.from_source import sha256_file
+
+        entry["sha256"] = sha256_file(path)  # what verify's check integrity compares the shard with now
     except (RepairError, OSError) as e:
         errors.append(str(e))
         entry.update(action="unchanged", samples_after=rep["samples"], dropped=[], dropped_keys=[],
@@ -502,7 +510,8 @@ def _event(name: str, entry: dict[str, Any], ignored: list[LostSample]) -> Repai
         return None
     return RepairEvent(_now(), name, entry["action"], entry["samples_before"], entry["samples_after"],
                        dropped=[LostSample(d["key"], d["reason"]) for d in entry["dropped"]], ignored=ignored,
-                       dropped_members=list(entry["dropped_members"]), backup=entry["backup"])
+                       dropped_members=list(entry["dropped_members"]), backup=entry["backup"],
+                       sha256=entry.get("sha256"))
 
 
 def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progress: Any = None) -> dict[str, Any]:

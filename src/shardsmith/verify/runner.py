@@ -46,6 +46,7 @@ from shardsmith.errors import UserError
 from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts, read_ignore_index
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
+from shardsmith.verify.integrity import shard_integrity
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import (BuildUnreadable, dataset_manifest_problem, find_build,
                                             manifest_recipe_problem, unfinished)
@@ -294,15 +295,26 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     from shardsmith.progress import Progress
 
     full = batches is None
+    integrity = None
+    if kind == "wds":  # the shards against the sha256 the build recorded (verify/integrity.py)
+        integrity, why_not = shard_integrity(dataset, build)
+        if why_not:
+            report.setdefault("notes", []).append(why_not)
     seen_dir = tempfile.mkdtemp(prefix="shardsmith-verify-")  # the ranks' seen logs (verify/seen_log.py)
     try:
         ranks = Ranks({**spec, "expected": expected.to_spec(), "seen_dir": seen_dir}, world)
+        if integrity is not None:
+            integrity.start()  # hashed in threads while the ranks run (they are forked already)
         with (progress or Progress(quiet=True)).task(f"verify {dataset.name}",
                                                      total=len(expected) if full else None) as tick:
             results = ranks.collect(timeout, tick)
         errors = [r for r in results if "error" in r]
         cov = None if errors else tally(expected, [SeenFile(r["seen"]) for r in results], full)
+        if integrity is not None:
+            integrity.finish(check)
     finally:
+        if integrity is not None:
+            integrity.close()
         shutil.rmtree(seen_dir, ignore_errors=True)
     if errors:
         check("loader_runs", False, "; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))

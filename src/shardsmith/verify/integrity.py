@@ -1,0 +1,255 @@
+"""Check ``integrity``: the shards of a dataset a shardsmith build wrote hold the bytes the build committed.
+
+Contract
+- Only for a WebDataset folder a shardsmith build wrote (``owning_build.find_build``): the shards the
+  build committed and their sha256 are read from its ledger (``from_source.recorded_units``: the same
+  records ``repair --from-source`` restores from), else, without a ledger, from its manifest
+  (``outputs.NAME.files.SPLIT.shards``). Any other dataset gets no such check.
+- Each committed shard must be there and hash to the recorded sha256 (``from_source.unit_damage``: a
+  file of another size differs without being read). ``repair.json`` is taken into account: a shard a
+  repair rewrote must hold what that repair wrote (its event's ``sha256``; an event without one, from
+  an older shardsmith, is not checked and said in the detail), a shard restored from the sources the
+  build's bytes again, and a missing shard whose loss a repair recorded (action ``missing_shard``) is
+  accounted for. A ``.tar`` in the folder that the build did not write is named too (a renamed shard).
+- The failure names each shard and the fix: ``shardsmith repair --from-source`` (with a ledger), which
+  rebuilds the build's shards byte-identical; else restoring the file, or ``shardsmith repair``, which
+  keeps what is intact and records the loss.
+- Cost: every byte of every shard is hashed once (sha256, ~1.7 GB/s a core with SHA extensions). The
+  hashing runs in threads of the verify process (hashlib releases the GIL) while the ranks iterate the
+  loader (:meth:`ShardIntegrity.start` after the ranks are forked, :meth:`ShardIntegrity.finish` after
+  they are collected), so it overlaps the loader's run instead of adding to it; for data not in the page
+  cache, the loader and the hashing read the same files, once from the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, sha256_file, unit_damage
+from shardsmith.verify.owning_build import BuildRef
+
+SHOWN = 5
+
+
+def hash_threads() -> int:
+    """Threads that hash shards beside the loader: a quarter of the cores, 1 to 4."""
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
+def _read_ledger(build: BuildRef):
+    from shardsmith.plan.ledger import Ledger, is_read_only_error
+
+    path = build.root / LEDGER_FILE
+    try:
+        return Ledger(path)
+    except sqlite3.OperationalError as exc:  # a finished dataset made read-only: read it as it is
+        if not is_read_only_error(exc):
+            raise
+        return Ledger._immutable(path)
+
+
+def _ledger_units(build: BuildRef) -> list[Unit]:
+    led = _read_ledger(build)
+    try:
+        return recorded_units(led, build.output, build.split)
+    finally:
+        led.close()
+
+
+def unit_keys(build: BuildRef, shard: str) -> list[str] | None:
+    """The keys of the samples the build wrote into ``shard`` (from its ledger), or None without one."""
+    if not build.has_ledger:
+        return None
+    led = _read_ledger(build)
+    try:
+        return [key for sh, key, _ in led.written_ids(build.output, build.split) if sh == shard]
+    finally:
+        led.close()
+
+
+def build_units(build: BuildRef | None) -> tuple[list[Unit], str] | None:
+    """The shards the build that wrote a dataset committed, and where that is recorded (its ledger, else its
+    manifest), or None (no build, or neither can be read)."""
+    if build is None:
+        return None
+    if build.has_ledger:
+        try:
+            return _ledger_units(build), f"ledger {build.root / LEDGER_FILE}"
+        except (sqlite3.Error, OSError):
+            return None
+    units = _manifest_units(build)
+    return None if units is None else (units, f"manifest {build.root / MANIFEST_FILE}")
+
+
+def _manifest_units(build: BuildRef) -> list[Unit] | None:
+    from shardsmith.atomic import read_json
+
+    try:
+        m = read_json(build.root / MANIFEST_FILE)
+        shards = m["outputs"][build.output]["files"][build.split]["shards"]
+        return [Unit(s["name"], i, int(s["count"]), str(s["sha256"]), s.get("bytes"))
+                for i, s in enumerate(shards) if isinstance(s, dict) and s.get("name") and s.get("sha256")]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@dataclass
+class _Expect:
+    """What one committed shard must hold now: the build's bytes (``sha256`` None: the unit's), what a
+    repair wrote (``sha256``; ``unknown``: an event that did not record it), or nothing (``lost``: a repair
+    recorded its loss)."""
+
+    unit: Unit
+    sha256: str | None = None
+    by: str = "the build"
+    unknown: bool = False
+    lost: bool = False
+
+
+def _expectations(dataset: Path, units: list[Unit]) -> list[_Expect]:
+    from shardsmith.verify.repair import MISSING_SHARD, REWRITTEN, RESTORED, RepairError, load_repair_log
+
+    exp = {u.name: _Expect(u) for u in units}
+    try:
+        log = load_repair_log(dataset)
+    except RepairError:  # said by check repair_log (verify/accounting.py)
+        log = []
+    for ev in log:
+        e = exp.get(ev.shard)
+        if e is None:
+            continue
+        if ev.action == RESTORED:
+            exp[ev.shard] = _Expect(e.unit)
+        elif ev.action == REWRITTEN:
+            sha = getattr(ev, "sha256", None)
+            exp[ev.shard] = _Expect(e.unit, sha, f"the repair of {ev.time}", unknown=sha is None)
+        elif ev.action == MISSING_SHARD:
+            exp[ev.shard] = _Expect(e.unit, lost=True, by=f"the repair of {ev.time}")
+    return list(exp.values())
+
+
+class ShardIntegrity:
+    """Check ``integrity`` of one dataset (see the module doc): :meth:`start` the hashing, :meth:`finish`
+    to add the check. Made by :func:`shard_integrity`."""
+
+    def __init__(self, dataset: Path, build: BuildRef, units: list[Unit], where: str):
+        self.dataset, self.build, self.where = dataset, build, where
+        self.expect = _expectations(dataset, units)
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: dict[str, Future] = {}
+
+    def _one(self, e: _Expect) -> tuple[str | None, str | None]:
+        """(damage, error): :data:`MISSING` / :data:`DIFFERS` / None, or the error reading it."""
+        if e.unknown:
+            return (MISSING if not (self.dataset / e.unit.name).is_file() else None), None
+        try:
+            return unit_damage(self.dataset, e.unit, e.sha256), None
+        except OSError as exc:
+            return None, exc.strerror or str(exc)
+
+    def start(self) -> None:
+        """Hash every shard in :func:`hash_threads` threads (call after forking the ranks: no thread of
+        this process may be running across a fork)."""
+        if self._pool is not None:
+            return
+        self._pool = ThreadPoolExecutor(hash_threads(), thread_name_prefix="shardsmith-hash")
+        # the largest first: the threads finish together
+        todo = sorted(self.expect, key=lambda e: -(e.unit.bytes or 0))
+        self._futures = {e.unit.name: self._pool.submit(self._one, e) for e in todo}
+
+    def close(self) -> None:
+        """Stop the hashing (what has not started is cancelled)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def finish(self, check) -> None:
+        """Wait for the hashes and add check ``integrity``."""
+        self.start()
+        try:
+            got = {name: f.result() for name, f in self._futures.items()}
+        finally:
+            self.close()
+        from shardsmith.loaders.shard_reader import list_shards
+
+        wrote = {e.unit.name for e in self.expect}
+        extra = [n for n in list_shards(self.dataset) if n not in wrote]
+        missing, differs, unreadable, lost, unknown = [], [], [], [], []
+        for e in self.expect:
+            damage, err = got[e.unit.name]
+            if err is not None:
+                unreadable.append(f"{e.unit.name} cannot be read ({err})")
+            elif damage == MISSING and e.lost:
+                lost.append(e.unit.name)
+            elif damage == MISSING:
+                missing.append(f"{e.unit.name} ({e.unit.count} sample(s))")
+            elif damage == DIFFERS:
+                differs.append(e.unit.name + ("" if e.sha256 is None else f" (against what {e.by} wrote)"))
+            elif e.unknown:
+                unknown.append(e.unit.name)
+        n = len(self.expect)
+        if not (missing or differs or unreadable or extra):
+            detail = (f"the {n - len(lost)} shard(s) the build wrote hold the bytes it committed (sha256, as its "
+                      f"{self.where} records)")
+            if lost:
+                detail += f"; {len(lost)} missing shard(s) accounted for in repair.json ({', '.join(lost[:SHOWN])})"
+            if unknown:
+                detail += (f"; {len(unknown)} shard(s) rewritten by a repair that recorded no sha256, not "
+                           f"compared: {', '.join(unknown[:SHOWN])}")
+            check("integrity", True, detail)
+            return
+        parts = []
+
+        def said(label: str, names: list[str]) -> None:
+            if names:
+                parts.append(f"{len(names)} {label}: " + ", ".join(names[:SHOWN])
+                             + (", ..." if len(names) > SHOWN else ""))
+
+        said("shard(s) whose bytes differ from the sha256 the build recorded", differs)
+        said("shard(s) the build wrote are missing", missing)
+        said("shard(s) cannot be read", unreadable)
+        said(".tar file(s) the build did not write", extra)
+        ds = self.dataset
+        if self.build.has_ledger:
+            fix = (f"`shardsmith repair --from-source {ds}` rebuilds the build's shards byte-identical from its "
+                   f"sources (`shardsmith repair {ds}` without it keeps what is intact and records the loss)")
+        else:
+            fix = (f"restore them from a copy (the build's ledger, which --from-source needs, is gone), or run "
+                   f"`shardsmith repair {ds}` to keep what is intact and record the loss")
+        if extra and missing:
+            fix = f"a renamed shard: give it back its name ({missing[0].split(' ')[0]}); else {fix}"
+        elif extra:
+            fix = f"move the file(s) the build did not write out of {ds}; {fix}"
+        check("integrity", False, "; ".join(parts) + f" (the build's {self.where}); {fix}")
+
+
+def shard_integrity(dataset: Path, build: BuildRef | None) -> tuple[ShardIntegrity | None, str | None]:
+    """The integrity check of ``dataset`` (a WebDataset folder), or None and why not (a note) / None (no
+    build wrote it: nothing to say)."""
+    if build is None:
+        return None, None
+    if build.has_ledger:
+        try:
+            units, where = _ledger_units(build), f"ledger {build.root / LEDGER_FILE}"
+        except (sqlite3.Error, OSError) as exc:
+            return None, f"integrity not checked: the ledger {build.root / LEDGER_FILE} cannot be read ({exc})"
+    else:
+        units, where = _manifest_units(build), f"manifest {build.root / MANIFEST_FILE}"
+        if units is None:
+            return None, None
+    return ShardIntegrity(Path(dataset), build, units, where), None
+
+
+def integrity_of(dataset: Path, build: BuildRef | None) -> dict[str, Any] | None:
+    """Check ``integrity`` alone, hashed here (for ``inspect``): ``{"name", "ok", "detail"}`` or None."""
+    chk, _ = shard_integrity(dataset, build)
+    if chk is None:
+        return None
+    out: list[dict[str, Any]] = []
+    chk.finish(lambda name, ok, detail: out.append({"name": name, "ok": ok, "detail": detail}))
+    return out[0]
