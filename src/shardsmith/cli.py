@@ -923,13 +923,16 @@ def repair(
         # or the build folder itself, of such a build is refused here (once per run)
         refuse_unfinished_build(dataset, REPAIR_THEN)
     _wds_folder(dataset, "repair")
-    from shardsmith.verify.repair import format_repair, repair_wds
+    from shardsmith.verify.repair import format_repair, lost_now, missing_lines, repair_wds
 
     from shardsmith.progress import Progress
 
     rep = repair_wds(dataset, dry_run=dry_run, from_source=from_source, progress=Progress(quiet=quiet))
     typer.echo(json.dumps(rep, indent=2, default=str, ensure_ascii=False) if as_json else format_repair(rep))
-    raise typer.Exit(1 if rep.get("errors") else 0)
+    if as_json:  # (the text output has them among its lines)
+        for line in missing_lines(rep):
+            typer.echo(f"warning: {line}", err=True)
+    raise typer.Exit(1 if rep.get("errors") or lost_now(rep) else 0)
 
 
 @command(also=(KeyError, ValueError))  # the registry and preset APIs raise these for a wrong name or override

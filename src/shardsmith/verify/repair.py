@@ -402,9 +402,76 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
                           + (f" ({why})" if why else ""))
     with repair_lock(lock_at, dry_run, folder):
         restored = _restore(folder, build, dry_run) if from_source else {}
-        report = _repair(folder, dry_run, restored, progress)
+        missing = _missing_build_shards(folder, build, restored)
+        report = _repair(folder, dry_run, restored, progress, missing)
     report.update(from_source=from_source, build=str(build.root) if build else None)
     return report
+
+
+def _missing_build_shards(folder: Path, build: BuildRef | None, restored: dict[str, RepairEvent]) -> list[dict[str, Any]]:
+    """The shards the build that wrote ``folder`` committed (its ledger, else its manifest) that are not in
+    it (and were not restored just now): ``[{shard, samples, keys, where, renamed_to, recorded_at}]``;
+    ``keys``: the samples the build wrote into it ([] without a ledger); ``renamed_to``: a ``.tar`` here that
+    the build did not write holding its very bytes (a renamed shard, not a loss); ``recorded_at``: the time
+    of the repair that already recorded its loss in repair.json (None: found now)."""
+    from shardsmith.verify.from_source import sha256_file
+    from shardsmith.verify.integrity import build_units, unit_keys
+
+    got = build_units(build)
+    if got is None:
+        return []
+    units, where = got
+    present = set(wds_list_shards(folder).names)
+    gone = [u for u in units if u.count > 0 and u.name not in present and u.name not in restored]
+    if not gone:
+        return []
+    recorded: dict[str, str | None] = {}
+    for ev in load_repair_log(folder):
+        recorded[ev.shard] = ev.time if ev.action == MISSING_SHARD else None
+    extra = sorted(present - {u.name for u in units})
+    out = []
+    for u in gone:
+        renamed = None
+        for name in extra:
+            p = folder / name
+            if (u.bytes is None or p.stat().st_size == u.bytes) and sha256_file(p) == u.sha256:
+                renamed = name
+                break
+        keys = unit_keys(build, u.name) or []
+        out.append({"shard": u.name, "samples": u.count, "keys": keys, "where": where, "renamed_to": renamed,
+                    "recorded_at": recorded.get(u.name)})
+    return out
+
+
+def _missing_reason(m: dict[str, Any]) -> str:
+    return f"its shard {m['shard']}, written by the build, is missing (shardsmith repair --from-source restores it)"
+
+
+def _missing_event(m: dict[str, Any]) -> RepairEvent:
+    why = _missing_reason(m)
+    dropped = [LostSample(k, why) for k in m["keys"]] or [LostSample(None, why) for _ in range(m["samples"])]
+    return RepairEvent(_now(), m["shard"], MISSING_SHARD, m["samples"], 0, dropped=dropped)
+
+
+def missing_lines(report: dict[str, Any]) -> list[str]:
+    """The loud lines about the shards the build wrote that are missing (see :func:`_missing_build_shards`)."""
+    out = []
+    folder = report["folder"]
+    for m in report.get("missing_shards") or []:
+        head = f"{m['shard']}, written by the build ({m['samples']} sample(s); {m['where']}), is missing"
+        if m["renamed_to"]:
+            out.append(f"{head}: {m['renamed_to']}, which the build did not write, holds its very bytes (a renamed "
+                       f"shard); rename it back: mv {Path(folder) / m['renamed_to']} {Path(folder) / m['shard']}")
+            continue
+        keys = ", ".join(m["keys"][:5]) + (", ..." if len(m["keys"]) > 5 else "")
+        lost = f"{m['samples']} sample(s) lost" + (f" ({keys})" if keys else "")
+        said = (f"recorded in {REPAIR_FILE} by the repair of {m['recorded_at']}" if m["recorded_at"]
+                else f"recorded in {REPAIR_FILE}" if not report["dry_run"] else f"would be recorded in {REPAIR_FILE}")
+        fix = (f"`shardsmith repair --from-source {folder}` rebuilds it byte-identical from the build's sources"
+               if "ledger" in m["where"] else "restore it from a copy (the build's ledger, which --from-source "
+               "needs, is gone)")
+        out.append(f"{head}: {lost}, {said}; {fix}")
+    return out
 
 
 def _restore(folder: Path, build: BuildRef | None, dry_run: bool) -> dict[str, RepairEvent]:
@@ -514,8 +581,11 @@ def _event(name: str, entry: dict[str, Any], ignored: list[LostSample]) -> Repai
                        sha256=entry.get("sha256"))
 
 
-def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progress: Any = None) -> dict[str, Any]:
-    """The repair proper, after any restore from the sources (``progress``: a bar over the shards)."""
+def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progress: Any = None,
+            missing: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The repair proper, after any restore from the sources (``progress``: a bar over the shards);
+    ``missing``: the shards the build wrote that are gone (:func:`_missing_build_shards`): the loss of each
+    found now is recorded (unless another ``.tar`` holds its bytes: a renamed shard)."""
     before = scan_folder(folder, progress=progress)
     errors: list[str] = []
     shards: dict[str, Any] = {}
@@ -561,6 +631,19 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
         counts_after[name] = entry["samples_after"]
         shards[name] = entry
 
+    for m in missing or []:
+        if m["renamed_to"]:
+            continue
+        ev = _missing_event(m)
+        shards[m["shard"]] = {**_shard_entry({"samples": m["samples"]}), "action": MISSING_SHARD, "samples_after": 0,
+                              "dropped": [dataclasses.asdict(d) for d in ev.dropped], "dropped_keys": list(m["keys"]),
+                              "notes": []}
+        if m["recorded_at"] is None:
+            events.append(ev)
+        else:
+            shards[m["shard"]]["notes"] = [f"its loss was recorded by the repair of {m['recorded_at']}"]
+            shards[m["shard"]]["dropped"] = []
+
     ign = _update_ignore_index(folder, already, add_ignore, _unignore(history, restored), dry_run)
     cnt = _update_shard_count(folder, counts_after, dry_run, bool(before["shards"]))
     if events and not dry_run:
@@ -574,6 +657,7 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
         "repair_log": {"path": str(folder / REPAIR_FILE), "events": [e.to_json() for e in events],
                        "written": bool(events) and not dry_run},
         "errors": errors,
+        "missing_shards": list(missing or []),
         "inspect": before,
     }
 
@@ -657,5 +741,12 @@ def format_repair(report: dict[str, Any]) -> str:
     if dropped and report.get("build") and not report.get("from_source"):
         lines.append(f"  note: {report['build']} is a shardsmith build: `shardsmith repair --from-source "
                      f"{report['folder']}` rebuilds damaged shards from its sources, byte-identical")
+    lines.extend(f"  WARNING {m}" for m in missing_lines(report))
     lines.extend(f"  ERROR {e}" for e in report["errors"])
     return "\n".join(lines)
+
+
+def lost_now(report: dict[str, Any]) -> bool:
+    """Whether this repair found a shard the build wrote missing (its loss not recorded before, or renamed):
+    ``shardsmith repair`` then exits 1."""
+    return any(m["recorded_at"] is None or m["renamed_to"] for m in report.get("missing_shards") or [])
