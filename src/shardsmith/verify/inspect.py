@@ -270,16 +270,18 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     rewrite would drop), ``dotted_members``, ``minority_suffixes``, ``count_file``,
     ``count_status``, ``ignored`` and ``problems``.
 
-    For a folder a shardsmith build wrote, also ``integrity`` (verify's check ``integrity``,
-    :mod:`shardsmith.verify.integrity`: the shards against the sha256 the
+    For a folder a shardsmith build wrote, also ``build``: ``{"root", "unfinished"}`` (why the build is not
+    finished: a build running or stopped, so the dataset is not complete, a problem) and ``integrity``
+    (verify's check ``integrity``, :mod:`shardsmith.verify.integrity`: the shards against the sha256 the
     build recorded, hashed in a thread while the shards are scanned; a failure is a problem).
     """
     from shardsmith.verify.integrity import shard_integrity
     from shardsmith.verify.owning_build import BuildUnreadable, find_build, unfinished_build
 
     folder = Path(folder)
-    chk = None
-    if unfinished_build(folder) is None:  # (an unfinished build's shards are not all there yet)
+    not_done = unfinished_build(folder)
+    chk = build = None
+    if not_done is None:
         try:
             build = find_build(folder)
         except BuildUnreadable:
@@ -295,6 +297,17 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     finally:
         if chk is not None:
             chk.close()
+    if not_done is not None:
+        running = f"; a build is running on it now ({not_done.running})" if not_done.running else ""
+        line = (f"build not finished: {not_done.root} ({not_done.why}{running}); the shards above are those "
+                f"written so far, the dataset is not complete. "
+                + (f"Wait for the build to finish" if not_done.running else
+                   f"Finish it: re-run the same `shardsmith {not_done.command} ... --out {not_done.root}` command "
+                   "(it resumes where it stopped)") + ", then inspect it again")
+        report["build"] = {"root": str(not_done.root), "unfinished": line}
+        report["problems"].insert(0, line)
+    elif build is not None:
+        report["build"] = {"root": str(build.root), "unfinished": None}
     if checked:
         report["integrity"] = checked[0]
         if not checked[0]["ok"]:
