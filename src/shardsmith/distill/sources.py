@@ -15,12 +15,26 @@ Contract
   :data:`MAX_GUIDANCE` (``inf`` made every output NaN, written without a word).
 - ``source_negative(recipe)``: ``(emb [L, D], None)`` from the first source folder holding
   ``neg_prompt_emb.npy``.
+- ``negative_record(recipe)``: what guidance takes as the negative prompt, for the ledger and ``index.json``:
+  None without guidance (``distill.guidance`` 1); ``{"origin": "source", "file", "sha256"}`` (the
+  ``neg_prompt_emb.npy`` that :func:`source_negative` reads) with ``distill.text: source``; else
+  ``{"origin": "distill.negative_prompt", "prompt"}``.
+- ``settle_negative(recipe, ledger, root, output)`` (when the ``kd_wds`` output starts): records
+  :func:`negative_record` in the ledger (:data:`NEGATIVE_KEY`) the first time; on a later run a source's
+  ``neg_prompt_emb.npy`` with other bytes than recorded is a :class:`DistillSourceError` (exit 2): the samples
+  written before would hold the old negative embedding and the rest the new one. Returns the record.
+- ``refuse_changed_negative(recipe, out, overwrite)`` (``shardsmith distill``, before the build and any model):
+  the same refusal for an unfinished build in ``out`` (with ``overwrite``: for the unfinished rebuild beside it,
+  which a re-run resumes); a complete build is left to the build's "sources changed" warning
+  (:mod:`shardsmith.safety.source_changes`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import sqlite3
 from pathlib import Path
 
 from shardsmith.errors import UserError
@@ -142,3 +156,102 @@ def source_negative(recipe):
             if emb is not None:
                 return emb, None
     raise DistillSourceError(f"no source folder holds {NEG_PROMPT_FILE} for classifier-free guidance")
+
+
+#: the ledger's meta key of the negative prompt guidance takes (:func:`negative_record`)
+NEGATIVE_KEY = "distill_negative"
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def negative_record(recipe) -> dict | None:
+    d = recipe.distill
+    if d is None or d.guidance == 1.0:
+        return None
+    if d.text != "source":
+        return {"origin": "distill.negative_prompt", "prompt": d.negative_prompt}
+    from shardsmith.sources.wds import negative_file
+
+    for _, folder in _wds_folders(recipe):
+        f = negative_file(folder) if folder is not None else None
+        if f is not None:
+            return {"origin": "source", "file": str(f.resolve()), "sha256": _file_sha256(f)}
+    return None  # (refused by check_sources before the build)
+
+
+def _written(ledger_path: Path, output: str) -> int:
+    """Samples ``output`` has written in the ledger at ``ledger_path`` (read only)."""
+    try:
+        db = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        return db.execute("SELECT COUNT(*) FROM results WHERE output=? AND status='written'", (output,)).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+    finally:
+        db.close()
+
+
+def _changed_message(recipe, root: Path, old: dict, new: dict, written: int, fix: str) -> str:
+    return (f"{new['file']}, the negative prompt's embedding that distill.text: source takes for guidance "
+            f"{recipe.distill.guidance:g}, changed since this distill began in {root} (sha256 {old['sha256'][:12]}... "
+            f"then, {str(new['sha256'])[:12]}... now): the {written} sample(s) written so far were sampled with the "
+            "old one, and the rest would be sampled with the new one, two negative prompts in one dataset; "
+            f"{fix}")
+
+
+def _differs(old, new) -> bool:
+    return (isinstance(old, dict) and old.get("origin") == "source" and new is not None
+            and new.get("origin") == "source" and old.get("sha256") != new.get("sha256"))
+
+
+def settle_negative(recipe, ledger, root: Path, output: str) -> dict | None:
+    new = negative_record(recipe)
+    if ledger is None or new is None:
+        return new
+    old = ledger.get_meta(NEGATIVE_KEY)
+    if old is None:
+        ledger.set_meta(NEGATIVE_KEY, new)
+        return new
+    if _differs(old, new):
+        raise DistillSourceError(_changed_message(
+            recipe, root, old, new, _written(Path(ledger.path), output) if ledger.path is not None else 0,
+            "pass --overwrite to distil every prompt again with the new one, or put the old file back to resume"))
+    return old
+
+
+def refuse_changed_negative(recipe, out, overwrite: bool) -> None:
+    from shardsmith import formats
+    from shardsmith.plan.ledger import Ledger
+    from shardsmith.recipe import KdWdsOutput
+    from shardsmith.safety import swap
+
+    new = negative_record(recipe)
+    if new is None or new.get("origin") != "source":
+        return
+    out = Path(out)
+    kd = next((o.name for o in recipe.outputs if isinstance(o, KdWdsOutput)), None)
+    root = swap.next_sibling(out) if overwrite else out
+    ledger_path = root / formats.LEDGER_FILE
+    if not ledger_path.is_file():
+        return
+    from shardsmith.recipe import fingerprint
+
+    try:
+        old, done, fp = Ledger.peek(ledger_path, NEGATIVE_KEY, "complete", "fingerprint")
+    except sqlite3.Error:
+        return  # (the build says what is wrong with its ledger)
+    if done or fp != fingerprint(recipe) or not _differs(old, new):
+        return  # (a build of another recipe: the build's own refusal says so)
+    fix = ("pass --overwrite to distil every prompt again with the new one, or put the old file back to resume"
+           if not overwrite else
+           f"{root} is the unfinished --overwrite rebuild of {out}, which this run would resume: delete {root} to "
+           "start the rebuild afresh with the new one, or put the old file back to resume it")
+    raise DistillSourceError(_changed_message(recipe, root, old, new, _written(ledger_path, kd), fix))

@@ -63,6 +63,10 @@ class KdWdsKind(OutputKind):
         return (TRAIN,)  # the teacher never sees a holdout prompt
 
     def maker(self, o, ctx: OutputContext):
+        from shardsmith.distill.sources import settle_negative
+
+        # a source's neg_prompt_emb.npy changed since the samples written so far: refused (never two negatives)
+        settle_negative(ctx.recipe, ctx.ledger, ctx.root, o.name)
         return KdSampleMaker(o, ctx.sources, ctx.recipe.distill)
 
     def sink(self, o, ctx: OutputContext, dest: Path, split: str):
@@ -87,13 +91,18 @@ class KdWdsKind(OutputKind):
         s = Sampler.from_recipe(ctx.recipe)
         samples = [(shard, key, sample_seed(d.seed, item_id))
                    for shard, key, item_id in ctx.ledger.written_ids(o.name, split)]
+        from shardsmith.distill.sources import NEGATIVE_KEY, negative_record
+
+        negative = None
+        if s.guidance != 1.0:  # the negative prompt guidance took (as the ledger recorded it when the output began)
+            negative = ctx.ledger.get_meta(NEGATIVE_KEY) or negative_record(ctx.recipe)
         index = kd_index(t_list=list(d.t_list), parameterisation=s.parameterisation, solver=s.solver, steps=s.steps,
                          rho=s.rho, guidance=s.guidance, negative_prompt=d.negative_prompt,
                          shape=list(d.shape) if d.shape else None,
                          dtype=o.dtype, has_path=o.path, seed=d.seed, teacher=desc.get("teacher"),
                          text=desc.get("text") if d.text == "encode" else {"source": "txt_emb.pth of each sample's "
                                                                           "source sample (distill.text: source)"},
-                         samples=samples)
+                         samples=samples, negative=negative)
         atomic_write_json(dest / KD_INDEX_FILE, index)
         info["index"] = KD_INDEX_FILE
         info["path_timesteps"] = index["path_timesteps"]

@@ -7,6 +7,9 @@ Contract
   ``added`` (listed now, not planned), ``gone`` (planned, no longer listed, or their file is missing),
   ``changed`` (a planned file of another size now, or modified after ``since`` (a POSIX time, the build's
   start) with other bytes than the plan hashed). Only files changed after ``since`` are hashed again.
+- ``files``: the build's other inputs that changed: a ``shardsmith distill`` source's ``neg_prompt_emb.npy``
+  whose bytes are not the sha256 the ledger recorded when the distill began
+  (:func:`shardsmith.distill.sources.settle_negative`).
 - The ledger is read only (``mode=ro``); the listing's item ids go through a temporary on-disk table,
   so memory does not grow with the dataset.
 - ``SourceChanges.summary()``: one line, counts and the first few item ids of each kind.
@@ -31,9 +34,10 @@ class SourceChanges:
     gone: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {"added": 0, "gone": 0, "changed": 0})
+    files: list[str] = field(default_factory=list)  # other inputs changed (a distill source's neg_prompt_emb.npy)
 
     def __bool__(self) -> bool:
-        return any(self.counts.values())
+        return any(self.counts.values()) or bool(self.files)
 
     def summary(self) -> str:
         parts = []
@@ -43,6 +47,7 @@ class SourceChanges:
                 shown = getattr(self, kind)
                 more = f", +{n - len(shown)} more" if n > len(shown) else ""
                 parts.append(f"{n} {label} ({', '.join(shown)}{more})")
+        parts += [f"{f} changed" for f in self.files]
         return ", ".join(parts)
 
 
@@ -77,6 +82,21 @@ def _file_changed(ref: dict, since: float) -> str | None:
     return None
 
 
+def _meta(db: sqlite3.Connection, key: str):
+    row = db.execute("SELECT value FROM l.meta WHERE key=?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def _negative_changed(db: sqlite3.Connection) -> str | None:
+    """The path of a distill source's ``neg_prompt_emb.npy`` whose bytes are not those the ledger recorded."""
+    from shardsmith.distill.sources import NEGATIVE_KEY
+
+    rec = _meta(db, NEGATIVE_KEY)
+    if not isinstance(rec, dict) or rec.get("origin") != "source" or not rec.get("file"):
+        return None
+    return rec["file"] if _sha256(rec["file"]) != rec.get("sha256") else None
+
+
 def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], Iterator]]],
                    since: float) -> SourceChanges:
     ch = SourceChanges()
@@ -104,6 +124,9 @@ def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], It
                 if kind is not None:
                     _note(ch, kind, item_id)
                     break
+        negative = _negative_changed(db)
+        if negative is not None:
+            ch.files.append(negative)
     finally:
         db.close()
     return ch
