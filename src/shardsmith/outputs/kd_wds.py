@@ -29,14 +29,19 @@ class KdSampleMaker(PromptSampleMaker):
     and what the teacher samples (``res.teacher``: the sample shape, and with ``distill.text: source``
     the prompt's embedding read from its source)."""
 
-    def __init__(self, output: KdWdsOutput, sources, distill):
+    def __init__(self, output: KdWdsOutput, sources, distill, caption_changed: frozenset[str] = frozenset()):
         super().__init__(output, sources)
         self.seed, self.shape, self.text = distill.seed, distill.shape, distill.text
+        self.caption_changed = caption_changed  # items whose prompt was edited since the plan (a resume)
 
     def __call__(self, item: PlannedItem) -> SampleResult:
         from shardsmith.distill.sources import teacher_input
         from shardsmith.distill.trajectories import sample_seed
 
+        if item.item_id in self.caption_changed:  # as a medium changed since the plan is
+            return SampleResult(idx=item.idx, status="failed:changed_since_plan",
+                                detail=f"{item.item_id}: its prompt (caption) changed after it was planned; re-run "
+                                       "with --overwrite to plan again")
         res = super().__call__(item)
         if res.status != WRITTEN:
             return res
@@ -50,6 +55,32 @@ class KdSampleMaker(PromptSampleMaker):
             meta["shape"] = list(res.teacher.shape)
             res.members[JSON] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return res
+
+
+def _captions_changed(o, ctx: OutputContext) -> frozenset[str]:
+    """On a resume (the output has results already), the items whose prompt was edited since the plan (a table's
+    caption cell, a sidecar .txt, a prompt dataset's txt): the build warned of them, and they fail as
+    ``changed_since_plan`` as a changed medium does, never sampled from a prompt the source no longer holds
+    beside the samples written before."""
+    ledger = ctx.ledger
+    if ledger is None or ledger.path is None or not ledger.get_meta("plan_complete"):
+        return frozenset()
+    if ledger.db.execute("SELECT 1 FROM results WHERE output=? LIMIT 1", (o.name,)).fetchone() is None:
+        return frozenset()  # nothing written yet: every sample takes the planned prompt
+    import sqlite3
+    from datetime import datetime
+
+    from shardsmith.safety.source_changes import source_changes
+    from shardsmith.sources import open_sources
+    from shardsmith.sources.base import SourceError
+
+    started = ledger.get_meta("started")
+    since = datetime.fromisoformat(started).timestamp() - 1 if started else float("inf")
+    try:
+        changes = source_changes(ledger.path, open_sources(ctx.recipe, exclude=[ctx.root]), since, collect=True)
+    except (SourceError, OSError, sqlite3.Error):
+        return frozenset()  # (the build's own warning says it could not check)
+    return frozenset(changes.caption_changed or ())
 
 
 class KdWdsKind(OutputKind):
@@ -67,7 +98,7 @@ class KdWdsKind(OutputKind):
 
         # a source's neg_prompt_emb.npy changed since the samples written so far: refused (never two negatives)
         settle_negative(ctx.recipe, ctx.ledger, ctx.root, o.name)
-        return KdSampleMaker(o, ctx.sources, ctx.recipe.distill)
+        return KdSampleMaker(o, ctx.sources, ctx.recipe.distill, _captions_changed(o, ctx))
 
     def sink(self, o, ctx: OutputContext, dest: Path, split: str):
         from shardsmith.sinks.wds import WdsSink

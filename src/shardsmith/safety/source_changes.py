@@ -6,10 +6,14 @@ Contract
   :func:`~shardsmith.sources.base.open_sources` gives them) against the ledger's planned items:
   ``added`` (listed now, not planned), ``gone`` (planned, no longer listed, or their file is missing),
   ``changed`` (a planned file of another size now, or modified after ``since`` (a POSIX time, the build's
-  start) with other bytes than the plan hashed). Only files changed after ``since`` are hashed again.
+  start) with other bytes than the plan hashed, or whose caption is not the planned one: a sidecar ``.txt``
+  edited, a table's caption cell, a prompt dataset's ``txt``; compared as the plan stored it, with the recipe's
+  ``lora_trigger`` in front). Only files changed after ``since`` are hashed again.
 - ``files``: the build's other inputs that changed: a ``shardsmith distill`` source's ``neg_prompt_emb.npy``
   whose bytes are not the sha256 the ledger recorded when the distill began
   (:func:`shardsmith.distill.sources.settle_negative`).
+- ``collect=True``: ``caption_changed`` holds the id of every item whose caption changed (not only the first
+  few), for a resume that fails them as ``changed_since_plan`` (``shardsmith distill``).
 - The ledger is read only (``mode=ro``); the listing's item ids go through a temporary on-disk table,
   so memory does not grow with the dataset.
 - ``SourceChanges.summary()``: one line, counts and the first few item ids of each kind.
@@ -35,6 +39,7 @@ class SourceChanges:
     changed: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {"added": 0, "gone": 0, "changed": 0})
     files: list[str] = field(default_factory=list)  # other inputs changed (a distill source's neg_prompt_emb.npy)
+    caption_changed: set[str] | None = None  # every item whose caption changed, with collect=True
 
     def __bool__(self) -> bool:
         return any(self.counts.values()) or bool(self.files)
@@ -98,24 +103,33 @@ def _negative_changed(db: sqlite3.Connection) -> str | None:
 
 
 def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], Iterator]]],
-                   since: float) -> SourceChanges:
-    ch = SourceChanges()
+                   since: float, *, collect: bool = False) -> SourceChanges:
+    from shardsmith.plan.planner import with_trigger
+
+    ch = SourceChanges(caption_changed=set() if collect else None)
     db = sqlite3.connect("file:?mode=rwc", uri=True)  # a private temporary database on disk
     try:
         db.execute("ATTACH DATABASE ? AS l", (f"{Path(ledger_path).resolve().as_uri()}?mode=ro",))
-        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY)")
+        trigger = (_meta(db, "recipe") or {}).get("lora_trigger")  # the plan stored captions with it in front
+        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY, caption TEXT)")
         for _, items in opened:
             stream = iter(items())
             while batch := list(itertools.islice(stream, 1000)):
-                db.executemany("INSERT OR IGNORE INTO now VALUES (?)", [(it.item_id,) for it in batch])
+                db.executemany("INSERT OR IGNORE INTO now VALUES (?, ?)",
+                               [(it.item_id, with_trigger(it.caption, trigger)) for it in batch])
         for (item_id,) in db.execute("SELECT item_id FROM now WHERE item_id NOT IN (SELECT item_id FROM l.items) "
                                      "ORDER BY item_id"):
             _note(ch, "added", item_id)
-        for item_id, in_now, media in db.execute(
-                "SELECT i.item_id, n.item_id IS NOT NULL, i.media FROM l.items i LEFT JOIN now n "
-                "ON n.item_id = i.item_id ORDER BY i.idx"):
+        for item_id, in_now, media, caption_changed in db.execute(
+                "SELECT i.item_id, n.item_id IS NOT NULL, i.media, n.caption IS NOT i.caption FROM l.items i "
+                "LEFT JOIN now n ON n.item_id = i.item_id ORDER BY i.idx"):
             if not in_now:
                 _note(ch, "gone", item_id)
+                continue
+            if caption_changed:  # a sidecar .txt, a table's caption cell, a prompt dataset's txt edited
+                _note(ch, "changed", item_id)
+                if ch.caption_changed is not None:
+                    ch.caption_changed.add(item_id)
                 continue
             for ref in json.loads(media or "{}").values():
                 if ref.get("sha256") is None:
