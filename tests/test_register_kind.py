@@ -138,3 +138,18 @@ def test_images_without_captions_get_a_key_map_that_loads_them(tmp_path):
                        "--replace", "--config", cfg)
     assert code == 0 and "warning" not in out, out
     assert _loaded(cfg, "n") == (2, {})
+
+
+def test_latents_without_text_get_the_overrides_that_load_them(tmp_path):
+    """A latent folder built without models.text (latent.pth only, no neg_prompt_emb.npy): image_latent would
+    fail at start; register says so with the --set flags that read the samples, and following them loads."""
+    ds = _folder(tmp_path / "lat", {f"s{i}": {"latent.pth": _pth(torch.zeros(4, 8, 8)), "json": b"{}"}
+                                    for i in range(2)})
+    cfg = tmp_path / "d.yaml"
+    code, out = invoke("register", ds, "--name", "l", "--preset", "image_latent", "--config", cfg)
+    fix = "--set 'key_map={real: latent.pth}' --set 'files_map={}'"
+    assert code == 0 and "warning: preset image_latent reads txt_emb.pth (condition)" in out and fix in out, out
+    code, out = invoke("register", ds, "--name", "l", "--preset", "image_latent", "--set", "key_map={real: latent.pth}",
+                       "--set", "files_map={}", "--replace", "--config", cfg)
+    assert code == 0 and "warning" not in out, out
+    assert _loaded(cfg, "l") == (2, {})

@@ -152,7 +152,7 @@ def test_register_then_from_config_builds_the_loader(photos_wds, tmp_path):
     assert "shard_count_file" in r.stdout and "sampler_start_idx = None" in r.stdout
     assert "TINY_Loader_Config.input_res = 32" in r.stdout and "image_size" not in r.stdout  # FastGen's name
     # a different entry under the same name is refused; the file keeps the first one
-    r2 = cli("register", photos_wds, "--preset", "image_latent", "--name", "tiny", "--config", cfg, env=env)
+    r2 = cli("register", photos_wds, "--preset", "image", "--name", "tiny", "--config", cfg, env=env)  # no --set
     assert r2.returncode == 2 and "already has a different entry" in r2.stderr
     from shardsmith.loaders import from_config
 

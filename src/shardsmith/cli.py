@@ -983,7 +983,7 @@ def register(
     if from_folder:
         preset = picked[0]
     from shardsmith.loaders.fastgen import fastgen_snippet
-    from shardsmith.loaders.presets import fitting_presets, get_preset, held_key_map, preset_config, preset_lacks
+    from shardsmith.loaders.presets import fitting_presets, get_preset, held_overrides, preset_config, preset_lacks
 
     p = get_preset(preset)
     if {"wds_buckets": "wds"}.get(kind, kind) != p.kind:  # a multi-bucket output is one WDS folder per bucket
@@ -999,7 +999,7 @@ def register(
     # dataset is refused now, naming the one that fits; one that only lacks a member its samples could go
     # without (images without captions: condition) is said, with the key_map that reads them
     lacks = preset_lacks(preset, dataset, **overrides) if p.kind == "wds" else {}
-    held = held_key_map(preset, dataset, **overrides) if lacks else None
+    held = held_overrides(preset, dataset, **overrides) if lacks else None
     fits = [f for f in fitting_presets(dataset, picked[0] if picked else None) if f != preset] if lacks else []
     if lacks and (held is None or fits):
         what = f" ({picked[0]} reads it: {picked[1]})" if picked else ""
@@ -1009,8 +1009,8 @@ def register(
               f"the dataset lacks, so its loader would load no sample; {fix}")
     if lacks:
         typer.echo(f"warning: preset {preset} reads {', '.join(lacks.values())}, which the samples of {dataset} "
-                   "lack: its loader would drop every sample; to read them without it, "
-                   f"register again with --replace --set 'key_map={_flow(held)}'", err=True)
+                   "lack: its loader would drop every sample (or fail at start); to read them as they are, "
+                   f"register again with --replace {_sets(held)}", err=True)
     path, root = portable_path(dataset, root_env)
     entry = {"preset": preset, "path": path, **({"overrides": overrides} if overrides else {})}
     cfg_file = config_path(config)
@@ -1032,18 +1032,23 @@ def _flow(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip()
 
 
+def _sets(overrides: dict[str, Any]) -> str:
+    """``overrides`` as ``--set 'key=VALUE'`` flags."""
+    return " ".join(f"--set '{k}={_flow(v)}'" for k, v in overrides.items())
+
+
 def _key_map_fix(dataset: Path) -> str:
     """The ``--set key_map=...`` advice for a dataset no preset reads as it is: a preset whose ``real`` member
     its samples hold, with the key_map of the members they hold (images without captions: ``{real: jpg}``)."""
-    from shardsmith.loaders.presets import held_key_map
+    from shardsmith.loaders.presets import held_overrides
 
     for name in ("image", "image_latent", "video", "video_latent"):
         try:
-            held = held_key_map(name, dataset)
+            held = held_overrides(name, dataset)
         except (ValueError, KeyError):
             continue
         if held:
-            return f"register it with --preset {name} --set 'key_map={_flow(held)}' (the members its samples hold)"
+            return f"register it with --preset {name} {_sets(held)} (the members its samples hold)"
     return "give a preset a key_map of the members its samples hold with --set key_map=..."
 
 

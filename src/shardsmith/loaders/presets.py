@@ -198,15 +198,19 @@ def preset_lacks(name: str, path: str | Path, members: set[str] | None = None, *
     return lacks
 
 
-def held_key_map(name: str, path: str | Path, **overrides: Any) -> dict[str, str] | None:
-    """Preset ``name``'s ``key_map`` less the members the samples of ``path`` lack, when what stays still has
-    ``real`` and the preset needs no missing constant file: the ``--set key_map=...`` that lets it read
-    them (images without captions: ``{real: jpg}``); else None."""
+def held_overrides(name: str, path: str | Path, **overrides: Any) -> dict[str, Any] | None:
+    """The ``--set`` overrides that let preset ``name`` read the samples of ``path`` as they are, when they
+    hold its ``real`` member and lack only others: its ``key_map`` less the members they lack (images without
+    captions: ``{real: jpg}``), and its ``files_map`` less the files that are not there (latents built
+    without a text encoder: ``{}``); None when they fit already or lack ``real``."""
     lacks = preset_lacks(name, path, **overrides)
     cfg = preset_config(name, path, **overrides)
-    if not lacks or not isinstance(cfg, WdsLoaderConfig) or "real" in lacks or set(lacks) & set(cfg.files_map):
+    if not lacks or not isinstance(cfg, WdsLoaderConfig) or "real" in lacks or "real" not in cfg.key_map:
         return None
-    return {k: v for k, v in cfg.key_map.items() if k not in lacks}
+    held: dict[str, Any] = {"key_map": {k: v for k, v in cfg.key_map.items() if k not in lacks}}
+    if set(lacks) & set(cfg.files_map):
+        held["files_map"] = {k: v for k, v in cfg.files_map.items() if k not in lacks}
+    return held
 
 
 #: the presets suggested by what a dataset's samples hold (a mode preset is picked from the build's manifest)
