@@ -37,7 +37,8 @@ Contract
   - ``models.text.max_length`` is more than the text encoder's token positions, as its config tells
     (:func:`text_positions`; the cap :data:`~shardsmith.recipe.MAX_TEXT_LENGTH` is the recipe's own check);
   - the reference scale factors give a reference the VAE cannot encode;
-  - ``models.teacher`` names an entry point that does not import, a config its family lacks, or takes
+  - ``models.teacher`` names an entry point that does not import or cannot be called as ``f(x, t, cond)`` (its
+    ``inspect.signature``), a config its family lacks, or takes
     other channels or text widths than ``distill.shape`` and the text encoder give; ``distill.steps``
     is fewer than ``distill.t_list``'s segments.
 - Nothing is written, no model class is touched; torch is imported only for that last question, and for a
@@ -953,6 +954,29 @@ def check_text_max_length(recipe: Recipe) -> None:
     check_max_length(text.max_length, positions, whose)
 
 
+def _check_call_signature(tm, fn) -> None:
+    """A ``callable`` teacher is called as ``fn(x, t, cond)`` (:func:`shardsmith.encode.teacher.load_teacher`): one
+    whose signature cannot take that (``os:getcwd``, a function of two arguments, a required keyword) is a
+    :class:`~shardsmith.encode.teacher.TeacherError` naming it before the plan, not a traceback at the first batch.
+    A callable whose signature Python cannot tell (some builtins) is left to its first call."""
+    import inspect
+
+    from shardsmith.encode.teacher import TeacherError
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(object(), object(), object())
+    except TypeError as exc:
+        name, t = ("velocity", "t") if (tm.parameterisation or "flow") == "flow" else ("denoise", "sigma")
+        raise TeacherError(f"models.teacher.entry_point {tm.entry_point!r} has the signature {sig}, which cannot be "
+                           f"called as the teacher is: {name}(x, {t}, cond), three positional arguments "
+                           f"(x [B, *shape], {t} [B], cond [B, L, D]) ({exc}); point entry_point at a function that takes them, e.g. "
+                           f"shardsmith.distill.gaussian:{name}") from None
+
+
 def check_teacher(recipe: Recipe) -> None:
     """``models.teacher`` can be used as named (an importable callable, a config of its family), takes
     ``distill.shape``'s channels and the text encoder's width (where the configs tell), and
@@ -973,7 +997,7 @@ def check_teacher(recipe: Recipe) -> None:
         keys = "distill.rho" if str(exc).startswith("rho ") else "distill.steps / distill.t_list / distill.rho"
         raise RecipeError(f"{keys}: {exc}") from None
     if tm.family == "callable":
-        resolve_entry_point(tm.entry_point)
+        _check_call_signature(tm, resolve_entry_point(tm.entry_point))
         return
     if tm.family == "unet" and tm.pretrained is not None and looks_local(tm.pretrained):
         from shardsmith.encode.teacher import _schedule

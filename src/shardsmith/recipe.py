@@ -641,7 +641,10 @@ class DistillSpec(_Strict):
                                 "FastGen's default [0.999, 0.937, 0.833, 0.624, 0.0]")
     rho: float | None = Field(None, gt=0, description="spacing of the solver's steps inside a segment, even in "
                               "t**(1/rho) (default: 1 for flow, 7 for edm, Karras et al.)")
-    guidance: float = Field(1.0, ge=0, description="classifier-free guidance scale (1: the conditional model alone)")
+    # (no ge=0 here: NaN, inf, negative and huge scales all get one message, distill.sources.check_guidance's,
+    # before anything is planned)
+    guidance: float = Field(1.0, description="classifier-free guidance scale (1: the conditional model alone), a "
+                            "finite number from 0 to 1000")
     negative_prompt: str = Field("", description="the unconditional prompt of classifier-free guidance")
     shape: list[int] | None = Field(None, description="one sample's latent shape: [C, H, W] or [C, T, H, W]; "
                                     "unset: each sample takes the shape of its latent.pth in a latent_wds source",
@@ -651,7 +654,8 @@ class DistillSpec(_Strict):
         "prompt_wds / latent_wds source (and neg_prompt_emb.npy beside it for guidance), no text encoder")
     seed: int = Field(0, description="the seed every sample's own seed is derived from (with its item id)")
     preview: int = Field(0, ge=0, description="before the run, sample the teacher on this many training prompts "
-                         "and write their decoded pictures to preview/ (needs models.vae)")
+                         "and write their decoded pictures to .shardsmith/preview/ in the build folder (needs "
+                         "models.vae)")
 
     @field_validator("shape")
     @classmethod
