@@ -104,3 +104,14 @@ def test_a_mistake_raises_a_user_error(photos, tmp_path):
                          tmp_path / "o")
     with pytest.raises(UserError, match="takes a folder of .tar shards"):
         shardsmith.inspect(tmp_path / "missing")
+
+
+@pytest.mark.slow  # two builds and a report page: about 2 s
+def test_build_writes_the_report_when_asked_as_the_readme_says(photos, tmp_path):
+    """README's Report section: 'the Python API writes it with build(recipe, out, report=True)' (was a TypeError)."""
+    data = {"sources": [{"path": str(photos)}], "outputs": [{"format": "wds"}]}
+    assert "build(recipe, out, report=True)" in (REPO / "README.md").read_text(encoding="utf-8")
+    assert shardsmith.build(data, tmp_path / "with", workers=1, report=True).written == 5
+    assert (tmp_path / "with" / "report.html").is_file()
+    assert shardsmith.build(data, tmp_path / "without", workers=1).written == 5
+    assert not (tmp_path / "without" / "report.html").exists()  # off by default in the API

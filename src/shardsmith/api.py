@@ -138,13 +138,15 @@ def _recipe(recipe: RecipeLike, base_dir: str | os.PathLike | None):
 
 
 def build(recipe: RecipeLike, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = True,
-          workers: int | None = None, base_dir: str | os.PathLike | None = None) -> BuildResult:
+          workers: int | None = None, base_dir: str | os.PathLike | None = None, report: bool = False) -> BuildResult:
     """Build every output of ``recipe`` into ``out`` (``shardsmith build``): resumable, every input
-    accounted for; returns the counts per output and split and the manifest."""
+    accounted for; returns the counts per output and split and the manifest. ``report=True``: then write
+    ``out/report.html`` too, as the CLI does by default."""
     from shardsmith.build import build as run_build
 
     out = Path(out)
-    return _result(out, run_build(_recipe(recipe, base_dir), out, overwrite=overwrite, quiet=quiet, workers=workers))
+    return _result(out, run_build(_recipe(recipe, base_dir), out, overwrite=overwrite, quiet=quiet, workers=workers,
+                                  report=report))
 
 
 def distill(recipe: RecipeLike, out: str | os.PathLike, *, overwrite: bool = False, quiet: bool = True,
