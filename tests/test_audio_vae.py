@@ -213,6 +213,7 @@ def test_batch_independence(tiny, speech2):
     assert (mixed[1] - alone).abs().max() < 1e-5
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_oom_halves_the_batch(tiny, speech2, monkeypatch):
     real = tiny._forward
     calls = []

@@ -78,6 +78,7 @@ def test_precomputed_tree_loads_like_the_ltx_trainer(ltx_build):
     assert any("random weights" in w for w in m["warnings"])
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_captions_stay_with_their_own_clip(ltx_build):
     from shardsmith.encode.text import load_text_encoder
 
@@ -402,6 +403,7 @@ def test_steady_state_is_reported_when_shards_bounded_by_bytes_cut_every_batch_s
     assert ss is not None and ss["batches"] == 4 and ss["items_per_s"] > 0 and ss["median_batch_encode_s"] > 0
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_the_manifest_says_how_long_the_build_waited_for_shard_writes(tmp_path, monkeypatch):
     """``timings.writer_wait_s``: the seconds the main thread was blocked on the writer thread before
     the output's end (a disk that does not keep up shows here, not as a slow encoder)."""

@@ -161,6 +161,7 @@ def test_unwritable_out_is_one_message_and_a_finished_read_only_build_is_still_c
     assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_a_source_with_nothing_to_read_is_one_message(tmp_path):
     """Before: an empty folder, or one holding only files without a media extension, built an empty dataset
     with exit 0 and "done"; ``path: ""`` read the recipe's own folder."""

@@ -165,6 +165,7 @@ def test_scan_progress_bars_have_totals(folder):
     assert "7/7" in console.file.getvalue() and "6/6" in console.file.getvalue()
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_cli_scan_a_folder_and_a_recipe_with_json(folder, tmp_path):
     runner = CliRunner()
     r = runner.invoke(app, ["scan", str(folder)])

@@ -34,6 +34,7 @@ def minilm():
     return load_text_encoder("minilm")
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 @pytest.mark.parametrize("fits", [1, 2, 3])
 def test_out_of_memory_halves_the_batch_and_gives_the_same_embeddings(minilm, fits):
     tight, counter = _Tight(minilm, fits), [0]
@@ -65,6 +66,7 @@ def test_other_errors_are_not_retried(minilm):
         encode_halving(Broken(minilm, 9), PROMPTS, device="cpu")
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_the_stage_encodes_through_the_halving_path_and_reports_it(minilm):
     from shardsmith.encode.stage import EncodeStage
 

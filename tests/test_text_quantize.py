@@ -14,6 +14,7 @@ pytest.importorskip("torchao")
 from test_cli_mistakes import assert_message, invoke  # noqa: E402
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_int8_weights_give_close_embeddings_and_say_so(tmp_path):
     from shardsmith.encode.quantize import quantize_text
     from shardsmith.encode.text import load_text_encoder

@@ -78,6 +78,7 @@ def _shuffled(seed):
     return order
 
 
+@pytest.mark.slow  # 3-7 s under load: the fast lane keeps under two minutes
 def test_unit_jobs_in_a_shuffled_order_give_the_same_bytes_and_ledger(photos, tmp_path, monkeypatch):
     rec = _cpu_recipe(photos)
     build(rec, tmp_path / "in_order", quiet=True, workers=2)
