@@ -24,7 +24,7 @@ from shardsmith.distill import gaussian
 from test_build import tree_bytes
 from test_cli_mistakes import assert_message, invoke
 
-N, PER_SHARD, L, D = 12, 4, 3, 8
+N, PER_SHARD, L, D = 32, 4, 3, 8  # 8 shards: the ones before the last are committed when it stops
 STOP = {"armed": False}
 SENTINEL = 7.0  # the last prompt's embedding: the teacher stops at its batch while armed
 
@@ -83,6 +83,17 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def committed(out: Path) -> int:
+    """Samples in the units the ledger of ``out`` has committed."""
+    from shardsmith.plan.ledger import Ledger
+
+    led = Ledger(out / ".shardsmith" / "ledger.sqlite")
+    try:
+        return led.db.execute("SELECT COALESCE(SUM(count), 0) FROM shards").fetchone()[0]
+    finally:
+        led.close()
+
+
 def _shards(kd: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(kd.glob("*.tar"))}
 
@@ -97,14 +108,14 @@ def test_a_resume_whose_source_negative_changed_is_refused_and_never_mixes_two_n
     finally:
         STOP["armed"] = False
     assert code != 0, output
+    assert committed(out), "the interrupted distill committed no shard before it stopped"
     written = _shards(out / "kd")
-    assert written, "the interrupted distill committed no shard before it stopped"
     assert len(written) < N // PER_SHARD
 
     _negative(source, 0.75)  # the source rebuilt with another negative prompt
     code, output = invoke("distill", recipe, "--out", out, "--workers", "1", "-q", "--no-report")
     assert_message(code, output, str(source / "neg_prompt_emb.npy"), "changed since this distill began",
-                   "--overwrite")
+                   f"the {committed(out)} sample(s) written so far", "--overwrite")
     assert _shards(out / "kd") == written  # nothing sampled with the new negative beside the old samples
 
     code, output = invoke("distill", recipe, "--out", out, "--workers", "1", "-q", "--no-report", "--overwrite")

@@ -21,8 +21,10 @@ Contract
   ``{"origin": "distill.negative_prompt", "prompt"}``.
 - ``settle_negative(recipe, ledger, root, output)`` (when the ``kd_wds`` output starts): records
   :func:`negative_record` in the ledger (:data:`NEGATIVE_KEY`) the first time; on a later run a source's
-  ``neg_prompt_emb.npy`` with other bytes than recorded is a :class:`DistillSourceError` (exit 2): the samples
-  written before would hold the old negative embedding and the rest the new one. Returns the record.
+  ``neg_prompt_emb.npy`` with other bytes than recorded is a :class:`DistillSourceError` (exit 2) once a unit
+  of the output is committed: the samples written before would hold the old negative embedding and the rest
+  the new one (with none committed the new one is recorded: every sample is written with it). Returns the
+  record.
 - ``refuse_changed_negative(recipe, out, overwrite)`` (``shardsmith distill``, before the build and any model):
   the same refusal for an unfinished build in ``out`` (with ``overwrite``: for the unfinished rebuild beside it,
   which a re-run resumes); a complete build is left to the build's "sources changed" warning
@@ -186,13 +188,14 @@ def negative_record(recipe) -> dict | None:
 
 
 def _written(ledger_path: Path, output: str) -> int:
-    """Samples ``output`` has written in the ledger at ``ledger_path`` (read only)."""
+    """Samples in the units ``output`` has committed, in the ledger at ``ledger_path`` (read only)."""
     try:
         db = sqlite3.connect(f"{ledger_path.resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error:
         return 0
     try:
-        return db.execute("SELECT COUNT(*) FROM results WHERE output=? AND status='written'", (output,)).fetchone()[0]
+        # (the committed units: a unit's results may reach the results table only later)
+        return db.execute("SELECT COALESCE(SUM(count), 0) FROM shards WHERE output=?", (output,)).fetchone()[0]
     except sqlite3.Error:
         return 0
     finally:
@@ -221,8 +224,12 @@ def settle_negative(recipe, ledger, root: Path, output: str) -> dict | None:
         ledger.set_meta(NEGATIVE_KEY, new)
         return new
     if _differs(old, new):
+        written = _written(Path(ledger.path), output) if ledger.path is not None else 0
+        if not written:  # no unit committed: every sample is (re)written with the new one
+            ledger.set_meta(NEGATIVE_KEY, new)
+            return new
         raise DistillSourceError(_changed_message(
-            recipe, root, old, new, _written(Path(ledger.path), output) if ledger.path is not None else 0,
+            recipe, root, old, new, written,
             "pass --overwrite to distil every prompt again with the new one, or put the old file back to resume"))
     return old
 
@@ -254,4 +261,6 @@ def refuse_changed_negative(recipe, out, overwrite: bool) -> None:
            if not overwrite else
            f"{root} is the unfinished --overwrite rebuild of {out}, which this run would resume: delete {root} to "
            "start the rebuild afresh with the new one, or put the old file back to resume it")
-    raise DistillSourceError(_changed_message(recipe, root, old, new, _written(ledger_path, kd), fix))
+    written = _written(ledger_path, kd)
+    if written:  # (none committed: the resume writes every sample again, with the new one)
+        raise DistillSourceError(_changed_message(recipe, root, old, new, written, fix))

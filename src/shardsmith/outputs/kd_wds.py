@@ -58,15 +58,13 @@ class KdSampleMaker(PromptSampleMaker):
 
 
 def _captions_changed(o, ctx: OutputContext) -> frozenset[str]:
-    """On a resume (the output has results already), the items whose prompt was edited since the plan (a table's
-    caption cell, a sidecar .txt, a prompt dataset's txt): the build warned of them, and they fail as
-    ``changed_since_plan`` as a changed medium does, never sampled from a prompt the source no longer holds
-    beside the samples written before."""
+    """Once the plan is complete, the items whose prompt was edited since it (a table's caption cell, a sidecar
+    .txt, a prompt dataset's txt; a resume after an edit): the build warned of them, and they fail as
+    ``changed_since_plan`` as a changed medium does, never sampled from a prompt the source no longer holds. (One
+    listing of the prompt sources per run, beside the teacher's sampling of every prompt.)"""
     ledger = ctx.ledger
     if ledger is None or ledger.path is None or not ledger.get_meta("plan_complete"):
         return frozenset()
-    if ledger.db.execute("SELECT 1 FROM results WHERE output=? LIMIT 1", (o.name,)).fetchone() is None:
-        return frozenset()  # nothing written yet: every sample takes the planned prompt
     import sqlite3
     from datetime import datetime
 
