@@ -14,6 +14,8 @@ Contract
   (:func:`shardsmith.distill.sources.settle_negative`).
 - ``collect=True``: ``caption_changed`` holds the id of every item whose caption changed (not only the first
   few), for a resume that fails them as ``changed_since_plan`` (``shardsmith distill``).
+- An item listed under another id than the plan's, for the same file (a table path spelled otherwise by an
+  older shardsmith: ``t/./a/x.png`` planned, ``t/a/x.png`` now), is the planned item, not one gone and one new.
 - The ledger is read only (``mode=ro``); the listing's item ids go through a temporary on-disk table,
   so memory does not grow with the dataset.
 - ``SourceChanges.summary()``: one line, counts and the first few item ids of each kind.
@@ -87,6 +89,28 @@ def _file_changed(ref: dict, since: float) -> str | None:
     return None
 
 
+def _same_files_respelled(db: sqlite3.Connection) -> None:
+    """Give a listed item the planned id of the same file where only the id's spelling differs: a table row
+    ``./a/x.png`` planned as ``t/./a/x.png`` before table paths were spelled once (``t/a/x.png`` now), or a
+    repeated row that is now ``#row<n>``. Matched by the file's path (normalised), in plan order, among the ids
+    found on one side only; an unchanged build has none, so this costs nothing there."""
+    planned: dict[str, list[str]] = {}
+    for item_id, media in db.execute("SELECT item_id, media FROM l.items WHERE item_id NOT IN (SELECT item_id FROM "
+                                     "now) ORDER BY idx"):
+        path = json.loads(media or "{}").get("target", {}).get("path")
+        if path:
+            planned.setdefault(os.path.normpath(path), []).append(item_id)
+    if not planned:
+        return
+    renamed = []
+    for item_id, path in db.execute("SELECT item_id, path FROM now WHERE item_id NOT IN (SELECT item_id FROM "
+                                    "l.items) ORDER BY item_id").fetchall():
+        ids = planned.get(os.path.normpath(path)) if path else None
+        if ids:
+            renamed.append((ids.pop(0), item_id))
+    db.executemany("UPDATE now SET item_id = ? WHERE item_id = ?", renamed)
+
+
 def _meta(db: sqlite3.Connection, key: str):
     row = db.execute("SELECT value FROM l.meta WHERE key=?", (key,)).fetchone()
     return json.loads(row[0]) if row else None
@@ -111,12 +135,13 @@ def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], It
     try:
         db.execute("ATTACH DATABASE ? AS l", (f"{Path(ledger_path).resolve().as_uri()}?mode=ro",))
         trigger = (_meta(db, "recipe") or {}).get("lora_trigger")  # the plan stored captions with it in front
-        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY, caption TEXT)")
+        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY, caption TEXT, path TEXT)")
         for _, items in opened:
             stream = iter(items())
             while batch := list(itertools.islice(stream, 1000)):
-                db.executemany("INSERT OR IGNORE INTO now VALUES (?, ?)",
-                               [(it.item_id, with_trigger(it.caption, trigger)) for it in batch])
+                db.executemany("INSERT OR IGNORE INTO now VALUES (?, ?, ?)",
+                               [(it.item_id, with_trigger(it.caption, trigger), it.path) for it in batch])
+        _same_files_respelled(db)
         for (item_id,) in db.execute("SELECT item_id FROM now WHERE item_id NOT IN (SELECT item_id FROM l.items) "
                                      "ORDER BY item_id"):
             _note(ch, "added", item_id)
