@@ -109,3 +109,26 @@ def test_a_distill_resumed_after_a_prompt_was_edited_warns_and_fails_that_prompt
     assert status == "failed:changed_since_plan" and "changed after it was planned" in detail
     assert "--overwrite" in detail
     assert len(rows) == 1  # every other prompt was written
+
+
+def test_a_build_resumed_after_a_caption_edit_writes_the_planned_caption_and_says_so(tmp_path, capfd, disk_full_at):
+    """The plan holds the captions, so a resumed build writes the planned one (it does not fail the item as a
+    changed file does) and its warning says exactly that."""
+    src = tmp_path / "s"
+    real_photos(src, 4, seed=3, min_side=40, max_side=70)
+    for i, p in enumerate(sorted(src.glob("*.jpg"))):
+        p.with_suffix(".txt").write_text(f"planned caption {i}")
+    recipe = _wds({"path": str(src)})
+    disk_full_at(1)  # the second shard fails: the build stops after the first
+    with pytest.raises(OSError):
+        build(recipe_from_dict(recipe), tmp_path / "o", quiet=True, workers=1)
+    disk_full_at(None)
+    last = sorted(src.glob("*.txt"))[-1]
+    last.write_text("edited after the plan")
+    said = _rerun(recipe, tmp_path / "o", capfd)
+    assert WARNING in said and "an edited caption is written as it was planned" in said, said
+    texts = {}
+    for shard in sorted((tmp_path / "o" / "wds").glob("*.tar")):
+        with tarfile.open(shard) as tf:
+            texts.update({m.name: tf.extractfile(m).read().decode() for m in tf.getmembers() if m.name.endswith(".txt")})
+    assert "edited after the plan" not in texts.values() and "planned caption 3" in texts.values(), texts
