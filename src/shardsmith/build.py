@@ -230,7 +230,7 @@ def _finished_manifest(out: Path, recipe: Recipe | None = None) -> dict[str, Any
     (:func:`~shardsmith.verify.owning_build.manifest_shape_problem`: ``counts.written`` lost, ``outputs``
     lost ...), or, given the ``recipe`` of the build, without an entry for each of its outputs (or with
     one of another output)."""
-    from shardsmith.verify.owning_build import manifest_shape_problem
+    from shardsmith.verify.owning_build import manifest_shape_problem, outputs_mismatch
 
     mpath = out / formats.MANIFEST_FILE
     try:
@@ -243,13 +243,7 @@ def _finished_manifest(out: Path, recipe: Recipe | None = None) -> dict[str, Any
         raise UserError(f"{mpath} holds a JSON {type(manifest).__name__}, not a shardsmith manifest; {_MANIFEST_FIX}")
     why = manifest_shape_problem(manifest)
     if why is None and recipe is not None:
-        want = [o.name for o in recipe.outputs]
-        lacks = [n for n in want if n not in manifest["outputs"]]
-        extra = [n for n in manifest["outputs"] if n not in want]
-        if lacks or extra:
-            why = "; ".join(x for x in (f"no entry for output(s) {', '.join(lacks)} of the recipe" if lacks else "",
-                                        f"entries for output(s) {', '.join(extra)} the recipe does not have"
-                                        if extra else "") if x)
+        why = outputs_mismatch(manifest["outputs"], [o.name for o in recipe.outputs])
     if why is not None:
         raise UserError(f"{mpath} is damaged ({why}); the build in {out} is complete but its manifest is not what "
                         f"the build wrote: {_MANIFEST_FIX}")

@@ -112,6 +112,17 @@ def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
+def outputs_mismatch(entries: dict[str, Any], want: list[str]) -> str | None:
+    """What a manifest's ``outputs`` entries lack or hold beyond the recipe's output names ``want``, or None."""
+    lacks = [n for n in want if n not in entries]
+    extra = [n for n in entries if n not in want]
+    if not lacks and not extra:
+        return None
+    return "; ".join(x for x in (f"no entry for output(s) {', '.join(lacks)} of the recipe" if lacks else "",
+                                 f"entries for output(s) {', '.join(extra)} the recipe does not have"
+                                 if extra else "") if x)
+
+
 def manifest_shape_problem(m: dict[str, Any]) -> str | None:
     """What of a parsed manifest (a dict) is not the shape this version reads, or None: the keys ``build``
     (a re-run of a finished build), the CLI, the API, ``report`` and ``verify`` read: ``outputs`` an
@@ -163,12 +174,8 @@ def manifest_recipe_problem(build: BuildRef, dataset: Path) -> str | None:
     want = [o["name"] for o in recipe.get("outputs") or [] if isinstance(o, dict) and isinstance(o.get("name"), str)]
     fix = ("restore manifest.json from a copy, or rebuild with the same command and --overwrite (shardsmith "
            "inspect checks the shards without it)")
-    lacks = [n for n in want if n not in m["outputs"]]
-    extra = [n for n in m["outputs"] if n not in want]
-    if lacks or extra:
-        said = "; ".join(x for x in (f"no entry for output(s) {', '.join(lacks)}" if lacks else "",
-                                     f"entries for output(s) {', '.join(extra)} the recipe does not have"
-                                     if extra else "") if x)
+    said = outputs_mismatch(m["outputs"], want)
+    if said is not None:
         return (f"{mpath} does not match the recipe the build's ledger recorded "
                 f"(outputs {', '.join(want) or 'none'}): {said}; {fix}")
     rel = Path(dataset).resolve().relative_to(build.root).as_posix()
