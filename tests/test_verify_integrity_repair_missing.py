@@ -86,3 +86,18 @@ def test_a_renamed_shard_is_not_recorded_as_lost(built, tmp_path):
     (ds / "00001.tar").rename(ds / "00007.tar")
     code, out = invoke("repair", ds, "--dry-run")
     assert code == 1 and "00007.tar" in out and "rename it back" in out and "Traceback" not in out, out
+
+
+def test_a_renamed_shard_leaves_shard_count_as_it_was_so_renaming_it_back_is_the_whole_fix(built, tmp_path):
+    """The real run (not --dry-run) said 'rename it back' yet rewrote shard_count.json with the new name, so after
+    renaming it back the dataset needed another repair."""
+    shutil.copytree(built, tmp_path / "b")
+    ds = tmp_path / "b" / "wds"
+    count = (ds / "shard_count.json").read_bytes()
+    (ds / "00001.tar").rename(ds / "00007.tar")
+    code, out = invoke("repair", ds)
+    assert code == 1 and "rename it back" in out, out
+    assert (ds / "shard_count.json").read_bytes() == count
+    (ds / "00007.tar").rename(ds / "00001.tar")
+    code, out = invoke("verify", ds)
+    assert code == 0, out

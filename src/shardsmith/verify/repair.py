@@ -645,7 +645,8 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
             shards[m["shard"]]["dropped"] = []
 
     ign = _update_ignore_index(folder, already, add_ignore, _unignore(history, restored), dry_run)
-    cnt = _update_shard_count(folder, counts_after, dry_run, bool(before["shards"]))
+    renamed = any(m["renamed_to"] for m in missing or [])  # renaming it back is the fix: the count file stays
+    cnt = _update_shard_count(folder, counts_after, dry_run or renamed, bool(before["shards"]))
     if events and not dry_run:
         _append_repair_log(folder, events)
     return {
