@@ -70,3 +70,10 @@ def test_no_output_wrote_is_exit_3_without_the_per_output_warning(tmp_path):
     assert "wrote no sample, while" not in stderr
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert not any("empty" in o for o in m["outputs"].values())
+
+
+def test_the_done_line_gives_each_output_s_count_where_they_differ(recipe, tmp_path):
+    """'done: o (0 of 3 inputs written ...)' read as the whole build writing nothing, while output 'all' wrote 3."""
+    code, stdout, stderr = _run("build", recipe, "--out", tmp_path / "o", "--no-report")
+    said = " ".join(stdout.split())
+    assert code == 0 and "(0 of 3 inputs written to every output; by output: all 3, squares 0;" in said, stdout

@@ -565,7 +565,7 @@ def build(
 ):
     """Build every output of a recipe (or of flags) into --out, resumably and fully accounted."""
     from shardsmith.build import InvariantError, build as run_build
-    from shardsmith.manifest import nothing_written
+    from shardsmith.manifest import nothing_written, written_phrase
 
     flags = dict(locals())
     if _dataset_file(recipe_path):  # `build DATASET.csv --out OUT`: the table is the source
@@ -583,7 +583,6 @@ def build(
         manifest = run_build(recipe, out, overwrite=overwrite, quiet=quiet, workers=workers, report=not no_report)
     except InvariantError as exc:  # not the user's doing: a bug, exit code 3
         _exit(str(exc), 3)
-    c = manifest["counts"]
     process_exit.done()  # (complete on disk, whatever it holds)
     if (empty := nothing_written(manifest, str(out))) is not None:  # a build that ran and holds nothing: exit 3
         _exit(empty, NOTHING_WRITTEN_EXIT)
@@ -591,7 +590,7 @@ def build(
         from shardsmith.formats.build_dir import REPORT_FILE
 
         shown = f" and {out / REPORT_FILE}" if not no_report and (out / REPORT_FILE).is_file() else ""
-        typer.echo(f"done: {out} ({c['written']} of {c['inputs']} inputs written; see {out}/manifest.json{shown})")
+        typer.echo(f"done: {out} ({written_phrase(manifest)}; see {out}/manifest.json{shown})")
 
 
 @command()

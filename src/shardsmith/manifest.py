@@ -130,6 +130,18 @@ def nothing_written(manifest: dict[str, Any], out: str) -> str | None:
             "setting a skip names), then run the same command again with --overwrite, or into a new --out")
 
 
+def written_phrase(manifest: dict[str, Any]) -> str:
+    """What the CLI's ``done:`` line says was written: ``N of M inputs written``; where the outputs wrote
+    different counts (the totals count an item written only where every output taking it wrote it), each
+    output's count too, so one output's 0 does not read as the whole build's."""
+    c = manifest["counts"]
+    head = f"{c['written']} of {c['inputs']} inputs written"
+    per = {name: (o.get("counts") or {}).get("written", 0) for name, o in manifest.get("outputs", {}).items()}
+    if len(per) < 2 or all(n == c["written"] for n in per.values()):
+        return head
+    return f"{head} to every output; by output: " + ", ".join(f"{name} {n}" for name, n in per.items())
+
+
 def summary(manifest: dict[str, Any]) -> list[str]:
     lines = report.format_block("all outputs (per item)", manifest["counts"])
     for name, o in manifest["outputs"].items():
