@@ -5,7 +5,11 @@ Contract
   planned item: ``shape`` (``distill.shape``) or, unset, the shape of the item's ``latent.pth`` in its
   source; with ``text == "source"`` the item's ``txt_emb.pth`` as a float32 ``[L, D]`` tensor. A
   missing or unreadable member is an :class:`~shardsmith.records.ItemError`
-  (``failed:no_latent_shape`` / ``failed:no_text_embedding``) naming the shard and key.
+  (``failed:no_latent_shape`` / ``failed:no_text_embedding``) naming the shard and key. A member is read at
+  the position the plan recorded only as the bytes the plan listed there (their sha256, ``meta["wds"]``):
+  other bytes (the source rebuilt since the plan, e.g. with ``--overwrite``, its samples moved within or
+  between shards) are ``failed:changed_since_plan``, a shard gone ``failed:vanished``, never another
+  sample's embedding or shape sampled under this prompt.
 - ``check_sources(recipe)``: before anything runs, a :class:`DistillSourceError` (exit 2) when
   ``distill.text: source`` (or ``distill.shape`` unset) names a source that is not a WebDataset folder,
   when ``distill.shape`` is unset and a source holds several buckets (a FastGen batch has one shape), or
@@ -37,6 +41,7 @@ import hashlib
 import math
 import os
 import sqlite3
+import tarfile
 from pathlib import Path
 
 from shardsmith.errors import UserError
@@ -51,22 +56,42 @@ class DistillSourceError(UserError):
 def _member(folder: str, item: PlannedItem, suffix: str):
     from shardsmith.loaders.pth_fast import load_pth_bytes
     from shardsmith.loaders.shard_reader import read_member
+    from shardsmith.sources.wds import SHA256
 
-    ref = (item.meta.get("wds") or {}).get(suffix)
+    wds = item.meta.get("wds") or {}
+    ref = wds.get(suffix)
     if ref is None:
         return None
-    shard = Path(folder) / item.meta["wds"]["shard"]
-    fd = os.open(shard, os.O_RDONLY)
+    shard = Path(folder) / wds["shard"]
+    planned = (wds.get(SHA256) or {}).get(suffix)
     try:
-        return load_pth_bytes(read_member(fd, tuple(ref), item.relpath, writable=True))
+        fd = os.open(shard, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        if planned is None:
+            raise
+        raise ItemError("vanished", f"{item.item_id}: {shard} was planned but is gone ({exc.strerror}); put it back "
+                                    "to resume, or re-run with --overwrite to plan again") from None
+    try:
+        data = read_member(fd, tuple(ref), item.relpath, writable=True)
+    except tarfile.ReadError:
+        if planned is None:
+            raise
+        data = None  # (the shard ends before the planned position now)
     finally:
         os.close(fd)
+    if planned is not None and (data is None or hashlib.sha256(data).hexdigest() != planned):
+        raise ItemError("changed_since_plan", f"{item.item_id}: {shard} changed after it was planned (its bytes at "
+                                              f"the planned position of {wds.get('key')}.{suffix} are not the planned "
+                                              "ones: the source rebuilt?); re-run with --overwrite to plan again")
+    return load_pth_bytes(data)
 
 
 def teacher_input(item: PlannedItem, folder: str, shape: list[int] | None, text: str) -> TeacherInput:
     if shape is None:
         try:
             latent = _member(folder, item, LATENT)
+        except ItemError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a damaged member is this item's failure
             raise ItemError("no_latent_shape", f"{item.relpath}.{LATENT} cannot be read ({exc})") from None
         if latent is None:
@@ -77,6 +102,8 @@ def teacher_input(item: PlannedItem, folder: str, shape: list[int] | None, text:
     if text == "source":
         try:
             emb = _member(folder, item, TEXT_EMB)
+        except ItemError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise ItemError("no_text_embedding", f"{item.relpath}.{TEXT_EMB} cannot be read ({exc})") from None
         if emb is None:

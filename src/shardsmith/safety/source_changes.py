@@ -8,7 +8,10 @@ Contract
   ``changed`` (a planned file of another size now, or modified after ``since`` (a POSIX time, the build's
   start) with other bytes than the plan hashed, or whose caption is not the planned one: a sidecar ``.txt``
   edited, a table's caption cell, a prompt dataset's ``txt``; compared as the plan stored it, with the recipe's
-  ``lora_trigger`` in front). Only files changed after ``since`` are hashed again.
+  ``lora_trigger`` in front, or a prompt dataset's sample whose ``txt_emb.pth`` / ``latent.pth`` is no longer where the
+  plan read it or not the bytes it listed there: the dataset rebuilt, its samples moved within or between shards,
+  :func:`~shardsmith.sources.wds.member_refs`; a resumed distill fails those as ``changed_since_plan``). Only files
+  changed after ``since`` are hashed again.
 - ``files``: the build's other inputs that changed: a ``shardsmith distill`` source's ``neg_prompt_emb.npy``
   whose bytes are not the sha256 the ledger recorded when the distill began
   (:func:`shardsmith.distill.sources.settle_negative`).
@@ -111,6 +114,31 @@ def _same_files_respelled(db: sqlite3.Connection) -> None:
     db.executemany("UPDATE now SET item_id = ? WHERE item_id = ?", renamed)
 
 
+def _wds_json(meta: dict | None) -> str | None:
+    from shardsmith.sources.wds import member_refs
+
+    refs = member_refs((meta or {}).get("wds"))
+    return json.dumps(refs, sort_keys=True) if refs else None
+
+
+def _wds_moved(planned_meta: str | None, now: str) -> bool:
+    """Whether a WebDataset sample's members a distill reads are no longer at the planned positions, or (where the
+    plan listed their sha256) not the planned bytes."""
+    from shardsmith.sources.wds import KEPT_MEMBERS, SHA256, member_refs
+
+    try:
+        planned = member_refs(json.loads(planned_meta or "{}").get("wds"))
+    except (ValueError, AttributeError):
+        return False
+    if not planned:
+        return False
+    now_refs = json.loads(now)
+    if any(planned.get(m) != now_refs.get(m) for m in KEPT_MEMBERS):
+        return True
+    shas, now_shas = planned.get(SHA256) or {}, now_refs.get(SHA256) or {}
+    return any(now_shas.get(m) != h for m, h in shas.items())
+
+
 def _meta(db: sqlite3.Connection, key: str):
     row = db.execute("SELECT value FROM l.meta WHERE key=?", (key,)).fetchone()
     return json.loads(row[0]) if row else None
@@ -135,19 +163,20 @@ def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], It
     try:
         db.execute("ATTACH DATABASE ? AS l", (f"{Path(ledger_path).resolve().as_uri()}?mode=ro",))
         trigger = (_meta(db, "recipe") or {}).get("lora_trigger")  # the plan stored captions with it in front
-        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY, caption TEXT, path TEXT)")
+        db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY, caption TEXT, path TEXT, wds TEXT)")
         for _, items in opened:
             stream = iter(items())
             while batch := list(itertools.islice(stream, 1000)):
-                db.executemany("INSERT OR IGNORE INTO now VALUES (?, ?, ?)",
-                               [(it.item_id, with_trigger(it.caption, trigger), it.path) for it in batch])
+                db.executemany("INSERT OR IGNORE INTO now VALUES (?, ?, ?, ?)",
+                               [(it.item_id, with_trigger(it.caption, trigger), it.path, _wds_json(it.meta))
+                                for it in batch])
         _same_files_respelled(db)
         for (item_id,) in db.execute("SELECT item_id FROM now WHERE item_id NOT IN (SELECT item_id FROM l.items) "
                                      "ORDER BY item_id"):
             _note(ch, "added", item_id)
-        for item_id, in_now, media, caption_changed in db.execute(
-                "SELECT i.item_id, n.item_id IS NOT NULL, i.media, n.caption IS NOT i.caption FROM l.items i "
-                "LEFT JOIN now n ON n.item_id = i.item_id ORDER BY i.idx"):
+        for item_id, in_now, media, caption_changed, meta, wds_now in db.execute(
+                "SELECT i.item_id, n.item_id IS NOT NULL, i.media, n.caption IS NOT i.caption, i.meta, n.wds "
+                "FROM l.items i LEFT JOIN now n ON n.item_id = i.item_id ORDER BY i.idx"):
             if not in_now:
                 _note(ch, "gone", item_id)
                 continue
@@ -155,6 +184,9 @@ def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], It
                 _note(ch, "changed", item_id)
                 if ch.caption_changed is not None:
                     ch.caption_changed.add(item_id)
+                continue
+            if wds_now is not None and _wds_moved(meta, wds_now):  # a prompt dataset rebuilt under the same keys
+                _note(ch, "changed", item_id)
                 continue
             for ref in json.loads(media or "{}").values():
                 if ref.get("sha256") is None:

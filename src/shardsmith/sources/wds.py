@@ -9,7 +9,10 @@ Contract
 - ``meta["wds"]``: the shard (relative to the source folder) and the data offset and size of its
   ``txt_emb.pth`` and ``latent.pth`` members when present: what ``shardsmith distill`` reads later
   (precomputed embeddings, the latent shape that defines the sample's) without scanning the shard
-  again.
+  again; and ``meta["wds"]["sha256"]``, the sha256 of each of those members' bytes as listed (the plan
+  stores it: a resume reads the planned position only while it still holds the planned bytes, see
+  :func:`shardsmith.distill.sources.teacher_input`; a member that cannot be read has none).
+  :func:`member_refs` is what of ``meta["wds"]`` says where those bytes are and what they were.
 - A sample without a ``txt`` member or whose ``txt`` is not UTF-8 is ``failed:no_caption`` /
   ``failed:caption_not_utf8`` naming the shard and key; samples listed in ``ignore_index.json`` are
   left out. A folder without shards is a :class:`~shardsmith.sources.base.SourceError`.
@@ -34,6 +37,28 @@ from shardsmith.sources.base import SourceError, refuse_root_not_utf8, shown, ut
 from shardsmith.sources.paths import NAME_NOT_UTF8
 
 KEPT_MEMBERS = (TEXT_EMB, LATENT)
+#: ``meta["wds"]`` key of the kept members' sha256 (``{member: hex}``)
+SHA256 = "sha256"
+
+
+def member_refs(wds: dict | None) -> dict | None:
+    """What of a sample's ``meta["wds"]`` identifies the bytes a distill reads: the kept members' positions and,
+    where listed, their sha256; None for an item that is not a WebDataset sample."""
+    if not isinstance(wds, dict):
+        return None
+    return {k: wds[k] for k in (*KEPT_MEMBERS, SHA256) if k in wds}
+
+
+def _sha256_of(fd: int, ref, where: str) -> str | None:
+    import hashlib
+    import tarfile
+
+    from shardsmith.loaders.shard_reader import read_member
+
+    try:
+        return hashlib.sha256(read_member(fd, ref, where)).hexdigest()
+    except (OSError, tarfile.ReadError):
+        return None  # (unreadable now: the distill's own read of it fails and says why)
 
 
 class WdsSource:
@@ -76,12 +101,22 @@ class WdsSource:
         from shardsmith.loaders.shard_reader import read_member
 
         fds: dict[str, int] = {}
+
+        def fd_of(shard: str) -> int:
+            if shard not in fds:
+                fds[shard] = os.open(self.root / shard, os.O_RDONLY)
+            return fds[shard]
+
         try:
             for shard, key, refs in self._samples():
                 rel = f"{shard}/{key}"
                 meta = {"wds": {"shard": shard, "key": key,
                                 **{m: list(refs[m]) for m in KEPT_MEMBERS if m in refs}}}
                 caption, error = None, None
+                kept = [m for m in KEPT_MEMBERS if m in refs]
+                if kept and utf8_ok(key):  # what a distill reads of it, to read it later only as it is now
+                    shas = {m: _sha256_of(fd_of(shard), refs[m], f"{rel}.{m}") for m in kept}
+                    meta["wds"][SHA256] = {m: h for m, h in shas.items() if h is not None}
                 member = TXT if TXT in refs else JSON if JSON in refs else None
                 if not utf8_ok(key):
                     rel, meta["wds"]["key"] = shown(rel), shown(key)
@@ -91,10 +126,7 @@ class WdsSource:
                 elif member is None:
                     error = (NO_CAPTION, f"{rel} has neither a {TXT} nor a {JSON} member: no prompt to sample")
                 else:
-                    fd = fds.get(shard)
-                    if fd is None:
-                        fd = fds[shard] = os.open(self.root / shard, os.O_RDONLY)
-                    caption, error = _caption(bytes(read_member(fd, refs[member], rel)), f"{rel}.{member}",
+                    caption, error = _caption(bytes(read_member(fd_of(shard), refs[member], rel)), f"{rel}.{member}",
                                               member == JSON)
                 yield Item(item_id=f"{self.spec.name}/{rel}", source=self.info.index, path="", relpath=rel,
                            caption=caption, meta=meta, error=error)
