@@ -7,8 +7,9 @@ Contract
   (``outputs.NAME.files.SPLIT.shards``). Any other dataset gets no such check.
 - Each committed shard must be there and hash to the recorded sha256 (``from_source.unit_damage``: a
   file of another size differs without being read). ``repair.json`` is taken into account: a shard a
-  repair rewrote must hold what that repair wrote (its event's ``sha256``; an event without one, from
-  an older shardsmith, is not checked and said in the detail), a shard restored from the sources the
+  repair rewrote (or left as it was, ignoring its damaged samples) must hold what that repair saw (its
+  event's ``sha256``; an event without one, from an older shardsmith, is not checked and said in the
+  detail), a shard restored from the sources the
   build's bytes again, and a missing shard whose loss a repair recorded (action ``missing_shard``) is
   accounted for. A ``.tar`` in the folder that the build did not write is named too (a renamed shard).
 - The failure names each shard and the fix: ``shardsmith repair --from-source`` (with a ledger), which
@@ -113,7 +114,7 @@ class _Expect:
 
 
 def _expectations(dataset: Path, units: list[Unit]) -> list[_Expect]:
-    from shardsmith.verify.repair import MISSING_SHARD, REWRITTEN, RESTORED, RepairError, load_repair_log
+    from shardsmith.verify.repair import IGNORED, MISSING_SHARD, REWRITTEN, RESTORED, RepairError, load_repair_log
 
     exp = {u.name: _Expect(u) for u in units}
     try:
@@ -126,7 +127,7 @@ def _expectations(dataset: Path, units: list[Unit]) -> list[_Expect]:
             continue
         if ev.action == RESTORED:
             exp[ev.shard] = _Expect(e.unit)
-        elif ev.action == REWRITTEN:
+        elif ev.action in (REWRITTEN, IGNORED):  # (a shard repair left as it was, its damaged samples ignored)
             sha = getattr(ev, "sha256", None)
             exp[ev.shard] = _Expect(e.unit, sha, f"the repair of {ev.time}", unknown=sha is None)
         elif ev.action == MISSING_SHARD:

@@ -132,7 +132,8 @@ class RepairEvent:
     ``ignore_index.json``; ``restored``: keys rebuilt from the sources (a restore puts the shard
     back as the build wrote it, so it cancels every earlier loss of that shard);
     ``dropped_members``: members left out of a rewrite that were no sample (unsafe, unkeyed);
-    ``sha256``: the rewritten shard's (``verify``'s check ``integrity`` compares the file with it).
+    ``sha256``: the rewritten shard's, or the shard's as a repair that only ignored keys left it (``verify``'s
+    check ``integrity`` compares the file with it).
     Action ``missing_shard``: a shard the build wrote was gone; ``dropped`` lists the samples the build
     wrote into it (keys from its ledger; None without one)."""
 
@@ -617,6 +618,10 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
             entry["ignored_keys"] = add_ignore[name]
             if entry["action"] == "unchanged":
                 entry["action"] = IGNORED
+                if not dry_run:  # its bytes stay as they are: what verify's check integrity compares it with now
+                    from shardsmith.verify.from_source import sha256_file
+
+                    entry["sha256"] = sha256_file(folder / name)
         already_listed = [k for k, _ in bad if k in already.get(name, [])]
         if already_listed:
             entry["notes"].append(f"already in {IGNORE_INDEX_FILE}: {already_listed}")
