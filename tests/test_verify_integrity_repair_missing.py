@@ -101,3 +101,24 @@ def test_a_renamed_shard_leaves_shard_count_as_it_was_so_renaming_it_back_is_the
     (ds / "00007.tar").rename(ds / "00001.tar")
     code, out = invoke("verify", ds)
     assert code == 0, out
+
+
+def test_a_renamed_shard_beside_a_truncated_one_renaming_back_is_still_the_whole_fix(built, tmp_path):
+    """The repair rewrites the truncated shard and the count file, with the renamed shard under its own name: the
+    count file was left unwritten while the report showed it changed, and after the advised mv verify failed."""
+    shutil.copytree(built, tmp_path / "b")
+    ds = tmp_path / "b" / "wds"
+    first = ds / "00000.tar"
+    import tarfile
+
+    with tarfile.open(first) as tf:
+        last = tf.getmembers()[-1]
+    first.write_bytes(first.read_bytes()[:last.offset_data + 10])  # the second sample's last member cut short
+    (ds / "00001.tar").rename(ds / "00007.tar")
+    code, out = invoke("repair", ds)
+    assert code == 1 and "rename it back" in out, out
+    counts = json.loads((ds / "shard_count.json").read_text())
+    assert counts["00000.tar"] == 1 and counts["00001.tar"] == 2 and "00007.tar" not in counts, counts
+    (ds / "00007.tar").rename(ds / "00001.tar")
+    code, out = invoke("verify", ds)
+    assert code == 0, out

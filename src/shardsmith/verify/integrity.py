@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
-from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, sha256_file, unit_damage
+from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, unit_damage
 from shardsmith.verify.owning_build import BuildRef
 
 SHOWN = 5

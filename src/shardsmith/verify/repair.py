@@ -650,8 +650,11 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
             shards[m["shard"]]["dropped"] = []
 
     ign = _update_ignore_index(folder, already, add_ignore, _unignore(history, restored), dry_run)
-    renamed = any(m["renamed_to"] for m in missing or [])  # renaming it back is the fix: the count file stays
-    cnt = _update_shard_count(folder, counts_after, dry_run or renamed, bool(before["shards"]))
+    for m in missing or []:  # a renamed shard is counted under the name the build gave it: renaming it back is the
+        if m["renamed_to"] in counts_after:  # whole fix (the count file then matches the folder again)
+            counts_after[m["shard"]] = counts_after.pop(m["renamed_to"])
+    counts_after = dict(sorted(counts_after.items()))
+    cnt = _update_shard_count(folder, counts_after, dry_run, bool(before["shards"]))
     if events and not dry_run:
         _append_repair_log(folder, events)
     return {
