@@ -100,6 +100,8 @@ def test_a_distill_resumed_after_a_prompt_was_edited_warns_and_fails_that_prompt
             tar.addfile(m, io.BytesIO(data))
     code, output = invoke("distill", recipe, "--out", out, "--workers", "1", "--no-report")
     assert WARNING in output and f"1 changed (pw/{last.name}/{nr.N - 1:06d})" in output, output
+    said = " ".join(output.split())
+    assert "an edited prompt fails as changed_since_plan" in said and "caption is written as it was planned" not in said
     led = Ledger(out / ".shardsmith" / "ledger.sqlite")
     try:
         rows = {item_id: (status, detail) for _, item_id, status, detail in led.status_rows("kd_wds", written=False)}

@@ -359,9 +359,11 @@ def _build_in(recipe: Recipe, root: Path, fp: str, progress: Progress, n_workers
         ahead = None
         plan_needed = not ledger.get_meta("plan_complete")
         if not plan_needed:  # a resume: the plan stands, whatever the folders hold now
+            distill = any(o.format == "kd_wds" for o in recipe.outputs)  # (a distill fails an edited prompt: 859e5ef)
+            edited = ("an edited prompt fails as changed_since_plan" if distill
+                      else "an edited caption is written as it was planned")
             _warn_if_sources_changed(root, recipe, "this build goes on with the files as planned (a changed file "
-                                     "fails as changed_since_plan, an edited caption is written as it was planned, "
-                                     "a new one is not in it); " + (
+                                     f"fails as changed_since_plan, {edited}, a new one is not in it); " + (
                                          "pass --overwrite to start again from the sources as they are now"
                                          if rebuild_of is None else
                                          f"this --overwrite resumes the rebuild an earlier --overwrite began in "
