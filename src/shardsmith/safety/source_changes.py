@@ -135,8 +135,8 @@ def _wds_moved(planned_meta: str | None, now: str) -> bool:
     now_refs = json.loads(now)
     if any(planned.get(m) != now_refs.get(m) for m in KEPT_MEMBERS):
         return True
-    shas, now_shas = planned.get(SHA256) or {}, now_refs.get(SHA256) or {}
-    return any(now_shas.get(m) != h for m, h in shas.items())
+    shas, now_shas = planned.get(SHA256) or {}, now_refs.get(SHA256) or {}  # (none listed: a shard not modified
+    return any(m in now_shas and now_shas[m] != h for m, h in shas.items())  # since the plan, not hashed again)
 
 
 def _meta(db: sqlite3.Connection, key: str):
@@ -165,6 +165,9 @@ def source_changes(ledger_path: Path, opened: list[tuple[object, Callable[[], It
         trigger = (_meta(db, "recipe") or {}).get("lora_trigger")  # the plan stored captions with it in front
         db.execute("CREATE TABLE now (item_id TEXT PRIMARY KEY, caption TEXT, path TEXT, wds TEXT)")
         for _, items in opened:
+            owner = getattr(items, "__self__", None)
+            if hasattr(owner, "hash_after"):  # a prompt dataset: hash only the shards modified since the plan began
+                owner.hash_after = since
             stream = iter(items())
             while batch := list(itertools.islice(stream, 1000)):
                 db.executemany("INSERT OR IGNORE INTO now VALUES (?, ?, ?, ?)",

@@ -12,7 +12,9 @@ Contract
   again; and ``meta["wds"]["sha256"]``, the sha256 of each of those members' bytes as listed (the plan
   stores it: a resume reads the planned position only while it still holds the planned bytes, see
   :func:`shardsmith.distill.sources.teacher_input`; a member that cannot be read has none).
-  :func:`member_refs` is what of ``meta["wds"]`` says where those bytes are and what they were.
+  :func:`member_refs` is what of ``meta["wds"]`` says where those bytes are and what they were. With
+  ``hash_after`` set (a re-run's check of its sources: the plan's start), only shards modified after it are
+  hashed; the others' samples list no sha256 (their bytes are as planned; a distill's read checks them anyway).
 - A sample without a ``txt`` member or whose ``txt`` is not UTF-8 is ``failed:no_caption`` /
   ``failed:caption_not_utf8`` naming the shard and key; samples listed in ``ignore_index.json`` are
   left out. A folder without shards is a :class:`~shardsmith.sources.base.SourceError`.
@@ -84,6 +86,17 @@ class WdsSource:
             self.ignored.update({rel(n): v for n, v in ignored.items()})
         self.info = SourceInfo(index=index, name=spec.name, path=str(self.root), kind="wds",
                                origin=spec.origin, license=spec.license)
+        #: list the members' sha256 only in shards modified after this POSIX time (None: in every shard, as a plan
+        #: does); a re-run's check of its sources sets it to the plan's start (safety/source_changes.py)
+        self.hash_after: float | None = None
+
+    def _hashed(self, shard: str) -> bool:
+        if self.hash_after is None:
+            return True
+        try:
+            return os.stat(self.root / shard).st_mtime > self.hash_after
+        except OSError:
+            return True
 
     def _samples(self) -> Iterator[tuple[str, str, dict]]:
         from shardsmith.loaders.shard_reader import shard_samples
@@ -114,7 +127,7 @@ class WdsSource:
                                 **{m: list(refs[m]) for m in KEPT_MEMBERS if m in refs}}}
                 caption, error = None, None
                 kept = [m for m in KEPT_MEMBERS if m in refs]
-                if kept and utf8_ok(key):  # what a distill reads of it, to read it later only as it is now
+                if kept and utf8_ok(key) and self._hashed(shard):  # what a distill reads, to read it later only as it is
                     shas = {m: _sha256_of(fd_of(shard), refs[m], f"{rel}.{m}") for m in kept}
                     meta["wds"][SHA256] = {m: h for m, h in shas.items() if h is not None}
                 member = TXT if TXT in refs else JSON if JSON in refs else None
