@@ -29,7 +29,6 @@ import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
 from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, unit_damage
@@ -245,12 +244,3 @@ def shard_integrity(dataset: Path, build: BuildRef | None) -> tuple[ShardIntegri
             return None, None
     return ShardIntegrity(Path(dataset), build, units, where), None
 
-
-def integrity_of(dataset: Path, build: BuildRef | None) -> dict[str, Any] | None:
-    """Check ``integrity`` alone, hashed here (for ``inspect``): ``{"name", "ok", "detail"}`` or None."""
-    chk, _ = shard_integrity(dataset, build)
-    if chk is None:
-        return None
-    out: list[dict[str, Any]] = []
-    chk.finish(lambda name, ok, detail: out.append({"name": name, "ok": ok, "detail": detail}))
-    return out[0]
