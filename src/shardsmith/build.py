@@ -925,8 +925,12 @@ def _committed(ctx: BuildContext, ahead, srcs: list[int]):
     them; a failed model load stops the wait), or None where the plan is complete."""
     if ahead is None:
         return None
-    check = ctx.preload.raise_if_failed if ctx.preload is not None else None
-    return ahead.items(ctx.ledger, split=TRAIN, sources=srcs, check=check)
+    return ahead.items(ctx.ledger, split=TRAIN, sources=srcs, check=_load_check(ctx))
+
+
+def _load_check(ctx: BuildContext):
+    """What a wait for the plan calls to stop at once when the models failed to load (None: none loading)."""
+    return ctx.preload.raise_if_failed if ctx.preload is not None else None
 
 
 def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[str, Any]:
@@ -966,7 +970,7 @@ def _run_output(ctx: BuildContext, output, pool: Workers, ahead=None) -> dict[st
             run = local.SplitRun(output, split, srcs, ledger, _maker(ctx, output), sink, kind.per_unit(output),
                                  kind.byte_bounded(output), ctx.progress, finisher,
                                  ctx.timings.setdefault("writer_wait_s", {}) if finisher is not None else {})
-            check = ctx.preload.raise_if_failed if ctx.preload is not None else None
+            check = _load_check(ctx)
             if devs and finisher is not None and not run.byte_bounded:  # --gpus N: a worker per GPU claims units
                 from shardsmith.distribute.ray_engine import run_ray
 

@@ -78,13 +78,19 @@ def build_units(build: BuildRef | None) -> tuple[list[Unit], str] | None:
     manifest), or None (no build, or neither can be read)."""
     if build is None:
         return None
+    try:
+        units, where = _recorded(build)
+    except (sqlite3.Error, OSError):
+        return None
+    return None if units is None else (units, where)
+
+
+def _recorded(build: BuildRef) -> tuple[list[Unit] | None, str]:
+    """The build's committed shards (None: its manifest does not list them) and where they are recorded: its
+    ledger where it has one (a ledger that cannot be read raises ``sqlite3.Error`` / ``OSError``), else its manifest."""
     if build.has_ledger:
-        try:
-            return _ledger_units(build), f"ledger {build.root / LEDGER_FILE}"
-        except (sqlite3.Error, OSError):
-            return None
-    units = _manifest_units(build)
-    return None if units is None else (units, f"manifest {build.root / MANIFEST_FILE}")
+        return _ledger_units(build), f"ledger {build.root / LEDGER_FILE}"
+    return _manifest_units(build), f"manifest {build.root / MANIFEST_FILE}"
 
 
 def _manifest_units(build: BuildRef) -> list[Unit] | None:
@@ -233,14 +239,11 @@ def shard_integrity(dataset: Path, build: BuildRef | None) -> tuple[ShardIntegri
     build wrote it: nothing to say)."""
     if build is None:
         return None, None
-    if build.has_ledger:
-        try:
-            units, where = _ledger_units(build), f"ledger {build.root / LEDGER_FILE}"
-        except (sqlite3.Error, OSError) as exc:
-            return None, f"integrity not checked: the ledger {build.root / LEDGER_FILE} cannot be read ({exc})"
-    else:
-        units, where = _manifest_units(build), f"manifest {build.root / MANIFEST_FILE}"
-        if units is None:
-            return None, None
+    try:
+        units, where = _recorded(build)
+    except (sqlite3.Error, OSError) as exc:
+        return None, f"integrity not checked: the ledger {build.root / LEDGER_FILE} cannot be read ({exc})"
+    if units is None:
+        return None, None
     return ShardIntegrity(Path(dataset), build, units, where), None
 
