@@ -25,6 +25,7 @@ import yaml
 
 from shardsmith.plan.ledger import Ledger
 from test_cli_mistakes import invoke
+from test_distill_negative_resume import _add, _pth
 
 N, L, D = 12, 3, 8
 WARNING = "the sources changed since this build was planned"
@@ -32,18 +33,6 @@ WARNING = "the sources changed since this build was planned"
 
 def _value(i: int, encoding: int = 0) -> float:
     return 0.1 * (i + 1) + 10.0 * encoding
-
-
-def _pth(t: torch.Tensor) -> bytes:
-    buf = io.BytesIO()
-    torch.save(t, buf)
-    return buf.getvalue()
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
 
 
 def _prompt_wds(folder: Path, per_shard: int = 3, reverse: bool = False, encoding: int = 0) -> Path:

@@ -13,8 +13,6 @@ Root ignores file permissions: the permission tests run the command with ``setpr
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 
 from test_audit_decode_distill import hand_build
 from test_cli_mistakes import assert_message, invoke
+from test_safety_audit import _without_root_override
 
 
 @pytest.fixture
@@ -96,17 +95,6 @@ def test_nearest_folder_is_the_existing_folder_above(tmp_path):
 
 
 # --------------------------------------------------------------------------- permissions (real processes)
-
-
-def _without_root_override() -> tuple[str, ...]:
-    """A prefix that makes root obey file permissions (it ignores them otherwise); () for another user."""
-    if os.geteuid() != 0:
-        return ()
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("root ignores file permissions, and setpriv is not here to drop that")
-    caps = "-dac_override,-dac_read_search"
-    return (setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}")
 
 
 def _run(prefix: tuple[str, ...], *args) -> subprocess.CompletedProcess:
