@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,7 @@ from shardsmith.formats.wds import sample_tar_bytes, tar_bytes
 from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.records import WRITTEN
-from shardsmith.units.job import commit, record_of, unit_items
+from shardsmith.units.job import commit, record_of, unit_items, write_unit
 from shardsmith.units.plan import UnitJob, plan_units, unit_at
 
 MAX_SEALED_UNITS = 2  # units encoded but not yet written, at most
@@ -76,12 +75,6 @@ def pending_jobs(run: SplitRun) -> tuple[list[UnitJob], int]:
     done = {u["seq"]: u for u in run.ledger.units(run.name, run.split)}
     jobs = plan_units(run.name, run.split, run.eligible(), run.per_unit)
     return [j for j in jobs if j.seq not in done], sum(u["next_pos"] - u["first_pos"] for u in done.values())
-
-
-def _done(value: Any) -> Future:
-    f: Future = Future()
-    f.set_result(value)
-    return f
 
 
 def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None] | None = None,
@@ -165,7 +158,7 @@ class _Writer:
         while self.sealed and (len(self.sealed) > block_over or fin.ready(self.sealed[0][0])):
             tag, job, samples, others = self.sealed.popleft()
             fin.finish_through(tag)
-            fut = fin.writer.submit(sink.write_unit, job.seq, samples) if samples else _done(("", 0, ""))
+            fut = fin.writer.submit(write_unit, sink, job.seq, samples)  # (no sample: drops a stale file)
             nbytes = sum(len(d) for _, s in samples for d in (s.members or {}).values())
             self.writing.append((fut, job, samples, others, nbytes))
             self.writing_bytes += nbytes
@@ -177,7 +170,7 @@ class _Writer:
         r = self.run_
         job = UnitJob(r.name, r.split, self.seq, self.first, self.last)
         if r.finisher is None:
-            written = r.sink.write_unit(job.seq, self.samples) if self.samples else ("", 0, "")
+            written = write_unit(r.sink, job.seq, self.samples)  # (no sample: drops a stale file)
             self._record(written, job, self.samples, self.others)
         else:
             self.sealed.append((r.finisher.seal(), job, self.samples, self.others))

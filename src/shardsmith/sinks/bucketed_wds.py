@@ -12,6 +12,9 @@ Contract
   after the unit (``<bucket>/<seq>.tar``): shard numbers within a bucket folder may skip (FastGen
   lists ``*.tar``; every count file lists what exists). Each file is written atomically; the unit's
   :class:`~shardsmith.records.Written` lists them, and its sha256 hashes their names and hashes.
+  The unit's shard in a bucket folder it writes nothing to (``drop_unit``: in every bucket folder,
+  for a unit that writes no sample) is removed: what an earlier, uncommitted attempt of the unit
+  left there (a resume whose items of that bucket now fail) is not the build's.
 - A unit closes on ``samples_per_shard`` or ``max_shard_bytes`` over all its buckets together, so
   no bucket's shard passes the byte budget.
 - ``finalize(files, latent_shapes)`` writes every bucket's ``shard_count.json`` and ``buckets.json``
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith.atomic import atomic_write_json
-from shardsmith.formats.wds import BUCKETS_INDEX_FILE, SHARD_COUNT_FILE, bucket_folder
+from shardsmith.formats.wds import BUCKETS_INDEX_FILE, SHARD_COUNT_FILE, bucket_folder, is_bucket_folder
 from shardsmith.records import SampleResult, UnitFile, Written
 from shardsmith.sinks.wds import WdsSink
 
@@ -64,7 +67,19 @@ class BucketedWdsSink:
                                   sum(crop_share(s.info) for _, s in group)))
             h.update(rel.encode() + b"\0" + bytes.fromhex(sha))
             total += size
+        self._drop_unit_in(seq, {bucket_folder(b) for b in by_bucket})
         return Written(f"unit{seq:05d}", total, h.hexdigest(), tuple(files))
+
+    def drop_unit(self, seq: int) -> None:
+        """Unit ``seq`` writes no sample: remove its shard from every bucket folder."""
+        self._drop_unit_in(seq, set())
+
+    def _drop_unit_in(self, seq: int, written: set[str]) -> None:
+        """Remove unit ``seq``'s shard from the bucket folders other than ``written``."""
+        if self.dest.is_dir():
+            for d in self.dest.iterdir():
+                if d.name not in written and is_bucket_folder(d.name) and d.is_dir() and not d.is_symlink():
+                    WdsSink(self.o, d).drop_unit(seq)
 
     def finalize(self, files: list[dict[str, Any]], latent_shapes: dict[str, list[int]]) -> dict[str, Any]:
         """``files``: the ledger's ``unit_files`` of this output's split; ``latent_shapes``: per bucket."""

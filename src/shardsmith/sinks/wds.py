@@ -2,7 +2,9 @@
 
 A unit of work is one shard. A shard closes when it holds ``samples_per_shard`` samples or
 when the next sample would push it past ``max_shard_bytes`` (a single larger sample gets a
-shard of its own). Shards are written atomically; the caller commits them to the ledger.
+shard of its own). Shards are written atomically; the caller commits them to the ledger. A unit
+that writes no sample writes no shard, and ``drop_unit`` removes the one an earlier, uncommitted
+attempt of it left (a resume whose items of that unit now all fail).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from shardsmith.formats.tar import END_BYTES
 from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, sample_tar_bytes, shard_name
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
-from shardsmith.atomic import atomic_open, atomic_write_json
+from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
 from shardsmith.sinks.tar import DeterministicTar, HashingWriter
 
 
@@ -50,6 +52,14 @@ class WdsSink:
             finally:
                 out.close()
         return name, out.size, out.hexdigest()
+
+    def drop_unit(self, seq: int) -> None:
+        """Unit ``seq`` writes no sample: remove its shard if an earlier, uncommitted attempt left one
+        (the ledger never recorded it; a loader globbing ``*.tar`` would read it)."""
+        path = self.dest / shard_name(seq)
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            fsync_dir(path.parent)
 
     def finalize(self, units: list[dict]) -> dict:
         """Write ``shard_count.json``; return the output's manifest block."""

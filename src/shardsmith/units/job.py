@@ -6,6 +6,9 @@ Contract
 - ``finish_unit(job, sink, results)``: write the unit's file from its ``(item, result)`` pairs
   (written samples in plan order; nothing written when none is) and return its
   :class:`UnitRecord`; the file is in place before the record exists.
+- ``write_unit(sink, seq, samples)``: the unit's file, or for a unit with no sample none, and then
+  no file of an earlier, uncommitted attempt of it either (``sink.drop_unit``, where the sink has
+  it): a resume whose items of that unit now all fail leaves no shard the ledger does not list.
 - ``run_unit(job, items, maker, sink)``: the whole unit in one process (a remote worker's job):
   each item through the picklable ``maker``, then :func:`finish_unit`.
 - ``commit(ledger, record)``: the ledger's record of the unit and of its items' statuses, in one
@@ -49,6 +52,17 @@ def record_of(job: UnitJob, written: tuple, samples: list[tuple[str, SampleResul
                       [(s.idx, WRITTEN, s.detail) for _, s in samples] + others, tuple(w.files))
 
 
+def write_unit(sink, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple:
+    """``sink.write_unit(seq, samples)``; for no sample ``("", 0, "")``, once any file an earlier,
+    uncommitted attempt of unit ``seq`` left is gone (see the module contract)."""
+    if samples:
+        return sink.write_unit(seq, samples)
+    drop = getattr(sink, "drop_unit", None)
+    if drop is not None:
+        drop(seq)
+    return ("", 0, "")
+
+
 def finish_unit(job: UnitJob, sink, results: Iterable[tuple[PlannedItem, SampleResult]]) -> UnitRecord:
     samples, others = [], []
     for item, res in results:
@@ -56,8 +70,7 @@ def finish_unit(job: UnitJob, sink, results: Iterable[tuple[PlannedItem, SampleR
             samples.append((item.key, res))
         else:
             others.append((res.idx, res.status, res.detail))
-    written = sink.write_unit(job.seq, samples) if samples else ("", 0, "")
-    return record_of(job, written, samples, others)
+    return record_of(job, write_unit(sink, job.seq, samples), samples, others)
 
 
 def run_unit(job: UnitJob, items: Iterable[PlannedItem], maker, sink) -> UnitRecord:
