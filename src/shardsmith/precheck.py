@@ -958,14 +958,12 @@ def _check_call_signature(tm, fn) -> None:
     """A ``callable`` teacher is called as ``fn(x, t, cond)`` (:func:`shardsmith.encode.teacher.load_teacher`): one
     whose signature cannot take that (``os:getcwd``, a function of two arguments, a required keyword) is a
     :class:`~shardsmith.encode.teacher.TeacherError` naming it before the plan, not a traceback at the first batch.
-    A callable whose signature Python cannot tell (some builtins) is left to its first call."""
-    import inspect
+    A callable whose signature Python cannot tell (some builtins, a callable object whose ``__signature__`` or
+    attributes raise) is left to its first call (:func:`shardsmith.encode.teacher.call_signature`)."""
+    from shardsmith.encode.teacher import TeacherError, call_signature
 
-    from shardsmith.encode.teacher import TeacherError
-
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
+    sig = call_signature(fn)
+    if sig is None:
         return
     try:
         sig.bind(object(), object(), object())

@@ -17,6 +17,11 @@ Contract
   built), for the precheck; ``None`` for a pretrained config that is not on disk.
 - An entry point that cannot be imported or is not callable is a :class:`TeacherError` naming it; so is a
   ``predict`` whose model returns something other than a tensor (None, a numpy array) or another shape.
+- ``call_signature(fn)``: the entry point's signature, or None where Python cannot read it (a builtin or
+  C-implemented callable, a callable object whose ``__signature__`` or attributes raise). The precheck checks
+  a readable one takes ``(x, t, cond)``; an unreadable one is accepted, and its first call failing (any
+  ``Exception`` but running out of memory) is a :class:`TeacherError` naming it and the fix instead of a
+  traceback. A callable object (no ``__qualname__``) is named in the provenance by its class.
 - ``check_config(family, config)``: a ``config`` dict, checked before the plan against the family's class (its
   ``__init__``'s keywords, and a build on the meta device); a ``ModelConfigError`` (exit 2) naming
   ``models.teacher.config`` otherwise. A random-weight teacher built from a dict is checked so too.
@@ -136,6 +141,25 @@ def resolve_entry_point(entry_point: str) -> Callable:
     return fn
 
 
+def call_signature(fn: Callable) -> inspect.Signature | None:
+    """``inspect.signature(fn)``, or None where it cannot be read: reading it runs the object's own code (a
+    ``__signature__`` property, a ``__getattr__``), so any error means "cannot tell", not a traceback."""
+    try:
+        return inspect.signature(fn)
+    except Exception:  # noqa: BLE001 - ValueError / TypeError for builtins, anything from a user's object
+        return None
+
+
+def _callable_name(fn: Callable) -> str:
+    """``module.qualname`` of a function, or of the class of a callable object (which has no ``__qualname__``)."""
+    for obj in (fn, type(fn)):
+        try:
+            return f"{obj.__module__}.{obj.__qualname__}"
+        except Exception:  # noqa: BLE001 - an object's __getattr__ may raise anything
+            continue
+    return type(fn).__name__
+
+
 def _source_sha256(fn: Callable) -> str | None:
     try:
         return hashlib.sha256(inspect.getsource(inspect.getmodule(fn)).encode()).hexdigest()
@@ -241,15 +265,25 @@ def load_teacher(family: str, *, entry_point: str | None = None, parameterisatio
                  config: str | dict[str, Any] = "tiny", dtype: str = "float32", device: str = "cpu") -> Teacher:
     if family == "callable":
         fn = resolve_entry_point(entry_point or "")
-        prov = Provenance(cls=f"{fn.__module__}.{fn.__qualname__}", weights="pretrained", path_or_repo=entry_point,
+        prov = Provenance(cls=_callable_name(fn), weights="pretrained", path_or_repo=entry_point,
                           weights_sha256=_source_sha256(fn),
                           notes=["a Python callable: weights_sha256 is the sha256 of its module's source"])
         spec = TeacherSpec("callable", parameterisation or "flow", dtype)
         dt = _torch_dtype(dtype)
+        unchecked = [call_signature(fn) is None]  # (the precheck could not check it: its first call is the check)
 
         def call(x, t, cond, mask):
             tt = torch.full((x.shape[0],), float(t), dtype=dt, device=x.device)
-            return fn(x.to(dt), tt, cond.to(dt))
+            if not unchecked[0]:
+                return fn(x.to(dt), tt, cond.to(dt))
+            try:
+                out = fn(x.to(dt), tt, cond.to(dt))
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the first call of an entry point no signature told about
+                raise _first_call_error(entry_point or "", spec.parameterisation, exc) from exc
+            unchecked[0] = False
+            return out
         return Teacher(spec, prov, call, device)
     if family == "unet":
         return _load_unet(pretrained=pretrained, subfolder=subfolder, revision=revision, config=config, dtype=dtype,
@@ -276,6 +310,17 @@ def load_teacher(family: str, *, entry_point: str | None = None, parameterisatio
                     encoder_attention_mask=None if mask is None else mask.to(x.device), return_dict=False)[0]
         return out
     return Teacher(spec, prov, call, device)
+
+
+def _first_call_error(entry_point: str, parameterisation: str, exc: Exception) -> TeacherError:
+    """The first call of a callable teacher whose signature could not be read failed."""
+    name, t = ("velocity", "t") if parameterisation == "flow" else ("denoise", "sigma")
+    return TeacherError(f"models.teacher.entry_point {entry_point!r}: its signature cannot be read (a builtin or "
+                        f"C-implemented callable?), so it was not checked before the plan, and its first call as "
+                        f"{name}(x, {t}, cond) (x [B, *shape], {t} [B], cond [B, L, D]) failed ({type(exc).__name__}: "
+                        f"{exc}); point entry_point at a function that takes those three positional arguments, e.g. "
+                        f"shardsmith.distill.gaussian:{name}, or wrap this one in a Python function "
+                        f"def {name}(x, {t}, cond)")
 
 
 def check_pairing(spec: TeacherSpec, text_dim: int | None, shape: list[int]) -> None:
