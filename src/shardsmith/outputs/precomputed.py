@@ -37,6 +37,9 @@ class PrecomputedKind(LatentKind):
         from shardsmith.sinks.bucketed_wds import bucket_summary
 
         sink.settle_stamp()  # (a tree that got no unit is stamped too)
+        # an item that failed on a resume: no file under its name, whatever its earlier attempt wrote
+        rel = self.renderer(o, ctx).sample_rel
+        sink.drop_items(rel(it) for it in ctx.ledger.unwritten_items(o.name, split, ctx.recipe.source_ids(o)))
         info = super().finalize(o, ctx, sink, split, dest)
         info["buckets"] = bucket_summary(ctx.ledger.unit_files(o.name, split), latent_shapes(ctx))
         return info

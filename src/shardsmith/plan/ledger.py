@@ -319,6 +319,14 @@ class Ledger:
             for r in rows:
                 yield self._item(r)
 
+    def unwritten_items(self, output: str, split: str, sources: list[int]) -> Iterator[PlannedItem]:
+        """The planned ``ok`` items of ``split`` from ``sources`` that a committed unit of ``output`` did not
+        write (failed or skipped there), in plan order."""
+        yield from (self._item(r) for r in self.db.execute(
+            f"SELECT {','.join('i.' + c for c in _ITEM_COLS)} FROM items i JOIN results r ON r.idx=i.idx AND "
+            f"r.output=? WHERE i.split=? AND i.plan_status='ok' AND r.status != 'written' AND i.source IN "
+            f"({','.join('?' * len(sources))}) ORDER BY i.idx", [output, split, *sources]))
+
     def plan_outcomes(self, sources: list[int]) -> list[tuple[int, str, str | None]]:
         """``(idx, status, detail)`` of the items of ``sources`` that the plan did not pass
         (unreadable, duplicate ...), in plan order: selected in SQL, not by reading every item."""

@@ -3,9 +3,11 @@
 
 A unit of work is a group of items; each ``.pt`` is written atomically, and the unit is
 committed to the ledger after all its files are in place (re-running a unit rewrites the
-same bytes). ``shardsmith.json`` at the root records the encoders' provenance, buckets and
-fps so that a later build with a different encoder, revision or bucket is refused instead
-of mixed in.
+same bytes). An item the ledger records as not written has no file: ``drop_items`` removes the
+files an earlier, uncommitted attempt of its unit wrote under its name (a resume where its source
+now fails), which the trainer, listing ``latents/``, would read as a sample. ``shardsmith.json``
+at the root records the encoders' provenance, buckets and fps so that a later build with a
+different encoder, revision or bucket is refused instead of mixed in.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import hashlib
 import json
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
 from shardsmith.records import SampleResult, UnitFile, Written
-from shardsmith.atomic import atomic_write_bytes, atomic_write_json
+from shardsmith.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from shardsmith.sinks.pt_write import pt_bytes_fast
 from shardsmith.sinks.bucketed_wds import crop_share
 
@@ -116,6 +118,22 @@ class PrecomputedSink:
                                   sum(int(s.info.get("source_frames", frames)) for s, _, _ in group),
                                   sum(crop_share(s.info) for s, _, _ in group)))
         return Written(f"unit{seq:05d}", total, h.hexdigest(), tuple(files))
+
+    def drop_items(self, rels: Iterable[str]) -> int:
+        """Remove the files named ``rel`` (each an item's :func:`~shardsmith.formats.precomputed.sample_rel`)
+        from every folder shardsmith writes: items the ledger records as not written, whose files an
+        earlier, uncommitted attempt of their unit left; how many were removed."""
+        gone, dirs = 0, set()
+        for rel in rels:
+            for sub in WRITTEN_DIRS:
+                path = self.dest / sub / rel
+                if path.is_file() or path.is_symlink():
+                    path.unlink()
+                    dirs.add(path.parent)
+                    gone += 1
+        for d in sorted(dirs):
+            fsync_dir(d)
+        return gone
 
     def finalize(self, units: list[dict]) -> dict[str, Any]:
         counts = {sub: sum(1 for p in (self.dest / sub).rglob(f"*{CACHE_EXT}")) if (self.dest / sub).exists() else 0
