@@ -4,7 +4,7 @@
 #   the same recipe timed from the command to the exit (with SWITCH, each followed by one that starts at that switch
 #   interval in seconds: bench/gil_convoy.py; a GPU build lowers it to 0.1 ms itself, encode/stage.py's GIL_SWITCH_S,
 #   so only a SWITCH below 0.0001 changes anything; with PLANFIRST=1, each followed by one that plans first, the order
-#   before audio builds planned ahead), then (PROFILE=1) one under py-spy --native,
+#   before audio builds planned ahead), then (SUSTAINED=1) bench/audio_alone_sustained.py, then (PROFILE=1) one under py-spy --native,
 #   summarised by bench/pyspy_summary.py. Everything goes to $OUT (log.txt, a.json, manifests, profile).
 #
 #   SHARDSMITH_SPEECH_DIR=$PWD/speech FILES=64000 WARM=1 PROFILE=1 bash bench/lease_audio.sh .whl_slim
@@ -29,6 +29,10 @@ for i in $(seq 1 "${WARM:-0}"); do  # with SWITCH (seconds, below 0.0001): each 
   [ -n "${SWITCH:-}" ] && warm "switch$i" "$SWITCH"
   [ -n "${PLANFIRST:-}" ] && warm "planfirst$i" "" 1
 done
+if [ "${SUSTAINED:-0}" = 1 ]; then  # the encoder alone over the build's item count, in its cuDNN modes
+  PYTHONPATH=$PYTHONPATH:$PWD/bench python3 bench/audio_alone_sustained.py --work /tmp/ab --items "$files" \
+    > "$OUT/sustained.json" && cat "$OUT/sustained.json"
+fi
 if [ "${PROFILE:-0}" = 1 ]; then
   python3 -m shardsmith build /tmp/ab/recipe.yaml --out /tmp/ab/prof --no-report -q & pid=$!
   sleep 20; py-spy record --pid $pid --native --threads --idle --format raw -r 40 -d 25 -o /tmp/prof.txt >/dev/null 2>&1
