@@ -32,6 +32,11 @@ unpaired surrogate escape (``"\\udce9"``: no character, and UTF-8 cannot hold it
 Latin-1 ``caf\\xe9.jpg``) is ``failed:name_not_utf8``, unopened; a table whose own folder's path is
 not UTF-8 is refused.
 
+A label column of whole numbers gives the class ids as written; any other labels are names, numbered 0..K-1 in
+sorted order. A negative whole-number label (``-1``, ``"-1"``) or a true/false one refuses the table
+(:class:`SourceError`, naming the row and the fix): EDM / FastGen would train ``-1`` as the last class and ``true``
+as class 1. An empty label cell is an item with no label.
+
 A table with a caption column and no target column (none given, none of the auto names present)
 and no partner columns is captions-only: each row is an item with no media, its caption and its
 row number as id (``<source>/#row<n>``); an empty caption is ``failed:no_caption``. When the
@@ -308,6 +313,32 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _negative_whole(v: Any) -> bool:
+    """Whether the label ``v`` is a negative whole number: ``-1``, or the text ``"-1"`` (a CSV cell)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v < 0
+    return isinstance(v, str) and re.fullmatch(r"\s*-[0-9]+\s*", v) is not None and int(v) < 0
+
+
+def _label_error(path: Path, col: str, bad: list[tuple[int, Any]]) -> str:
+    """The message refusing the table at ``path`` for the label cells ``bad`` (``(row, value)``, in order)."""
+    n, v = bad[0]
+    rows = [str(r) for r, _ in bad[1:6]] + (["..."] if len(bad) > 6 else [])
+    more = f" (row{'s' if len(rows) > 1 else ''} {', '.join(rows)} too: negative or true/false)" if rows else ""
+    shown_v = json.dumps(v) if isinstance(v, bool) else repr(v)
+    if isinstance(v, bool):
+        why = ("a true/false value, not a class: EDM / FastGen class ids are whole numbers from 0, and "
+               f"{shown_v} would be taken as class {int(v)}, merged with that class's images")
+        fix = ("write the class id (0 or 1) or a quoted name (\"yes\" / \"no\": names are numbered 0..K-1 in "
+               "sorted order)")
+    else:
+        why = ("a negative class id: EDM / FastGen class ids run from 0 to K-1 and one-hot encode a label as "
+               "np.eye(K)[label], so -1 would silently train as the last class")
+        fix = "renumber the labels from 0, or write them as names (numbered 0..K-1 in sorted order)"
+    return (f"table {path}: row {n} of {path.name} has label {shown_v} in column {col!r}{more}, {why}; {fix}, "
+            "or leave the cell empty for an item with no label (class-conditional outputs skip it)")
+
+
 class TableSource:
     def __init__(self, index: int, spec, exclude: list[Path]):
         self.path = Path(spec.path)
@@ -355,9 +386,7 @@ class TableSource:
             for _ in _rows(self.path, self.path_cols):  # a CSV that does not parse is refused now, not mid-plan
                 pass
         if self.label_col is not None:
-            values = {_plain(r.get(self.label_col)) for r in _rows(self.path, self.path_cols) if isinstance(r, dict)}
-            values.discard(None)
-            values.discard("")
+            values = self._label_values()
             if values and all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
                               for v in values):
                 self.labels = {v: int(v) for v in values}
@@ -367,6 +396,27 @@ class TableSource:
                 names = tuple(ordered)
         self.info = SourceInfo(index=index, name=spec.name, path=str(self.path), kind="table",
                                origin=spec.origin, license=spec.license, label_names=names)
+
+    def _label_values(self) -> set[Any]:
+        """The label column's distinct values (empty cells left out), each row checked first: a negative
+        whole number (``-1``, ``"-1"``) or a true/false value refuses the table (:class:`SourceError`, naming
+        the first such row and the fix), as EDM / FastGen would read either as another class without a word:
+        ``-1`` one-hot encodes as the last class, and ``true`` is ``1`` (it would merge with class 1)."""
+        values: set[Any] = set()
+        bad: list[tuple[int, Any]] = []
+        for n, row in enumerate(_rows(self.path, self.path_cols)):
+            if not isinstance(row, dict):
+                continue
+            v = _plain(row.get(self.label_col))
+            if v is None or v == "":
+                continue
+            if isinstance(v, bool) or _negative_whole(v):
+                bad.append((n, v))
+            elif not bad:
+                values.add(v)
+        if bad:
+            raise SourceError(_label_error(self.path, self.label_col, bad))
+        return values
 
     def _name(self, rel: str, real: str) -> str:
         """The one spelling of the row's media path ``rel`` (:func:`paths.table_name`), which resolves to
