@@ -86,7 +86,7 @@ def parse_percent(text: str) -> float:
         value = Decimal(number) / 100
     except InvalidOperation:
         raise ValueError(f"{text!r} is not a percentage; write e.g. 10% (or the fraction 0.1)") from None
-    if not 0 <= value < 1:
+    if not value.is_finite() or not 0 <= value < 1:
         raise ValueError(f"{text!r}: a percentage must be at least 0% and below 100%")
     return float(value)
 
@@ -183,6 +183,8 @@ class SplitSpec(_Strict):
     @field_validator("holdout")
     @classmethod
     def _holdout(cls, v: float) -> float:
+        if not math.isfinite(v):  # inf (nan is caught by ge=0): no count, and int(inf) would be an OverflowError
+            raise ValueError(f"holdout {v} is infinite: neither a fraction nor a count of items")
         if v >= 1 and v != int(v):
             raise ValueError("holdout >= 1 is a count and must be a whole number (or give a fraction < 1)")
         return v
