@@ -428,7 +428,7 @@ def test_a_multi_bucket_mode_set_verifies_each_bucket_with_the_mode_preset(tmp_p
     rep = verify(lat, world=1, workers=2)
     c = _checks(rep["buckets"]["32x64x17"])
     assert not rep["ok"] and f"{shard.name}/c0 has no {FIRST_FRAME_LATENT} (first_frame)" in c["members"]["detail"]
-    assert _checks(rep)["bucket 32x64x17"]["detail"].endswith("failed members, coverage, no_drops")
+    assert _checks(rep)["bucket 32x64x17"]["detail"].endswith("failed members, integrity, coverage, no_drops")
 
 
 @pytest.mark.slow

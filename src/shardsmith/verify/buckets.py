@@ -1,11 +1,16 @@
 """``verify`` of a multi-bucket output: each bucket's WebDataset folder is verified on its own
-(its loader, ranks, workers, batch contract and accounting), then the bucket-aware pass is
-checked: every batch of one shape, and the samples a deterministic pass leaves out because they
-do not fill a round of ``batch_size x world x workers`` named per bucket.
+(its loader, ranks, workers, batch contract and accounting, and for a build's output its
+``integrity`` and ``manifest`` checks against what the build recorded for that bucket), then the
+bucket-aware pass is checked: every batch of one shape, and the samples a deterministic pass leaves
+out because they do not fill a round of ``batch_size x world x workers`` named per bucket.
 
-Contract: ``verify_buckets(dataset, run, **options)`` returns a report with ``kind``
-``"wds_buckets"``, ``buckets`` (each bucket's own report), ``checks`` (one per bucket plus
-``bucket_rounds``) and ``ok`` (every bucket's report ok). ``run`` is the one-folder verify.
+Contract: ``verify_buckets(dataset, run, build=..., **options)`` returns a report with ``kind``
+``"wds_buckets"``, ``buckets`` (each bucket's own report), ``checks`` (one per bucket, ``buckets``
+and ``manifest`` for a build's output, and ``bucket_rounds``) and ``ok`` (every check passed).
+``run`` is the one-folder verify. A bucket whose folder is gone or holds no shard fails its check
+(a damaged dataset, not a path mistake); for a build's output, check ``buckets`` fails on a bucket
+its manifest records that ``buckets.json`` does not list (or the reverse), and check ``manifest`` on
+a written count the buckets do not hold (less what repairs removed and recorded).
 """
 
 from __future__ import annotations
@@ -17,20 +22,75 @@ from typing import Any
 from shardsmith.formats.wds import read_buckets_index
 
 
+def _lost_fix(dataset: Path, build) -> str:
+    if build is None:
+        return f"restore it from a copy of {dataset}"
+    from shardsmith.verify.integrity import rebuild_fix
+
+    return rebuild_fix(build)
+
+
+def _recorded_buckets(dataset: Path, build) -> dict[str, dict[str, Any]] | None:
+    """The buckets the build's manifest records for this output (``{bucket: entry}``), or None."""
+    if build is None or not build.has_manifest:
+        return None
+    from shardsmith.formats.build_dir import MANIFEST_FILE
+    from shardsmith.verify.owning_build import manifest_buckets
+
+    rel = dataset.resolve().relative_to(build.root).as_posix()
+    return manifest_buckets(build.root / MANIFEST_FILE, rel)
+
+
 def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: int, workers: int,
-                   batch_size: int, **options: Any) -> dict[str, Any]:
+                   batch_size: int, build=None, **options: Any) -> dict[str, Any]:
+    from shardsmith.formats.detect import dataset_kind
+
     index = read_buckets_index(dataset) or {}
     checks: list[dict[str, Any]] = []
     per: dict[str, dict[str, Any]] = {}
+    held = 0  # samples the bucket folders hold, plus those repairs removed and recorded
     for bucket, entry in sorted(index.items()):
         if not entry.get("samples"):
             continue
-        rep = run(dataset / entry["dir"], world=world, workers=workers, batch_size=batch_size, **options)
+        folder = dataset / entry["dir"]
+        try:
+            dataset_kind(folder)
+            gone = None
+        except ValueError:
+            gone = "the folder is gone" if not folder.exists() else "the folder holds no .tar shard"
+        if gone is not None:
+            checks.append({"name": f"bucket {bucket}", "ok": False,
+                           "detail": f"{entry['samples']} sample(s) in {entry['dir']}/ (buckets.json): {gone}; "
+                                     + _lost_fix(dataset, build)})
+            continue
+        rep = run(folder, world=world, workers=workers, batch_size=batch_size, **options)
         per[bucket] = rep
+        held += int((rep.get("coverage") or {}).get("expected", entry["samples"]))
+        held += int((rep.get("repairs") or {}).get("removed", 0))
         failed = [c["name"] for c in rep["checks"] if not c["ok"]]
         checks.append({"name": f"bucket {bucket}", "ok": rep["ok"],
                        "detail": f"{entry['samples']} sample(s) in {entry['dir']}/: "
                                  + ("every check passed" if rep["ok"] else f"failed {', '.join(failed)}")})
+    recorded = _recorded_buckets(dataset, build)
+    if recorded is not None:
+        want = {b for b, e in recorded.items() if isinstance(e, dict) and e.get("samples")}
+        have = {b for b, e in index.items() if e.get("samples")}
+        lacks, extra = sorted(want - have), sorted(have - want)
+        said = [f"the build's manifest records {len(lacks)} bucket(s) that buckets.json does not list: "
+                + ", ".join(f"{b} ({recorded[b]['samples']} sample(s) in {recorded[b].get('dir', b)}/)" for b in lacks)
+                if lacks else "",
+                f"buckets.json lists {len(extra)} bucket(s) the build did not write: {', '.join(extra)}"
+                if extra else ""]
+        checks.append({"name": "buckets", "ok": not (lacks or extra),
+                       "detail": f"the {len(want)} bucket(s) the build wrote are listed in buckets.json"
+                       if not (lacks or extra) else "; ".join(x for x in said if x) + "; " + _lost_fix(dataset, build)})
+        from shardsmith.verify.owning_build import manifest_count
+
+        written, where = manifest_count(dataset)
+        if written is not None:
+            checks.append({"name": "manifest", "ok": written == held,
+                           "detail": f"{where} says written={written}; the buckets hold {held}"
+                                     + ("" if written == held else "; " + _lost_fix(dataset, build))})
     rnd = batch_size * world * max(workers, 1)
     left = {b: e["samples"] % rnd for b, e in sorted(index.items()) if e.get("samples")}
     never = sum(left.values())
@@ -41,5 +101,5 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
                              f"every bucket fills whole rounds of {rnd} samples"})
     return {"dataset": str(dataset), "kind": "wds_buckets", "world": world, "workers": workers,
             "batch_size": batch_size, "buckets": per, "checks": checks,
-            "ok": all(r["ok"] for r in per.values()) and bool(per),
+            "ok": all(c["ok"] for c in checks) and bool(per),
             "notes": [] if per else ["no bucket holds a sample"]}

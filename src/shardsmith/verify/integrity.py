@@ -4,7 +4,9 @@ Contract
 - Only for a WebDataset folder a shardsmith build wrote (``owning_build.find_build``): the shards the
   build committed and their sha256 are read from its ledger (``from_source.recorded_units``: the same
   records ``repair --from-source`` restores from), else, without a ledger, from its manifest
-  (``outputs.NAME.files.SPLIT.shards``). Any other dataset gets no such check.
+  (``outputs.NAME.files.SPLIT.shards``). A bucket folder of a multi-bucket output (``lat/64x64x17``) is
+  checked against the files the build recorded for that bucket (the ledger's ``unit_files``, the manifest's
+  shards named ``64x64x17/NNNNN.tar``). Any other dataset gets no such check.
 - Each committed shard must be there and hash to the recorded sha256 (``from_source.unit_damage``: a
   file of another size differs without being read). ``repair.json`` is taken into account: a shard a
   repair rewrote (or left as it was, ignoring its damaged samples) must hold what that repair saw (its
@@ -12,9 +14,10 @@ Contract
   detail), a shard restored from the sources the
   build's bytes again, and a missing shard whose loss a repair recorded (action ``missing_shard``) is
   accounted for. A ``.tar`` in the folder that the build did not write is named too (a renamed shard).
-- The failure names each shard and the fix: ``shardsmith repair --from-source`` (with a ledger), which
-  rebuilds the build's shards byte-identical; else restoring the file, or ``shardsmith repair``, which
-  keeps what is intact and records the loss.
+- The failure names each shard and the fix: ``shardsmith repair --from-source`` (with a ledger, for an
+  image WebDataset output, format ``wds``: the one it rebuilds), which rebuilds the build's shards
+  byte-identical; for another format the build's command again with ``--overwrite``; else restoring the
+  file, or ``shardsmith repair``, which keeps what is intact and records the loss.
 - Cost: every byte of every shard is hashed once (sha256, ~1.7 GB/s a core with SHA extensions). The
   hashing runs in threads of the verify process (hashlib releases the GIL) while the ranks iterate the
   loader (:meth:`ShardIntegrity.start` after the ranks are forked, :meth:`ShardIntegrity.finish` after
@@ -54,17 +57,30 @@ def _read_ledger(build: BuildRef):
         return Ledger._immutable(path)
 
 
+def _in_bucket(build: BuildRef, name: str) -> str | None:
+    """``name`` (a file the build recorded, ``64x64x17/00000.tar`` for a bucket's) relative to the dataset
+    ``build`` is, or None when it is not in it (another bucket's)."""
+    if build.bucket is None:
+        return name
+    head = f"{build.bucket}/"
+    return name[len(head):] if name.startswith(head) else None
+
+
 def _ledger_units(build: BuildRef) -> list[Unit]:
     led = _read_ledger(build)
     try:
-        return recorded_units(led, build.output, build.split)
+        if build.bucket is None:
+            return recorded_units(led, build.output, build.split)
+        return [Unit(n, f["seq"], f["count"], f["sha256"], f["bytes"]) for f in led.unit_files(build.output, build.split)
+                if (n := _in_bucket(build, f["name"])) is not None]
     finally:
         led.close()
 
 
 def unit_keys(build: BuildRef, shard: str) -> list[str] | None:
-    """The keys of the samples the build wrote into ``shard`` (from its ledger), or None without one."""
-    if not build.has_ledger:
+    """The keys of the samples the build wrote into ``shard`` (from its ledger), or None without one (or for a
+    bucket's shard: the ledger records the items of the unit, not of each bucket's file)."""
+    if not build.has_ledger or build.bucket is not None:
         return None
     led = _read_ledger(build)
     try:
@@ -99,10 +115,29 @@ def _manifest_units(build: BuildRef) -> list[Unit] | None:
     try:
         m = read_json(build.root / MANIFEST_FILE)
         shards = m["outputs"][build.output]["files"][build.split]["shards"]
-        return [Unit(s["name"], i, int(s["count"]), str(s["sha256"]), s.get("bytes"))
-                for i, s in enumerate(shards) if isinstance(s, dict) and s.get("name") and s.get("sha256")]
+        return [Unit(n, i, int(s["count"]), str(s["sha256"]), s.get("bytes"))
+                for i, s in enumerate(shards) if isinstance(s, dict) and s.get("name") and s.get("sha256")
+                and (n := _in_bucket(build, str(s["name"]))) is not None]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def output_format(build: BuildRef) -> str | None:
+    """The format of the build's output the dataset is (its manifest's ``outputs.NAME.format``), or None."""
+    from shardsmith.atomic import read_json
+
+    try:
+        fmt = read_json(build.root / MANIFEST_FILE)["outputs"][build.output]["format"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return fmt if isinstance(fmt, str) else None
+
+
+def rebuild_fix(build: BuildRef) -> str:
+    """How to get back the bytes of an output ``repair --from-source`` does not rebuild (any format but ``wds``)."""
+    return (f"restore the file(s) from a copy, or rebuild the output from its sources: re-run the build's command "
+            f"with --overwrite (shardsmith build ... --out {build.root} --overwrite: built beside the old one and "
+            "swapped in when complete; repair --from-source rebuilds image WebDataset shards only)")
 
 
 @dataclass
@@ -221,7 +256,9 @@ class ShardIntegrity:
         said("shard(s) cannot be read", unreadable)
         said(".tar file(s) the build did not write", extra)
         ds = self.dataset
-        if self.build.has_ledger:
+        if self.build.has_ledger and output_format(self.build) not in (None, "wds"):
+            fix = rebuild_fix(self.build)
+        elif self.build.has_ledger:
             fix = (f"`shardsmith repair --from-source {ds}` rebuilds the build's shards byte-identical from its "
                    f"sources (`shardsmith repair {ds}` without it keeps what is intact and records the loss)")
         else:

@@ -11,6 +11,9 @@ manifest records.
   the ledger (:func:`_not_finished_why`) and of the lock (:func:`running_on`).
 - :func:`manifest_count`: the ``written`` count the enclosing build's manifest records for the
   dataset, and where it was read, or ``(None, None)``.
+- A bucket folder of a multi-bucket output (``lat/64x64x17`` beside ``lat/buckets.json``) is that output's:
+  :func:`find_build` gives its :class:`BuildRef` with ``bucket`` set (the folder's name), and
+  :func:`manifest_count` the ``samples`` the manifest records for that bucket.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from shardsmith.errors import UserError
 
 from shardsmith.formats.build_dir import HOLDOUT_DIR, LEDGER_FILE, MANIFEST_FILE
 from shardsmith.formats.detect import enclosing_build
+from shardsmith.formats.wds import BUCKETS_INDEX_FILE
 
 
 class BuildUnreadable(UserError):
@@ -179,6 +183,8 @@ def manifest_recipe_problem(build: BuildRef, dataset: Path) -> str | None:
         return (f"{mpath} does not match the recipe the build's ledger recorded "
                 f"(outputs {', '.join(want) or 'none'}): {said}; {fix}")
     rel = Path(dataset).resolve().relative_to(build.root).as_posix()
+    if build.bucket is not None:  # a bucket folder: the manifest names its output's folder
+        rel = PurePosixPath(rel).parent.as_posix()
     if _manifest_entry(mpath, rel) is None:
         return (f"{mpath}: outputs.{build.output}.files.{build.split} does not name {rel}, which the build wrote "
                 f"(output {build.output}, split {build.split}); {fix}")
@@ -226,11 +232,39 @@ def manifest_count(dataset: Path) -> tuple[int | None, str | None]:
     if found is None or not found.has_manifest:
         return None, None
     mpath = found.root / MANIFEST_FILE
-    entry = _manifest_entry(mpath, dataset.resolve().relative_to(found.root).as_posix())
+    rel = dataset.resolve().relative_to(found.root).as_posix()
+    entry = _manifest_entry(mpath, rel)
     if entry is None:
-        return None, None
+        return _manifest_bucket_count(mpath, rel)
     name, split, written = entry
     return written, f"{mpath} output {name} split {split}"
+
+
+def manifest_buckets(mpath: Path, rel: str) -> dict[str, dict[str, Any]] | None:
+    """The ``buckets`` the manifest at ``mpath`` records for the output written to ``rel`` (``{bucket: {"dir",
+    "samples", ...}}``), or None (no such output, or not a multi-bucket one)."""
+    if _manifest_entry(mpath, rel) is None:
+        return None
+    for out in read_json(mpath)["outputs"].values():
+        for info in (out.get("files") or {}).values():
+            if isinstance(info, dict) and rel in (info.get("dir"), info.get("path")):
+                buckets = info.get("buckets")
+                return buckets if isinstance(buckets, dict) and buckets else None
+    return None
+
+
+def _manifest_bucket_count(mpath: Path, rel: str) -> tuple[int | None, str | None]:
+    """(samples, where) the manifest records for the bucket folder ``rel`` of a multi-bucket output, else
+    ``(None, None)``."""
+    p = PurePosixPath(rel)
+    if p.parent == PurePosixPath("."):
+        return None, None
+    buckets = manifest_buckets(mpath, p.parent.as_posix())
+    for bucket, entry in (buckets or {}).items():
+        if isinstance(entry, dict) and entry.get("dir", bucket) == p.name and _is_count(entry.get("samples")):
+            name, split, _ = _manifest_entry(mpath, p.parent.as_posix())
+            return entry["samples"], f"{mpath} output {name} split {split} bucket {bucket}"
+    return None, None
 
 
 @dataclass(frozen=True)
@@ -244,6 +278,9 @@ class BuildRef:
     has_ledger: bool
     has_manifest: bool
     complete: bool
+    #: a bucket folder of a multi-bucket output (one WebDataset folder per bucket beside ``buckets.json``): the
+    #: folder's name in the output's folder, which prefixes its shards' names in the ledger and manifest
+    bucket: str | None = None
 
 
 def _recorded_recipe(root: Path) -> dict:
@@ -299,11 +336,17 @@ def find_build(dataset: str | Path) -> BuildRef | None:
         return None
     root, has_ledger, has_manifest = found.root, found.has_ledger, found.has_manifest
     rel = Path(dataset).resolve().relative_to(root).as_posix()
-    if has_ledger:
-        entry = _ledger_entry(root, rel)
-    else:
+
+    def entry_of(rel: str) -> tuple[str, str] | None:
+        if has_ledger:
+            return _ledger_entry(root, rel)
         written = _manifest_entry(root / MANIFEST_FILE, rel)
-        entry = written[:2] if written else None
+        return written[:2] if written else None
+
+    entry, bucket = entry_of(rel), None
+    parent = PurePosixPath(rel).parent
+    if entry is None and parent != PurePosixPath(".") and (root / parent / BUCKETS_INDEX_FILE).is_file():
+        entry, bucket = entry_of(parent.as_posix()), PurePosixPath(rel).name  # a bucket folder of that output
     if entry is None:
         return None
     try:
@@ -313,7 +356,7 @@ def find_build(dataset: str | Path) -> BuildRef | None:
         if full is None and isinstance(exc, OSError):
             raise
         raise BuildUnreadable(full or f"the ledger {root / LEDGER_FILE} cannot be read ({exc})") from None
-    return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done)
+    return BuildRef(root, entry[0], entry[1], has_ledger, has_manifest, done, bucket)
 
 
 def _not_finished_why(root: Path, has_manifest: bool, complete: bool, named: bool = True) -> str | None:

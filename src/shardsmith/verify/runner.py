@@ -210,7 +210,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if kind == "wds_buckets":  # one WebDataset folder per bucket: each verified on its own
         from shardsmith.verify.buckets import verify_buckets
 
-        rep = verify_buckets(dataset, verify, world=world, workers=workers, batch_size=batch_size, preset=preset,
+        rep = verify_buckets(dataset, verify, build=build, world=world, workers=workers, batch_size=batch_size,
+                             preset=preset,
                              key_map=key_map, batches=batches, image_size=image_size, timeout=timeout,
                              contract_in=contract_in, overrides=overrides, progress=progress)
         if picked is not None:
@@ -513,6 +514,11 @@ def format_verify(report: dict[str, Any]) -> str:
         lines.append("  key_map: " + ", ".join(f"{k}={v}" for k, v in report["key_map"].items()))
     for ch in report["checks"]:
         lines.append(f"  [{'PASS' if ch['ok'] else 'FAIL'}] {ch['name']}: {ch['detail']}")
+        bucket = (report.get("buckets") or {}).get(ch["name"][len("bucket "):]) if ch["name"].startswith("bucket ") \
+            else None
+        for sub in (bucket or {}).get("checks", []) if not ch["ok"] else []:  # what failed in that bucket
+            if not sub["ok"]:
+                lines.append(f"      [FAIL] {sub['name']}: {sub['detail']}")
     c = report.get("contract") or {}
     if c.get("keys"):
         lines.append(f"batch contract ({c['batches']} batches, {c['samples']} samples; sizes {c['batch_sizes']})")
