@@ -115,3 +115,23 @@ def test_a_lost_bucket_fails_against_the_manifest(copy):
     buckets = check(rep, "buckets")
     assert not buckets["ok"] and "64x48x1" in buckets["detail"] and "does not list" in buckets["detail"], buckets
     assert not check(rep, "manifest")["ok"]
+
+
+@pytest.mark.slow
+def test_inspect_of_a_multi_bucket_output_inspects_each_bucket(built, copy):
+    """inspect of the output folder (lat/, which verify takes) was a ValueError traceback (no .tar directly in it)."""
+    code, out = invoke("inspect", built / "lat")
+    assert code == 0 and "Traceback" not in out, out
+    for bucket in BUCKETS:
+        assert f"{_bucket_dir(built, bucket)}/00000.tar" in out, out
+    rep = shardsmith.inspect(built / "lat").report
+    assert rep["ok"] and rep["kind"] == "wds_buckets" and sorted(rep["buckets"]) == sorted(BUCKETS)
+    assert rep["totals"]["samples"] == 6 and rep["totals"]["shards"] == 2
+    # damage inside a bucket and a lost bucket are problems (exit 1), named by bucket
+    lat = copy / "lat"
+    swap_members(lat / _bucket_dir(copy, "64x64x1") / "00000.tar", ".latent.pth")
+    shutil.rmtree(lat / _bucket_dir(copy, "64x48x1"))
+    code, out = invoke("inspect", lat)
+    assert code == 1 and "Traceback" not in out, out
+    assert "bucket 64x64x1 (64x64x1/): integrity: 1 shard(s) whose bytes differ" in out, out
+    assert "bucket 64x48x1 (64x48x1/): 2 sample(s) in buckets.json, but the folder is gone" in out, out

@@ -22,7 +22,7 @@ from typing import Any
 from shardsmith.formats.wds import read_buckets_index
 
 
-def _lost_fix(dataset: Path, build) -> str:
+def lost_fix(dataset: Path, build) -> str:
     if build is None:
         return f"restore it from a copy of {dataset}"
     from shardsmith.verify.integrity import rebuild_fix
@@ -39,6 +39,23 @@ def _recorded_buckets(dataset: Path, build) -> dict[str, dict[str, Any]] | None:
 
     rel = dataset.resolve().relative_to(build.root).as_posix()
     return manifest_buckets(build.root / MANIFEST_FILE, rel)
+
+
+def index_mismatch(dataset: Path, build, index: dict[str, dict[str, Any]]) -> tuple[set[str] | None, list[str]]:
+    """(the buckets the build's manifest records, or None; the mismatch with ``index``, said with the fix)."""
+    recorded = _recorded_buckets(dataset, build)
+    if recorded is None:
+        return None, []
+    want = {b for b, e in recorded.items() if isinstance(e, dict) and e.get("samples")}
+    have = {b for b, e in index.items() if e.get("samples")}
+    lacks, extra = sorted(want - have), sorted(have - want)
+    if not (lacks or extra):
+        return want, []
+    said = [f"the build's manifest records {len(lacks)} bucket(s) that buckets.json does not list: "
+            + ", ".join(f"{b} ({recorded[b]['samples']} sample(s) in {recorded[b].get('dir', b)}/)" for b in lacks)
+            if lacks else "",
+            f"buckets.json lists {len(extra)} bucket(s) the build did not write: {', '.join(extra)}" if extra else ""]
+    return want, ["; ".join(x for x in said if x) + "; " + lost_fix(dataset, build)]
 
 
 def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: int, workers: int,
@@ -61,7 +78,7 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
         if gone is not None:
             checks.append({"name": f"bucket {bucket}", "ok": False,
                            "detail": f"{entry['samples']} sample(s) in {entry['dir']}/ (buckets.json): {gone}; "
-                                     + _lost_fix(dataset, build)})
+                                     + lost_fix(dataset, build)})
             continue
         rep = run(folder, world=world, workers=workers, batch_size=batch_size, **options)
         per[bucket] = rep
@@ -71,26 +88,18 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
         checks.append({"name": f"bucket {bucket}", "ok": rep["ok"],
                        "detail": f"{entry['samples']} sample(s) in {entry['dir']}/: "
                                  + ("every check passed" if rep["ok"] else f"failed {', '.join(failed)}")})
-    recorded = _recorded_buckets(dataset, build)
-    if recorded is not None:
-        want = {b for b, e in recorded.items() if isinstance(e, dict) and e.get("samples")}
-        have = {b for b, e in index.items() if e.get("samples")}
-        lacks, extra = sorted(want - have), sorted(have - want)
-        said = [f"the build's manifest records {len(lacks)} bucket(s) that buckets.json does not list: "
-                + ", ".join(f"{b} ({recorded[b]['samples']} sample(s) in {recorded[b].get('dir', b)}/)" for b in lacks)
-                if lacks else "",
-                f"buckets.json lists {len(extra)} bucket(s) the build did not write: {', '.join(extra)}"
-                if extra else ""]
-        checks.append({"name": "buckets", "ok": not (lacks or extra),
-                       "detail": f"the {len(want)} bucket(s) the build wrote are listed in buckets.json"
-                       if not (lacks or extra) else "; ".join(x for x in said if x) + "; " + _lost_fix(dataset, build)})
+    want, mismatch = index_mismatch(dataset, build, index)
+    if want is not None:
+        checks.append({"name": "buckets", "ok": not mismatch,
+                       "detail": mismatch[0] if mismatch else
+                       f"the {len(want)} bucket(s) the build wrote are listed in buckets.json"})
         from shardsmith.verify.owning_build import manifest_count
 
         written, where = manifest_count(dataset)
         if written is not None:
             checks.append({"name": "manifest", "ok": written == held,
                            "detail": f"{where} says written={written}; the buckets hold {held}"
-                                     + ("" if written == held else "; " + _lost_fix(dataset, build))})
+                                     + ("" if written == held else "; " + lost_fix(dataset, build))})
     rnd = batch_size * world * max(workers, 1)
     left = {b: e["samples"] % rnd for b, e in sorted(index.items()) if e.get("samples")}
     never = sum(left.values())

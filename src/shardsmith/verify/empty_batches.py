@@ -76,14 +76,18 @@ def diagnose_empty(
     world, nw = max(1, int(world_size)), max(1, int(workers))
     n = len(shards)
     empty_slots = fastgen_validation_empty(n, world, nw)
+    if report.get("buckets"):  # a multi-bucket output: each bucket's folder is a dataset of its own
+        empty_slots = sum(fastgen_validation_empty(len(r["shards"]), world, nw) for r in report["buckets"].values())
     slots = world * nw
     if n and empty_slots:
         add("partitioning", "problem",
             f"{n} shard(s) for {slots} rank-workers: {empty_slots} would be empty in validation mode "
-            "(train=False; empty_check raises 'No samples found'); training (resampled) and deterministic mode "
+            + ("(summed over the bucket folders, each split on its own) " if report.get("buckets") else "")
+            + "(train=False; empty_check raises 'No samples found'); training (resampled) and deterministic mode "
             "are unaffected")
     elif n:
-        add("partitioning", "ok", f"{n} shard(s) for {slots} rank-workers: every rank-worker gets a shard")
+        add("partitioning", "ok", f"{n} shard(s) for {slots} rank-workers: every rank-worker gets a shard"
+            + (" of each bucket folder" if report.get("buckets") else ""))
     else:
         add("partitioning", "problem", "no shards to partition")
     # 5. files_map

@@ -279,6 +279,8 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     from shardsmith.verify.owning_build import BuildUnreadable, find_build, unfinished_build
 
     folder = Path(folder)
+    if (folder / wds_layout.BUCKETS_INDEX_FILE).is_file() and not wds_layout.list_shards(folder).names:
+        return _inspect_buckets(folder, key_map)
     not_done = unfinished_build(folder)
     chk = build = None
     if not_done is None:
@@ -314,6 +316,58 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
             report["problems"].append(f"integrity: {checked[0]['detail']}")
     report["ok"] = not report["problems"]
     return report
+
+
+_SUMMED = ("shards", "members", "samples", "ignored", "usable_samples", "truncated_shards", "damaged_headers",
+           "unsafe_members", "corrupt_members")
+
+
+def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, Any]:
+    """:func:`inspect_wds` of a multi-bucket output (one WebDataset folder per bucket beside ``buckets.json``):
+    each bucket's folder inspected on its own (``buckets``: {bucket: its report}), its shards listed as
+    ``<bucket folder>/NNNNN.tar`` and its problems so prefixed (a problem of the whole bucket as ``bucket B
+    (DIR/): ...``); a bucket ``buckets.json`` lists whose folder is gone or holds no shard is a problem, and so
+    is, for a build's output, a bucket its manifest records that ``buckets.json`` does not list (or the reverse)."""
+    from shardsmith.verify.buckets import index_mismatch, lost_fix
+    from shardsmith.verify.owning_build import BuildUnreadable, find_build
+
+    try:
+        build = find_build(folder)
+    except BuildUnreadable:
+        build = None
+    index = wds_layout.read_buckets_index(folder) or {}
+    per: dict[str, dict[str, Any]] = {}
+    shards: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for bucket, entry in sorted(index.items()):
+        if not entry.get("samples"):
+            continue
+        d = str(entry.get("dir", bucket))
+        sub = folder / d
+        if not sub.is_dir() or not wds_layout.list_shards(sub).names:
+            problems.append(f"bucket {bucket} ({d}/): {entry['samples']} sample(s) in buckets.json, but "
+                            + ("the folder is gone" if not sub.is_dir() else "the folder holds no .tar shard")
+                            + f"; {lost_fix(folder, build)}")
+            continue
+        rep = per[bucket] = inspect_wds(sub, key_map)
+        own = set()
+        for sh in rep["shards"]:
+            own.update(sh["problems"])
+            shards.append({**sh, "name": f"{d}/{sh['name']}", "problems": [f"{d}/{x}" for x in sh["problems"]]})
+        for x in rep["problems"]:
+            if x in own:
+                problems.append(f"{d}/{x}")
+            elif x == rep.get("build", {}).get("unfinished"):  # the build's, said once
+                problems += [] if x in problems else [x]
+            else:
+                problems.append(f"bucket {bucket} ({d}/): {x}")
+    problems += index_mismatch(folder, build, index)[1]
+    if not per and not problems:
+        problems.append(f"no bucket of {folder / wds_layout.BUCKETS_INDEX_FILE} holds a sample")
+    totals = {k: sum(r["totals"][k] for r in per.values()) for k in _SUMMED}
+    return {"folder": str(folder), "kind": "wds_buckets", "key_map": dict(key_map) if key_map else None,
+            "order_note": None, "buckets": per, "shards": shards, "totals": totals,
+            "duplicate_keys_across_shards": {}, "problems": problems, "ok": not problems}
 
 
 def format_inspect(report: dict[str, Any]) -> str:
