@@ -218,10 +218,17 @@ def audio_lines(audio: dict[str, Any] | None) -> list[str]:
 def bucket_lines(split: str, buckets: dict[str, dict[str, Any]]) -> list[str]:
     """One summary line per bucket of a latent output's split: samples, latent shape, the share
     of the available frames used, and the mean share of the source area the crop kept."""
+    from shardsmith.formats.wds import is_audio_bucket
+
     lines = []
     for bucket, b in buckets.items():
         used = f"{b['frames_used']}/{b['frames_available']} frames used" if b.get("frames_available") else ""
         shape = "x".join(map(str, b["latent_shape"])) if b.get("latent_shape") else "?"
+        if not bucket:  # items of no bucket (audio files without audio.durations): nothing to say per bucket
+            continue
+        if is_audio_bucket(bucket):  # an audio duration: no frames, no crop
+            lines.append(f"  {split} bucket {bucket}: {b['samples']} sample(s), audio latent {shape}")
+            continue
         lines.append(f"  {split} bucket {bucket}: {b['samples']} sample(s), latent {shape}"
                      f"{', ' + used if used else ''}, crop keeps {b['mean_area_kept']:.0%} of the area on average")
     return lines

@@ -25,7 +25,8 @@ SHARD_COUNT_FILE = "shard_count.json"
 IGNORE_INDEX_FILE = "ignore_index.json"
 REPAIR_FILE = "repair.json"
 NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embedding beside the shards
-# a multi-bucket output: one WebDataset folder per bucket (``<bucket>/`` named ``WxHxF``, each with
+# a multi-bucket output: one WebDataset folder per bucket (``<bucket>/`` named ``WxHxF``, or ``audio_<ms>ms``
+# for an audio-only dataset's durations, each with
 # its shard_count.json) and this index beside them: {bucket: {dir, samples, shards, latent_shape}}
 BUCKETS_INDEX_FILE = "buckets.json"
 KD_INDEX_FILE = "index.json"  # kd_wds: path_timesteps, solver, teacher and every sample's seed (formats/kd.py)
@@ -79,15 +80,38 @@ def shard_name(index: int) -> str:
     return f"{index:05d}.tar"
 
 
+_AUDIO_BUCKET_RE = re.compile(r"audio_(\d+(?:p\d+)?)ms")
+
+
+def audio_bucket(seconds: float) -> str:
+    """The bucket of an audio-only sample cut to ``seconds`` (one of ``audio.durations``):
+    ``4.0 -> "audio_4000ms"``, ``0.0125 -> "audio_12p5ms"`` (a name that is a folder and a Python identifier)."""
+    ms = float(seconds) * 1000
+    text = str(round(ms)) if abs(ms - round(ms)) < 1e-6 else f"{ms:.6f}".rstrip("0").replace(".", "p")
+    return f"audio_{text}ms"
+
+
+def is_audio_bucket(name: str) -> bool:
+    """Whether ``name`` is an audio duration's bucket (:func:`audio_bucket`)."""
+    return _AUDIO_BUCKET_RE.fullmatch(name) is not None
+
+
+def bucket_frames(bucket: str) -> int:
+    """The video frames of a sample of ``bucket``: ``F`` of ``WxHxF``; 0 for an audio duration's bucket."""
+    return 0 if is_audio_bucket(bucket) else int(bucket.rsplit("x", 1)[1])
+
+
 def is_bucket_folder(name: str) -> bool:
-    """Whether ``name`` is a bucket folder's name (``WxHxF``) of a multi-bucket output."""
-    return re.fullmatch(r"\d+x\d+x\d+", name) is not None
+    """Whether ``name`` is a bucket folder's name of a multi-bucket output: ``WxHxF``, or an audio
+    duration's (:func:`audio_bucket`)."""
+    return re.fullmatch(r"\d+x\d+x\d+", name) is not None or is_audio_bucket(name)
 
 
 def bucket_folder(bucket: str) -> str:
-    """The folder of a bucket's shards in a multi-bucket output: the bucket itself, ``WxHxF``."""
+    """The folder of a bucket's shards in a multi-bucket output: the bucket itself (``WxHxF`` or
+    ``audio_<ms>ms``)."""
     if not is_bucket_folder(bucket):
-        raise ValueError(f"not a bucket: {bucket!r} (expected WxHxF)")
+        raise ValueError(f"not a bucket: {bucket!r} (expected WxHxF or audio_<ms>ms)")
     return bucket
 
 

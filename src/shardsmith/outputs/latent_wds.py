@@ -1,6 +1,7 @@
 """``format: latent_wds``: WebDataset shards of cached latents and text embeddings (FastGen's
 latent loaders), with ``neg_prompt_emb.npy`` beside them. With several buckets in
-``geometry.buckets`` the output is one WebDataset folder per bucket plus ``buckets.json``
+``geometry.buckets`` (or several ``audio.durations`` of an audio-only dataset: ``audio_<ms>ms/``) the output is
+one WebDataset folder per bucket plus ``buckets.json``
 (:mod:`shardsmith.sinks.bucketed_wds`): every batch of one folder has one shape."""
 
 from __future__ import annotations
@@ -14,18 +15,35 @@ from shardsmith.outputs.latent import LatentKind
 from shardsmith.recipe import LatentWdsOutput
 
 
+def audio_buckets(recipe) -> bool:
+    """Whether the recipe is an audio-only dataset (no VAE, an audio VAE) cut to several ``audio.durations``:
+    its latent outputs' samples then have one latent shape per duration."""
+    m = recipe.models
+    return m.vae is None and m.audio_vae is not None and len(recipe.audio.durations or []) > 1
+
+
 def bucketed(ctx: OutputContext) -> bool:
-    """Whether the recipe's latent outputs are written one folder per bucket (several buckets)."""
-    return len(ctx.recipe.geometry.buckets or []) > 1
+    """Whether the recipe's latent outputs are written one folder per bucket: several buckets in
+    ``geometry.buckets``, or several audio durations of an audio-only dataset."""
+    return len(ctx.recipe.geometry.buckets or []) > 1 or audio_buckets(ctx.recipe)
 
 
 def latent_shapes(ctx: OutputContext) -> dict[str, list[int]]:
-    """The latent shape (no batch) of every bucket of the recipe, from the loaded VAE."""
+    """The latent shape (no batch) of every bucket of the recipe, from the loaded encoder: the VAE's per
+    geometry bucket; an audio-only dataset's, ``audio_latent.pth``'s ``[C, T, F]`` per duration."""
     from shardsmith.transform.buckets import parse_buckets
 
-    vae = ctx.stage().vae
-    if vae is None:  # an audio-only dataset: no VAE, no latent shapes
-        return {}
+    stage = ctx.stage()
+    vae = stage.vae
+    if vae is None:  # an audio-only dataset: its durations' shapes, where it has duration buckets
+        audio, durations = stage.audio_vae, ctx.recipe.audio.durations
+        if audio is None or not durations:
+            return {}
+        from shardsmith.formats.wds import audio_bucket
+        from shardsmith.transform.audio import num_samples
+
+        rate = audio.settings.sample_rate
+        return {audio_bucket(d): list(audio.settings.latent_shape(num_samples(d, rate))) for d in durations}
     spec, out = vae.spec, {}
     for b in parse_buckets(ctx.recipe.geometry.buckets):
         pixel = (3, b.height, b.width) if spec.kind == "image_vae" else (3, b.frames, b.height, b.width)

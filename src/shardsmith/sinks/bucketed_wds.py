@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shardsmith.atomic import atomic_write_json
-from shardsmith.formats.wds import BUCKETS_INDEX_FILE, SHARD_COUNT_FILE, bucket_folder, is_bucket_folder
+from shardsmith.formats.wds import BUCKETS_INDEX_FILE, SHARD_COUNT_FILE, bucket_folder, bucket_frames, is_bucket_folder
 from shardsmith.records import SampleResult, UnitFile, Written
 from shardsmith.sinks.wds import WdsSink
 
@@ -61,7 +61,7 @@ class BucketedWdsSink:
             folder = bucket_folder(bucket)
             name, size, sha = WdsSink(self.o, self.dest / folder).write_unit(seq, group)
             rel = f"{folder}/{name}"
-            frames = int(bucket.rsplit("x", 1)[1])
+            frames = bucket_frames(bucket)  # (0: an audio duration's bucket)
             files.append(UnitFile(rel, bucket, len(group), size, sha, frames * len(group),
                                   sum(int(s.info.get("source_frames", frames)) for _, s in group),
                                   sum(crop_share(s.info) for _, s in group)))

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from shardsmith.formats.precomputed import CACHE_EXT, PRECOMPUTED_STAMP, WRITTEN_DIRS
+from shardsmith.formats.wds import bucket_frames
 from shardsmith.records import SampleResult, UnitFile, Written
 from shardsmith.atomic import atomic_write_bytes, atomic_write_json, fsync_dir
 from shardsmith.sinks.pt_write import pt_bytes_fast
@@ -111,7 +112,7 @@ class PrecomputedSink:
             groups.setdefault(s.info.get("bucket", ""), []).append((s, nb, hb.digest()))
         files = []
         for bucket, group in sorted(groups.items()):
-            frames = int(bucket.rsplit("x", 1)[1]) if bucket else 1
+            frames = bucket_frames(bucket) if bucket else 1  # (0: an audio duration's bucket)
             gh = hashlib.sha256(b"".join(d for _, _, d in group)).hexdigest()
             files.append(UnitFile(f"{bucket}@unit{seq:05d}", bucket, len(group), sum(n for _, n, _ in group), gh,
                                   frames * len(group),

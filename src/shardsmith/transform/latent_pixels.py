@@ -259,6 +259,10 @@ class LatentPixelMaker:
         if wave is None:  # audio not required, but an audio-only item has nothing else to write
             raise ItemError(info["status"].split(":", 1)[1], info["detail"])
         res = SampleResult(idx=item.idx, status=WRITTEN, info={"audio": info}, audio=wave)
+        if self.audio.durations:  # its duration's bucket: one latent shape (a multi-bucket output's folder)
+            from shardsmith.formats.wds import audio_bucket
+
+            res.info["bucket"] = audio_bucket(info["duration"])
         self._reference_audio(item, res)
         if self.conditions is not None:
             res.conditions = self.conditions.cut_audio(item, info) or None
