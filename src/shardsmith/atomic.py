@@ -1,7 +1,8 @@
 """Atomic file writes: write to a temporary sibling, flush + fsync, rename into place; and the
 safe way to read a JSON file back (:func:`read_json`, :func:`loads_json`).
 
-Temporary names are ``<name>.tmp-<pid>``; :func:`remove_stale_tmp` deletes leftovers of a
+Temporary names are ``<name>.tmp-<pid>``, or a short hidden ``.<16 hex><suffix>.tmp-<pid>`` where the
+long form would pass the file system's name limit (:func:`tmp_path`); :func:`remove_stale_tmp` deletes leftovers of a
 killed run (they were never committed to the ledger, so nothing is lost).
 
 Every JSON file a user can hand over or damage (a table source, ``manifest.json``, the index files
@@ -13,6 +14,7 @@ handler of bad JSON catches.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from contextlib import contextmanager
@@ -32,13 +34,35 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _name_max(folder: Path) -> int:
+    """The longest file name, in bytes, the file system of ``folder`` takes (255 where it cannot be asked)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def tmp_path(path: Path) -> Path:
+    """The temporary sibling ``path`` is written to: ``<name>.tmp-<pid>``, or, where that would be longer than a
+    file name may be (a final name within a few bytes of the limit), the short hidden
+    ``.<16 hex of the name><suffix>.tmp-<pid>`` (a leftover of either is removed by :func:`remove_stale_tmp`), so
+    that only the final name's own length can stop a write."""
+    pid = os.getpid()
+    tmp = f"{path.name}{TMP_MARK}{pid}"
+    if len(os.fsencode(tmp)) <= _name_max(path.parent):
+        return path.with_name(tmp)
+    suffix = path.suffix if len(os.fsencode(path.suffix)) <= 16 else ""
+    digest = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]
+    return path.with_name(f".{digest}{suffix}{TMP_MARK}{pid}")
+
+
 @contextmanager
 def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
     """Yield a binary file that appears at ``path`` only if the block completes. A write that
     fails for want of space (disk full, quota, file too large) is re-raised naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
+    tmp = tmp_path(path)
     f = open(tmp, "wb")
     try:
         yield f

@@ -148,6 +148,11 @@ def tree_path(relpath: str) -> str:
     return str(PurePosixPath(*parts))
 
 
+#: the longest file name, in bytes, a tree's file may have: NAME_MAX of the common file systems (ext4, xfs,
+#: btrfs, tmpfs, APFS), which a name the digest makes longer than its media's would pass (:func:`sample_rel`)
+MAX_NAME_BYTES = 255
+
+
 def sample_rel(relpath: str, tree_source: str | None, *, key: str, item_id: str, key_source: str | None) -> str:
     """The relative path of a planned item's file in every folder of its tree (``latents/``, ``conditions/``,
     ``reference_latents/``, masks, cameras: the trainer pairs them by it), unique within the plan and decided
@@ -161,14 +166,19 @@ def sample_rel(relpath: str, tree_source: str | None, *, key: str, item_id: str,
     whose mirrored paths agree have the same planner key base (the same normalised path, or one spelled with
     ``..`` and one with ``__``: :func:`tree_path`; a path whose key base :func:`tree_path` changes never keeps
     the plain name), and the planner gives that key to at most one item: at most one keeps the plain name; the
-    others' item ids differ, so do their digests."""
+    others' item ids differ, so do their digests. A name over :data:`MAX_NAME_BYTES` (a media name within a few
+    bytes of the limit that takes the digest) has its stem cut, at a character, to fit beside ``_<8 hex>.pt``."""
     plain = mirrored(tree_path(relpath), tree_source)  # a path from outside the source's folder: inside the tree
     norm = PurePosixPath(relpath).as_posix() if relpath else relpath
     # (a ``..`` after a link, ``lnk/../y.jpg``, keys as ``lnk_y`` but lies at ``lnk/__/y``: never the plain name)
-    if key == key_base(key_source, norm, item_id) == key_base(key_source, tree_path(norm), item_id):
-        return plain
     p = PurePosixPath(plain)
-    return str(p.with_name(f"{p.stem}{unique_key('', item_id)}{CACHE_EXT}"))  # unique_key('', id) = "_<8 hex>"
+    if (key == key_base(key_source, norm, item_id) == key_base(key_source, tree_path(norm), item_id)
+            and len(p.name.encode("utf-8")) <= MAX_NAME_BYTES):
+        return plain
+    tail = f"{unique_key('', item_id)}{CACHE_EXT}"  # unique_key('', id) = "_<8 hex>"
+    # (a stem within a few bytes of the limit, 251 of a 255-byte x.jpg: cut, at a character, to fit beside the tail)
+    stem = p.stem.encode("utf-8")[:MAX_NAME_BYTES - len(tail)].decode("utf-8", "ignore")
+    return str(p.with_name(f"{stem}{tail}"))
 
 
 def cache_member(subdir: str, rel: str) -> str:
