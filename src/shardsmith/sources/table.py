@@ -6,7 +6,8 @@ target, caption/text/prompt, label). Partner roles (``source``, ``reference``, `
 ``Item.media`` by role. Other columns are kept as per-sample metadata. Every media path (target
 and partners) resolves against the table's own folder; a path that lands outside that folder
 once symlinks are resolved (``..``, an absolute path, a link) is refused per row, unopened,
-unless ``allow_outside_paths: true``. A bad row (missing file, no media path, unparsable line,
+unless ``allow_outside_paths: true``. A missing file's message says when the cell is a URL (nothing is
+downloaded) or when its folder holds the name spelled in another Unicode normalisation (NFC / NFD). A bad row (missing file, no media path, unparsable line,
 a CSV row with more cells than the header: ``bad_row``) becomes that row's ``failed:<reason>``; a
 path that names a folder, a named pipe or a device is ``failed:not_a_regular_file``, never opened; a
 CSV header that names a column twice is refused (:class:`SourceError`); a CSV metadata cell that
@@ -51,6 +52,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -339,6 +341,54 @@ def _label_error(path: Path, col: str, bad: list[tuple[int, Any]]) -> str:
             "or leave the cell empty for an item with no label (class-conditional outputs skip it)")
 
 
+#: a cell that is a URL (``https://...``, ``s3://...``): not a local path
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _form(name: str) -> str:
+    """Which Unicode normalisation ``name`` is in: ``NFC``, ``NFD``, or ``mixed`` (neither)."""
+    return next((f for f in ("NFC", "NFD") if unicodedata.is_normalized(f, name)), "mixed")
+
+
+class _Twins:
+    """Finds, for a path that does not exist, a name in its folder that differs from it only in Unicode
+    normalisation. A few folders' listings are kept (a table names many files of one folder), so a table whose
+    every name is spelled otherwise costs one listing per folder, not one per row."""
+
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self.listings: dict[str, dict[str, list[str]]] = {}
+
+    def _listing(self, folder: str) -> dict[str, list[str]]:
+        if folder not in self.listings:
+            if len(self.listings) >= self.KEPT:
+                self.listings.pop(next(iter(self.listings)))
+            by_form: dict[str, list[str]] = {}
+            try:
+                with os.scandir(folder) as entries:
+                    for e in entries:
+                        if not e.name.isascii():  # an ASCII name has one spelling in every normalisation
+                            by_form.setdefault(unicodedata.normalize("NFC", e.name), []).append(e.name)
+            except OSError:
+                pass
+            self.listings[folder] = by_form
+        return self.listings[folder]
+
+    def spelled_otherwise(self, real: str) -> tuple[str, str, str] | None:
+        """``(folder, missing name, the name in folder spelled otherwise)`` for the first component of the
+        missing path ``real`` that does not exist, or None when its folder holds no such twin."""
+        p, parts = real, []
+        while not os.path.lexists(p) and os.path.dirname(p) != p:
+            p, part = os.path.split(p)
+            parts.append(part)
+        if not parts or parts[-1].isascii() or not utf8_ok(parts[-1]):
+            return None
+        wanted = parts[-1]
+        found = [n for n in self._listing(p).get(unicodedata.normalize("NFC", wanted), []) if n != wanted]
+        return (p, wanted, found[0]) if found else None
+
+
 class TableSource:
     def __init__(self, index: int, spec, exclude: list[Path]):
         self.path = Path(spec.path)
@@ -346,6 +396,7 @@ class TableSource:
         #: the table's folder with links resolved and as written: a media path under either is named relative to it
         self.dirs = tuple(dict.fromkeys((str(self.root), os.path.abspath(self.path.parent))))
         self.spec = spec
+        self._twins = _Twins()
         for what, where in (("path", str(self.path)), ("folder", str(self.root))):
             if not utf8_ok(where):
                 raise SourceError(f"source '{shown(spec.name)}': the table's {what} {shown(where)} is not valid UTF-8 "
@@ -449,8 +500,7 @@ class TableSource:
             return name, real, ("symlink_loop", f"{where} names {rel!r}, which is a symbolic link loop; fix the "
                                 "link or delete the row")
         if problem == "missing":
-            return name, real, ("missing_file", f"{where} names {rel!r}, but {real} does not exist; fix the "
-                                "path (relative to the table's folder) or delete the row")
+            return name, real, ("missing_file", self._missing(rel, real, where))
         if problem is None and not os.path.isfile(real):  # a folder, a pipe, a device: never opened
             folder = os.path.isdir(real)
             what = "a folder" if folder else paths.special_file(real)
@@ -459,6 +509,25 @@ class TableSource:
             return name, real, (paths.NOT_REGULAR, f"{where} names {rel!r}, but {real} is "
                                 f"{what + ', not' if what else 'not'} a regular file; {fix}, or delete the row")
         return name, real, None  # an unreadable file fails when the probe reads it
+
+    def _missing(self, rel: str, real: str, where: str) -> str:
+        """The message for a row's media path ``rel`` whose file ``real`` does not exist: a URL is said to be
+        one (nothing is downloaded); a name that a file in its folder spells in another Unicode normalisation
+        (the table's NFC ``café.jpg``, the file's NFD ``cafe\u0301.jpg``, as macOS writes names) is named."""
+        if _URL.match(rel):
+            return (f"{where} names {rel!r}, a URL: shardsmith reads local files and downloads nothing; fetch the "
+                    "files first (e.g. with img2dataset), then put their local paths (relative to the table's "
+                    "folder) in this column, or delete the row")
+        twin = self._twins.spelled_otherwise(real)
+        if twin is not None:
+            folder, wanted, found = twin
+            return (f"{where} names {rel!r}, but {real} does not exist: {folder} holds {found!r}, which looks the "
+                    f"same but is spelled in another Unicode normalisation: {ascii(found)} is {_form(found)}, the "
+                    f"table's {ascii(wanted)} {_form(wanted)}, different bytes to the file system; rename the file or "
+                    "rewrite the cell so both are spelled alike (unicodedata.normalize('NFC', name) makes them "
+                    "equal), or delete the row")
+        return (f"{where} names {rel!r}, but {real} does not exist; fix the path (relative to the table's folder) "
+                "or delete the row")
 
     def _partners(self, row: dict[str, Any], where: str) -> tuple[dict[str, MediaRef], tuple[str, str] | None]:
         """The row's partner files by role and the first problem among them: an empty cell or a
