@@ -10,7 +10,9 @@ Contract
   order as the rows arrive, exactly the units :func:`~shardsmith.units.plan.plan_units` gives
   once the plan is complete.
 - An output with a byte budget (``max_shard_bytes``) cuts its units as its samples are written,
-  in order: where a unit ends depends on the sizes of the samples before it.
+  in order: where a unit ends depends on the sizes of the samples before it. Once its last unit is
+  recorded, the shards past it that an earlier, uncommitted attempt left go
+  (:func:`~shardsmith.units.job.drop_units_after`: a resume whose items now fail cuts fewer units).
 - With an encoder (``run.finisher``), a sealed unit waits for its last batches while the encoder
   goes on with the next unit's; its file is written on a writer thread, and the ledger records
   units in the order they were sealed, each once its file is in place. At most
@@ -33,7 +35,7 @@ from shardsmith.formats.wds import sample_tar_bytes, tar_bytes
 from shardsmith.parallel import Workers
 from shardsmith.plan.ledger import Ledger
 from shardsmith.records import WRITTEN
-from shardsmith.units.job import commit, record_of, unit_items, write_unit
+from shardsmith.units.job import commit, drop_units_after, record_of, unit_items, write_unit
 from shardsmith.units.plan import UnitJob, plan_units, unit_at
 
 MAX_SEALED_UNITS = 2  # units encoded but not yet written, at most
@@ -110,6 +112,8 @@ def run_split(run: SplitRun, pool: Workers, ahead=None, check: Callable[[], None
         stream = ((j.seq, j.first_pos + k, it) for j in ORDER(jobs)
                   for k, it in enumerate(unit_items(ledger, j, run.sources)))
     _Writer(run, seq0, pos0, total, completed, ahead).run(pool, stream)
+    if run.byte_bounded:  # (planned units: each was rewritten, or dropped, by its own seq)
+        drop_units_after(run.sink, ledger, run.name, run.split)
 
 
 class _Writer:

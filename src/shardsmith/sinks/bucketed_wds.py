@@ -14,7 +14,9 @@ Contract
   :class:`~shardsmith.records.Written` lists them, and its sha256 hashes their names and hashes.
   The unit's shard in a bucket folder it writes nothing to (``drop_unit``: in every bucket folder,
   for a unit that writes no sample) is removed: what an earlier, uncommitted attempt of the unit
-  left there (a resume whose items of that bucket now fail) is not the build's.
+  left there (a resume whose items of that bucket now fail) is not the build's. ``drop_units_after``
+  does :meth:`WdsSink.drop_units_after` in every bucket folder (units cut by bytes: the shards past the
+  last committed unit that an earlier, uncommitted attempt left).
 - A unit closes on ``samples_per_shard`` or ``max_shard_bytes`` over all its buckets together, so
   no bucket's shard passes the byte budget.
 - ``finalize(files, latent_shapes)`` writes every bucket's ``shard_count.json`` and ``buckets.json``
@@ -24,6 +26,7 @@ Contract
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +76,14 @@ class BucketedWdsSink:
     def drop_unit(self, seq: int) -> None:
         """Unit ``seq`` writes no sample: remove its shard from every bucket folder."""
         self._drop_unit_in(seq, set())
+
+    def drop_units_after(self, seq: int, planned: Callable[[list[str]], bool]) -> list[str]:
+        """:meth:`WdsSink.drop_units_after` in every bucket folder; the names removed, ``<bucket>/NNNNN.tar``."""
+        gone = []
+        for d in sorted(self.dest.iterdir()) if self.dest.is_dir() else []:
+            if is_bucket_folder(d.name) and d.is_dir() and not d.is_symlink():
+                gone += [f"{d.name}/{n}" for n in WdsSink(self.o, d).drop_units_after(seq, planned)]
+        return gone
 
     def _drop_unit_in(self, seq: int, written: set[str]) -> None:
         """Remove unit ``seq``'s shard from the bucket folders other than ``written``."""

@@ -4,15 +4,21 @@ A unit of work is one shard. A shard closes when it holds ``samples_per_shard`` 
 when the next sample would push it past ``max_shard_bytes`` (a single larger sample gets a
 shard of its own). Shards are written atomically; the caller commits them to the ledger. A unit
 that writes no sample writes no shard, and ``drop_unit`` removes the one an earlier, uncommitted
-attempt of it left (a resume whose items of that unit now all fail).
+attempt of it left (a resume whose items of that unit now all fail). ``drop_units_after`` removes
+the shards numbered past the last committed unit that an earlier, uncommitted attempt left (an
+output cut by bytes, whose resume cuts fewer units because items now fail), each only when every
+sample in it is an item of the build's plan.
 """
 
 from __future__ import annotations
 
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
-from shardsmith.formats.tar import END_BYTES
-from shardsmith.formats.wds import SHARD_COUNT_FILE, member_name, sample_tar_bytes, shard_name
+from shardsmith.formats.tar import END_BYTES, tar_members
+from shardsmith.formats.wds import (SHARD_COUNT_FILE, group_members, member_name, sample_tar_bytes, shard_index,
+                                    shard_name)
 from shardsmith.recipe import WdsOutput
 from shardsmith.records import SampleResult
 from shardsmith.atomic import atomic_open, atomic_write_json, fsync_dir
@@ -60,6 +66,25 @@ class WdsSink:
         if path.is_file() or path.is_symlink():
             path.unlink()
             fsync_dir(path.parent)
+
+    def drop_units_after(self, seq: int, planned: Callable[[list[str]], bool]) -> list[str]:
+        """Remove the shards ``NNNNN.tar`` numbered past ``seq`` (the last committed unit) whose sample keys
+        are all items of the build's plan (``planned(keys)``): an earlier, uncommitted attempt of units a
+        resume no longer cuts left them. Any other file stays (verify names it). The names removed."""
+        gone = []
+        for path in sorted(self.dest.iterdir()) if self.dest.is_dir() else []:
+            try:
+                if shard_index(path.name) <= seq or not path.is_file() or path.is_symlink():
+                    continue
+                keys = [k for k, _ in group_members(tar_members(path))]
+            except (ValueError, OSError, tarfile.TarError):  # not a shard name; a file that is no tar
+                continue
+            if keys and planned(keys):
+                path.unlink()
+                gone.append(path.name)
+        if gone:
+            fsync_dir(self.dest)
+        return gone
 
     def finalize(self, units: list[dict]) -> dict:
         """Write ``shard_count.json``; return the output's manifest block."""

@@ -9,6 +9,11 @@ Contract
 - ``write_unit(sink, seq, samples)``: the unit's file, or for a unit with no sample none, and then
   no file of an earlier, uncommitted attempt of it either (``sink.drop_unit``, where the sink has
   it): a resume whose items of that unit now all fail leaves no shard the ledger does not list.
+- ``drop_units_after(sink, ledger, output, split)``: for an output whose units are cut as they are
+  written (a byte budget), once all are committed: the shards an earlier, uncommitted attempt wrote
+  past the last unit (several can wait for their record at once; a resume whose items now fail cuts
+  fewer units) go, each only when every sample in it is an item of the plan (``sink.drop_units_after``,
+  where the sink has it). Units planned ahead need none: each is rewritten or dropped itself.
 - ``run_unit(job, items, maker, sink)``: the whole unit in one process (a remote worker's job):
   each item through the picklable ``maker``, then :func:`finish_unit`.
 - ``commit(ledger, record)``: the ledger's record of the unit and of its items' statuses, in one
@@ -61,6 +66,16 @@ def write_unit(sink, seq: int, samples: list[tuple[str, SampleResult]]) -> tuple
     if drop is not None:
         drop(seq)
     return ("", 0, "")
+
+
+def drop_units_after(sink, ledger: Ledger, output: str, split: str) -> list[str]:
+    """Remove the shards past ``output``'s last committed unit of ``split`` that an earlier, uncommitted
+    attempt left (see the module contract); the names removed."""
+    drop = getattr(sink, "drop_units_after", None)
+    if drop is None:
+        return []
+    last = ledger.last_unit(output, split)
+    return drop(-1 if last is None else last[0], lambda keys: len(ledger.existing_keys(keys)) == len(set(keys)))
 
 
 def finish_unit(job: UnitJob, sink, results: Iterable[tuple[PlannedItem, SampleResult]]) -> UnitRecord:
