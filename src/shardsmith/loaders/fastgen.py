@@ -13,6 +13,7 @@ from typing import Any
 
 from shardsmith.formats.wds import IGNORE_INDEX_FILE, NEG_PROMPT_FILE, SHARD_COUNT_FILE, read_buckets_index
 from shardsmith.loaders.decoders import size_hw
+from shardsmith.loaders.registry import config_var
 
 
 def _expr(portable: str, root_env: str, tail: str = "") -> str:
@@ -85,7 +86,7 @@ def _snippet(name: str, preset, portable: str, dataset: Path, root_env: str, ove
              files_root: tuple[str, Path] | None = None) -> str:
     """One FastGen config; ``files_root``: (portable, folder) where ``files_map`` files lie, when
     not the dataset's own folder (a multi-bucket output keeps one constant beside its buckets)."""
-    var = f"{name.upper().replace('-', '_')}_Loader_Config"
+    var = config_var(name)
     lines = ["import os", f"from fastgen.configs.data import {preset.fastgen}", ""]
     if preset.mode is not None:  # a recipe mode's preset: its key_map, and what FastGen v0.1.0 lacks for it
         lines += mode_comments(preset, dataset)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,18 @@ def _edited(text: str, name: str, entry: dict[str, Any]) -> str:
     return text + ("" if not text or text.endswith("\n") else "\n") + block
 
 
+def config_var(name: str) -> str:
+    """The Python name of dataset ``name``'s FastGen config in the snippet ``register`` prints:
+    ``my-data`` -> ``MY_DATA_Loader_Config``; a name that starts with a digit (``2024-photos``, ``1e3``) is
+    prefixed ``DS_`` (``DS_2024_PHOTOS_Loader_Config``), and a character no identifier holds is ``_``, so the
+    snippet is always valid Python. Spelled as Python reads it (NFKC). Names that differ only in ``-`` / ``_``
+    or letter case share one; :func:`add_entry` refuses a second such name in one data config."""
+    base = "".join(c if c == "_" or f"x{c}".isidentifier() else "_" for c in name.upper())
+    if not base[:1].isidentifier():  # a digit first (or a character only allowed later)
+        base = f"DS_{base}"
+    return unicodedata.normalize("NFKC", f"{base}_Loader_Config")
+
+
 def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = False) -> None:
     """Add (or, with ``replace``, replace) the entry ``name`` of the data config at ``path``. The file
     is edited as text: the new entry is appended (a replaced one rewritten where it stands), so its
@@ -274,6 +287,17 @@ def add_entry(path: Path, name: str, entry: dict[str, Any], *, replace: bool = F
     text = _read_text(path)
     data = {} if text is None else _parse(path, text)
     _check_entries(path, data, text or "", name if replace else None)  # someone else's YAML is never appended to
+    var = config_var(name)
+    # only entries with a FastGen config (a preset; not a .precomputed/ tree's) have a variable; a name already
+    # there was registered before this check: re-registering it stays possible
+    twin = None if name in data or "preset" not in entry else next(
+        (n for n, e in data.items() if isinstance(n, str) and isinstance(e, dict) and "preset" in e
+         and config_var(n) == var), None)
+    if twin is not None:  # two entries pasted into one FastGen configs/data.py: the second redefines the first
+        raise RegistryError(f"dataset name {name!r} gives the FastGen config variable {var}, which the entry "
+                            f"{twin!r} in {path} already has (names that differ only in '-' / '_' or letter "
+                            "case share one): pasted into one configs/data.py, one would silently redefine the "
+                            "other; choose another --name")
     if name in data and data[name] != entry and not replace:
         raise RegistryError(f"{path} already has a different entry {name!r}: {data[name]}{_leads_to(data[name])}; "
                             f"this one is {entry}{_leads_to(entry)}; choose another --name or pass --replace")
