@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
-from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, unit_damage
+from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, sha256_file, unit_damage
 from shardsmith.verify.owning_build import BuildRef
 
 SHOWN = 5
@@ -284,3 +284,178 @@ def shard_integrity(dataset: Path, build: BuildRef | None) -> tuple[ShardIntegri
         return None, None
     return ShardIntegrity(Path(dataset), build, units, where), None
 
+
+
+# ---------------------------------------------------------------- .precomputed/ trees
+
+#: the file (below the quarantine of a tree, one per repair run) in which ``repair`` lists the files it moved
+_QUARANTINE_LOG = "repair.json"
+
+
+@dataclass
+class _TreeUnit:
+    """A unit of a ``.precomputed/`` tree as the build committed it: the relative path (``sample_rel``) of each
+    sample it wrote, in the order it hashed them (None: an item the recorded recipe cannot name)."""
+
+    unit: Unit
+    rels: list[str | None]
+
+
+def _tree_units(build: BuildRef) -> list[_TreeUnit]:
+    """The committed units of the tree ``build`` is and the files of each, from its ledger and recorded recipe
+    (raises on a ledger or recipe that cannot be read)."""
+    from shardsmith.recipe import recipe_from_dict
+    from shardsmith.verify.decode import Samples
+
+    led = _read_ledger(build)
+    try:
+        recipe = recipe_from_dict(led.get_meta("recipe"), base_dir="/", origin=f"{build.root} (recorded recipe)")
+        samples = Samples(led.items(split=build.split, status="ok"), recipe, build.output)
+        rel_of = {it.idx: rel for rel, it in samples.by_rel.items()}
+        return [_TreeUnit(u, [rel_of.get(idx) for idx, _, _ in led.written(build.output, build.split, shard=u.name)])
+                for u in recorded_units(led, build.output, build.split)]
+    finally:
+        led.close()
+
+
+def _tree_member_files(root: Path, rel: str) -> list[str]:
+    """The files of sample ``rel`` in the tree (``latents/x.pt``, ``conditions/x.pt`` ...), sorted as the sink
+    hashed them."""
+    from shardsmith.formats.precomputed import WRITTEN_DIRS
+
+    return sorted(f"{d}/{rel}" for d in WRITTEN_DIRS if (root / d / rel).is_file())
+
+
+def tree_unit_sha256(root: Path, rels: list[str]) -> str:
+    """The sha256 the ``.precomputed/`` sink records for a unit whose samples are ``rels`` (in order), over the
+    files the tree holds now: every file's path and the sha256 of its bytes (``sinks.precomputed.write_unit``)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for rel in rels:
+        for member in _tree_member_files(root, rel):
+            h.update(member.encode() + b"\0" + bytes.fromhex(sha256_file(root / member)))
+    return h.hexdigest()
+
+
+def _quarantined(root: Path) -> set[str]:
+    """The files (``latents/x.pt`` ...) that repairs of the tree moved into its quarantine."""
+    from shardsmith.atomic import read_json
+    from shardsmith.verify.precomputed_inspect import quarantine_dir
+
+    moved: set[str] = set()
+    base = quarantine_dir(root)
+    for log in sorted(base.glob(f"*/{_QUARANTINE_LOG}")) if base.is_dir() else []:
+        try:
+            moved.update(str(m["file"]) for m in read_json(log).get("moved") or [] if isinstance(m, dict))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return moved
+
+
+class TreeIntegrity:
+    """Check ``integrity`` of a ``.precomputed/`` tree a shardsmith build wrote: each unit the build committed
+    must hash, over the files its samples have in the tree now, to the sha256 its ledger recorded (the sink's
+    hash of every file's path and bytes, recomputed); a ``.pt`` that no sample of the build has is named too.
+    The ledger records one sha256 per unit, not per file, so a unit that differs is named with its files (one
+    of them changed, was swapped with another or is gone). A unit a ``repair`` moved files of (into the
+    quarantine) is not compared, and said. Same interface as :class:`ShardIntegrity`."""
+
+    def __init__(self, root: Path, build: BuildRef, units: list[_TreeUnit]):
+        self.root, self.build, self.units = root, build, units
+        self.moved = _quarantined(root)
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: list[Future] = []
+
+    def _one(self, tu: _TreeUnit) -> tuple[str | None, list[str], str | None]:
+        """(damage, the rels whose every file is gone, error): :data:`DIFFERS` or None."""
+        rels = [r for r in tu.rels if r is not None]
+        gone = [r for r in rels if not _tree_member_files(self.root, r)]
+        try:
+            return (None if tree_unit_sha256(self.root, rels) == tu.unit.sha256 else DIFFERS), gone, None
+        except OSError as exc:
+            return None, gone, exc.strerror or str(exc)
+
+    def start(self) -> None:
+        if self._pool is not None:
+            return
+        self._pool = ThreadPoolExecutor(hash_threads(), thread_name_prefix="shardsmith-hash")
+        self._futures = [self._pool.submit(self._one, tu) for tu in self.units]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _extra(self) -> list[str]:
+        """The ``.pt`` files of the tree's folders that no sample the build wrote has."""
+        from shardsmith.formats.precomputed import WRITTEN_DIRS, cache_files
+
+        ours = {r for tu in self.units for r in tu.rels if r is not None}
+        return [f"{d}/{rel}" for d in WRITTEN_DIRS if (self.root / d).is_dir()
+                for rel in cache_files(self.root, d) if rel not in ours]
+
+    def finish(self, check) -> None:
+        self.start()
+        try:
+            got = [f.result() for f in self._futures]
+        finally:
+            self.close()
+        differs, missing, unreadable, not_compared = [], [], [], []
+        moved = {m.split("/", 1)[1] for m in self.moved if "/" in m}  # (the samples' rels)
+        for tu, (damage, gone, err) in zip(self.units, got):
+            rels = [r for r in tu.rels if r is not None]
+            if len(rels) != len(tu.rels) or any(r in moved for r in rels):
+                not_compared.append(tu.unit.name)
+                continue
+            files = [f for r in rels for f in _tree_member_files(self.root, r)]
+            if err is not None:
+                unreadable.append(f"{tu.unit.name} ({err})")
+            elif gone:
+                missing.append(f"{tu.unit.name}: {len(gone)} sample(s) with no file left: "
+                               + ", ".join(gone[:SHOWN]) + (", ..." if len(gone) > SHOWN else ""))
+            elif damage == DIFFERS:
+                differs.append(f"{tu.unit.name} ({len(rels)} sample(s), files " + ", ".join(files[:SHOWN])
+                               + (", ..." if len(files) > SHOWN else "") + ")")
+        extra = self._extra()
+        where = f"ledger {self.build.root / LEDGER_FILE}"
+        n = len(self.units)
+        if not (differs or missing or unreadable or extra):
+            detail = (f"the files of the {n - len(not_compared)} unit(s) the build wrote hash to the sha256 it "
+                      f"committed (as its {where} records)")
+            if not_compared:
+                detail += (f"; {len(not_compared)} unit(s) a repair moved files of (into the quarantine), or whose "
+                           f"samples the recorded recipe cannot name, not compared: {', '.join(not_compared[:SHOWN])}")
+            check("integrity", True, detail)
+            return
+        parts = []
+
+        def said(label: str, names: list[str]) -> None:
+            if names:
+                parts.append(f"{len(names)} {label}: " + "; ".join(names[:SHOWN])
+                             + ("; ..." if len(names) > SHOWN else ""))
+
+        said("unit(s) whose files no longer hash to the sha256 the build recorded (the ledger records one per unit, "
+             "not per file: one of these files changed, was swapped with another or is gone)", differs)
+        said("unit(s) the build wrote have samples whose files are all gone", missing)
+        said("unit(s) whose files cannot be read", unreadable)
+        said(".pt file(s) the build did not write (a renamed or added file: the trainer reads it as a sample)",
+             [", ".join(extra[:SHOWN]) + (", ..." if len(extra) > SHOWN else "")] if extra else [])
+        fix = rebuild_fix(self.build)
+        if extra:
+            fix = f"move the file(s) the build did not write out of {self.root}; {fix}"
+        check("integrity", False, "; ".join(parts) + f" (the build's {where}); {fix}")
+
+
+def tree_integrity(root: Path, build: BuildRef | None) -> tuple[TreeIntegrity | None, str | None]:
+    """The integrity check of the ``.precomputed/`` tree ``root``, or None and why not (a note) / None (no build
+    wrote it: nothing to say)."""
+    if build is None:
+        return None, None
+    if not build.has_ledger:
+        return None, (f"integrity not checked: the build's ledger ({build.root / LEDGER_FILE}) is gone, and its "
+                      "manifest records no sha256 of the tree's files")
+    try:
+        units = _tree_units(build)
+    except Exception as exc:  # noqa: BLE001 - a ledger or recorded recipe this version cannot read: said, not fatal
+        return None, f"integrity not checked: the ledger {build.root / LEDGER_FILE} cannot be read ({exc})"
+    return TreeIntegrity(Path(root), build, units), None

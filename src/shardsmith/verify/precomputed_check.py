@@ -6,7 +6,8 @@ exist and pair), ``pairing`` (every folder read pairs by relative path), ``laten
 ``attention_mask`` (int64), ``conditions_keys`` (what the mode's trainer reads, ``audio_prompt_embeds``
 whenever the LTX-2 audio connector runs), ``audio_latents`` and ``audio_duration`` (when the mode reads
 audio latents: :mod:`shardsmith.verify.precomputed_audio`), ``finite:<key>`` and, when the build that
-wrote the tree has a manifest, ``manifest``; plus ``contract`` and ``coverage``. The folder names and
+wrote the tree has a manifest, ``manifest``, and when it has a ledger, ``integrity`` (every unit's files hash
+to the sha256 the build committed: ``verify.integrity.TreeIntegrity``); plus ``contract`` and ``coverage``. The folder names and
 modes come from ``formats.precomputed``.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from shardsmith.formats import precomputed as precomputed_layout
 from shardsmith.verify.contract import ContractRecorder
+from shardsmith.verify.integrity import tree_integrity
 from shardsmith.verify.owning_build import manifest_count
 
 
@@ -35,17 +37,14 @@ def _unreadable(root: Path, dirs: list[str], rel: str) -> list[str]:
 
 
 def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
-                       mode: str | None = None) -> dict[str, Any]:
+                       mode: str | None = None, build=None) -> dict[str, Any]:
     """The LTX trainer's view of a ``.precomputed/`` tree in ``mode`` (a key of
     ``formats.precomputed.MODES``; None: the stamp's ``"mode"``, else inferred from the folders
     present): the mode's folders exist and pair by relative path, each latent dict's grid matches
     its tensor, conditions carry the embeddings the mode reads and an int64 mask, audio latents
-    agree with themselves and with the video's duration."""
-    import torch
-
-    from shardsmith.loaders.precomputed import PrecomputedDataset
-    from shardsmith.verify.precomputed_audio import (SampleChecks, folders_check, made_for_ltx2, read_stamp,
-                                                     resolve_mode, temporal_factor)
+    agree with themselves and with the video's duration. ``build``: the shardsmith build that wrote the tree
+    (``owning_build.find_build``), whose ledger check ``integrity`` compares its files with."""
+    from shardsmith.verify.precomputed_audio import read_stamp, resolve_mode
 
     root = Path(root)
     stamp = read_stamp(root)
@@ -56,6 +55,25 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
             "factor and whether the tree is LTX-2's are inferred from the folders instead; rebuild the tree to "
             "restore it, or pass --mode")
     mode, mode_from = resolve_mode(root, mode, stamp)
+    integrity, why_not = tree_integrity(root, build)  # the files against the build's sha256, hashed in threads
+    if why_not:
+        report.setdefault("notes", []).append(why_not)
+    try:
+        if integrity is not None:
+            integrity.start()
+        return _verify_tree(root, report, check, checks, mode, mode_from, stamp, integrity)
+    finally:
+        if integrity is not None:
+            integrity.close()
+
+
+def _verify_tree(root: Path, report: dict[str, Any], check, checks: list, mode: str, mode_from: str,
+                 stamp: dict, integrity) -> dict[str, Any]:
+    import torch
+
+    from shardsmith.loaders.precomputed import PrecomputedDataset
+    from shardsmith.verify.precomputed_audio import SampleChecks, folders_check, made_for_ltx2, temporal_factor
+
     present = precomputed_layout.present_dirs(root)
     dirs = [d for d in precomputed_layout.mode_dirs(mode) if d in present]
     folders_ok, folders_detail, primary_files = folders_check(root, mode, mode_from, present)
@@ -145,6 +163,8 @@ def verify_precomputed(root: Path, report: dict[str, Any], check, checks: list,
     mcount, mwhere = manifest_count(root)
     if mcount is not None:
         check("manifest", mcount == n, f"{mwhere} says written={mcount}; the tree pairs {n}")
+    if integrity is not None:
+        integrity.finish(check)
     report["checks"] = checks
     report["ok"] = all(ch["ok"] for ch in checks)
     return report

@@ -5,7 +5,10 @@
   them); ``.pt`` files that do not load (``torch.load(weights_only=True)``, as the trainer loads
   them); the shapes within each folder. Problems: unpaired, unreadable, a folder with several
   condition (or mask) shapes. Several latent shapes are a warning, not a problem: the tree trains,
-  but "the LTX trainer needs batch_size: 1 for this tree" (its DataLoader stacks a batch).
+  but "the LTX trainer needs batch_size: 1 for this tree" (its DataLoader stacks a batch). For a tree a
+  finished shardsmith build wrote, ``integrity`` (verify's check, :class:`shardsmith.verify.integrity.TreeIntegrity`:
+  every unit's files against the sha256 the build's ledger recorded, hashed in threads while the files are
+  read); a failure is a problem.
 - :func:`repair_precomputed`: moves every unreadable and unpaired file (never deletes) into the
   quarantine folder below the tree's build state (``formats.precomputed.QUARANTINE_DIR``), with a
   ``repair.json`` there listing each move and why; ``dry_run`` reports the same moves and writes
@@ -50,7 +53,36 @@ def inspect_precomputed(root: str | Path, progress: Any = None) -> dict[str, Any
     :class:`~shardsmith.progress.Progress` that shows a bar over the files read."""
     from contextlib import nullcontext
 
+    from shardsmith.verify.integrity import tree_integrity
+    from shardsmith.verify.owning_build import BuildUnreadable, find_build, unfinished_build
+
     root = Path(root)
+    chk = None
+    if unfinished_build(root) is None:
+        try:
+            chk, _ = tree_integrity(root, find_build(root))
+        except BuildUnreadable:
+            chk = None
+    try:
+        if chk is not None:
+            chk.start()
+        report = _inspect_tree(root, progress)
+        if chk is not None:
+            checked: list[dict[str, Any]] = []
+            chk.finish(lambda name, ok, detail: checked.append({"name": name, "ok": ok, "detail": detail}))
+            report["integrity"] = checked[0]
+            if not checked[0]["ok"]:
+                report["problems"].append(f"integrity: {checked[0]['detail']}")
+                report["ok"] = False
+    finally:
+        if chk is not None:
+            chk.close()
+    return report
+
+
+def _inspect_tree(root: Path, progress: Any) -> dict[str, Any]:
+    from contextlib import nullcontext
+
     dirs = layout.present_dirs(root)
     files = {d: layout.cache_files(root, d) for d in dirs}
     have = {d: set(f) for d, f in files.items()}

@@ -231,7 +231,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         report["preset"] = preset
         report["preset_from"] = picked["from"] if picked is not None else "asked"
     if kind == "precomputed":
-        return verify_precomputed(dataset, report, check, checks, mode=mode)
+        return verify_precomputed(dataset, report, check, checks, mode=mode, build=build)
     if preset is not None and get_preset(preset).kind != kind:
         raise ValueError(f"preset {preset!r} reads {get_preset(preset).kind} datasets, but {dataset} is {kind}")
     if kind == "wds":
