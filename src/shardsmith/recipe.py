@@ -687,14 +687,40 @@ _RESERVED_TOPS = {"holdout": "the held-out split's outputs (holdout/<dir>)", ".s
 
 def _check_target(name: str, target: str) -> str:
     """An output's ``dir``/``path`` normalised (``./wds``, ``wds/`` and ``wds`` are one folder); refuses
-    one that is a file or folder the build writes itself, or lies under one (see :data:`_RESERVED_TARGETS`)."""
+    one that is a file or folder the build writes itself, or lies under one (see :data:`_RESERVED_TARGETS`), and
+    one that makes a folder named like a dataset's own file (:func:`_dataset_file`: ``shard_count.json``, a
+    ``.tar``), which would make the folder holding it look like a dataset."""
     norm = os.path.normpath(target)
     top = Path(norm).parts[0] if norm != "." else "."
     what = _RESERVED_TARGETS.get(top) or _RESERVED_TOPS.get(top)  # (manifest.json/x: a folder where it goes)
     if what is not None:
         raise ValueError(f"output {name!r}: {target!r} is where the build keeps {what}; choose another "
                          "dir/path for this output")
+    parts = Path(norm).parts
+    for i, part in enumerate(parts[:-1] if norm.endswith(".zip") else parts):  # (a ZIP's file name: its path)
+        what = _dataset_file(part)
+        if what is not None:
+            other = str(Path(*parts[:i], f"{part.rsplit('.', 1)[0]}_data", *parts[i + 1:]))
+            raise ValueError(f"output {name!r}: {target!r} makes a folder named {part!r}, the name of {what}: the "
+                             "folder holding it would be taken for a dataset (by verify, inspect and the build's "
+                             "report, which could then never be written); choose another dir/path for this output, "
+                             f"e.g. {other!r}")
     return norm
+
+
+def _dataset_file(name: str) -> str | None:
+    """What ``name`` is the name of in a dataset folder (an index file, the ``.precomputed/`` stamp, a ``.tar``
+    shard), or None: a folder of that name makes the folder holding it look like a dataset."""
+    from shardsmith.formats.precomputed import PRECOMPUTED_STAMP
+    from shardsmith.formats.wds import INDEX_FILES, is_shard_file_name
+
+    if name in INDEX_FILES:
+        return "a dataset's index file"
+    if name == PRECOMPUTED_STAMP:
+        return "a .precomputed/ tree's stamp"
+    if is_shard_file_name(name):
+        return "a WebDataset shard (.tar)"
+    return None
 
 
 def _refuse_nested(key: str, target: str, norm: str, name: str, targets: dict[str, str],
