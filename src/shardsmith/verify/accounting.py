@@ -83,6 +83,11 @@ def manifest_check(dataset: Path, kind: str, expected: Expected, report: dict[st
     detail = f"{mwhere} says written={mcount}; dataset holds {held}"
     if removed:
         detail += f" + {removed} removed by repair (accounted in {REPAIR_FILE})"
+    if mcount > held + removed and isinstance(expected, ExpectedWds):  # which samples, and the fix
+        from shardsmith.verify.repair import unaccounted_loss
+
+        if why := unaccounted_loss(dataset, expected):
+            detail += f"; {why}"
     check("manifest", mcount == held + removed, detail)
 
 

@@ -191,8 +191,13 @@ def load_repair_log(folder: str | Path) -> list[RepairEvent]:
 
 def repair_losses(folder: str | Path) -> list[AccountedLoss]:
     """The samples repairs removed from ``folder`` and never restored, in the order they were removed."""
+    return _losses(load_repair_log(folder))
+
+
+def _losses(history: list[RepairEvent]) -> list[AccountedLoss]:
+    """:func:`repair_losses` of the events ``history``."""
     lost: dict[str, list[AccountedLoss]] = {}
-    for ev in load_repair_log(folder):
+    for ev in history:
         if ev.action == RESTORED:
             lost.pop(ev.shard, None)
             continue
@@ -404,8 +409,8 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
     with repair_lock(lock_at, dry_run, folder):
         restored = _restore(folder, build, dry_run) if from_source else {}
         missing = _missing_build_shards(folder, build, restored)
-        report = _repair(folder, dry_run, restored, progress, missing)
-    report.update(from_source=from_source, build=str(build.root) if build else None)
+        report = _repair(folder, dry_run, restored, progress, missing, _build_record(build))
+    report.update(from_source=from_source, build=str(build.root) if build else None, restore=_restore_way(build))
     return report
 
 
@@ -455,8 +460,9 @@ def _missing_event(m: dict[str, Any]) -> RepairEvent:
 
 
 def missing_lines(report: dict[str, Any]) -> list[str]:
-    """The loud lines about the shards the build wrote that are missing (see :func:`_missing_build_shards`)."""
-    out = []
+    """The loud lines about lost samples: those of each shard a rewrite lost samples of (:func:`_loss_lines`),
+    then the shards the build wrote that are missing (see :func:`_missing_build_shards`)."""
+    out = _loss_lines(report)
     folder = report["folder"]
     for m in report.get("missing_shards") or []:
         head = f"{m['shard']}, written by the build ({m['samples']} sample(s); {m['where']}), is missing"
@@ -496,7 +502,7 @@ def _restore(folder: Path, build: BuildRef | None, dry_run: bool) -> dict[str, R
 def _shard_entry(rep: dict[str, Any]) -> dict[str, Any]:
     return {"action": "unchanged", "samples_before": rep["samples"], "samples_after": rep["samples"],
             "dropped": [], "dropped_keys": [], "dropped_members": [], "ignored_keys": [], "restored": [],
-            "backup": None, "notes": [], "sha256": None}
+            "backup": None, "notes": [], "sha256": None, "unseen": 0}
 
 
 def _needs_rewrite(rep: dict[str, Any]) -> bool:
@@ -518,19 +524,99 @@ def _read_again(path: Path, rep: dict[str, Any]) -> ShardScan:
 
 
 
+@dataclass
+class _BuildRecord:
+    """What the build that wrote the folder committed per shard (:func:`~.integrity.build_units`: its ledger,
+    else its manifest): ``units`` by shard name, ``where`` that is recorded; :meth:`keys`: the keys of the
+    samples it wrote into a shard (its ledger's; None without one, or for a bucket folder's shard)."""
+
+    build: BuildRef
+    units: dict[str, Any]
+    where: str
+
+    def keys(self, shard: str) -> list[str] | None:
+        import sqlite3
+
+        from shardsmith.verify.integrity import unit_keys
+
+        try:
+            return unit_keys(self.build, shard)
+        except (sqlite3.Error, OSError):
+            return None
+
+
+def _build_record(build: BuildRef | None) -> _BuildRecord | None:
+    from shardsmith.verify.integrity import build_units
+
+    got = build_units(build)
+    return None if got is None else _BuildRecord(build, {u.name: u for u in got[0]}, got[1])
+
+
+def _damage(rep: dict[str, Any]) -> str:
+    """What is wrong with the shard whose inspect section is ``rep``, in a few words."""
+    said = []
+    if rep["truncated"]:
+        said.append(f"cut short ({rep['truncated']['kind']} at byte {rep['truncated']['break_offset']})")
+    said += [f"a damaged tar header at byte {d['offset']}" for d in rep["damaged_headers"]]
+    if rep["unsafe_members"]:
+        said.append(f"{len(rep['unsafe_members'])} unsafe member(s)")
+    return ", ".join(said) or "damaged"
+
+
+def _all_lost(name: str, sc: ShardScan, rep: dict[str, Any], record: _BuildRecord | None,
+              earlier: list[AccountedLoss]) -> tuple[list[LostSample], int]:
+    """Every sample a rewrite of the shard ``name`` (scan ``sc``, inspect section ``rep``) loses, and how many
+    of them the file no longer shows at all. The scan names the samples it finds damaged (``sc.dropped``);
+    a file cut short also lost the samples that lay past the cut, which only a record says: the build's (the
+    keys its ledger wrote into the shard, else the count its manifest recorded, less what earlier repairs
+    recorded), else ``shard_count.json``'s count. A sample the scan could not name takes its key from the
+    ledger."""
+    dropped = sc.dropped
+    kept = {sc.runs[i].key for i in sc.kept}
+    unnamed = [d for d in dropped if d.key is None]
+    named = [d for d in dropped if d.key is not None]
+    before = [x for x in earlier if x.shard == name]  # lost to earlier repairs, recorded then
+    unit = record.units.get(name) if record is not None else None
+    keys = record.keys(name) if unit is not None else None
+    damage = _damage(rep)
+    if keys is not None:
+        known = kept | {d.key for d in named} | {x.key for x in before}
+        lost = [k for k in keys if k not in known]
+        in_file = {r.key for r in sc.runs}
+        why = {k: (f"not in the file, which is {damage} before this sample" if rep["truncated"] and k not in in_file
+                   else f"the damaged file ({damage}) holds no intact copy of it")
+               + f"; the build wrote it into {name} ({record.where})" for k in lost}
+        return named + [LostSample(k, why[k]) for k in lost] + unnamed[len(lost):], max(0, len(lost) - len(unnamed))
+    if unit is not None:
+        total = unit.count - len(before)
+        source = f"the build wrote {unit.count} sample(s) into it ({record.where})" + (
+            f", {len(before)} of them lost to earlier repairs (in {REPAIR_FILE})" if before else "")
+    elif isinstance(rep.get("count_file"), int):
+        total, source = rep["count_file"], f"{SHARD_COUNT_FILE} said {rep['count_file']} sample(s)"
+    else:
+        return dropped, 0
+    unseen = max(0, total - len(kept) - len(dropped))
+    why = (f"{source}; the file, {damage}, shows {len(kept) + len(dropped)} of them: this one is not in it "
+           "(its key is unknown: no build ledger records the shard's keys)")
+    return dropped + [LostSample(None, why) for _ in range(unseen)], unseen
+
+
 def _rewrite_entry(path: Path, rep: dict[str, Any], entry: dict[str, Any], dry_run: bool,
-                   errors: list[str]) -> set[str] | None:
+                   errors: list[str], record: _BuildRecord | None = None,
+                   earlier: list[AccountedLoss] | None = None) -> set[str] | None:
     """Rewrite the shard at ``path`` (inspect section ``rep``) from its intact samples (or say what
-    would be) and record it in ``entry``; returns the keys the rewritten shard keeps (None when it
-    stays as it was). Only this shard's sample runs are held, while it is rewritten."""
+    would be) and record it in ``entry`` with every sample it loses (:func:`_all_lost`; ``record``: the
+    build's, ``earlier``: the losses repair.json records); returns the keys the rewritten shard keeps (None
+    when it stays as it was). Only this shard's sample runs are held, while it is rewritten."""
     try:
         sc = _read_again(path, rep)
     except (RepairError, OSError) as e:
         errors.append(str(e))
         entry["notes"].append(f"rewrite failed, shard left as it was: {e}")
         return None
-    dropped = sc.dropped
-    entry.update(action=REWRITTEN, samples_after=len(sc.kept), dropped=[dataclasses.asdict(d) for d in dropped],
+    dropped, unseen = _all_lost(path.name, sc, rep, record, earlier or [])
+    entry.update(action=REWRITTEN, samples_before=len(sc.kept) + len(dropped), samples_after=len(sc.kept),
+                 dropped=[dataclasses.asdict(d) for d in dropped], unseen=unseen, damage=_damage(rep),
                  dropped_keys=[d.key for d in dropped if d.key is not None],
                  dropped_members=_left_out_members(rep))
     if isinstance(rep.get("count_file"), int) and rep["count_file"] > len(sc.kept):
@@ -555,8 +641,8 @@ def _rewrite_entry(path: Path, rep: dict[str, Any], entry: dict[str, Any], dry_r
         entry["sha256"] = sha256_file(path)  # what verify's check integrity compares the shard with now
     except (RepairError, OSError) as e:
         errors.append(str(e))
-        entry.update(action="unchanged", samples_after=rep["samples"], dropped=[], dropped_keys=[],
-                     dropped_members=[])
+        entry.update(action="unchanged", samples_before=rep["samples"], samples_after=rep["samples"], dropped=[],
+                     dropped_keys=[], dropped_members=[], unseen=0)
         entry["notes"].append(f"rewrite failed, shard left as it was: {e}")
         return None
     return kept
@@ -583,10 +669,11 @@ def _event(name: str, entry: dict[str, Any], ignored: list[LostSample]) -> Repai
 
 
 def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progress: Any = None,
-            missing: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            missing: list[dict[str, Any]] | None = None, record: _BuildRecord | None = None) -> dict[str, Any]:
     """The repair proper, after any restore from the sources (``progress``: a bar over the shards);
     ``missing``: the shards the build wrote that are gone (:func:`_missing_build_shards`): the loss of each
-    found now is recorded (unless another ``.tar`` holds its bytes: a renamed shard)."""
+    found now is recorded (unless another ``.tar`` holds its bytes: a renamed shard); ``record``: what the
+    build committed (:func:`_build_record`), which names the samples a cut-short shard lost past the cut."""
     before = scan_folder(folder, progress=progress)
     errors: list[str] = []
     shards: dict[str, Any] = {}
@@ -596,6 +683,7 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
         raise RepairError(f"{ierr}; fix or move it before repairing (it is never overwritten blindly)")
     already = already or {}
     history = load_repair_log(folder)
+    earlier = _losses(history)
     events: list[RepairEvent] = list(restored.values())
     counts_after: dict[str, int] = {}
 
@@ -610,7 +698,7 @@ def _repair(folder: Path, dry_run: bool, restored: dict[str, RepairEvent], progr
             entry["notes"].append("rebuilt from the sources, byte-identical to the build" + (
                 f" ({len(ev.restored)} sample(s) restored)" if not dry_run else ""))
         elif _needs_rewrite(rep):
-            kept = _rewrite_entry(folder / name, rep, entry, dry_run, errors)
+            kept = _rewrite_entry(folder / name, rep, entry, dry_run, errors, record, earlier)
         bad = _corrupt_keys(rep, kept) if name not in restored else []
         new = [(k, why) for k, why in bad if k not in already.get(name, [])]
         if new:
@@ -746,16 +834,140 @@ def format_repair(report: dict[str, Any]) -> str:
     if log.get("events"):
         lines.append(f"  {REPAIR_FILE}: {len(log['events'])} change(s) "
                      + ("recorded" if log["written"] else "would be recorded"))
-    dropped = sum(len(e["dropped"]) for e in report["shards"].values())
-    if dropped and report.get("build") and not report.get("from_source"):
-        lines.append(f"  note: {report['build']} is a shardsmith build: `shardsmith repair --from-source "
-                     f"{report['folder']}` rebuilds damaged shards from its sources, byte-identical")
     lines.extend(f"  WARNING {m}" for m in missing_lines(report))
     lines.extend(f"  ERROR {e}" for e in report["errors"])
     return "\n".join(lines)
 
 
 def lost_now(report: dict[str, Any]) -> bool:
-    """Whether this repair found a shard the build wrote missing (its loss not recorded before, or renamed):
-    ``shardsmith repair`` then exits 1."""
-    return any(m["recorded_at"] is None or m["renamed_to"] for m in report.get("missing_shards") or [])
+    """Whether this repair found a shard the build wrote missing (its loss not recorded before, or renamed), or
+    a shard the build wrote cut short before samples the file no longer shows at all (only the build's record
+    names them, as for a missing shard): ``shardsmith repair`` then exits 1."""
+    return any(m["recorded_at"] is None or m["renamed_to"] for m in report.get("missing_shards") or []) or (
+        bool(report.get("build")) and any(e.get("unseen") for e in report["shards"].values()))
+
+
+def _loss_lines(report: dict[str, Any]) -> list[str]:
+    """One line per shard a rewrite lost samples of: its damage, how many of its samples are lost and every key
+    (the first ten here; all in the lines above and in repair.json), where that is recorded, and how to get them
+    back (:func:`_way_back`)."""
+    out = []
+    for name, e in report["shards"].items():
+        if e["action"] != REWRITTEN or not e["dropped"]:
+            continue
+        keys = [d["key"] for d in e["dropped"] if d["key"] is not None]
+        unnamed = len(e["dropped"]) - len(keys)
+        shown = ", ".join(keys[:10]) + (f", ... ({len(keys) - 10} more, every key listed above and in {REPAIR_FILE})"
+                                        if len(keys) > 10 else "")
+        if unnamed:
+            shown += f"{' and ' if keys else ''}{unnamed} whose key is unknown"
+        said = f"would be recorded in {REPAIR_FILE}" if report["dry_run"] else f"recorded in {REPAIR_FILE}"
+        out.append(f"{name} is {e.get('damage') or 'damaged'}: {len(e['dropped'])} of its {e['samples_before']} "
+                   f"sample(s) lost ({shown}), {said}; {_way_back(report, e)}")
+    return out
+
+
+def _way_back(report: dict[str, Any], entry: dict[str, Any]) -> str:
+    """How to get back the samples a rewrite of a shard lost (entry ``entry`` of ``report``)."""
+    folder, kept = report["folder"], f"the original bytes stay in {entry['backup']}"
+    way = report.get("restore")
+    if way == "from_source":
+        return f"`shardsmith repair --from-source {folder}` rebuilds it byte-identical from the build's sources"
+    return f"{kept}; to get them back, {way or 'restore the shard from a copy'}"
+
+
+def _restore_way(build: BuildRef | None) -> str | None:
+    """How the samples a repair loses come back for a dataset of ``build``: ``"from_source"`` (a ledger, an image
+    WebDataset output: what ``repair --from-source`` rebuilds), the text of another way for another build, None
+    without one."""
+    if build is None:
+        return None
+    if not build.has_ledger:
+        return "restore the shard from a copy (the build's ledger, which --from-source needs, is gone)"
+    fmt = _output_format(build)
+    if fmt == "wds" and getattr(build, "bucket", None) is None:
+        return "from_source"
+    return (f"{_rebuild(build.root)}; repair --from-source rebuilds image WebDataset shards (format wds) only, this "
+            f"output is format {fmt}")
+
+
+def _rebuild(root: Path) -> str:
+    return (f"rebuild the output from its sources: re-run the build's command with --overwrite (shardsmith build ... "
+            f"--out {root} --overwrite: built beside the old one and swapped in when complete)")
+
+
+def _output_format(build: BuildRef) -> str | None:
+    """The format of the output of ``build`` a dataset is (the recipe its ledger recorded, else its manifest), or
+    None."""
+    from shardsmith.atomic import read_json
+    from shardsmith.formats.build_dir import MANIFEST_FILE
+    from shardsmith.verify.owning_build import _recorded_recipe
+
+    try:
+        if build.has_ledger:
+            outs = _recorded_recipe(build.root).get("outputs") or []
+            return next((o.get("format") for o in outs if isinstance(o, dict) and o.get("name") == build.output), None)
+        fmt = read_json(build.root / MANIFEST_FILE)["outputs"][build.output]["format"]
+        return fmt if isinstance(fmt, str) else None
+    except (BuildUnreadable, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+#: the shards (and keys) :func:`unaccounted_loss` names at most
+SHORT_SHOWN = 10
+
+
+def unaccounted_loss(dataset: Path, expected: Any) -> str:
+    """What verify's check ``manifest`` adds when the build's dataset ``dataset`` holds fewer samples than its
+    manifest records, less the losses ``repair.json`` accounts for (e.g. a repair by an older shardsmith that
+    did not record every sample a cut-short shard lost): the shards that are short (by the counts the build
+    recorded per shard, against ``expected``, the :class:`~.expected.ExpectedWds` of a full pass), with a
+    ledger the keys no record accounts for, and the fix that gets them back (:func:`_restore_way`); "" when
+    none is found. Keys are read for the first :data:`SHORT_SHOWN` short shards only."""
+    try:
+        build = find_build(dataset)
+        record = _build_record(build)
+        losses = repair_losses(dataset)
+    except (UserError, OSError):
+        return ""
+    if record is None:
+        return ""
+    per_shard: dict[str, list[AccountedLoss]] = {}
+    for x in losses:
+        per_shard.setdefault(x.shard, []).append(x)
+    short: list[tuple[str, int, list[str] | None]] = []  # (shard, samples unaccounted, their keys)
+    listed: list[str] = []  # keys ignore_index.json lists that no repair recorded
+    for name, unit in record.units.items():
+        i = expected.shard_index(name)
+        held = 0 if i is None else expected.offsets[i + 1] - expected.offsets[i]
+        ignored = list(expected.ignore.get(name, ())) if i is not None else []
+        gone = unit.count - held - len(per_shard.get(name, []))
+        if gone <= 0:
+            continue
+        keys = record.keys(name) if len(short) < SHORT_SHOWN else None
+        if keys is not None:
+            known = (set(expected.keys(i)) if i is not None else set()) | {x.key for x in per_shard.get(name, [])}
+            keys = [k for k in keys if k not in known]
+            listed += [f"{name}/{k}" for k in keys if k in ignored]
+            keys = [k for k in keys if k not in ignored]
+            gone = len(keys)
+        if gone > 0:
+            short.append((name, gone, keys))
+    said = []
+    if short:
+        n = sum(g for _, g, _ in short)
+        named = [f"{sh}/{k}" for sh, _, keys in short for k in (keys or [])]
+        what = (", ".join(named[:SHORT_SHOWN]) + (", ..." if len(named) > SHORT_SHOWN else "") if named
+                else ", ".join(f"{sh} ({g})" for sh, g, _ in short[:SHORT_SHOWN]))
+        way = _restore_way(build)
+        fix = (f"`shardsmith repair --from-source {dataset}` rebuilds their shard(s) byte-identical from the "
+               "build's sources" if way == "from_source" else way)
+        said.append(f"{n} sample(s) the build wrote ({record.where}) are neither in the dataset nor accounted "
+                    f"in {REPAIR_FILE}: {what}; {fix}")
+    if listed:
+        said.append(f"{IGNORE_INDEX_FILE} lists {', '.join(listed[:SHORT_SHOWN])}"
+                    + (", ..." if len(listed) > SHORT_SHOWN else "")
+                    + f" but no repair recorded them (a repair records each key it ignores in {REPAIR_FILE}): "
+                      f"take them out of it, then run `shardsmith repair {dataset}`, which ignores again, and "
+                      "records, any that are damaged")
+    return "; ".join(said)
