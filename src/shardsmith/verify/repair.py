@@ -54,6 +54,7 @@ from typing import Any, Iterator
 from shardsmith.errors import UserError
 from shardsmith.formats.wds import (
     BACKUP_SUFFIX,
+    BUCKETS_INDEX_FILE,
     IGNORE_INDEX_FILE,
     REPAIR_FILE,
     SHARD_COUNT_FILE,
@@ -396,6 +397,10 @@ def repair_wds(folder: str | Path, *, dry_run: bool = False, from_source: bool =
         if from_source:
             raise
         build, lock_at = None, enclosing_build(folder).root
+    if (folder / BUCKETS_INDEX_FILE).is_file() and not wds_list_shards(folder).names:
+        raise RepairError(_buckets_message(folder, build, from_source))
+    if from_source:
+        _refuse_bucket_from_source(folder, build)
     if from_source and build is not None and not build.has_ledger:
         found = enclosing_build(folder)
         if found is not None and found.ledger_unreadable:  # (another user's build: its state folder is closed)
@@ -885,7 +890,7 @@ def _restore_way(build: BuildRef | None) -> str | None:
     if not build.has_ledger:
         return "restore the shard from a copy (the build's ledger, which --from-source needs, is gone)"
     fmt = _output_format(build)
-    if fmt == "wds" and getattr(build, "bucket", None) is None:
+    if fmt == "wds" and build.bucket is None:
         return "from_source"
     return (f"{_rebuild(build.root)}; repair --from-source rebuilds image WebDataset shards (format wds) only, this "
             f"output is format {fmt}")
@@ -911,6 +916,48 @@ def _output_format(build: BuildRef) -> str | None:
         return fmt if isinstance(fmt, str) else None
     except (BuildUnreadable, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+# ----------------------------------------------------------------------------------------
+# a multi-bucket output: one WebDataset folder per bucket
+
+
+def _from_source_not_for(output: str, fmt: str | None) -> str:
+    return (f"--from-source rebuilds image WebDataset shards (format wds) only, and output {output!r} is format "
+            f"{fmt or 'unknown'}")
+
+
+def _refuse_bucket_from_source(folder: Path, build: BuildRef | None) -> None:
+    """Refuse ``--from-source`` for a bucket folder of a build's output (a latent output: not what it rebuilds),
+    naming the build (two folders up: ``find_build`` gives it with ``bucket`` set, as verify finds it) and what
+    works instead. It used to say the folder was "not written by a shardsmith build"."""
+    if build is None or build.bucket is None:
+        return
+    raise RepairError(f"{folder} is bucket {build.bucket} of output {build.output!r} of the build {build.root}: "
+                      f"{_from_source_not_for(build.output, _output_format(build))}. Run `shardsmith repair {folder}` "
+                      f"without --from-source to keep every intact sample, or {_rebuild(build.root)}")
+
+
+def _buckets_message(folder: Path, build: BuildRef | None, from_source: bool) -> str:
+    """The refusal of a multi-bucket output's own folder (``buckets.json`` and one folder per bucket, no shard):
+    repair takes each bucket's folder, named."""
+    from shardsmith.formats.wds import is_bucket_folder
+
+    subs = sorted(d for d in folder.iterdir() if d.is_dir() and is_bucket_folder(d.name) and wds_list_shards(d).names)
+    said = (f"{folder} holds no .tar shards: it is a multi-bucket dataset (one WebDataset folder per bucket beside its "
+            f"{BUCKETS_INDEX_FILE}), and repair takes one bucket's folder at a time")
+    if not subs:
+        return said + f"; none of its bucket folders holds a shard (`shardsmith verify {folder}` says what is lost)"
+    runs = ", ".join(f"`shardsmith repair {d}`" for d in subs)
+    if not from_source:
+        return f"{said}: {runs}"
+    fmt = _output_format(build) if build is not None else None
+    if fmt == "wds":  # (no such output today: only latent outputs are written per bucket)
+        return f"{said}: " + ", ".join(f"`shardsmith repair --from-source {d}`" for d in subs)
+    why = _from_source_not_for(build.output, fmt) if build is not None else "--from-source rebuilds the shards of a " \
+        "shardsmith build's image WebDataset output (format wds) only"
+    rebuild = f", or {_rebuild(build.root)}" if build is not None else ""
+    return f"{said}; {why}. Repair each without it to keep every intact sample: {runs}{rebuild}"
 
 
 #: the shards (and keys) :func:`unaccounted_loss` names at most
