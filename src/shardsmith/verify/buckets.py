@@ -100,6 +100,12 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
             checks.append({"name": "manifest", "ok": written == held,
                            "detail": f"{where} says written={written}; the buckets hold {held}"
                                      + ("" if written == held else "; " + lost_fix(dataset, build))})
+    from shardsmith.verify.integrity import neg_prompt_check
+
+    neg = neg_prompt_check(dataset, build)  # (beside the buckets: each bucket's loader reads it from here)
+    notes = [neg[1]] if neg is not None and neg[0] is None else []
+    if neg is not None and neg[0] is not None:
+        checks.append({"name": "neg_prompt", "ok": neg[0], "detail": neg[1]})
     rnd = batch_size * world * max(workers, 1)
     left = {b: e["samples"] % rnd for b, e in sorted(index.items()) if e.get("samples")}
     never = sum(left.values())
@@ -111,4 +117,4 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
     return {"dataset": str(dataset), "kind": "wds_buckets", "world": world, "workers": workers,
             "batch_size": batch_size, "buckets": per, "checks": checks,
             "ok": all(c["ok"] for c in checks) and bool(per),
-            "notes": [] if per else ["no bucket holds a sample"]}
+            "notes": notes + ([] if per else ["no bucket holds a sample"])}

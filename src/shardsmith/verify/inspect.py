@@ -314,8 +314,21 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
         report["integrity"] = checked[0]
         if not checked[0]["ok"]:
             report["problems"].append(f"integrity: {checked[0]['detail']}")
+    _neg_prompt(folder, build, report)
     report["ok"] = not report["problems"]
     return report
+
+
+def _neg_prompt(folder: Path, build, report: dict[str, Any]) -> None:
+    """verify's check ``neg_prompt`` (:func:`shardsmith.verify.integrity.neg_prompt_check`) into the report; a
+    failure is a problem."""
+    from shardsmith.verify.integrity import neg_prompt_check
+
+    neg = neg_prompt_check(folder, build)
+    if neg is not None and neg[0] is not None:
+        report["neg_prompt"] = {"name": "neg_prompt", "ok": neg[0], "detail": neg[1]}
+        if not neg[0]:
+            report["problems"].append(f"neg_prompt: {neg[1]}")
 
 
 _SUMMED = ("shards", "members", "samples", "ignored", "usable_samples", "truncated_shards", "damaged_headers",
@@ -365,9 +378,12 @@ def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, 
     if not per and not problems:
         problems.append(f"no bucket of {folder / wds_layout.BUCKETS_INDEX_FILE} holds a sample")
     totals = {k: sum(r["totals"][k] for r in per.values()) for k in _SUMMED}
-    return {"folder": str(folder), "kind": "wds_buckets", "key_map": dict(key_map) if key_map else None,
-            "order_note": None, "buckets": per, "shards": shards, "totals": totals,
-            "duplicate_keys_across_shards": {}, "problems": problems, "ok": not problems}
+    report = {"folder": str(folder), "kind": "wds_buckets", "key_map": dict(key_map) if key_map else None,
+              "order_note": None, "buckets": per, "shards": shards, "totals": totals,
+              "duplicate_keys_across_shards": {}, "problems": problems}
+    _neg_prompt(folder, build, report)
+    report["ok"] = not report["problems"]
+    return report
 
 
 def format_inspect(report: dict[str, Any]) -> str:

@@ -459,3 +459,110 @@ def tree_integrity(root: Path, build: BuildRef | None) -> tuple[TreeIntegrity | 
     except Exception as exc:  # noqa: BLE001 - a ledger or recorded recipe this version cannot read: said, not fatal
         return None, f"integrity not checked: the ledger {build.root / LEDGER_FILE} cannot be read ({exc})"
     return TreeIntegrity(Path(root), build, units), None
+
+
+# ---------------------------------------------------------------- an EDM ZIP, and the files beside the shards
+
+def _manifest_files(build: BuildRef) -> dict | None:
+    """The manifest's ``outputs.NAME.files.SPLIT`` block of the dataset ``build`` is, or None."""
+    from shardsmith.atomic import read_json
+
+    try:
+        info = read_json(build.root / MANIFEST_FILE)["outputs"][build.output]["files"][build.split]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+class ZipIntegrity:
+    """Check ``integrity`` of an EDM ZIP a shardsmith build wrote: the file hashes to the sha256 its manifest
+    records (``outputs.NAME.files.SPLIT.sha256``; a file of another size differs without being read). No repair
+    rewrites a ZIP, so any change (an image, a label in ``dataset.json``) is damage. Same interface as
+    :class:`ShardIntegrity`: hashed in a thread while the ranks run."""
+
+    def __init__(self, path: Path, build: BuildRef, sha256: str, nbytes: int | None):
+        self.path, self.build, self.sha256, self.nbytes = path, build, sha256, nbytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._future: Future | None = None
+
+    def _one(self) -> tuple[str | None, str | None]:
+        try:
+            return unit_damage(self.path.parent, Unit(self.path.name, 0, 0, self.sha256, self.nbytes)), None
+        except OSError as exc:
+            return None, exc.strerror or str(exc)
+
+    def start(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardsmith-hash")
+            self._future = self._pool.submit(self._one)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def finish(self, check) -> None:
+        self.start()
+        try:
+            damage, err = self._future.result()
+        finally:
+            self.close()
+        where = f"manifest {self.build.root / MANIFEST_FILE}"
+        if err is None and damage is None:
+            check("integrity", True, f"{self.path.name} holds the bytes the build wrote (sha256, as its {where} "
+                                     "records)")
+            return
+        what = (f"{self.path.name} cannot be read ({err})" if err is not None else
+                f"{self.path.name} is gone" if damage == MISSING else
+                f"{self.path.name} does not hash to the sha256 the build recorded: its images or labels "
+                "(dataset.json) changed since the build")
+        check("integrity", False, f"{what} (the build's {where}); no repair rewrites a ZIP: "
+                                  + rebuild_fix(self.build))
+
+
+def zip_integrity(path: Path, build: BuildRef | None) -> tuple[ZipIntegrity | None, str | None]:
+    """The integrity check of the EDM ZIP ``path``, or None and why not (a note) / None (no build wrote it)."""
+    if build is None:
+        return None, None
+    info = _manifest_files(build)
+    sha = info.get("sha256") if info else None
+    if not isinstance(sha, str) or not sha:
+        return None, f"integrity not checked: the build's manifest records no sha256 of {Path(path).name}"
+    nbytes = info.get("bytes")
+    return ZipIntegrity(Path(path), build, sha, nbytes if isinstance(nbytes, int) else None), None
+
+
+#: the manifest key (beside ``neg_prompt_emb``, in ``outputs.NAME.files.SPLIT``) of the sha256 of the negative
+#: prompt's embedding file a latent / prompt WebDataset output holds beside its shards
+NEG_PROMPT_SHA_KEY = "neg_prompt_emb_sha256"
+
+
+def neg_prompt_check(folder: Path, build: BuildRef | None) -> tuple[bool | None, str] | None:
+    """Check ``neg_prompt`` of a WebDataset output folder (not a bucket's: the file lies beside the buckets) whose
+    build wrote ``neg_prompt_emb.npy`` beside its shards (its manifest's ``neg_prompt_emb``): the file must be
+    there and, where the manifest records its sha256 (:data:`NEG_PROMPT_SHA_KEY`), hash to it. ``(ok, detail)``;
+    ``(None, note)`` when there and not compared (the build recorded no sha256 of it); None when the build
+    wrote none (or no build wrote the folder)."""
+    if build is None or build.bucket is not None:
+        return None
+    info = _manifest_files(build)
+    name = info.get("neg_prompt_emb") if info else None
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        return None
+    path = Path(folder) / name
+    sha = info.get(NEG_PROMPT_SHA_KEY)
+    where = f"manifest {build.root / MANIFEST_FILE}"
+    fix = rebuild_fix(build)
+    if not path.is_file():
+        return False, (f"{name}, the negative prompt's embedding the build wrote beside the shards (its {where}), "
+                       f"is gone: classifier-free guidance then has no negative condition; {fix}")
+    if not isinstance(sha, str) or not sha:
+        return None, (f"{name} not compared: the build's manifest records no sha256 of it (outputs.{build.output}"
+                      f".files.{build.split}.{NEG_PROMPT_SHA_KEY}), so a changed file cannot be told")
+    try:
+        got = sha256_file(path)
+    except OSError as exc:
+        return False, f"{name} cannot be read ({exc.strerror or exc}); {fix}"
+    if got != sha:
+        return False, (f"{name} does not hash to the sha256 the build recorded (its {where}): the negative "
+                       f"prompt's embedding changed since the build; {fix}")
+    return True, f"{name} holds the negative prompt's embedding the build wrote (sha256, as its {where} records)"

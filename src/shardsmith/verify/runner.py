@@ -46,7 +46,7 @@ from shardsmith.errors import UserError
 from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts, read_ignore_index
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
-from shardsmith.verify.integrity import shard_integrity
+from shardsmith.verify.integrity import neg_prompt_check, shard_integrity, zip_integrity
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import (BuildUnreadable, dataset_manifest_problem, find_build,
                                             manifest_recipe_problem, unfinished)
@@ -297,11 +297,12 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
 
     full = batches is None
     integrity = None
-    if kind == "wds" and not full:  # --batches M: a spot check of the loader, not of every byte
+    if not full:  # --batches M: a spot check of the loader, not of every byte
         report.setdefault("notes", []).append(f"integrity not checked: --batches {batches} reads the first batches "
-                                              "only; run verify without --batches to hash every shard")
-    elif kind == "wds":  # the shards against the sha256 the build recorded (verify/integrity.py)
-        integrity, why_not = shard_integrity(dataset, build)
+                                              "only; run verify without --batches to hash every "
+                                              + ("shard" if kind == "wds" else "byte of the ZIP"))
+    else:  # the shards (the ZIP) against the sha256 the build recorded (verify/integrity.py)
+        integrity, why_not = (shard_integrity if kind == "wds" else zip_integrity)(dataset, build)
         if why_not:
             report.setdefault("notes", []).append(why_not)
     seen_dir = tempfile.mkdtemp(prefix="shardsmith-verify-")  # the ranks' seen logs (verify/seen_log.py)
@@ -389,6 +390,11 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
               "loader dropped " + ", ".join(f"{n} ({why}" + (f", e.g. {examples[why]})" if why in examples else ")")
                                             for why, n in dropped.items()))
     manifest_check(dataset, kind, expected, report, check)
+    neg = neg_prompt_check(dataset, build) if kind == "wds" else None
+    if neg is not None and neg[0] is None:
+        report.setdefault("notes", []).append(neg[1])
+    elif neg is not None:
+        check("neg_prompt", neg[0], neg[1])
     check("empty_splits", not report["empty_slots"],
           "every rank-worker gets samples" if not report["empty_slots"] else
           f"{len(report['empty_slots'])} rank-worker(s) get no sample ({report['empty_slots'][0]['reason']}); "
