@@ -78,19 +78,19 @@ def test_a_lost_negative_prompt_fails(copy):  # noqa: F811
 def test_a_changed_negative_prompt_fails_where_its_sha256_is_recorded(copy):  # noqa: F811
     lat = copy / "lat"
     npy = lat / "neg_prompt_emb.npy"
-    a = np.load(npy)
-    np.save(npy, (np.random.default_rng(0).standard_normal(a.shape) * 100).astype(a.dtype))  # same shape
-    rep = shardsmith.verify(lat, world=1, workers=0).report  # no sha256 recorded: said, not a failure
-    assert not [c for c in rep["checks"] if c["name"] == "neg_prompt"]
-    assert any("neg_prompt_emb.npy not compared" in n for n in rep["notes"]), rep["notes"]
-    # a manifest that records the sha256 of the file the build wrote (outputs.NAME.files.SPLIT.neg_prompt_emb_sha256)
     m = json.loads((copy / "manifest.json").read_text())
     files = m["outputs"]["latent_wds"]["files"]["train"]
-    np.save(npy, a)
-    files["neg_prompt_emb_sha256"] = hashlib.sha256(npy.read_bytes()).hexdigest()
-    (copy / "manifest.json").write_text(json.dumps(m))
+    # the build records the sha256 of the file it wrote (outputs.NAME.files.SPLIT.neg_prompt_emb_sha256)
+    assert files["neg_prompt_emb_sha256"] == hashlib.sha256(npy.read_bytes()).hexdigest()
     assert check(shardsmith.verify(lat, world=1, workers=0).report, "neg_prompt")["ok"]
-    np.save(npy, (np.random.default_rng(0).standard_normal(a.shape) * 100).astype(a.dtype))
+    a = np.load(npy)
+    np.save(npy, (np.random.default_rng(0).standard_normal(a.shape) * 100).astype(a.dtype))  # same shape
     rep = shardsmith.verify(lat, world=1, workers=0).report
     neg = check(rep, "neg_prompt")
     assert not rep["ok"] and not neg["ok"] and "does not hash to the sha256 the build recorded" in neg["detail"]
+    # a manifest of a build made before it recorded one: said, not a failure
+    del files["neg_prompt_emb_sha256"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    rep = shardsmith.verify(lat, world=1, workers=0).report
+    assert not [c for c in rep["checks"] if c["name"] == "neg_prompt"]
+    assert any("neg_prompt_emb.npy not compared" in n for n in rep["notes"]), rep["notes"]

@@ -25,6 +25,8 @@ SHARD_COUNT_FILE = "shard_count.json"
 IGNORE_INDEX_FILE = "ignore_index.json"
 REPAIR_FILE = "repair.json"
 NEG_PROMPT_FILE = "neg_prompt_emb.npy"  # latent_wds: the negative prompt's embedding beside the shards
+# the manifest key (beside ``neg_prompt_emb``, in ``outputs.NAME.files.SPLIT``) of that file's sha256
+NEG_PROMPT_SHA_KEY = "neg_prompt_emb_sha256"
 # a multi-bucket output: one WebDataset folder per bucket (``<bucket>/`` named ``WxHxF``, or ``audio_<ms>ms``
 # for an audio-only dataset's durations, each with
 # its shard_count.json) and this index beside them: {bucket: {dir, samples, shards, latent_shape}}

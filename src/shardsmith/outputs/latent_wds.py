@@ -72,8 +72,10 @@ class LatentWdsKind(LatentKind):
             info = super().finalize(o, ctx, sink, split, dest)
         stage = ctx.stage()
         if stage.text_encoder is not None:
+            from shardsmith.formats.wds import NEG_PROMPT_SHA_KEY
             from shardsmith.sinks.latent_members import write_negative_prompt
 
-            write_negative_prompt(dest / formats.NEG_PROMPT_FILE, stage, o.negative_prompt)
+            sha = write_negative_prompt(dest / formats.NEG_PROMPT_FILE, stage, o.negative_prompt)
             info["neg_prompt_emb"] = formats.NEG_PROMPT_FILE
+            info[NEG_PROMPT_SHA_KEY] = sha
         return info

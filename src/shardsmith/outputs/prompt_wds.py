@@ -73,8 +73,10 @@ class PromptWdsKind(OutputKind):
     def finalize(self, o, ctx: OutputContext, sink, split: str, dest: Path) -> dict[str, Any]:
         info = super().finalize(o, ctx, sink, split, dest)
         if self.encoders_for(o, ctx.recipe):
+            from shardsmith.formats.wds import NEG_PROMPT_SHA_KEY
             from shardsmith.sinks.latent_members import write_negative_prompt
 
-            write_negative_prompt(dest / formats.NEG_PROMPT_FILE, ctx.stage(), o.negative_prompt)
+            sha = write_negative_prompt(dest / formats.NEG_PROMPT_FILE, ctx.stage(), o.negative_prompt)
             info["neg_prompt_emb"] = formats.NEG_PROMPT_FILE
+            info[NEG_PROMPT_SHA_KEY] = sha
         return info

@@ -26,6 +26,7 @@ Members
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import os
@@ -223,9 +224,11 @@ def _pth_size(shape: tuple[int, ...], dtype: str) -> int:
     return len(pt_bytes(torch.zeros(shape, dtype=_DTYPES[dtype])))
 
 
-def write_negative_prompt(path, stage, prompt: str) -> None:
-    """The constant for FastGen's ``files_map``: float32 ``[L, D]`` ``.npy`` (no pickle), atomically."""
+def write_negative_prompt(path, stage, prompt: str) -> str:
+    """The constant for FastGen's ``files_map``: float32 ``[L, D]`` ``.npy`` (no pickle), atomically; returns
+    the sha256 of its bytes (the manifest records it: ``verify`` compares the file with it)."""
     emb = stage.text([prompt])[0][0]
     buf = io.BytesIO()
     np.save(buf, emb.to(torch.float32).numpy(), allow_pickle=False)
     atomic_write_bytes(path, buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardsmith.formats.build_dir import LEDGER_FILE, MANIFEST_FILE
+from shardsmith.formats.wds import NEG_PROMPT_SHA_KEY  # (the manifest key of neg_prompt_emb.npy's sha256)
 from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units, sha256_file, unit_damage
 from shardsmith.verify.owning_build import BuildRef
 
@@ -531,9 +532,6 @@ def zip_integrity(path: Path, build: BuildRef | None) -> tuple[ZipIntegrity | No
     return ZipIntegrity(Path(path), build, sha, nbytes if isinstance(nbytes, int) else None), None
 
 
-#: the manifest key (beside ``neg_prompt_emb``, in ``outputs.NAME.files.SPLIT``) of the sha256 of the negative
-#: prompt's embedding file a latent / prompt WebDataset output holds beside its shards
-NEG_PROMPT_SHA_KEY = "neg_prompt_emb_sha256"
 
 
 def neg_prompt_check(folder: Path, build: BuildRef | None) -> tuple[bool | None, str] | None:
