@@ -87,3 +87,35 @@ class FolderKeys:
         for name, key, suffix in self._db.execute(
                 "SELECT name, key, suffix FROM dotted WHERE shard = ? ORDER BY seq", (shard,)):
             yield DottedMember(name, key, suffix)
+
+
+class CrossShardKeys:
+    """The sample keys that more than one shard of a folder holds (each such sample is trained once per shard
+    it is in: a loader keys samples by shard and key, so it sees no duplicate), fed shard by shard in folder
+    order (:meth:`visit`, e.g. from ``ExpectedWds.scan``'s one pass over the headers) and kept on disk
+    (:class:`FolderKeys`); :meth:`finish` counts them (``n``) and keeps the first :data:`SHOWN` with their
+    shards (``examples``). Use as a context manager."""
+
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self._keys = FolderKeys()
+        self._names: list[str] = []
+        self.n = 0
+        self.examples: list[tuple[str, list[str]]] = []
+
+    def __enter__(self) -> "CrossShardKeys":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._keys.close()
+
+    def visit(self, shard: str, samples) -> None:
+        self._keys.add_shard(len(self._names), {key for key, _ in samples})
+        self._names.append(shard)
+
+    def finish(self) -> None:
+        for key, where in self._keys.cross_shard():
+            self.n += 1
+            if len(self.examples) < self.SHOWN:
+                self.examples.append((key, [self._names[i] for i in where]))

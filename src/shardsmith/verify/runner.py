@@ -43,9 +43,11 @@ from typing import Any
 from shardsmith.formats.detect import dataset_kind
 from shardsmith.formats.tar import ShardUnreadable
 from shardsmith.errors import UserError
-from shardsmith.formats.wds import REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts, read_ignore_index
+from shardsmith.formats.wds import (IGNORE_INDEX_FILE, REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts,
+                                    read_ignore_index)
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
+from shardsmith.verify.folder_keys import CrossShardKeys
 from shardsmith.verify.integrity import neg_prompt_check, shard_integrity, zip_integrity
 from shardsmith.verify.contract import ContractRecorder
 from shardsmith.verify.owning_build import (BuildUnreadable, dataset_manifest_problem, find_build,
@@ -268,9 +270,13 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
                       f"{len(expected)} rank-workers (world x workers) or write smaller shards")
                 report.update(checks=checks, ok=False, coverage={}, contract={}, stats={})
                 return report
-            # every shard's headers, read once: the expected samples numbered per shard, and the members check
+            # every shard's headers, read once: the expected samples numbered per shard, the members check and
+            # the keys several shards hold
             members = MembersCheck(cfg, mode_of(preset))
-            expected = ExpectedWds.scan(dataset, ignore, on_shard=members.visit)
+            with CrossShardKeys() as cross:
+                expected = ExpectedWds.scan(dataset, ignore, on_shard=lambda shard, samples: (
+                    members.visit(shard, samples), cross.visit(shard, samples)))
+                cross.finish()
             count_file = read_count_file(dataset)
             members.report(check)
             if preset in ("kd_pair", "kd_path"):  # each sample's pair and trajectory against index.json (verify/kd.py)
@@ -344,8 +350,16 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         per_rank.append({"rank": r["rank"], "samples": r["seen_count"], "stats": r["stats"]})
     dup, missing, unknown = cov["duplicates"], cov["missing"], cov["unknown"]  # the first 20 of each
     report["coverage"] = {**cov, "per_rank": per_rank}
-    check("no_duplicates", not dup, f"{cov['n_duplicates']} sample(s) seen more than once"
-          + (f", e.g. {dup[:3]}" if dup else ""))
+    if kind == "wds" and cross.n:  # one key in several shards: the loader sees each (shard, key) once
+        check("no_duplicates", False, f"{cov['n_duplicates']} sample(s) seen more than once by the loader, but "
+              f"{cross.n} key(s) occur in several shards, each trained once per shard that holds it: "
+              + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.examples) + ("; ..." if cross.n > cross.SHOWN else "")
+              + f"; if a shard is a copy of another, move it out of {dataset}, else list each repeated key in "
+              f"{IGNORE_INDEX_FILE} under the shard(s) that should not train it; shardsmith inspect {dataset} "
+              "lists them all")
+    else:
+        check("no_duplicates", not dup, f"{cov['n_duplicates']} sample(s) seen more than once"
+              + (f", e.g. {dup[:3]}" if dup else ""))
     if kind == "wds":  # what FastGen's loader (partial=False) leaves out of each pass at this batch size
         from shardsmith.verify.accounting import fastgen_partial
 
