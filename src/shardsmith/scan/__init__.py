@@ -13,17 +13,23 @@ plain, JSON-serialisable report:
 4. :mod:`~shardsmith.scan.estimate`: each image output's bytes on disk, from a deterministic
    sample made by the build's sample makers and scaled as the build's space check scales;
 5. :mod:`~shardsmith.scan.media`: video clips and audio files probed in worker processes (at most
-   ``max_probe``, a deterministic sample beyond), each clip and image fitted to the recipe's buckets
-   by the build's own latent maker; :mod:`~shardsmith.scan.media_figures`: their histograms and the
-   per-bucket fit table; :mod:`~shardsmith.scan.latent_size`: each latent output's bytes from the
-   buckets and the VAE's compression factors;
+   ``max_probe``, a deterministic sample beyond); :mod:`~shardsmith.scan.takes`: what each output
+   would do with each planned item (its terminal status, bucket and sample info), decided by that
+   output's own sample maker without making the sample, into the throwaway ledger's ``results`` as a
+   build records them; :mod:`~shardsmith.scan.media_figures`: the histograms and the per-bucket fit
+   table (the first latent output cut to buckets, else the first ``video_wds``, else an audio-only
+   latent output's ``audio.durations``); :mod:`~shardsmith.scan.latent_size`: each latent output's bytes
+   from the buckets and the VAE's compression factors;
 6. :mod:`~shardsmith.scan.verdicts`: warnings and whether there is enough data for
    ``batch * updates`` samples seen; :mod:`~shardsmith.scan.format`: the text rendering.
 
-Counting rules: an item is a *problem* when the planner did not pass it (its status and
-detail, skipped duplicates excepted) or the transform cannot decode it; *usable* is the
-``usable`` view (:mod:`~shardsmith.scan.usable`); ``enough_data.unique`` is the number of
-usable training items that are not an extra copy.
+Counting rules: ``outputs[<name>].counts`` is the counts block a build of the recipe records for
+that output (``inputs == written + skipped + failed``; clips the probe sampled out are not in it,
+``not_probed`` says how many); an item is a *problem* when the planner did not pass it (its status
+and detail, skipped duplicates excepted) or an output taking it would fail it (the first in recipe
+order; an item no output decides: its decode or probe failure); *usable* counts the items some output
+writes (an image output's are the ``usable`` view, :mod:`~shardsmith.scan.usable`);
+``enough_data.unique`` is the number of usable training items that are not an extra copy.
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ from shardsmith.scan.decode_check import decode_all
 from shardsmith.scan.dry_run import planned
 from shardsmith.scan.estimate import estimate_output
 from shardsmith.scan.latent_size import estimate_latent
-from shardsmith.scan.media import MAX_PROBE, fit_images, probe_all
+from shardsmith.scan.media import MAX_PROBE, probe_all
 from shardsmith.scan.media_figures import audio as audio_figures, bucket_fit, videos as video_figures
 from shardsmith.scan.format import format_scan, human_bytes
 from shardsmith.scan.histograms import ASPECT_BINS, SHORT_SIDE_BINS
+from shardsmith.scan.takes import decide_rest, deciders, output_counts
 from shardsmith.scan.usable import define_usable
 from shardsmith.scan.verdicts import MAX_REPEAT_DEFAULT, check_training_figures, data_warnings, enough_data
 from shardsmith.split.assign import HOLDOUT, TRAIN
@@ -62,19 +69,18 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
     progress = progress or Progress(quiet=True)
     threads = workers or recipe.workers or min(32, (os.cpu_count() or 4) * 2)
     procs = workers or recipe.workers or min(8, os.cpu_count() or 2)
-    maker = _latent_maker(recipe)
     with planned(recipe, progress) as run:
         db = run.ledger.db
         with progress.task("decode", total=None) as tick:
             decode_all(run.ledger, recipe.images, threads, on_total=tick.set_total, tick=tick.advance)
         define_usable(db, recipe.images.min_size)
+        ds = deciders(recipe, run.ledger, run.sources)
         with progress.task("probe clips", total=None) as tick:
-            _, left_out = probe_all(run.ledger, maker, workers=procs, max_probe=max_probe, on_total=tick.set_total,
+            _, left_out = probe_all(run.ledger, ds, workers=procs, max_probe=max_probe, on_total=tick.set_total,
                                     tick=tick)
-        if maker is not None:
-            fit_images(run.ledger, maker)
+        decide_rest(run.ledger, ds)
         srcs = figures.sources(db, run.sources)
-        probs = figures.problems(db)
+        probs = figures.problems(db, [d.output for d in ds])
         labels, labels_usable = figures.labels(db)
         report = {
             "sources": srcs,
@@ -91,20 +97,25 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
             "captions": figures.captions(db),
             "videos": video_figures(db, left_out),
             "audio": audio_figures(db),
+            "outputs": {d.output: output_counts(run.ledger, d) for d in ds},
+            "not_taken": figures.not_taken(db),
         }
-        if maker is not None:
-            srcs_latent = sorted({s for o in recipe.outputs if _is_latent(o) for s in recipe.source_ids(o)})
-            report["buckets"] = bucket_fit(db, srcs_latent, list(recipe.geometry.buckets))
+        if left_out:
+            for d in ds:
+                if d.probes:
+                    report["outputs"][d.output]["not_probed"] = run.ledger.missing_results(d.output, sorted(d.sources))
+        fitted = _bucket_output(recipe)
+        if fitted is not None:
+            report["buckets"] = bucket_fit(db, *fitted)
             report["buckets"]["sampled_out"] = left_out
-        # what a build would train on: usable images, and with latent outputs every item that fits a bucket
-        trainable = "usable" if maker is None else (
-            "(SELECT * FROM items WHERE plan_status = 'ok' AND idx IN (SELECT idx FROM usable UNION "
-            "SELECT idx FROM clips WHERE fit = 'ok' UNION SELECT idx FROM image_fit WHERE fit = 'ok'))")
+        # what a build would train on: the items some output writes
+        trainable = ("(SELECT * FROM items WHERE plan_status = 'ok' AND idx IN "
+                     "(SELECT idx FROM results WHERE status = 'written'))")
         per_split = dict(db.execute(f"SELECT split, COUNT(*) FROM {trainable} GROUP BY split"))
         unique = db.execute(f"SELECT COUNT(*) FROM {trainable} WHERE split = ? AND dup_of IS NULL",
                             (TRAIN,)).fetchone()[0]
-        warnings = data_warnings(report, image_outputs=any(not _is_latent(o) for o in recipe.outputs))
-        warnings += _holdout_refusal(recipe, run.ledger)
+        warnings = data_warnings(report)
+        warnings += _holdout_refusal(recipe, run.ledger) + _kinds_refusal(recipe, run.ledger)
         estimate = {}
         for o in recipe.outputs:
             if _is_latent(o):
@@ -115,7 +126,8 @@ def scan(recipe: Recipe, *, batch: int | None = None, updates: int | None = None
             warnings += est.warnings
         if left_out:
             warnings.append(f"{left_out} clip(s) were not probed (more than {max_probe}): the video and audio "
-                            "histograms, the bucket table and latent sizes describe a deterministic sample")
+                            "histograms, the bucket table, the outputs' counts and latent sizes describe a "
+                            "deterministic sample")
     usable = per_split.get(TRAIN, 0) + per_split.get(HOLDOUT, 0)
     enough = enough_data(usable, per_split.get(HOLDOUT, 0), unique, batch, updates, max_repeat, grad_accum, world)
     report.update(usable=usable, estimate=estimate, enough_data=enough, warnings=warnings + enough["warnings"])
@@ -135,6 +147,19 @@ def _holdout_refusal(recipe: Recipe, ledger) -> list[str]:
     return []
 
 
+def _kinds_refusal(recipe: Recipe, ledger) -> list[str]:
+    """The build's check, after its plan, that every output takes some item of its sources
+    (``build._refuse_kinds_not_taken``, on the same plan) as a warning: a build of this recipe would stop there."""
+    from shardsmith.build import _refuse_kinds_not_taken
+    from shardsmith.errors import UserError
+
+    try:
+        _refuse_kinds_not_taken(recipe, ledger)
+    except UserError as exc:
+        return [f"build would refuse this recipe: {exc}"]
+    return []
+
+
 def _is_latent(o) -> bool:
     from shardsmith.outputs.latent import LatentKind
     from shardsmith.outputs.registry import kind_of
@@ -142,14 +167,24 @@ def _is_latent(o) -> bool:
     return isinstance(kind_of(o), LatentKind)
 
 
-def _latent_maker(recipe: Recipe):
-    """The build's latent pixel maker of the recipe (the bucket decision), None without a latent output."""
-    from shardsmith.outputs.base import OutputContext
-    from shardsmith.outputs.registry import kind_of
+def _bucket_output(recipe: Recipe) -> tuple[str, list[str]] | None:
+    """``(output, buckets)`` of the bucket table: the first latent output cut to ``geometry.buckets``, else the
+    first ``video_wds`` (its buckets of more than one frame), else the first latent output of an audio-only
+    dataset cut to ``audio.durations`` (one bucket per duration); None without any."""
+    from shardsmith.formats.wds import audio_bucket
+    from shardsmith.recipe import VideoWdsOutput
+    from shardsmith.transform.buckets import parse_buckets
 
-    for o in recipe.outputs:
-        if _is_latent(o) and recipe.geometry.buckets:
-            return kind_of(o).maker(o, OutputContext(recipe, None, None, [], None))
+    buckets = list(recipe.geometry.buckets or [])
+    latent = [o for o in recipe.outputs if _is_latent(o)]
+    if latent and buckets:
+        return latent[0].name, buckets
+    video = [o for o in recipe.outputs if isinstance(o, VideoWdsOutput)]
+    if video and buckets:
+        return video[0].name, [str(b) for b in parse_buckets(buckets) if b.frames > 1]
+    audio = [o for o in latent if any(a is o for a in recipe.audio_outputs())]
+    if audio and recipe.audio.durations:
+        return audio[0].name, [audio_bucket(d) for d in recipe.audio.durations]
     return None
 
 

@@ -10,7 +10,9 @@ Contract: each function reads the ``items`` rows the planner wrote (and, for pic
   included): shorter-side and aspect histograms, width and height, PIL modes, formats, decode
   notes, how many are below ``images.min_size``;
 - :func:`problems`: every item a build could not use, in plan order: the planner's status and
-  detail (skipped duplicates excepted), else the transform's decode failure;
+  detail (skipped duplicates excepted), else the first failure an output records for it (scan's
+  ``results``), else the decode / probe failure of an item no output decided;
+- :func:`not_taken`: items no output of the recipe takes (each skips it as a kind it does not take);
 - :func:`duplicates`: the planner's exact-duplicate groups (first copy, then its copies);
 - :func:`labels`, :func:`captions`: label and caption counts.
 
@@ -81,15 +83,49 @@ def images(db: sqlite3.Connection, min_size: int) -> dict[str, Any]:
     }
 
 
-def problems(db: sqlite3.Connection) -> list[dict[str, Any]]:
+def problems(db: sqlite3.Connection, outputs: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every item a build could not use, in plan order: the planner's status and detail (skipped duplicates
+    excepted); else the first failure an output of ``outputs`` (recipe order) would record for it (scan's
+    ``results``, :mod:`shardsmith.scan.takes`); else, for an item no output decided, its decode or probe
+    failure."""
+    rank = {name: i for i, name in enumerate(outputs or [])}
+    failed: dict[int, tuple[int, str, str | None]] = {}
+    for idx, output, status, detail in db.execute(
+            "SELECT r.idx, r.output, r.status, r.detail FROM results r JOIN items i ON i.idx = r.idx "
+            "WHERE i.plan_status = 'ok' AND r.status LIKE 'failed:%'"):
+        key = rank.get(output, len(rank))
+        if idx not in failed or key < failed[idx][0]:
+            failed[idx] = (key, status, detail)
     rows = db.execute(
-        "SELECT i.item_id, i.path, "
-        "CASE WHEN i.plan_status = 'ok' THEN d.status ELSE i.plan_status END, "
-        "CASE WHEN i.plan_status = 'ok' THEN d.detail ELSE i.detail END "
-        "FROM items i LEFT JOIN decoded d ON d.idx = i.idx "
-        "WHERE i.plan_status NOT IN ('ok', 'skipped:duplicate') OR (i.plan_status = 'ok' AND d.status != 'ok') "
+        "SELECT i.idx, i.item_id, i.path, i.plan_status, i.detail, COALESCE(d.status, c.status), "
+        "COALESCE(d.detail, c.detail), EXISTS (SELECT 1 FROM results r WHERE r.idx = i.idx) "
+        "FROM items i LEFT JOIN decoded d ON d.idx = i.idx LEFT JOIN clips c ON c.idx = i.idx "
+        "WHERE i.plan_status NOT IN ('ok', 'skipped:duplicate') OR (i.plan_status = 'ok' AND ("
+        "  EXISTS (SELECT 1 FROM results r WHERE r.idx = i.idx AND r.status LIKE 'failed:%') OR "
+        "  (COALESCE(d.status, c.status) != 'ok' AND NOT EXISTS (SELECT 1 FROM results r WHERE r.idx = i.idx)))) "
         "ORDER BY i.idx")
-    return [{"id": i, "path": p, "status": s, "detail": d} for i, p, s, d in rows]
+    out = []
+    for idx, item_id, path, plan_status, plan_detail, media_status, media_detail, decided in rows:
+        if plan_status != "ok":
+            status, detail = plan_status, plan_detail
+        elif idx in failed:
+            _, status, detail = failed[idx]
+        elif not decided and media_status not in (None, "ok"):
+            status, detail = media_status, media_detail
+        else:
+            continue
+        out.append({"id": item_id, "path": path, "status": status, "detail": detail})
+    return out
+
+
+def not_taken(db: sqlite3.Connection) -> dict[str, int]:
+    """Planned items, by kind, that every output deciding them skips as a kind it does not take."""
+    return dict(db.execute(
+        "SELECT i.kind, COUNT(*) FROM items i WHERE i.plan_status = 'ok' "
+        "AND EXISTS (SELECT 1 FROM results r WHERE r.idx = i.idx) "
+        "AND NOT EXISTS (SELECT 1 FROM results r WHERE r.idx = i.idx "
+        "                AND r.status NOT LIKE 'skipped:unsupported_kind_%') "
+        "GROUP BY i.kind ORDER BY MIN(i.idx)"))
 
 
 def problem_counts(probs: list[dict[str, Any]]) -> dict[str, int]:

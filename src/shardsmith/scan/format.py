@@ -81,18 +81,48 @@ def _media_sections(report: dict) -> list[str]:
     b = report.get("buckets")
     if b:
         fitted = sum(x["count"] for x in b["buckets"].values())
-        L += ["", f"buckets ({fitted} item(s) fit, {sum(x['count'] for x in b['skipped'].values())} skipped"
+        of = f" in output {b['output']}" if b.get("output") else ""
+        L += ["", f"buckets ({fitted} item(s) fit{of}, {sum(x['count'] for x in b['skipped'].values())} skipped"
                   + (f"; of a sample, {b['sampled_out']} clip(s) not probed" if b.get("sampled_out") else "") + ")"]
-        rows = [["bucket", "items", "videos", "images", "examples"]]
+        kinds = [k for k in ("videos", "images", "audio") if any(x.get(k) for x in b["buckets"].values())] \
+            or ["videos", "images"]
+        rows = [["bucket", "items", *kinds, "examples"]]
         for name, x in b["buckets"].items():
             ex = ", ".join(x["items"][:3]) + (" ..." if x["count"] > 3 else "")
-            rows.append([name, str(x["count"]), str(x["videos"]), str(x["images"]), ex])
-        L += _table(rows, right={1, 2, 3})
+            rows.append([name, str(x["count"]), *(str(x.get(k, 0)) for k in kinds), ex])
+        L += _table(rows, right=set(range(1, len(kinds) + 2)))
         for status, x in b["skipped"].items():
             L.append(f"  {status}: {x['count']}: " + ", ".join(x["items"][:5]) + (" ..." if x["count"] > 5 else ""))
             if x.get("detail"):
                 L.append(f"      e.g. {x['detail']}")
     return L
+
+
+def _outputs_section(report: dict) -> list[str]:
+    """Per output, the counts a build of the recipe would record (``inputs = written + skipped + failed``)."""
+    outs = report.get("outputs") or {}
+    if not outs:
+        return []
+    L = ["", "outputs (what a build would write)"]
+    for name, x in outs.items():
+        c = x["counts"]
+        skipped, failed = sum(c["skipped"].values()), sum(c["failed"].values())
+        L.append(f"  {name} ({x['format']}): inputs {c['inputs']} = written {c['written']} + skipped {skipped} "
+                 f"+ failed {failed}" + (f"; {x['not_probed']} clip(s) not probed" if x.get("not_probed") else ""))
+        for kind in ("skipped", "failed"):
+            for reason, n in sorted(c[kind].items(), key=lambda kv: (-kv[1], kv[0])):
+                ex = c.get("examples", {}).get(f"{kind}:{reason}", {})
+                ids = ex.get("ids", [])
+                L.append(f"    {kind}:{reason} x{n}" + (f"  e.g. {', '.join(ids[:3])}" if ids else ""))
+    return L
+
+
+def _usable_word(report: dict) -> str:
+    """``image`` when every output writes images only (wds, zip, latent_zip), else ``item``."""
+    outs = report.get("outputs")
+    if outs is None:
+        return "item" if report.get("buckets") else "image"
+    return "image" if outs and all(x["format"] in ("wds", "zip", "latent_zip") for x in outs.values()) else "item"
 
 
 def _latent_notes(name: str, e: dict) -> list[str]:
@@ -115,7 +145,7 @@ def format_scan(report: dict) -> str:
     srcs = report.get("sources", {})
     clips = (report.get("videos") or {}).get("count", 0)
     L.append(f"scan: {len(srcs)} source(s), {report.get('items', 0)} item(s), {human_bytes(report.get('bytes', 0))}; "
-             f"{report.get('usable', 0)} usable {'item' if report.get('buckets') else 'image'}(s)"
+             f"{report.get('usable', 0)} usable {_usable_word(report)}(s)"
              + (f", {clips} probed clip(s)" if clips else ""))
 
     L += ["", "sources"]
@@ -164,6 +194,8 @@ def format_scan(report: dict) -> str:
           f"  with caption: {cap.get('with_caption', 0)} (empty: {cap.get('empty', 0)}); "
           f"without: {cap.get('without', 0)}"]
 
+    L += _outputs_section(report)
+
     probs = report.get("problems", [])
     L += ["", f"problems ({len(probs)})"]
     if probs:
@@ -201,6 +233,7 @@ def format_scan(report: dict) -> str:
             continue
         rows.append([name, e["format"], str(e["samples"]), human_bytes(e["per_sample_bytes"]), e["human"],
                      f"{e['written_in_sample']}/{e['sampled']} written"])
+        notes += [f"  {name}: {p}" for p in e.get("partial", [])]
     L += _table(rows, right={2, 3, 4}) + notes
 
     en = report.get("enough_data", {})

@@ -170,7 +170,15 @@ def estimate_latent(o, recipe: Recipe, ledger, infos, left_out: int) -> dict[str
         blk["not_estimated"] = f"{o.format} outputs are not estimated yet"
         return blk
     if recipe.models.vae is None:
-        blk["not_estimated"] = "no models.vae"
+        n = ledger.db.execute("SELECT COUNT(*) FROM results WHERE output = ? AND status = 'written'",
+                              (o.name,)).fetchone()[0]
+        blk["samples"] = n
+        if any(a is o for a in recipe.audio_outputs()):
+            blk["not_estimated"] = (f"{n} audio sample(s); the bytes of audio latents (models.audio_vae) are not "
+                                    "estimated yet: run `shardsmith build ... --one-sample` and look at that item's "
+                                    "files")
+        else:
+            blk["not_estimated"] = "no models.vae"
         return blk
     vae = vae_shape(recipe.models.vae)
     if isinstance(vae, str):
@@ -185,7 +193,7 @@ def estimate_latent(o, recipe: Recipe, ledger, infos, left_out: int) -> dict[str
     bucketed = len(recipe.geometry.buckets or []) > 1
     renderer = LatentMembers(o, infos, multi_source=len(srcs) > 1)
     renderer.models = _models(recipe)
-    fits = {r[0]: r for r in fit_rows(ledger.db, srcs)}
+    fits = {r[0]: r for r in fit_rows(ledger.db, o.name)}
     ins = ",".join(str(int(s)) for s in srcs)
     per_bucket: dict[str, dict[str, Any]] = {}
     total = files = 0
@@ -204,7 +212,7 @@ def estimate_latent(o, recipe: Recipe, ledger, infos, left_out: int) -> dict[str
                     unknown += kind == "video"  # a clip the probe sampled out
                     continue
                 known += row[3] == "video"
-                if row[4] != "ok":
+                if row[4] != "written":
                     continue
                 bucket, info = row[6], json.loads(row[7])
                 shape = latent_shape(vae, bucket)

@@ -2,9 +2,9 @@
 
 Contract: :func:`videos` / :func:`audio` return the histograms (every bin, zeros included) and
 min/median/max of the probed clips (``sampled`` says how many clips the probe left out, see
-:mod:`shardsmith.scan.media`); :func:`bucket_fit` returns, per bucket, the items a build of the
-recipe writes into it and, per reason, the items it skips (``too_short`` ...), for the items of
-the recipe's latent outputs' sources that the plan passed.
+:mod:`shardsmith.scan.media`); :func:`bucket_fit` returns, per bucket, the items a build writes into it
+with one output of the recipe and, per reason, the items it skips (``too_short`` ...), for the items
+the plan passed (:mod:`shardsmith.scan.takes` decided them).
 """
 
 from __future__ import annotations
@@ -83,31 +83,41 @@ def audio(db: sqlite3.Connection) -> dict[str, Any]:
     return out
 
 
-def fit_rows(db: sqlite3.Connection, srcs: list[int]):
-    """``(idx, item_id, split, kind, fit, fit_detail, bucket, info)`` of the plan's ``ok`` items of
-    ``srcs`` that scan probed and fitted, in plan order."""
-    ins = ",".join(str(int(s)) for s in srcs)
+def fit_rows(db: sqlite3.Connection, output: str):
+    """``(idx, item_id, split, kind, status, detail, bucket, info)`` of the plan's ``ok`` items that scan decided
+    for ``output`` (:mod:`shardsmith.scan.takes`), in plan order; ``bucket`` / ``info`` where it cuts the item
+    to a bucket."""
     return db.execute(
-        "SELECT i.idx, i.item_id, i.split, i.kind, f.fit, f.fit_detail, f.bucket, f.info FROM items i "
-        "JOIN (SELECT idx, fit, fit_detail, bucket, info FROM clips WHERE fit IS NOT NULL "
-        "      UNION ALL SELECT idx, fit, fit_detail, bucket, info FROM image_fit) f ON f.idx = i.idx "
-        f"WHERE i.plan_status = 'ok' AND i.source IN ({ins}) ORDER BY i.idx").fetchall()
+        "SELECT i.idx, i.item_id, i.split, i.kind, r.status, r.detail, f.bucket, f.info FROM results r "
+        "JOIN items i ON i.idx = r.idx LEFT JOIN fits f ON f.output = r.output AND f.idx = r.idx "
+        "WHERE r.output = ? AND i.plan_status = 'ok' ORDER BY i.idx", (output,)).fetchall()
 
 
-def bucket_fit(db: sqlite3.Connection, srcs: list[int], buckets: list[str]) -> dict[str, Any]:
-    """``{"buckets": {bucket: {count, videos, images, items}}, "skipped": {status: {count, items, detail}}}``."""
-    per: dict[str, dict[str, Any]] = {b: {"count": 0, "videos": 0, "images": 0, "items": []} for b in buckets}
+#: statuses the bucket table leaves out: an item the output never looks at, or a split it does not write
+_NOT_FITTED = ("skipped:unsupported_kind_", "skipped:holdout")
+
+_KIND_COLUMN = {"video": "videos", "image": "images", "audio": "audio"}
+
+
+def bucket_fit(db: sqlite3.Connection, output: str, buckets: list[str]) -> dict[str, Any]:
+    """``{"output": name, "buckets": {bucket: {count, videos, images, audio, items}}, "skipped": {status:
+    {count, items, detail}}}``: the items ``output`` writes into each bucket and, per reason, those it skips
+    (``too_short`` ...). Failures are problems (the report's ``problems``), not rows here."""
+    def empty() -> dict[str, Any]:
+        return {"count": 0, "videos": 0, "images": 0, "audio": 0, "items": []}
+
+    per: dict[str, dict[str, Any]] = {b: empty() for b in buckets}
     skipped: dict[str, dict[str, Any]] = {}
-    for _, item_id, _, kind, fit, detail, bucket, _ in fit_rows(db, srcs):
-        if fit == "ok":
-            b = per.setdefault(bucket, {"count": 0, "videos": 0, "images": 0, "items": []})
+    for _, item_id, _, kind, status, detail, bucket, _ in fit_rows(db, output):
+        if status == "written":
+            b = per.setdefault(bucket or "-", empty())
             b["count"] += 1
-            b["videos" if kind == "video" else "images"] += 1
+            b[_KIND_COLUMN.get(kind, "images")] += 1
             if len(b["items"]) < MAX_IDS:
                 b["items"].append(item_id)
-        else:
-            s = skipped.setdefault(fit, {"count": 0, "items": [], "detail": detail})
+        elif status.startswith("skipped:") and not status.startswith(_NOT_FITTED):
+            s = skipped.setdefault(status, {"count": 0, "items": [], "detail": detail})
             s["count"] += 1
             if len(s["items"]) < MAX_IDS:
                 s["items"].append(item_id)
-    return {"buckets": per, "skipped": skipped}
+    return {"output": output, "buckets": per, "skipped": skipped}

@@ -1,7 +1,8 @@
 """What the scan figures mean for a build and for training: warnings and the enough-data verdict.
 
 Contract: :func:`data_warnings` turns the report's sections into warnings (undeclared licences,
-problems, duplicates, non-image items when an image output would skip them, images below ``images.min_size``, classes without a
+problems, duplicates, items no output of the recipe takes, items an output other than an image output
+would skip (too short for every bucket, no caption ...), images below ``images.min_size``, classes without a
 usable image), in that order. :func:`enough_data` compares the distinct usable training
 samples with the samples a training run sees, ``batch x grad_accum x world x updates`` (the effective
 batch, per-device batch times gradient-accumulation steps times devices, times the optimizer updates;
@@ -39,7 +40,13 @@ def check_training_figures(batch: int | None, updates: int | None, max_repeat: f
                                   f"{MAX_REPEAT_DEFAULT:g} (--max-repeat)")
 
 
-def data_warnings(report: dict[str, Any], image_outputs: bool = True) -> list[str]:
+#: the formats whose skips have warnings of their own (images below min_size, unlabelled images of a ZIP)
+IMAGE_FORMATS = ("wds", "zip", "latent_zip")
+#: skip reasons said elsewhere: an item of a kind the output does not take, a split it does not write, a copy
+_SAID_ELSEWHERE = ("unsupported_kind_", "holdout", "duplicate")
+
+
+def data_warnings(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     srcs, licenses = report["sources"], report["licenses"]
     undeclared = [n for n, s in srcs.items() if not s["license"]]
@@ -56,10 +63,26 @@ def data_warnings(report: dict[str, Any], image_outputs: bool = True) -> list[st
         what = "only the first copy is used" if dup["dedup"] else "all copies are kept (split.dedup is off)"
         out.append(f"{dup['duplicate_items']} item(s) are exact copies of others ({len(dup['groups'])} group(s)); "
                    f"{what}")
-    others = {k: v for k, v in report["kinds"].items() if k != "image" and v}
-    if others and image_outputs:
-        out.append(f"{sum(others.values())} non-image item(s) ({', '.join(f'{k} {v}' for k, v in others.items())}):"
-                   " the image outputs skip them")
+    others = report.get("not_taken") or {}
+    if others:
+        out.append(f"{sum(others.values())} item(s) that no output of the recipe takes "
+                   f"({', '.join(f'{k} {v}' for k, v in others.items())}): a build skips them "
+                   f"({', '.join(f'skipped:unsupported_kind_{k}' for k in others)}); limit the sources, or add an "
+                   "output that writes them")
+    said: dict[tuple, list[str]] = {}  # outputs that skip the same items alike share one warning
+    for name, x in (report.get("outputs") or {}).items():
+        if x["format"] in IMAGE_FORMATS:
+            continue
+        skips = {k: v for k, v in x["counts"]["skipped"].items() if not k.startswith(_SAID_ELSEWHERE)}
+        if skips:
+            key = tuple(sorted(skips.items(), key=lambda kv: (-kv[1], kv[0])))
+            said.setdefault(key, []).append(name)
+    table = (report.get("buckets") or {}).get("output")
+    for key, names in said.items():
+        by = ", ".join(f"{k} {v}" for k, v in key)
+        where = "the buckets table" if table in names else "the outputs section"
+        out.append(f"output{'s' if len(names) > 1 else ''} {', '.join(names)}: {sum(v for _, v in key)} item(s) "
+                   f"would be skipped ({by}); see {where} for each item")
     im = report["images"]
     if im["below_min_size"]:
         out.append(f"{im['below_min_size']} image(s) have a shorter side below images.min_size={im['min_size']} "
