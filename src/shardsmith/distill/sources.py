@@ -12,7 +12,8 @@ Contract
   sample's embedding or shape sampled under this prompt.
 - ``check_sources(recipe)``: before anything runs, a :class:`DistillSourceError` (exit 2) when
   ``distill.text: source`` (or ``distill.shape`` unset) names a source that is not a WebDataset folder,
-  when ``distill.shape`` is unset and a source holds several buckets (a FastGen batch has one shape), or
+  when ``distill.shape`` is unset and a source holds several buckets (a FastGen batch has one shape) or its
+  first shard's samples hold no ``latent.pth`` (a prompt_wds folder: every prompt would fail), or
   when guidance needs a negative embedding and no source folder holds ``neg_prompt_emb.npy``.
 - ``check_guidance(recipe)`` (called first by ``check_sources``, and by ``shardsmith distill`` before the
   build): a :class:`DistillSourceError` when ``distill.guidance`` is not a finite number of at most
@@ -113,6 +114,29 @@ def teacher_input(item: PlannedItem, folder: str, shape: list[int] | None, text:
     return TeacherInput(tuple(int(d) for d in shape), emb)
 
 
+def _first_sample_members(folder: Path) -> tuple[Path | None, set[str]]:
+    """The first shard of the WebDataset ``folder`` that holds a sample, and the member suffixes of its samples
+    (tar headers only); ``(None, set())`` when none can be read (the source's own checks say why)."""
+    import tarfile as _tarfile
+
+    from shardsmith.formats.tar import tar_members
+    from shardsmith.formats.wds import list_shards, split_member
+
+    try:
+        names = list_shards(folder).names
+    except OSError:
+        return None, set()
+    for name in names:
+        try:
+            members = tar_members(folder / name)
+        except (OSError, _tarfile.TarError):
+            continue
+        suffixes = {parts[1] for parts in (split_member(m[0]) for m in members) if parts is not None}
+        if suffixes:
+            return folder / name, suffixes
+    return None, set()
+
+
 def _wds_folders(recipe) -> list[tuple[str, Path | None]]:
     from shardsmith.sources.base import is_shard_folder
 
@@ -160,6 +184,13 @@ def check_sources(recipe) -> None:
                                          f"({', '.join(buckets)}): a FastGen batch has one shape; give one bucket's "
                                          f"folder per distill recipe (e.g. path: {folder / next(iter(buckets))}) or set "
                                          "distill.shape")
+            shard, suffixes = _first_sample_members(folder / next(iter(buckets)) if buckets else folder)
+            if shard is not None and LATENT not in suffixes:
+                raise DistillSourceError(
+                    f"distill.shape is unset, and source {name!r} holds no {LATENT} to take each sample's shape from "
+                    f"(the samples of {shard} hold {', '.join(sorted(suffixes)) or 'no member'}: prompts only, as a "
+                    "prompt_wds folder's); set distill.shape to the teacher's latent shape (e.g. [4, 32, 32]), or "
+                    "read prompts from a latent_wds folder")
     if d.text != "source":
         return
     for name, folder in folders:
