@@ -311,7 +311,8 @@ def _check_present(root: Path, name: str, block: dict[str, Any], split: str, pic
 
 
 class Samples:
-    """The planned items (``items``: the ledger's of one split) of output ``name``, found exactly for each latent record
+    """The planned items (``items``: the ledger's of one split; those of the sources that do not feed output
+    ``name`` are left out) of output ``name``, found exactly for each latent record
     (:func:`~shardsmith.verify.latent_records.latent_records`), with the path its decoded files take.
 
     A ``.precomputed/`` file (``key`` None) is its item's by its path: the item's ``sample_rel``, unique in the
@@ -322,11 +323,18 @@ class Samples:
 
     def __init__(self, items: Iterable[Any], recipe, name: str):
         names = [s.name for s in recipe.sources]
-        multi = len(recipe.outputs[[o.name for o in recipe.outputs].index(name)].sources or names) > 1
+        # only the items of the sources that feed this output, named as its sink named them
+        # (sinks/latent_members.py): another source's item of the same name (a/cat.jpg, b/cat.jpg, each in
+        # its own output: both cat.pt) is no sample of this output and must not take its name
+        taken = recipe.outputs[[o.name for o in recipe.outputs].index(name)].sources  # (as Recipe.source_ids)
+        ids = {names.index(n) for n in taken} if taken else set(range(len(names)))
+        multi = len(ids) > 1
         self.by_rel: dict[str, Any] = {}
         self.by_id: dict[str, tuple[str, Any]] = {}
         self.by_key: dict[str, tuple[str, Any]] = {}
         for it in items:
+            if it.source not in ids:
+                continue
             rel = sample_rel(it.relpath, names[it.source] if multi else None, key=it.key, item_id=it.item_id,
                              key_source=names[it.source] if len(names) > 1 else None)
             self.by_rel[rel] = it
