@@ -5,15 +5,25 @@ an unlinked temporary file once it outgrows its page cache, and it is gone when 
 happened (nothing appears in the folder read, nor anywhere else). Its page cache is capped at
 :data:`CACHE_KIB` and no query sorts, so host memory stays bounded whatever the number of keys. Shards are numbered in folder order by the caller. :meth:`FolderKeys.add_shard` takes one
 shard's distinct sample keys and its members whose suffix holds a dot (read order);
-:meth:`FolderKeys.cross_shard` yields the keys held by more than one shard and
+:meth:`FolderKeys.add_samples` takes one shard's keys with what their samples hold (their members'
+suffixes and sizes, and where their bytes are in the shard);
+:meth:`FolderKeys.cross_shard` yields the keys held by more than one shard (with
+:meth:`FolderKeys.cross_shard_samples`, what each of those shards holds under the key) and
 :meth:`FolderKeys.dotted` gives one shard's dotted members back in read order.
+
+:class:`CrossShardKeys` tells a key several shards hold for one sample (the same members, the same
+bytes: a shard copied beside itself, every sample trained twice) from a key each shard uses for a sample
+of its own (keys numbered from 0 in every shard: distinct samples, the loader keys them by shard and key).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 CACHE_KIB = 128  # SQLite page cache in KiB
 
@@ -37,8 +47,9 @@ class FolderKeys:
         self._db.execute("PRAGMA synchronous = OFF")
         # keys kept in (key, shard) order as they come: finding the keys of several shards is then a scan
         # of the table, not a sort (SQLite's sorter held ~1 MiB more at 200k keys)
-        self._db.execute("CREATE TABLE keys (key TEXT NOT NULL, shard INTEGER NOT NULL, PRIMARY KEY (key, shard)) "
-                         "WITHOUT ROWID")
+        # sig / loc (add_samples only): the sample's members as "suffix:size" and their data offsets, in suffix order
+        self._db.execute("CREATE TABLE keys (key TEXT NOT NULL, shard INTEGER NOT NULL, sig TEXT, loc TEXT, "
+                         "PRIMARY KEY (key, shard)) WITHOUT ROWID")
         self._db.execute("CREATE TABLE dotted (shard INTEGER NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, "
                          "key TEXT NOT NULL, suffix TEXT NOT NULL, PRIMARY KEY (shard, seq)) WITHOUT ROWID")
         self._dotted_shards: set[int] = set()
@@ -64,21 +75,40 @@ class FolderKeys:
             if self._db.total_changes != before:
                 self._dotted_shards.add(shard)
 
-    def cross_shard(self) -> Iterator[tuple[str, list[int]]]:
-        """Each key found in more than one shard, in key order, with its shard numbers in order."""
+    def add_samples(self, shard: int, samples: Iterable[tuple[str, str, str]]) -> None:
+        """Record shard number ``shard``'s samples as ``(key, sig, loc)``: ``sig`` what the sample holds (its
+        members' suffixes and sizes), ``loc`` where their bytes are; a key given twice keeps its first sample."""
+        first: dict[str, tuple[str, str]] = {}
+        for key, sig, loc in samples:
+            first.setdefault(key, (sig, loc))
+        with self._db:
+            self._db.executemany("INSERT OR IGNORE INTO keys (key, shard, sig, loc) VALUES (?, ?, ?, ?)",
+                                 ((k, shard, *first[k]) for k in sorted(first)))
+
+    def _cross(self) -> Iterator[tuple[str, list[tuple[int, str | None, str | None]]]]:
         rows = self._db.execute(
-            "SELECT key, shard FROM keys WHERE key IN (SELECT key FROM keys GROUP BY key HAVING COUNT(*) > 1) "
+            "SELECT key, shard, sig, loc FROM keys WHERE key IN (SELECT key FROM keys GROUP BY key HAVING COUNT(*) > 1) "
             "ORDER BY key, shard")
         cur: str | None = None
-        shards: list[int] = []
-        for key, shard in rows:
+        held: list[tuple[int, str | None, str | None]] = []
+        for key, shard, sig, loc in rows:
             if key != cur:
                 if cur is not None:
-                    yield cur, shards
-                cur, shards = key, []
-            shards.append(shard)
+                    yield cur, held
+                cur, held = key, []
+            held.append((shard, sig, loc))
         if cur is not None:
-            yield cur, shards
+            yield cur, held
+
+    def cross_shard(self) -> Iterator[tuple[str, list[int]]]:
+        """Each key found in more than one shard, in key order, with its shard numbers in order."""
+        for key, held in self._cross():
+            yield key, [shard for shard, _, _ in held]
+
+    def cross_shard_samples(self) -> Iterator[tuple[str, list[tuple[int, str | None, str | None]]]]:
+        """Each key found in more than one shard, in key order, with ``(shard, sig, loc)`` per shard in order
+        (sig and loc as :meth:`add_samples` got them; None for a shard given by :meth:`add_shard`)."""
+        return self._cross()
 
     def dotted(self, shard: int) -> Iterator[DottedMember]:
         """Shard number ``shard``'s dotted members, in read order."""
@@ -89,33 +119,120 @@ class FolderKeys:
             yield DottedMember(name, key, suffix)
 
 
+CHUNK = 1 << 20  # bytes hashed per read
+HEAD = 1 << 16  # bytes of each member compared before whole members are
+
+
+def _sig_loc(members: dict) -> tuple[str, str]:
+    """``{suffix: (data offset, size)}`` as ``(sig, loc)`` for :meth:`FolderKeys.add_samples`."""
+    order = sorted(members)
+    return ("/".join(f"{s}:{members[s][1]}" for s in order), ",".join(str(members[s][0]) for s in order))
+
+
 class CrossShardKeys:
-    """The sample keys that more than one shard of a folder holds (each such sample is trained once per shard
-    it is in: a loader keys samples by shard and key, so it sees no duplicate), fed shard by shard in folder
-    order (:meth:`visit`, e.g. from ``ExpectedWds.scan``'s one pass over the headers) and kept on disk
-    (:class:`FolderKeys`); :meth:`finish` counts them (``n``) and keeps the first :data:`SHOWN` with their
-    shards (``examples``). Use as a context manager."""
+    """The sample keys under which more than one shard of a folder holds the same sample (each such sample is
+    trained once per shard it is in: a loader keys samples by shard and key, so it sees no duplicate), fed
+    shard by shard in folder order (:meth:`visit`, e.g. from ``ExpectedWds.scan``'s one pass over the headers)
+    and kept on disk (:class:`FolderKeys`).
+
+    :meth:`finish` compares, for each key several shards hold, what they hold under it: the member suffixes
+    and sizes the headers gave, then, only where those agree, the members' bytes (sha256 read from the
+    shards, so a copied shard is read once more; distinct samples of equal sizes too). Keys holding the same
+    sample in several shards are counted in ``n`` with the first :data:`SHOWN` in ``examples`` (key, the
+    shards holding that sample); keys each shard uses for a sample of its own (different members, sizes or
+    bytes: distinct samples, nothing trains twice) in ``n_distinct`` / ``distinct_examples``.
+    Use as a context manager."""
 
     SHOWN = 5
+    OPEN = 8  # shard files kept open while hashing
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str | Path) -> None:
+        self._folder = Path(folder)
         self._keys = FolderKeys()
         self._names: list[str] = []
+        self._fds: dict[int, int] = {}
         self.n = 0
         self.examples: list[tuple[str, list[str]]] = []
+        self.n_distinct = 0
+        self.distinct_examples: list[tuple[str, list[str]]] = []
 
     def __enter__(self) -> "CrossShardKeys":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._close_fds()
         self._keys.close()
 
+    def _close_fds(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
     def visit(self, shard: str, samples) -> None:
-        self._keys.add_shard(len(self._names), {key for key, _ in samples})
+        self._keys.add_samples(len(self._names), ((key, *_sig_loc(members)) for key, members in samples))
         self._names.append(shard)
 
+    def _digest(self, shard: int, sig: str, loc: str, head: int | None = None) -> str | None:
+        """sha256 over the sample's member bytes in suffix order (``head``: each member's first ``head`` bytes
+        only); None if the shard cannot give them all."""
+        fd = self._fds.pop(shard, None)
+        try:
+            if fd is None:
+                if len(self._fds) >= self.OPEN:
+                    os.close(self._fds.pop(next(iter(self._fds))))
+                fd = os.open(self._folder / self._names[shard], os.O_RDONLY)
+            self._fds[shard] = fd  # most recently used last
+            h = hashlib.sha256()
+            sizes = [int(m.rsplit(":", 1)[1]) for m in sig.split("/")] if sig else []
+            for off, size in zip((int(o) for o in loc.split(",")) if loc else (), sizes):
+                size = size if head is None else min(size, head)
+                while size:
+                    data = os.pread(fd, min(size, CHUNK), off)
+                    if not data:
+                        return None
+                    h.update(data)
+                    off, size = off + len(data), size - len(data)
+            return h.hexdigest()
+        except OSError:
+            return None
+
+    def _groups(self, sig: str, group: list[tuple[int, str | None]], head: int | None):
+        """``group``'s shards that hold the same bytes (``head``: in each member's first bytes), per digest."""
+        by_hash: dict[str, list[tuple[int, str | None]]] = {}
+        for shard, loc in group:
+            digest = self._digest(shard, sig, loc or "", head)
+            if digest is not None:
+                by_hash.setdefault(digest, []).append((shard, loc))
+        return [g for g in by_hash.values() if len(g) > 1]
+
+    def _same(self, sig: str, group: list[tuple[int, str | None]]) -> list[int]:
+        """The first shards of ``group`` (samples of equal members and sizes) whose samples have the same bytes:
+        each member's first bytes, then all of them where those agree (distinct samples of equal sizes, e.g.
+        fixed-shape latents, differ early, so only copies are read in full); [] when none."""
+        for near in self._groups(sig, group, HEAD):
+            for equal in self._groups(sig, near, None):
+                return [shard for shard, _ in equal]
+        return []
+
     def finish(self) -> None:
-        for key, where in self._keys.cross_shard():
-            self.n += 1
-            if len(self.examples) < self.SHOWN:
-                self.examples.append((key, [self._names[i] for i in where]))
+        try:
+            for key, held in self._keys.cross_shard_samples():
+                same: list[int] = []
+                by_sig: dict[str | None, list[tuple[int, str | None]]] = {}
+                for shard, sig, loc in held:
+                    by_sig.setdefault(sig, []).append((shard, loc))
+                for sig, group in by_sig.items():
+                    if len(group) < 2 or sig is None:
+                        continue
+                    same = self._same(sig, group)
+                    if same:
+                        break
+                if same:
+                    self.n += 1
+                    if len(self.examples) < self.SHOWN:
+                        self.examples.append((key, [self._names[i] for i in same]))
+                else:
+                    self.n_distinct += 1
+                    if len(self.distinct_examples) < self.SHOWN:
+                        self.distinct_examples.append((key, [self._names[s] for s, _, _ in held]))
+        finally:
+            self._close_fds()

@@ -273,7 +273,7 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
             # every shard's headers, read once: the expected samples numbered per shard, the members check and
             # the keys several shards hold
             members = MembersCheck(cfg, mode_of(preset))
-            with CrossShardKeys() as cross:
+            with CrossShardKeys(dataset) as cross:
                 expected = ExpectedWds.scan(dataset, ignore, on_shard=lambda shard, samples: (
                     members.visit(shard, samples), cross.visit(shard, samples)))
                 cross.finish()
@@ -350,13 +350,19 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
         per_rank.append({"rank": r["rank"], "samples": r["seen_count"], "stats": r["stats"]})
     dup, missing, unknown = cov["duplicates"], cov["missing"], cov["unknown"]  # the first 20 of each
     report["coverage"] = {**cov, "per_rank": per_rank}
-    if kind == "wds" and cross.n:  # one key in several shards: the loader sees each (shard, key) once
+    if kind == "wds" and cross.n_distinct:  # keys numbered per shard: distinct samples, each trained once
+        report.setdefault("notes", []).append(
+            f"{cross.n_distinct} key(s) occur in several shards with different content in each (e.g. "
+            + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.distinct_examples[:3])
+            + "): distinct samples, which the loader keys by shard and key, so each trains once; nothing to fix")
+    if kind == "wds" and cross.n:  # one sample under one key in several shards: the loader sees each (shard, key) once
         check("no_duplicates", False, f"{cov['n_duplicates']} sample(s) seen more than once by the loader, but "
-              f"{cross.n} key(s) occur in several shards, each trained once per shard that holds it: "
+              f"{cross.n} key(s) hold the same sample (same members, same bytes) in several shards, each trained "
+              "once per shard that holds it: "
               + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.examples) + ("; ..." if cross.n > cross.SHOWN else "")
               + f"; if a shard is a copy of another, move it out of {dataset}, else list each repeated key in "
               f"{IGNORE_INDEX_FILE} under the shard(s) that should not train it; shardsmith inspect {dataset} "
-              "lists them all")
+              "lists the keys several shards hold")
     else:
         check("no_duplicates", not dup, f"{cov['n_duplicates']} sample(s) seen more than once"
               + (f", e.g. {dup[:3]}" if dup else ""))
