@@ -33,10 +33,13 @@ unpaired surrogate escape (``"\\udce9"``: no character, and UTF-8 cannot hold it
 Latin-1 ``caf\\xe9.jpg``) is ``failed:name_not_utf8``, unopened; a table whose own folder's path is
 not UTF-8 is refused.
 
-A label column of whole numbers gives the class ids as written; any other labels are names, numbered 0..K-1 in
-sorted order. A negative whole-number label (``-1``, ``"-1"``) or a true/false one refuses the table
+A label column of whole numbers gives the class ids as written; a whole number written as a float (``1.0``,
+``"1.0"`` in a CSV, a Parquet / pandas float column of whole numbers, where an empty cell made the column
+float) is that whole number. Labels none of which is a whole number are names, numbered 0..K-1 in sorted order.
+A negative whole-number label (``-1``, ``"-1"``, ``-1.0``) or a true/false one refuses the table
 (:class:`SourceError`, naming the row and the fix): EDM / FastGen would train ``-1`` as the last class and ``true``
-as class 1. An empty label cell is an item with no label.
+as class 1. So does a column mixing whole numbers with names (``2``, ``10``, ``"x"``): numbered as names, ``10``
+would be class 0 and ``2`` class 1. An empty label cell is an item with no label.
 
 A table with a caption column and no target column (none given, none of the auto names present)
 and no partner columns is captions-only: each row is an item with no media, its caption and its
@@ -48,6 +51,7 @@ refused instead (a media column was forgotten).
 from __future__ import annotations
 
 import csv
+import decimal
 import json
 import math
 import os
@@ -315,11 +319,31 @@ def _plain(v: Any) -> Any:
     return v
 
 
+_WHOLE_TEXT = re.compile(r"\s*(-?\d+)(?:\.0*)?\s*")  # "3", " 3 ", "-1", "1.0", "1.": a CSV cell of a whole number
+
+
+def _whole(v: Any) -> int | None:
+    """The label ``v`` as the whole number it is, else None: ``3``, ``3.0`` (a float column: Parquet, pandas,
+    JSON ``3.0``), the text ``"3"`` or ``"3.0"`` (a CSV cell); never a true/false value."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and v.is_integer() else None
+    if isinstance(v, decimal.Decimal):  # a Parquet decimal column
+        return int(v) if v.is_finite() and v == v.to_integral_value() else None
+    if isinstance(v, str):
+        m = _WHOLE_TEXT.fullmatch(v)
+        return int(m[1]) if m is not None else None
+    return None
+
+
 def _negative_whole(v: Any) -> bool:
-    """Whether the label ``v`` is a negative whole number: ``-1``, or the text ``"-1"`` (a CSV cell)."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v < 0
-    return isinstance(v, str) and re.fullmatch(r"\s*-[0-9]+\s*", v) is not None and int(v) < 0
+    """Whether the label ``v`` is a negative whole number: ``-1``, ``-1.0``, or the text ``"-1"`` / ``"-1.0"``
+    (a CSV cell)."""
+    w = _whole(v)
+    return w is not None and w < 0
 
 
 def _label_error(path: Path, col: str, bad: list[tuple[int, Any]]) -> str:
@@ -438,9 +462,8 @@ class TableSource:
                 pass
         if self.label_col is not None:
             values = self._label_values()
-            if values and all(isinstance(v, int) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())
-                              for v in values):
-                self.labels = {v: int(v) for v in values}
+            if values and all(_whole(v) is not None for v in values):  # _label_values refused a mix
+                self.labels = {v: _whole(v) for v in values}
             else:
                 ordered = sorted(str(v) for v in values)
                 self.labels = {v: ordered.index(str(v)) for v in values}
@@ -452,9 +475,12 @@ class TableSource:
         """The label column's distinct values (empty cells left out), each row checked first: a negative
         whole number (``-1``, ``"-1"``) or a true/false value refuses the table (:class:`SourceError`, naming
         the first such row and the fix), as EDM / FastGen would read either as another class without a word:
-        ``-1`` one-hot encodes as the last class, and ``true`` is ``1`` (it would merge with class 1)."""
+        ``-1`` one-hot encodes as the last class, and ``true`` is ``1`` (it would merge with class 1). So does a
+        column of whole numbers and names both: numbering them all as names would renumber the whole ones."""
         values: set[Any] = set()
         bad: list[tuple[int, Any]] = []
+        first_whole: tuple[int, Any] | None = None
+        first_name: tuple[int, Any] | None = None
         for n, row in enumerate(_rows(self.path, self.path_cols)):
             if not isinstance(row, dict):
                 continue
@@ -465,8 +491,20 @@ class TableSource:
                 bad.append((n, v))
             elif not bad:
                 values.add(v)
+                if _whole(v) is not None:
+                    first_whole = first_whole or (n, v)
+                else:
+                    first_name = first_name or (n, v)
         if bad:
             raise SourceError(_label_error(self.path, self.label_col, bad))
+        if first_whole is not None and first_name is not None:
+            (wn, wv), (nn, nv) = first_whole, first_name
+            raise SourceError(
+                f"table {self.path}: column {self.label_col!r} mixes class ids and names: row {wn} of {self.path.name} "
+                f"has the whole number {wv!r} and row {nn} the name {nv!r}; numbered as names (0..K-1 in sorted "
+                "text order) the whole numbers would silently become other class ids; write every label as a class "
+                "id (whole numbers from 0) or every one as a name (a name needs a character that is not a digit, "
+                "e.g. 'c2'), or leave the cell empty for an item with no label")
         return values
 
     def _name(self, rel: str, real: str) -> str:
@@ -574,7 +612,7 @@ class TableSource:
             caption = _plain(row.get(self.caption_col)) if self.caption_col else None
             label_raw = _plain(row.get(self.label_col)) if self.label_col else None
             label = self.labels.get(label_raw) if self.labels is not None and label_raw not in (None, "") else None
-            label_name = str(label_raw) if label is not None else None
+            label_name = (str(label) if self.info.label_names is None else str(label_raw)) if label is not None else None
             meta = {k: typed(_plain(v)) for k, v in row.items()
                     if k not in (self.media_col, self.caption_col, self.label_col) and k not in role_cols}
             meta = json.loads(json.dumps(meta, default=str))
