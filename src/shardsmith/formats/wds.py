@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from shardsmith.atomic import read_json
+from shardsmith.errors import UserError
 from shardsmith.formats.tar import member_bytes
 
 SHARD_COUNT_FILE = "shard_count.json"
@@ -117,12 +118,69 @@ def bucket_folder(bucket: str) -> str:
     return bucket
 
 
+class BucketsIndexError(UserError, ValueError):
+    """``buckets.json`` of a multi-bucket output that cannot be used as it is (not a JSON object of entries, an
+    entry that is not ``{"dir": <a folder beside it>, "samples": <int>, ...}``): names the file, the entry and
+    the fix. A :class:`~shardsmith.errors.UserError` (one ``error:`` line, exit 2, where a loader or a source
+    reads the dataset; verify and inspect make it a failed check) and a ``ValueError``."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what = path, what
+        super().__init__(
+            f"{path} is damaged: {what}. It lists each bucket of a multi-bucket output as "
+            '{"WxHxF": {"dir": "WxHxF", "samples": N, ...}}, dir the name of the bucket\'s folder beside it (no '
+            "path: nothing outside the dataset is read); restore it from a copy of the dataset, or correct the "
+            "entry (a build names each bucket's folder after the bucket), or rebuild the output (the build's "
+            "command with --overwrite)")
+
+
+def _plain_child_name(name: Any) -> bool:
+    """Whether ``name`` names a folder directly inside another: a non-empty string with no separator or NUL,
+    not ``.`` / ``..``."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def read_buckets_index(folder: str | os.PathLike) -> dict[str, dict[str, Any]] | None:
-    """``buckets.json`` of a multi-bucket output folder, or None for a one-folder dataset."""
+    """``buckets.json`` of a multi-bucket output folder, or None for a one-folder dataset (no such file).
+
+    The one reader of the file: every entry is checked, and each is returned as a copy whose ``dir`` is set
+    (the bucket's own name when the entry has none, as a build names its folders) and whose ``samples`` is an
+    int (0 when the entry has none). :class:`BucketsIndexError` (naming the entry) for a file that cannot be
+    read or is not JSON, a bucket that is not a bucket's name (``WxHxF``, ``audio_<ms>ms``), an entry that is
+    not an object, ``samples`` that is not a whole number >= 0, a ``dir`` that is not a plain child folder name
+    (``../x``, ``a/b``, an absolute path: the dataset's shards never lie outside its folder) or that two
+    buckets share."""
     path = Path(folder) / BUCKETS_INDEX_FILE
     if not path.is_file():
         return None
-    return read_json(path)
+    try:
+        raw = read_json(path)
+    except OSError as exc:
+        raise BucketsIndexError(path, f"it cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise BucketsIndexError(path, f"it is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise BucketsIndexError(path, f"it holds a JSON {type(raw).__name__}, not an object of buckets")
+    index: dict[str, dict[str, Any]] = {}
+    owner: dict[str, str] = {}  # dir -> the bucket whose folder it is
+    for bucket, entry in raw.items():
+        if not is_bucket_folder(bucket):
+            raise BucketsIndexError(path, f"{bucket!r} is not a bucket (WxHxF, or audio_<ms>ms)")
+        if not isinstance(entry, dict):
+            raise BucketsIndexError(path, f"the entry of bucket {bucket} is a JSON {type(entry).__name__}, not an "
+                                          "object")
+        samples = entry.get("samples", 0)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise BucketsIndexError(path, f"bucket {bucket}: samples is {samples!r}, not a whole number >= 0")
+        d = entry.get("dir", bucket)
+        if not _plain_child_name(d):
+            raise BucketsIndexError(path, f"bucket {bucket}: dir {d!r} is not the name of a folder beside "
+                                          f"{BUCKETS_INDEX_FILE}")
+        if d in owner:
+            raise BucketsIndexError(path, f"buckets {owner[d]} and {bucket} both name the folder {d!r}")
+        owner[d] = bucket
+        index[bucket] = {**entry, "dir": d, "samples": samples}
+    return index
 
 
 def shard_index(name: str) -> int:

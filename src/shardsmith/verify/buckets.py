@@ -7,7 +7,9 @@ out because they do not fill a round of ``batch_size x world x workers`` named p
 Contract: ``verify_buckets(dataset, run, build=..., **options)`` returns a report with ``kind``
 ``"wds_buckets"``, ``buckets`` (each bucket's own report), ``checks`` (one per bucket, ``buckets``
 and ``manifest`` for a build's output, and ``bucket_rounds``) and ``ok`` (every check passed).
-``run`` is the one-folder verify. A bucket whose folder is gone or holds no shard fails its check
+``run`` is the one-folder verify. A ``buckets.json`` that cannot be used (``formats.wds.read_buckets_index``:
+not JSON, an entry that is damaged or whose ``dir`` is not a folder beside it) fails check ``buckets`` naming
+it, and no bucket folder is read. A bucket whose folder is gone or holds no shard fails its check
 (a damaged dataset, not a path mistake); for a build's output, check ``buckets`` fails on a bucket
 its manifest records that ``buckets.json`` does not list (or the reverse), and check ``manifest`` on
 a written count the buckets do not hold (less what repairs removed and recorded).
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardsmith.formats.wds import read_buckets_index
+from shardsmith.formats.wds import BucketsIndexError, read_buckets_index
 
 
 def lost_fix(dataset: Path, build) -> str:
@@ -62,7 +64,13 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
                    batch_size: int, build=None, **options: Any) -> dict[str, Any]:
     from shardsmith.formats.detect import dataset_kind
 
-    index = read_buckets_index(dataset) or {}
+    report = {"dataset": str(dataset), "kind": "wds_buckets", "world": world, "workers": workers,
+              "batch_size": batch_size}
+    try:
+        index = read_buckets_index(dataset) or {}
+    except BucketsIndexError as exc:  # a damaged index: no bucket folder is read (its dirs may lead anywhere)
+        return {**report, "buckets": {}, "checks": [{"name": "buckets", "ok": False, "detail": str(exc)}],
+                "ok": False, "notes": []}
     checks: list[dict[str, Any]] = []
     per: dict[str, dict[str, Any]] = {}
     held = 0  # samples the bucket folders hold, plus those repairs removed and recorded
@@ -114,7 +122,6 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
                               f"{world} x workers {max(workers, 1)} (rounds of {rnd}; per bucket: "
                               + ", ".join(f"{b} {n}" for b, n in left.items()) + ")") if never else
                              f"every bucket fills whole rounds of {rnd} samples"})
-    return {"dataset": str(dataset), "kind": "wds_buckets", "world": world, "workers": workers,
-            "batch_size": batch_size, "buckets": per, "checks": checks,
+    return {**report, "buckets": per, "checks": checks,
             "ok": all(c["ok"] for c in checks) and bool(per),
             "notes": notes + ([] if per else ["no bucket holds a sample"])}

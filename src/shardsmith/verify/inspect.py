@@ -340,7 +340,9 @@ def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, 
     each bucket's folder inspected on its own (``buckets``: {bucket: its report}), its shards listed as
     ``<bucket folder>/NNNNN.tar`` and its problems so prefixed (a problem of the whole bucket as ``bucket B
     (DIR/): ...``); a bucket ``buckets.json`` lists whose folder is gone or holds no shard is a problem, and so
-    is, for a build's output, a bucket its manifest records that ``buckets.json`` does not list (or the reverse)."""
+    is, for a build's output, a bucket its manifest records that ``buckets.json`` does not list (or the reverse).
+    A ``buckets.json`` that cannot be used (``formats.wds.read_buckets_index``) is one problem naming it, and no
+    bucket folder is read."""
     from shardsmith.verify.buckets import index_mismatch, lost_fix
     from shardsmith.verify.owning_build import BuildUnreadable, find_build
 
@@ -348,14 +350,18 @@ def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, 
         build = find_build(folder)
     except BuildUnreadable:
         build = None
-    index = wds_layout.read_buckets_index(folder) or {}
     per: dict[str, dict[str, Any]] = {}
     shards: list[dict[str, Any]] = []
     problems: list[str] = []
-    for bucket, entry in sorted(index.items()):
-        if not entry.get("samples"):
+    try:
+        index = wds_layout.read_buckets_index(folder) or {}
+    except wds_layout.BucketsIndexError as exc:  # no bucket folder is read (its dirs may lead anywhere)
+        index = None
+        problems.append(str(exc))
+    for bucket, entry in sorted((index or {}).items()):
+        if not entry["samples"]:
             continue
-        d = str(entry.get("dir", bucket))
+        d = entry["dir"]
         sub = folder / d
         if not sub.is_dir() or not wds_layout.list_shards(sub).names:
             problems.append(f"bucket {bucket} ({d}/): {entry['samples']} sample(s) in buckets.json, but "
@@ -374,7 +380,7 @@ def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, 
                 problems += [] if x in problems else [x]
             else:
                 problems.append(f"bucket {bucket} ({d}/): {x}")
-    problems += index_mismatch(folder, build, index)[1]
+    problems += index_mismatch(folder, build, index)[1] if index is not None else []
     if not per and not problems:
         problems.append(f"no bucket of {folder / wds_layout.BUCKETS_INDEX_FILE} holds a sample")
     totals = {k: sum(r["totals"][k] for r in per.values()) for k in _SUMMED}
