@@ -12,7 +12,9 @@ not JSON, an entry that is damaged or whose ``dir`` is not a folder beside it) f
 it, and no bucket folder is read. A bucket whose folder is gone or holds no shard fails its check
 (a damaged dataset, not a path mistake); for a build's output, check ``buckets`` fails on a bucket
 its manifest records that ``buckets.json`` does not list (or the reverse), and check ``manifest`` on
-a written count the buckets do not hold (less what repairs removed and recorded).
+a written count the buckets do not hold (less what repairs removed and recorded). Each bucket's count is what
+its folder holds now (its loader's expected samples; ``buckets.json`` keeps the count the build wrote, which a
+repair does not change), with what repairs removed said beside it; ``bucket_rounds`` counts the same.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
                 "ok": False, "notes": []}
     checks: list[dict[str, Any]] = []
     per: dict[str, dict[str, Any]] = {}
-    held = 0  # samples the bucket folders hold, plus those repairs removed and recorded
+    holds: dict[str, int] = {}  # the samples each verified bucket's folder holds now (what its loader reads)
+    removed = 0  # the samples repairs removed from the buckets and recorded (in each bucket's repair.json)
     for bucket, entry in sorted(index.items()):
         if not entry.get("samples"):
             continue
@@ -90,12 +93,19 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
             continue
         rep = run(folder, world=world, workers=workers, batch_size=batch_size, **options)
         per[bucket] = rep
-        held += int((rep.get("coverage") or {}).get("expected", entry["samples"]))
-        held += int((rep.get("repairs") or {}).get("removed", 0))
+        # what the folder holds now (a repair may have removed samples since buckets.json was written), else,
+        # for a bucket whose verify stopped before its loader ran, what buckets.json says
+        now = (rep.get("coverage") or {}).get("expected")
+        holds[bucket] = int(now) if now is not None else entry["samples"]
+        gone_here = int((rep.get("repairs") or {}).get("removed", 0))
+        removed += gone_here
         failed = [c["name"] for c in rep["checks"] if not c["ok"]]
         checks.append({"name": f"bucket {bucket}", "ok": rep["ok"],
-                       "detail": f"{entry['samples']} sample(s) in {entry['dir']}/: "
+                       "detail": f"{holds[bucket]} sample(s)"
+                                 + (f" (+{gone_here} removed by repair)" if gone_here else "")
+                                 + f" in {entry['dir']}/" + (" (buckets.json)" if now is None else "") + ": "
                                  + ("every check passed" if rep["ok"] else f"failed {', '.join(failed)}")})
+    held = sum(holds.values())
     want, mismatch = index_mismatch(dataset, build, index)
     if want is not None:
         checks.append({"name": "buckets", "ok": not mismatch,
@@ -105,9 +115,12 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
 
         written, where = manifest_count(dataset)
         if written is not None:
-            checks.append({"name": "manifest", "ok": written == held,
+            ok = written == held + removed
+            checks.append({"name": "manifest", "ok": ok,
                            "detail": f"{where} says written={written}; the buckets hold {held}"
-                                     + ("" if written == held else "; " + lost_fix(dataset, build))})
+                                     + (f" + {removed} removed by repair (accounted in the buckets' repair.json)"
+                                        if removed else "")
+                                     + ("" if ok else "; " + lost_fix(dataset, build))})
     from shardsmith.verify.integrity import neg_prompt_check
 
     neg = neg_prompt_check(dataset, build)  # (beside the buckets: each bucket's loader reads it from here)
@@ -115,7 +128,7 @@ def verify_buckets(dataset: Path, run: Callable[..., dict[str, Any]], *, world: 
     if neg is not None and neg[0] is not None:
         checks.append({"name": "neg_prompt", "ok": neg[0], "detail": neg[1]})
     rnd = batch_size * world * max(workers, 1)
-    left = {b: e["samples"] % rnd for b, e in sorted(index.items()) if e.get("samples")}
+    left = {b: n % rnd for b, n in sorted(holds.items()) if n}
     never = sum(left.values())
     checks.append({"name": "bucket_rounds", "ok": True,
                    "detail": (f"{never} sample(s) per pass are never trained on at batch {batch_size} x world "

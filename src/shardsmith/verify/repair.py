@@ -602,8 +602,21 @@ def _all_lost(name: str, sc: ShardScan, rep: dict[str, Any], record: _BuildRecor
         return dropped, 0
     unseen = max(0, total - len(kept) - len(dropped))
     why = (f"{source}; the file, {damage}, shows {len(kept) + len(dropped)} of them: this one is not in it "
-           "(its key is unknown: no build ledger records the shard's keys)")
+           f"(its key is unknown: {_keys_unknown(record if unit is not None else None)})")
     return dropped + [LostSample(None, why) for _ in range(unseen)], unseen
+
+
+def _keys_unknown(record: _BuildRecord | None) -> str:
+    """Why the keys of a shard's lost samples are unknown (``record``: the build's, where it records the shard)."""
+    if record is None:
+        return "no build ledger records the shard's keys"
+    build = record.build
+    if not build.has_ledger:
+        return "the build's ledger, which records them, is gone (its manifest records only the count)"
+    if build.bucket is not None:
+        return (f"the build's ledger records the samples of each unit it wrote, not which of them went into "
+                f"bucket {build.bucket}'s shard")
+    return f"the build's {record.where} cannot be read"
 
 
 def _rewrite_entry(path: Path, rep: dict[str, Any], entry: dict[str, Any], dry_run: bool,
