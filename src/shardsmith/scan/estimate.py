@@ -110,8 +110,7 @@ def estimate_output(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
         ZipSampleMaker(o, recipe.images, infos, labelled)
     sizes, skipped = _made(o, maker, sample, workers)
     blk = out.block
-    blk.update(sampled=len(sample), written_in_sample=len(sample) - sum(skipped.values()),
-               skipped_in_sample=dict(skipped.most_common()))
+    _record_sample(blk, sample, skipped)
     if sample:
         s = scale_sample(o, counts, sizes)
         blk.update(samples=sum(s.samples), per_sample_bytes=round(s.per_sample), bytes=round(s.total),
@@ -172,8 +171,7 @@ def _shard_estimate(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
     sample = _sample(ledger, srcs, k, WRITTEN_BY, (o.name,)) if k > 0 else []
     sizes, skipped = _made(o, maker, sample, workers)
     blk = out.block
-    blk.update(sampled=len(sample), written_in_sample=len(sample) - sum(skipped.values()),
-               skipped_in_sample=dict(skipped.most_common()))
+    _record_sample(blk, sample, skipped)
     if sample:
         s = scale_sample(o, counts, sizes)
         total = s.total + (extra if sum(s.samples) else 0)
@@ -184,3 +182,9 @@ def _shard_estimate(o, recipe: Recipe, ledger: Ledger, infos: list[SourceInfo], 
         out.warnings.append(f"output {o.name}: {sum(skipped.values())} of {len(sample)} sampled item(s) would "
                             f"not be written when made ({by}); the estimate assumes the same share of all {usable}")
     return out
+
+
+def _record_sample(blk: dict, sample: list, skipped) -> None:
+    """An estimate's sample in its block: how many were made, written and skipped (``skipped``: a Counter)."""
+    blk.update(sampled=len(sample), written_in_sample=len(sample) - sum(skipped.values()),
+               skipped_in_sample=dict(skipped.most_common()))

@@ -27,6 +27,7 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +40,12 @@ from shardsmith.verify.from_source import DIFFERS, MISSING, Unit, recorded_units
 from shardsmith.verify.owning_build import BuildRef
 
 SHOWN = 5
+
+
+def _said(parts: list[str], sep: str, label: str, names: list[str]) -> None:
+    """Add ``N label: a<sep>b<sep>...`` (the first :data:`SHOWN` names) to ``parts`` where ``names`` holds any."""
+    if names:
+        parts.append(f"{len(names)} {label}: " + sep.join(names[:SHOWN]) + (f"{sep}..." if len(names) > SHOWN else ""))
 
 
 def hash_threads() -> int:
@@ -245,13 +252,8 @@ class ShardIntegrity:
                            f"compared: {', '.join(unknown[:SHOWN])}")
             check("integrity", True, detail)
             return
-        parts = []
-
-        def said(label: str, names: list[str]) -> None:
-            if names:
-                parts.append(f"{len(names)} {label}: " + ", ".join(names[:SHOWN])
-                             + (", ..." if len(names) > SHOWN else ""))
-
+        parts: list[str] = []
+        said = functools.partial(_said, parts, ", ")
         said("shard(s) whose bytes differ from the sha256 the build recorded", differs)
         said("shard(s) the build wrote are missing", missing)
         said("shard(s) cannot be read", unreadable)
@@ -428,13 +430,8 @@ class TreeIntegrity:
                            f"samples the recorded recipe cannot name, not compared: {', '.join(not_compared[:SHOWN])}")
             check("integrity", True, detail)
             return
-        parts = []
-
-        def said(label: str, names: list[str]) -> None:
-            if names:
-                parts.append(f"{len(names)} {label}: " + "; ".join(names[:SHOWN])
-                             + ("; ..." if len(names) > SHOWN else ""))
-
+        parts: list[str] = []
+        said = functools.partial(_said, parts, "; ")
         said("unit(s) whose files no longer hash to the sha256 the build recorded (the ledger records one per unit, "
              "not per file: one of these files changed, was swapped with another or is gone)", differs)
         said("unit(s) the build wrote have samples whose files are all gone", missing)
