@@ -17,7 +17,12 @@ module adds what needs the whole folder (suspect dotted keys, keys in several sh
 and ignore files) and the problem lines. Memory stays bounded whatever the number of samples: no
 shard's sample runs outlive its read (see :func:`scan_folder`).
 
-Nothing here writes to disk (the keys kept between the two passes are in an unlinked temporary file).
+A key several shards hold is judged as verify's check ``no_duplicates`` judges it
+(:class:`~shardsmith.verify.folder_keys.CrossShardKeys`): the same sample under it in several shards (same
+members, sizes and bytes: a shard copied beside itself) is a problem; a sample of its own in each shard (keys
+numbered from 0 in every shard) is a note, since the loader keys samples by shard and key.
+
+Nothing here writes to disk (the keys kept between the two passes are in unlinked temporary files).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any, Callable
 
 from shardsmith.formats import wds as wds_layout
 from shardsmith.formats.wds import IGNORE_INDEX_FILE, SHARD_COUNT_FILE, load_ignore_index, load_shard_counts
-from shardsmith.verify.folder_keys import DottedMember, FolderKeys
+from shardsmith.verify.folder_keys import CrossShardKeys, DottedMember, FolderKeys
 from shardsmith.verify.shard_scan import ShardScan, scan_shard
 
 
@@ -40,22 +45,26 @@ def scan_folder(folder: str | Path, key_map: dict[str, str] | None = None,
 
     Two passes keep memory bounded whatever the number of samples: the first reads each shard once
     (:func:`~shardsmith.verify.shard_scan.scan_shard`) and keeps only its report section, while its
-    keys and dotted members go to an on-disk :class:`~shardsmith.verify.folder_keys.FolderKeys` and
-    its ignore-list check is done at once; the second, over the kept sections alone, adds what needs
-    the whole folder (suspect dotted keys, keys in several shards, the count file, the problems)."""
+    dotted members go to an on-disk :class:`~shardsmith.verify.folder_keys.FolderKeys` and
+    its ignore-list check is done at once, and its samples (less those ``ignore_index.json`` lists for it,
+    which the loader skips) go to an on-disk :class:`~shardsmith.verify.folder_keys.CrossShardKeys`, as verify
+    feeds it; between the passes that tells the keys several shards hold for the same sample from the keys each
+    shard uses for a sample of its own; the second, over the kept sections alone, adds what needs the whole
+    folder (suspect dotted keys, keys in several shards, the count file, the problems, the notes)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"not a folder: {folder}")
     listing = wds_layout.list_shards(folder)
     shards = [folder / n for n in listing.names]
     ignore, ierr = load_ignore_index(folder)
-    with FolderKeys() as keys:
+    with FolderKeys() as keys, CrossShardKeys(folder) as cross:
         if progress is None:
-            first = _first_pass(shards, key_map, ignore or {}, keys, lambda: None)
+            first = _first_pass(shards, key_map, ignore or {}, keys, cross, lambda: None)
         else:
             with progress.task(f"scan shards of {folder.name}", total=len(shards)) as tick:
-                first = _first_pass(shards, key_map, ignore or {}, keys, tick)
-        return _second_pass(folder, listing.unnumbered, key_map, first, ignore, ierr, keys)
+                first = _first_pass(shards, key_map, ignore or {}, keys, cross, tick)
+        cross.finish()  # reads again only the samples of the same members and sizes under one key
+        return _second_pass(folder, listing.unnumbered, key_map, first, ignore, ierr, keys, cross)
 
 
 @dataclass
@@ -71,23 +80,29 @@ class _FirstPass:
 
 
 def _first_pass(shards: list[Path], key_map: dict[str, str] | None, ignore: dict[str, list[str]],
-                keys: FolderKeys, tick: Callable[[], Any]) -> _FirstPass:
-    """Read each shard once; nothing per sample outlives its shard except what ``keys`` holds on disk."""
+                keys: FolderKeys, cross: CrossShardKeys, tick: Callable[[], Any]) -> _FirstPass:
+    """Read each shard once; nothing per sample outlives its shard except what ``keys`` and ``cross`` hold on
+    disk."""
     out = _FirstPass()
     for i, p in enumerate(shards):
-        _take(out, i, scan_shard(p, key_map), ignore, keys)  # the scan (its runs) goes on return
+        _take(out, i, scan_shard(p, key_map), ignore, keys, cross)  # the scan (its runs) goes on return
         tick()
     return out
 
 
-def _take(out: _FirstPass, i: int, sc: ShardScan, ignore: dict[str, list[str]], keys: FolderKeys) -> None:
-    """Keep what the second pass needs of shard number ``i``'s scan ``sc``."""
+def _take(out: _FirstPass, i: int, sc: ShardScan, ignore: dict[str, list[str]], keys: FolderKeys,
+          cross: CrossShardKeys) -> None:
+    """Keep what the second pass needs of shard number ``i``'s scan ``sc`` (``cross`` numbers the shards
+    as they come: every shard is visited, in order)."""
     for r in sc.runs:
         out.n_samples += 1
         out.per_sample.update(set(r.suffixes))
     have = {r.key for r in sc.runs}
-    keys.add_shard(i, have, (DottedMember(m.name, r.key, m.suffix)
-                             for r in sc.runs for m in r.members if "." in m.suffix))
+    keys.add_shard(i, (), (DottedMember(m.name, r.key, m.suffix)
+                           for r in sc.runs for m in r.members if "." in m.suffix))
+    skip = set(ignore.get(sc.path.name, ()))  # the loader skips them: not trained, so not trained twice
+    cross.visit(sc.path.name, [(r.key, {m.suffix: (m.data_offset, m.size) for m in r.members})
+                               for r in sc.runs if r.key not in skip])
     if sc.path.name in ignore:
         listed = ignore[sc.path.name]
         out.ignore_found[sc.path.name] = ([k for k in listed if k in have], [k for k in listed if k not in have])
@@ -95,10 +110,12 @@ def _take(out: _FirstPass, i: int, sc: ShardScan, ignore: dict[str, list[str]], 
 
 
 def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | None, first: _FirstPass,
-                 ignore: dict[str, list[str]] | None, ierr: str | None, keys: FolderKeys) -> dict[str, Any]:
-    """The whole-folder part of the report, from the first pass's sections and ``keys``."""
+                 ignore: dict[str, list[str]] | None, ierr: str | None, keys: FolderKeys,
+                 cross: CrossShardKeys) -> dict[str, Any]:
+    """The whole-folder part of the report, from the first pass's sections, ``keys`` and ``cross`` (finished)."""
     reports, n_samples = first.reports, first.n_samples
     problems: list[str] = []
+    notes: list[str] = []
     order_note = None
     if unnumbered:
         bad = unnumbered
@@ -132,9 +149,7 @@ def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | 
                         + (f"; known multi-dot suffixes: {sorted(multi_known)}" if multi_known else "")),
             })
 
-    # duplicate keys across shards (FastGen keys ignore lists by shard, but still suspicious)
     names = [rep["name"] for rep in reports]
-    cross: dict[str, list[str]] = {k: [names[i] for i in where] for k, where in keys.cross_shard()}
 
     # shard_count.json
     counts, cerr = load_shard_counts(folder)
@@ -226,8 +241,20 @@ def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | 
         if rep["samples"] == 0:
             sp.append(f"{n}: no samples")
         problems.extend(sp)
-    for k, where in sorted(cross.items()):
-        problems.append(f"key {k} occurs in several shards: {where}")
+    # keys several shards hold, as verify's no_duplicates says them: the same sample under one key in several
+    # shards trains once per shard that holds it; a sample of its own in each shard is trained once
+    if cross.n:
+        problems.append(
+            f"{cross.n} key(s) hold the same sample (same members, same bytes) in several shards, each trained "
+            "once per shard that holds it: " + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.examples)
+            + ("; ..." if cross.n > cross.SHOWN else "")
+            + f"; if a shard is a copy of another, move it out of {folder}, else list each repeated key in "
+            f"{IGNORE_INDEX_FILE} under the shard(s) that should not train it")
+    if cross.n_distinct:
+        notes.append(
+            f"{cross.n_distinct} key(s) occur in several shards with different content in each (e.g. "
+            + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.distinct_examples[:3])
+            + "): distinct samples, which the loader keys by shard and key, so each trains once; nothing to fix")
 
     total_ignored = sum(len(v) for v in ign_rep["valid"].values())
     report = {
@@ -237,7 +264,10 @@ def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | 
         "shards": reports,
         "count_file": count_rep,
         "ignore_index": ign_rep,
-        "duplicate_keys_across_shards": cross,
+        "keys_in_several_shards": {
+            "same_sample": cross.n, "same_sample_examples": [{"key": k, "shards": w} for k, w in cross.examples],
+            "distinct_samples": cross.n_distinct,
+            "distinct_examples": [{"key": k, "shards": w} for k, w in cross.distinct_examples]},
         "totals": {
             "shards": len(reports),
             "members": sum(rep["members"] for rep in reports),
@@ -250,6 +280,7 @@ def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | 
             "corrupt_members": sum(len(rep["corrupt"]) for rep in reports),
         },
         "problems": problems,
+        "notes": notes,
         "ok": not problems,
     }
     return report
@@ -259,10 +290,13 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
     """Inspect every ``*.tar`` directly in ``folder``; return a JSON-able report.
 
     Top-level keys: ``folder``, ``key_map``, ``order_note``, ``shards`` (list, FastGen
-    order), ``count_file``, ``ignore_index``, ``duplicate_keys_across_shards``, ``totals``,
-    ``problems`` (one line each) and ``ok``. Each shard: ``name``, ``size``, ``members``,
-    ``suffix_counts``, ``samples``, ``missing`` ({suffix: [keys]}), ``non_adjacent``,
-    ``duplicate_members``, ``unkeyed_members``, ``skipped_members``, ``empty_members``,
+    order), ``count_file``, ``ignore_index``, ``keys_in_several_shards`` (``same_sample``: how many keys
+    hold the same sample in several shards, a problem; ``distinct_samples``: how many hold a sample of
+    their own in each, a note; each with the first few as ``[{key, shards}]`` in ``*_examples``),
+    ``totals``, ``problems`` (one line each), ``notes`` (one line each, nothing to fix) and ``ok``.
+    Each shard: ``name``, ``size``, ``members``, ``suffix_counts``, ``samples``, ``missing``
+    ({suffix: [keys]}), ``non_adjacent``, ``duplicate_members``, ``unkeyed_members``, ``skipped_members``,
+    ``empty_members``,
     ``corrupt`` ([{member, key, suffix, error}]), ``truncated`` (None or {kind, detail,
     member, break_offset, intact_members, intact_bytes, file_size, intact_samples,
     incomplete_keys, ...}), ``damaged_headers`` ([{offset, resumed_at, name}]),
@@ -353,6 +387,9 @@ def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, 
     per: dict[str, dict[str, Any]] = {}
     shards: list[dict[str, Any]] = []
     problems: list[str] = []
+    notes: list[str] = []
+    several: dict[str, Any] = {"same_sample": 0, "same_sample_examples": [], "distinct_samples": 0,
+                               "distinct_examples": []}
     try:
         index = wds_layout.read_buckets_index(folder) or {}
     except wds_layout.BucketsIndexError as exc:  # no bucket folder is read (its dirs may lead anywhere)
@@ -380,13 +417,19 @@ def _inspect_buckets(folder: Path, key_map: dict[str, str] | None) -> dict[str, 
                 problems += [] if x in problems else [x]
             else:
                 problems.append(f"bucket {bucket} ({d}/): {x}")
+        notes += [f"bucket {bucket} ({d}/): {x}" for x in rep["notes"]]
+        # per bucket folder (a key in two buckets' shards is two samples): counts summed, the first examples kept
+        for n, ex in (("same_sample", "same_sample_examples"), ("distinct_samples", "distinct_examples")):
+            several[n] += rep["keys_in_several_shards"][n]
+            several[ex] += [{"key": e["key"], "shards": [f"{d}/{x}" for x in e["shards"]]}
+                            for e in rep["keys_in_several_shards"][ex]][:CrossShardKeys.SHOWN - len(several[ex])]
     problems += index_mismatch(folder, build, index)[1] if index is not None else []
     if not per and not problems:
         problems.append(f"no bucket of {folder / wds_layout.BUCKETS_INDEX_FILE} holds a sample")
     totals = {k: sum(r["totals"][k] for r in per.values()) for k in _SUMMED}
     report = {"folder": str(folder), "kind": "wds_buckets", "key_map": dict(key_map) if key_map else None,
               "order_note": None, "buckets": per, "shards": shards, "totals": totals,
-              "duplicate_keys_across_shards": {}, "problems": problems}
+              "keys_in_several_shards": several, "problems": problems, "notes": notes}
     _neg_prompt(folder, build, report)
     report["ok"] = not report["problems"]
     return report
@@ -412,5 +455,8 @@ def format_inspect(report: dict[str, Any]) -> str:
     if other:
         lines.append("  dataset:")
         lines.extend(f"      - {p}" for p in other)
+    if report.get("notes"):
+        lines.append("  notes:")
+        lines.extend(f"      - {n}" for n in report["notes"])
     lines.append("OK" if report["ok"] else f"{len(report['problems'])} problem(s)")
     return "\n".join(lines)
