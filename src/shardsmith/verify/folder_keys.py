@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardsmith.formats.wds import IGNORE_INDEX_FILE
+
 CACHE_KIB = 128  # SQLite page cache in KiB
 
 
@@ -155,6 +157,26 @@ class CrossShardKeys:
         self.examples: list[tuple[str, list[str]]] = []
         self.n_distinct = 0
         self.distinct_examples: list[tuple[str, list[str]]] = []
+
+    @staticmethod
+    def _where(key: str, shards: list[str]) -> str:
+        """``key in a.tar, b.tar`` (at most 4 shards named, then how many more)."""
+        more = f" and {len(shards) - 4} more" if len(shards) > 4 else ""
+        return f"{key} in {', '.join(shards[:4])}{more}"
+
+    def same_sample_text(self, folder: str | Path) -> str:
+        """What verify's ``no_duplicates`` and inspect say of the keys holding one sample in several shards."""
+        return (f"{self.n} key(s) hold the same sample (same members, same bytes) in several shards, each trained "
+                "once per shard that holds it: " + "; ".join(self._where(k, w) for k, w in self.examples)
+                + ("; ..." if self.n > self.SHOWN else "")
+                + f"; if a shard is a copy of another, move it out of {folder}, else list each repeated key in "
+                f"{IGNORE_INDEX_FILE} under the shard(s) that should not train it")
+
+    def distinct_note(self) -> str:
+        """The note on keys each shard uses for a sample of its own (nothing to fix)."""
+        return (f"{self.n_distinct} key(s) occur in several shards with different content in each (e.g. "
+                + "; ".join(self._where(k, w) for k, w in self.distinct_examples[:3])
+                + "): distinct samples, which the loader keys by shard and key, so each trains once; nothing to fix")
 
     def __enter__(self) -> "CrossShardKeys":
         return self

@@ -244,17 +244,9 @@ def _second_pass(folder: Path, unnumbered: list[str], key_map: dict[str, str] | 
     # keys several shards hold, as verify's no_duplicates says them: the same sample under one key in several
     # shards trains once per shard that holds it; a sample of its own in each shard is trained once
     if cross.n:
-        problems.append(
-            f"{cross.n} key(s) hold the same sample (same members, same bytes) in several shards, each trained "
-            "once per shard that holds it: " + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.examples)
-            + ("; ..." if cross.n > cross.SHOWN else "")
-            + f"; if a shard is a copy of another, move it out of {folder}, else list each repeated key in "
-            f"{IGNORE_INDEX_FILE} under the shard(s) that should not train it")
+        problems.append(cross.same_sample_text(folder))
     if cross.n_distinct:
-        notes.append(
-            f"{cross.n_distinct} key(s) occur in several shards with different content in each (e.g. "
-            + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.distinct_examples[:3])
-            + "): distinct samples, which the loader keys by shard and key, so each trains once; nothing to fix")
+        notes.append(cross.distinct_note())
 
     total_ignored = sum(len(v) for v in ign_rep["valid"].values())
     report = {
@@ -337,7 +329,7 @@ def inspect_wds(folder: str | Path, key_map: dict[str, str] | None = None) -> di
         running = f"; a build is running on it now ({not_done.running})" if not_done.running else ""
         line = (f"build not finished: {not_done.root} ({not_done.why}{running}); the shards above are those "
                 f"written so far, the dataset is not complete. "
-                + (f"Wait for the build to finish" if not_done.running else
+                + ("Wait for the build to finish" if not_done.running else
                    f"Finish it: re-run the same `shardsmith {not_done.command} ... --out {not_done.root}` command "
                    "(it resumes where it stopped)") + ", then inspect it again")
         report["build"] = {"root": str(not_done.root), "unfinished": line}

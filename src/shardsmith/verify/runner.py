@@ -43,7 +43,7 @@ from typing import Any
 from shardsmith.formats.detect import dataset_kind
 from shardsmith.formats.tar import ShardUnreadable
 from shardsmith.errors import UserError
-from shardsmith.formats.wds import (IGNORE_INDEX_FILE, REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts,
+from shardsmith.formats.wds import (REPAIR_FILE, SHARD_COUNT_FILE, load_shard_counts,
                                     read_ignore_index)
 from shardsmith.verify.accounting import count_file as read_count_file, manifest_check, tally
 from shardsmith.verify.expected import ExpectedRange, ExpectedWds
@@ -351,18 +351,10 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     dup, missing, unknown = cov["duplicates"], cov["missing"], cov["unknown"]  # the first 20 of each
     report["coverage"] = {**cov, "per_rank": per_rank}
     if kind == "wds" and cross.n_distinct:  # keys numbered per shard: distinct samples, each trained once
-        report.setdefault("notes", []).append(
-            f"{cross.n_distinct} key(s) occur in several shards with different content in each (e.g. "
-            + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.distinct_examples[:3])
-            + "): distinct samples, which the loader keys by shard and key, so each trains once; nothing to fix")
+        report.setdefault("notes", []).append(cross.distinct_note())
     if kind == "wds" and cross.n:  # one sample under one key in several shards: the loader sees each (shard, key) once
         check("no_duplicates", False, f"{cov['n_duplicates']} sample(s) seen more than once by the loader, but "
-              f"{cross.n} key(s) hold the same sample (same members, same bytes) in several shards, each trained "
-              "once per shard that holds it: "
-              + "; ".join(f"{k} in {', '.join(w)}" for k, w in cross.examples) + ("; ..." if cross.n > cross.SHOWN else "")
-              + f"; if a shard is a copy of another, move it out of {dataset}, else list each repeated key in "
-              f"{IGNORE_INDEX_FILE} under the shard(s) that should not train it; shardsmith inspect {dataset} "
-              "lists the keys several shards hold")
+              + cross.same_sample_text(dataset) + f"; shardsmith inspect {dataset} counts them")
     else:
         check("no_duplicates", not dup, f"{cov['n_duplicates']} sample(s) seen more than once"
               + (f", e.g. {dup[:3]}" if dup else ""))
