@@ -212,7 +212,8 @@ def verify(dataset: str | Path, *, preset: str | None = None, key_map: dict[str,
     if kind == "wds_buckets":  # one WebDataset folder per bucket: each verified on its own
         from shardsmith.verify.buckets import verify_buckets
 
-        rep = verify_buckets(dataset, verify, build=build, world=world, workers=workers, batch_size=batch_size,
+        # (each bucket's run unrecorded: the build keeps this output's report, not one per bucket besides it)
+        rep = verify_buckets(dataset, verify.__wrapped__, build=build, world=world, workers=workers, batch_size=batch_size,
                              preset=preset,
                              key_map=key_map, batches=batches, image_size=image_size, timeout=timeout,
                              contract_in=contract_in, overrides=overrides, progress=progress)
