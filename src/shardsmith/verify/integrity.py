@@ -183,14 +183,42 @@ def _expectations(dataset: Path, units: list[Unit]) -> list[_Expect]:
     return list(exp.values())
 
 
-class ShardIntegrity:
+class _Hashing:
+    """Hashing on a thread pool of its own while the ranks run: :meth:`start` submits the jobs once (call it
+    after forking the ranks: no thread of this process may be running across a fork), :meth:`close` stops it
+    (what has not started is cancelled), :meth:`_collect` waits for the results and closes."""
+
+    _pool: ThreadPoolExecutor | None = None
+    THREADS: int | None = None  # None: hash_threads()
+
+    def _submit(self, pool: ThreadPoolExecutor) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.THREADS or hash_threads(), thread_name_prefix="shardsmith-hash")
+            self._submit(self._pool)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _collect(self, get):
+        """``get()`` (reading the futures) once the jobs are submitted, then close."""
+        self.start()
+        try:
+            return get()
+        finally:
+            self.close()
+
+
+class ShardIntegrity(_Hashing):
     """Check ``integrity`` of one dataset (see the module doc): :meth:`start` the hashing, :meth:`finish`
     to add the check. Made by :func:`shard_integrity`."""
 
     def __init__(self, dataset: Path, build: BuildRef, units: list[Unit], where: str):
         self.dataset, self.build, self.where = dataset, build, where
         self.expect = _expectations(dataset, units)
-        self._pool: ThreadPoolExecutor | None = None
         self._futures: dict[str, Future] = {}
 
     def _one(self, e: _Expect) -> tuple[str | None, str | None]:
@@ -202,28 +230,14 @@ class ShardIntegrity:
         except OSError as exc:
             return None, exc.strerror or str(exc)
 
-    def start(self) -> None:
-        """Hash every shard in :func:`hash_threads` threads (call after forking the ranks: no thread of
-        this process may be running across a fork)."""
-        if self._pool is not None:
-            return
-        self._pool = ThreadPoolExecutor(hash_threads(), thread_name_prefix="shardsmith-hash")
-        # the largest first: the threads finish together
+    def _submit(self, pool: ThreadPoolExecutor) -> None:
+        """Every shard, the largest first: the threads finish together."""
         todo = sorted(self.expect, key=lambda e: -(e.unit.bytes or 0))
-        self._futures = {e.unit.name: self._pool.submit(self._one, e) for e in todo}
-
-    def close(self) -> None:
-        """Stop the hashing (what has not started is cancelled)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._futures = {e.unit.name: pool.submit(self._one, e) for e in todo}
 
     def finish(self, check) -> None:
         """Wait for the hashes and add check ``integrity``."""
-        self.start()
-        try:
-            got = {name: f.result() for name, f in self._futures.items()}
-        finally:
-            self.close()
+        got = self._collect(lambda: {name: f.result() for name, f in self._futures.items()})
         from shardsmith.loaders.shard_reader import list_shards
 
         wrote = {e.unit.name for e in self.expect}
@@ -356,7 +370,7 @@ def _quarantined(root: Path) -> set[str]:
     return moved
 
 
-class TreeIntegrity:
+class TreeIntegrity(_Hashing):
     """Check ``integrity`` of a ``.precomputed/`` tree a shardsmith build wrote: each unit the build committed
     must hash, over the files its samples have in the tree now, to the sha256 its ledger recorded (the sink's
     hash of every file's path and bytes, recomputed); a ``.pt`` that no sample of the build has is named too.
@@ -367,7 +381,6 @@ class TreeIntegrity:
     def __init__(self, root: Path, build: BuildRef, units: list[_TreeUnit]):
         self.root, self.build, self.units = root, build, units
         self.moved = _quarantined(root)
-        self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
 
     def _one(self, tu: _TreeUnit) -> tuple[str | None, list[str], str | None]:
@@ -379,15 +392,8 @@ class TreeIntegrity:
         except OSError as exc:
             return None, gone, exc.strerror or str(exc)
 
-    def start(self) -> None:
-        if self._pool is not None:
-            return
-        self._pool = ThreadPoolExecutor(hash_threads(), thread_name_prefix="shardsmith-hash")
-        self._futures = [self._pool.submit(self._one, tu) for tu in self.units]
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    def _submit(self, pool: ThreadPoolExecutor) -> None:
+        self._futures = [pool.submit(self._one, tu) for tu in self.units]
 
     def _extra(self) -> list[str]:
         """The ``.pt`` files of the tree's folders that no sample the build wrote has."""
@@ -398,11 +404,7 @@ class TreeIntegrity:
                 for rel in cache_files(self.root, d) if rel not in ours]
 
     def finish(self, check) -> None:
-        self.start()
-        try:
-            got = [f.result() for f in self._futures]
-        finally:
-            self.close()
+        got = self._collect(lambda: [f.result() for f in self._futures])
         differs, missing, unreadable, not_compared = [], [], [], []
         moved = {m.split("/", 1)[1] for m in self.moved if "/" in m}  # (the samples' rels)
         for tu, (damage, gone, err) in zip(self.units, got):
@@ -472,7 +474,7 @@ def _manifest_files(build: BuildRef) -> dict | None:
     return info if isinstance(info, dict) else None
 
 
-class ZipIntegrity:
+class ZipIntegrity(_Hashing):
     """Check ``integrity`` of an EDM ZIP a shardsmith build wrote: the file hashes to the sha256 its manifest
     records (``outputs.NAME.files.SPLIT.sha256``; a file of another size differs without being read). No repair
     rewrites a ZIP, so any change (an image, a label in ``dataset.json``) is damage. Same interface as
@@ -480,8 +482,9 @@ class ZipIntegrity:
 
     def __init__(self, path: Path, build: BuildRef, sha256: str, nbytes: int | None):
         self.path, self.build, self.sha256, self.nbytes = path, build, sha256, nbytes
-        self._pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
+
+    THREADS = 1  # one file
 
     def _one(self) -> tuple[str | None, str | None]:
         try:
@@ -489,21 +492,11 @@ class ZipIntegrity:
         except OSError as exc:
             return None, exc.strerror or str(exc)
 
-    def start(self) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardsmith-hash")
-            self._future = self._pool.submit(self._one)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    def _submit(self, pool: ThreadPoolExecutor) -> None:
+        self._future = pool.submit(self._one)
 
     def finish(self, check) -> None:
-        self.start()
-        try:
-            damage, err = self._future.result()
-        finally:
-            self.close()
+        damage, err = self._collect(lambda: self._future.result())
         where = f"manifest {self.build.root / MANIFEST_FILE}"
         if err is None and damage is None:
             check("integrity", True, f"{self.path.name} holds the bytes the build wrote (sha256, as its {where} "
