@@ -16,19 +16,14 @@ from pathlib import Path
 import pytest
 
 import shardsmith
-from tests.media_factory import real_photos
 from tests.test_cli_mistakes import invoke
 from tests.test_verify_integrity_repair_missing import _keys_of
-from tests.test_verify_integrity_sha import check
+from tests.test_verify_integrity_sha import check, photo_wds_build
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("cut")
-    real_photos(base / "src", 6, max_side=200)
-    shardsmith.build({"sources": [{"path": str(base / "src")}],
-                      "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 3}]}, base / "out", quiet=True)
-    return base / "out"
+    return photo_wds_build(tmp_path_factory.mktemp("cut"), per_shard=3)
 
 
 def cut_in_second_sample(shard: Path) -> None:

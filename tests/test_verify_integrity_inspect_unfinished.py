@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 
-import shardsmith
 from shardsmith.verify.inspect import inspect_wds
-from tests.media_factory import real_photos
 from tests.test_cli_mistakes import invoke
+from tests.test_verify_integrity_sha import photo_wds_build
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("unfinished")
-    real_photos(base / "src", 4, max_side=200)
-    shardsmith.build({"sources": [{"path": str(base / "src")}],
-                      "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2}]}, base / "out", quiet=True)
-    return base / "out"
+    return photo_wds_build(tmp_path_factory.mktemp("unfinished"), 4)
 
 
 def test_inspect_says_the_build_is_not_finished(built, tmp_path):

@@ -12,17 +12,13 @@ from pathlib import Path
 import pytest
 
 import shardsmith
-from tests.media_factory import real_photos
 from tests.test_cli_mistakes import invoke
+from tests.test_verify_integrity_sha import photo_wds_build
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("missing")
-    real_photos(base / "src", 6, max_side=200)
-    shardsmith.build({"sources": [{"path": str(base / "src")}],
-                      "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2}]}, base / "out", quiet=True)
-    return base / "out"
+    return photo_wds_build(tmp_path_factory.mktemp("missing"))
 
 
 @pytest.fixture

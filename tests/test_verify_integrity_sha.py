@@ -15,14 +15,19 @@ from tests.media_factory import real_photos
 from tests.test_cli_mistakes import invoke
 
 
+def photo_wds_build(base: Path, photos: int = 6, per_shard: int = 2) -> Path:
+    """A finished build (its folder, ``base/out``) of ``photos`` real photos: ``wds/`` in shards of ``per_shard``."""
+    real_photos(base / "src", photos, max_side=200)
+    shardsmith.build({"sources": [{"path": str(base / "src")}],
+                      "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": per_shard}]}, base / "out",
+                     quiet=True)
+    return base / "out"
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     """A finished build of 6 photos: ``wds/`` in 3 shards of 2."""
-    base = tmp_path_factory.mktemp("integrity")
-    real_photos(base / "src", 6, max_side=200)
-    shardsmith.build({"sources": [{"path": str(base / "src")}],
-                      "outputs": [{"format": "wds", "dir": "wds", "samples_per_shard": 2}]}, base / "out", quiet=True)
-    return base / "out"
+    return photo_wds_build(tmp_path_factory.mktemp("integrity"))
 
 
 @pytest.fixture
